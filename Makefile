@@ -1,0 +1,41 @@
+# Sluice: run `make run` to serve on the embedded defaults, `make test` to run
+# every test (it starts its own Redis servers).
+
+GO      ?= go
+GOFLAGS ?=
+# CI and `make test` run everything; `make test-short` skips the slow failure tests.
+TESTFLAGS ?= -race -count=1 -timeout 30m
+
+.PHONY: run test test-short vet bench fuzz build deps
+
+run:
+	$(GO) run ./cmd/sluice serve
+
+build:
+	$(GO) build -o bin/sluice ./cmd/sluice
+
+deps:
+	@./scripts/ensure-redis.sh
+
+vet:
+	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
+
+test: deps vet
+	$(GO) test $(TESTFLAGS) ./...
+	cd bench && $(GO) test -count=1 -run . -bench . -benchtime 1x ./...
+
+test-short: deps
+	$(GO) test -short $(TESTFLAGS) ./...
+
+# Full benchmarks; see docs/PERFORMANCE.md for the commands behind each figure.
+bench: deps
+	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
+
+# Short fuzzing runs of every fuzz target.
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime 20s $$pkg || exit 1; \
+	  done; \
+	done

@@ -1,0 +1,79 @@
+package algorithm
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+// MaxExact bounds every intermediate value of the algorithms' integer
+// arithmetic. It is 2^51, so that the same arithmetic stays exact in the
+// IEEE doubles of Redis' Lua (exact up to 2^53) with room for a sum of a few
+// such terms.
+const MaxExact = 1 << 51
+
+// Params is a validated, compiled Limit: the integers the state transitions
+// work with. Time is counted in quanta of Quantum microseconds; Compile picks
+// the finest quantum (1 µs where it fits) that keeps Burst x Window within
+// MaxExact. A Params is immutable once compiled and safe to share.
+type Params struct {
+	// Algorithm is the algorithm to apply.
+	Algorithm sluice.Algorithm
+	// Limit is N, the units admitted per window.
+	Limit int64
+	// Burst is B, the capacity of the bucket algorithms; equal to Limit for
+	// the window algorithms.
+	Burst int64
+	// Window is W, the window or refill period in quanta.
+	Window int64
+	// Quantum is Q, the length of one quantum in microseconds: 1, 10, 100,
+	// ... or 1,000,000.
+	Quantum int64
+	// DenyAll is set for a limit that refuses everything.
+	DenyAll bool
+}
+
+// Compile validates l and returns its Params. The errors wrap
+// sluice.ErrInvalidLimit and name the offending field.
+func Compile(l sluice.Limit) (Params, error) {
+	if err := l.Validate(); err != nil {
+		return Params{}, err
+	}
+	p := Params{Algorithm: l.Algorithm, Limit: l.Limit, Burst: l.Capacity(), DenyAll: l.DenyAll}
+	switch l.Algorithm {
+	case sluice.FixedWindow, sluice.SlidingWindowLog, sluice.SlidingWindowCounter:
+		p.Burst = l.Limit
+	}
+	if p.DenyAll {
+		p.Burst = 0
+	}
+	windowUS := int64(l.Window / time.Microsecond)
+	size := max(p.Burst, p.Limit, 1)
+	for q := int64(1); q <= 1_000_000; q *= 10 {
+		if windowUS%q != 0 {
+			break
+		}
+		w := windowUS / q
+		if w >= 1 && size <= MaxExact/w {
+			p.Window, p.Quantum = w, q
+			return p, nil
+		}
+	}
+	return Params{}, fmt.Errorf("%w: limit x window: %d per %s cannot be counted exactly (burst x window must stay within 2^51 at a resolution of up to one second); use a shorter window or a smaller limit", sluice.ErrInvalidLimit, size, l.Window)
+}
+
+// MustCompile is like Compile but panics on an invalid limit. It is meant
+// for limits written in code and tests, never for configuration input.
+func MustCompile(l sluice.Limit) Params {
+	p, err := Compile(l)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+// WindowDuration returns the window of p as a time.Duration.
+func (p *Params) WindowDuration() time.Duration {
+	return time.Duration(p.Window*p.Quantum) * time.Microsecond
+}

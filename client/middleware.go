@@ -1,0 +1,71 @@
+package client
+
+import (
+	"net/http"
+	"strconv"
+)
+
+// Identity says whom and what a request is about, for Middleware. Empty
+// Resource means the request's URL path and empty Method its method.
+type Identity struct {
+	ClientID, User, IP, APIKey  string
+	Resource, Method, Operation string
+	// Cost is the base cost; nil means 1.
+	Cost *int64
+	// Priority is "high", "normal" or "low"; empty means normal.
+	Priority string
+}
+
+// Middleware rate-limits next: it asks c about every request, with the
+// identity the identity function gives, sets the rate-limit headers of the
+// answer on the response, and answers 429 (or 503) with the server's JSON
+// body when the request is denied. A request whose identity has no
+// ClientID is refused with 400. When the server cannot be reached the
+// request goes through, unless the client's Config.FailClosed is set (then
+// 503).
+func Middleware(c *Client, identity func(*http.Request) Identity, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := identity(r)
+		if id.ClientID == "" {
+			writeJSON(w, http.StatusBadRequest, []byte(`{"error":"invalid_request","field":"client_id","error_description":"the request carries no client identity"}`))
+			return
+		}
+		req := CheckRequest{
+			ClientID: id.ClientID, User: id.User, IP: id.IP, APIKey: id.APIKey,
+			Resource: id.Resource, Method: id.Method, Operation: id.Operation,
+			Cost: id.Cost, Priority: id.Priority,
+			IdempotencyKey: r.Header.Get("X-Idempotency-Key"),
+		}
+		if req.Resource == "" {
+			req.Resource = r.URL.Path
+		}
+		if req.Method == "" {
+			req.Method = r.Method
+		}
+		d, err := c.Check(r.Context(), req)
+		if err != nil {
+			if c.failClosed {
+				writeJSON(w, http.StatusServiceUnavailable, []byte(`{"error":"unavailable","error_description":"the rate limiter cannot be reached"}`))
+				return
+			}
+			next.ServeHTTP(w, r)
+			return
+		}
+		h := w.Header()
+		for k, v := range d.Header {
+			h[k] = v
+		}
+		if !d.Allowed {
+			writeJSON(w, d.Status, d.Body)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	w.Write(body)
+}

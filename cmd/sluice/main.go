@@ -1,0 +1,168 @@
+// Command sluice is the Sluice rate limiter's one binary.
+//
+//	sluice serve [flags]            serve the HTTP, gRPC and Envoy APIs
+//	sluice config validate FILE     check a configuration file
+//	sluice check [flags]            ask a running server for one decision
+//	sluice load [flags]             load-test a running server
+//
+// Every flag of serve has a matching SLUICE_* environment variable (the
+// flag wins). Run `sluice help` or `sluice serve -h` for the flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/internal/policy"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+}
+
+const usage = `Usage:
+  sluice serve [flags]              serve the HTTP, gRPC and Envoy rate limit APIs
+  sluice config validate FILE...    check configuration files; exit 1 on the first error
+  sluice check [flags]              ask a running server for one decision
+  sluice load [flags]               load-test a running server over HTTP
+
+Run "sluice COMMAND -h" for a command's flags.
+`
+
+// run runs the command line args and returns the exit code.
+func run(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "serve":
+		return serve(args[1:], stderr, getenv)
+	case "config":
+		if len(args) < 2 || args[1] != "validate" {
+			fmt.Fprint(stderr, "usage: sluice config validate FILE...\n")
+			return 2
+		}
+		return validate(args[2:], stdout, stderr)
+	case "check":
+		return check(args[1:], stdout, stderr, getenv)
+	case "load":
+		return load(args[1:], stdout, stderr, getenv)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "sluice: unknown command %q\n\n%s", args[0], usage)
+	return 2
+}
+
+// envDefault returns the environment variable name's value, or def.
+func envDefault(getenv func(string) string, name, def string) string {
+	if v := getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func serve(args []string, stderr io.Writer, getenv func(string) string) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", envDefault(getenv, "SLUICE_CONFIG", ""), "policy file, Sluice's YAML or envoyproxy/ratelimit's; empty serves the built-in example policy (env SLUICE_CONFIG)")
+	storeURL := fs.String("store", envDefault(getenv, "SLUICE_STORE", daemon.DefaultStoreURL), "store: memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,... (env SLUICE_STORE)")
+	httpAddr := fs.String("http-addr", envDefault(getenv, "SLUICE_HTTP_ADDR", daemon.DefaultHTTPAddr), "listen address of the HTTP JSON API (env SLUICE_HTTP_ADDR)")
+	grpcAddr := fs.String("grpc-addr", envDefault(getenv, "SLUICE_GRPC_ADDR", daemon.DefaultGRPCAddr), "listen address of the gRPC and Envoy APIs (env SLUICE_GRPC_ADDR)")
+	logFormat := fs.String("log-format", envDefault(getenv, "SLUICE_LOG_FORMAT", "text"), "log format: text or json (env SLUICE_LOG_FORMAT)")
+	logLevel := fs.String("log-level", envDefault(getenv, "SLUICE_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
+	shutdownTimeout := fs.Duration("shutdown-timeout", 15*time.Second, "how long a graceful shutdown waits for checks in flight")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sluice serve: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "sluice serve: --log-level: %v\n", err)
+		return 2
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	var logger *slog.Logger
+	switch *logFormat {
+	case "text":
+		logger = slog.New(slog.NewTextHandler(stderr, opts))
+	case "json":
+		logger = slog.New(slog.NewJSONHandler(stderr, opts))
+	default:
+		fmt.Fprintf(stderr, "sluice serve: --log-format: %q is neither text nor json\n", *logFormat)
+		return 2
+	}
+
+	// Signals are subscribed before the listeners open, so that none is
+	// missed once the daemon serves.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	startCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	d, err := daemon.Start(startCtx, daemon.Config{
+		HTTPAddr:   *httpAddr,
+		GRPCAddr:   *grpcAddr,
+		ConfigPath: *configPath,
+		StoreURL:   *storeURL,
+		Logger:     logger,
+	})
+	cancel()
+	if err != nil {
+		logger.Error("cannot start", "err", err)
+		return 1
+	}
+	for sig := range sigs {
+		if sig == syscall.SIGHUP {
+			logger.Info("SIGHUP: reloading the configuration")
+			d.Reload() // logs its own errors
+			continue
+		}
+		logger.Info("shutting down", "signal", sig.String())
+		ctx, cancel := context.WithTimeout(context.Background(), *shutdownTimeout)
+		err := d.Shutdown(ctx)
+		cancel()
+		if err != nil {
+			logger.Error("shutdown", "err", err)
+			return 1
+		}
+		return 0
+	}
+	return 0
+}
+
+func validate(files []string, stdout, stderr io.Writer) int {
+	if len(files) == 0 {
+		fmt.Fprint(stderr, "usage: sluice config validate FILE...\n")
+		return 2
+	}
+	for _, f := range files {
+		p, err := policy.Load(f)
+		if err != nil {
+			var ce *policy.ConfigError
+			if errors.As(err, &ce) || strings.HasPrefix(err.Error(), f) {
+				fmt.Fprintln(stderr, err)
+			} else {
+				fmt.Fprintf(stderr, "%s: %v\n", f, err)
+			}
+			return 1
+		}
+		fmt.Fprintf(stdout, "%s: valid (version %s)\n", f, p.Version)
+	}
+	return 0
+}

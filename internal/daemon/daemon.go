@@ -1,0 +1,387 @@
+// Package daemon builds and runs a whole Sluice server from a Config: the
+// store, the policy, the engine, the HTTP JSON API, Sluice's gRPC API and
+// Envoy's rate limit service, with configuration reload. It starts
+// in-process, so tests run complete servers on free ports.
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/internal/envoyrls"
+	"github.com/sluicehq/sluice/internal/grpcapi"
+	"github.com/sluicehq/sluice/internal/httpapi"
+	"github.com/sluicehq/sluice/internal/policy"
+)
+
+// Defaults of Config.
+const (
+	DefaultHTTPAddr = "127.0.0.1:8080"
+	DefaultGRPCAddr = "127.0.0.1:8081"
+	DefaultStoreURL = "memory://"
+)
+
+// Config configures a daemon. The zero value serves the built-in policy
+// on the memory store at the default addresses.
+type Config struct {
+	// HTTPAddr is the listen address of the HTTP JSON API; empty means
+	// DefaultHTTPAddr. Port 0 picks a free port (see Daemon.HTTPAddr).
+	HTTPAddr string
+	// GRPCAddr is the listen address of the gRPC APIs (Sluice's and
+	// Envoy's); empty means DefaultGRPCAddr. Port 0 picks a free port.
+	GRPCAddr string
+	// ConfigPath is the policy file (Sluice's YAML or envoyproxy/ratelimit's).
+	// Empty means the built-in example policy, and no reload.
+	ConfigPath string
+	// StoreURL selects the store: memory://, redis://host:port[/db] or
+	// redis-cluster://host:port,host:port,... Empty means memory://.
+	StoreURL string
+	// Logger receives the daemon's logs; nil discards them.
+	Logger *slog.Logger
+	// Registry receives the daemon's metrics and is served on GET
+	// /metrics; nil means a new registry with the Go and process
+	// collectors.
+	Registry *prometheus.Registry
+	// Now is the clock of the engine and the APIs; nil means time.Now.
+	Now func() time.Time
+	// WatchDebounce is how long the file watcher waits after the last
+	// change of the configuration before reloading it; zero means 100ms.
+	WatchDebounce time.Duration
+}
+
+// Daemon is a running server. Its methods are safe for concurrent use.
+type Daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	reg      *prometheus.Registry
+	eng      *engine.Engine
+	closer   func() error // closes the store
+	httpLn   net.Listener
+	grpcLn   net.Listener
+	httpSrv  *http.Server
+	grpcSrv  *grpc.Server
+	health   *health.Server
+	cancel   context.CancelFunc // stops the background goroutines
+	wg       sync.WaitGroup     // the background goroutines
+	reloadOK prometheus.Gauge
+	reloads  *prometheus.CounterVec
+
+	// reloadMu serializes reloads.
+	reloadMu sync.Mutex
+	lastData []byte // the contents last loaded, good or bad; requires reloadMu
+
+	// mu guards status.
+	mu     sync.Mutex
+	status httpapi.ConfigStatus
+
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// Start builds everything cfg describes, starts listening and serving, and
+// returns the running daemon. ctx bounds the start only (connecting to the
+// store); stop the daemon with Shutdown.
+func Start(ctx context.Context, cfg Config) (*Daemon, error) {
+	if cfg.HTTPAddr == "" {
+		cfg.HTTPAddr = DefaultHTTPAddr
+	}
+	if cfg.GRPCAddr == "" {
+		cfg.GRPCAddr = DefaultGRPCAddr
+	}
+	if cfg.StoreURL == "" {
+		cfg.StoreURL = DefaultStoreURL
+	}
+	if cfg.WatchDebounce <= 0 {
+		cfg.WatchDebounce = 100 * time.Millisecond
+	}
+	d := &Daemon{cfg: cfg, log: cfg.Logger, reg: cfg.Registry}
+	if d.log == nil {
+		d.log = slog.New(slog.DiscardHandler)
+	}
+	if d.reg == nil {
+		d.reg = prometheus.NewRegistry()
+		d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	d.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_config_last_reload_successful",
+		Help: "Whether the last attempt to load the configuration succeeded (1) or failed (0).",
+	})
+	d.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_config_reloads_total",
+		Help: "Attempts to load the configuration, by result (success, failure).",
+	}, []string{"result"})
+	if err := d.reg.Register(d.reloadOK); err != nil {
+		return nil, fmt.Errorf("daemon: metrics: %w", err)
+	}
+	if err := d.reg.Register(d.reloads); err != nil {
+		return nil, fmt.Errorf("daemon: metrics: %w", err)
+	}
+
+	pol, data, err := d.loadPolicy()
+	if err != nil {
+		return nil, err
+	}
+	d.lastData = data
+	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now)
+	if err != nil {
+		return nil, err
+	}
+	d.closer = closer
+	fail := func(err error) (*Daemon, error) {
+		d.closeListeners()
+		closer()
+		return nil, err
+	}
+	d.eng, err = engine.New(engine.Config{Store: st, Policy: pol, Now: cfg.Now})
+	if err != nil {
+		return fail(fmt.Errorf("daemon: %w", err))
+	}
+	d.setApplied(pol)
+
+	api, err := httpapi.New(httpapi.Config{
+		Engine:       d.eng,
+		Metrics:      promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}),
+		ConfigStatus: d.ConfigStatus,
+		Now:          cfg.Now,
+		Logger:       d.log,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	svc, err := grpcapi.New(grpcapi.Config{Engine: d.eng, Now: cfg.Now})
+	if err != nil {
+		return fail(err)
+	}
+	rls, err := envoyrls.New(d.eng)
+	if err != nil {
+		return fail(err)
+	}
+
+	var lc net.ListenConfig
+	if d.httpLn, err = lc.Listen(ctx, "tcp", cfg.HTTPAddr); err != nil {
+		return fail(fmt.Errorf("daemon: HTTP listener: %w", err))
+	}
+	if d.grpcLn, err = lc.Listen(ctx, "tcp", cfg.GRPCAddr); err != nil {
+		return fail(fmt.Errorf("daemon: gRPC listener: %w", err))
+	}
+
+	d.httpSrv = &http.Server{
+		Handler:           api,
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+	}
+	d.grpcSrv = grpc.NewServer()
+	svc.Register(d.grpcSrv)
+	rls.Register(d.grpcSrv)
+	d.health = health.NewServer()
+	healthpb.RegisterHealthServer(d.grpcSrv, d.health)
+	reflection.Register(d.grpcSrv)
+
+	bg, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
+	if cfg.ConfigPath != "" {
+		w, err := newWatcher(cfg.ConfigPath)
+		if err != nil {
+			cancel()
+			return fail(err)
+		}
+		d.wg.Go(func() { d.watch(bg, w) })
+	}
+	httpLn, grpcLn := d.httpLn, d.grpcLn
+	d.wg.Go(func() {
+		if err := d.httpSrv.Serve(httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("HTTP server stopped", "err", err)
+		}
+	})
+	d.wg.Go(func() {
+		if err := d.grpcSrv.Serve(grpcLn); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			d.log.Error("gRPC server stopped", "err", err)
+		}
+	})
+	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	d.log.Info("sluice listening", "http", d.HTTPAddr(), "grpc", d.GRPCAddr(),
+		"store", redactURL(cfg.StoreURL), "config", configName(cfg.ConfigPath), "version", pol.Version)
+	return d, nil
+}
+
+func configName(path string) string {
+	if path == "" {
+		return "built-in example policy"
+	}
+	return path
+}
+
+// HTTPAddr returns the address the HTTP API listens on, with the port
+// chosen when the configured port was 0.
+func (d *Daemon) HTTPAddr() string { return d.httpLn.Addr().String() }
+
+// GRPCAddr returns the address the gRPC APIs listen on.
+func (d *Daemon) GRPCAddr() string { return d.grpcLn.Addr().String() }
+
+// Engine returns the daemon's engine.
+func (d *Daemon) Engine() *engine.Engine { return d.eng }
+
+// Registry returns the registry the daemon's metrics are on.
+func (d *Daemon) Registry() *prometheus.Registry { return d.reg }
+
+// ConfigStatus returns the configuration status served on GET
+// /api/v1/config/status.
+func (d *Daemon) ConfigStatus() httpapi.ConfigStatus {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.status
+	if s.LastErrorAt != nil {
+		t := *s.LastErrorAt
+		s.LastErrorAt = &t
+	}
+	return s
+}
+
+// loadPolicy reads and parses the configured policy, or returns the
+// built-in one.
+func (d *Daemon) loadPolicy() (*policy.Policy, []byte, error) {
+	if d.cfg.ConfigPath == "" {
+		return policy.Default(), nil, nil
+	}
+	data, err := os.ReadFile(d.cfg.ConfigPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("daemon: config: %w", err)
+	}
+	p, err := policy.Parse(d.cfg.ConfigPath, data)
+	if err != nil {
+		return nil, data, err
+	}
+	return p, data, nil
+}
+
+func (d *Daemon) setApplied(p *policy.Policy) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.status.Version = p.Version
+	d.status.Path = d.cfg.ConfigPath
+	d.status.LoadedAt = time.Now()
+	d.status.Reloads++
+	d.status.LastError = ""
+	d.status.LastErrorAt = nil
+	d.reloadOK.Set(1)
+	d.reloads.WithLabelValues("success").Inc()
+}
+
+func (d *Daemon) setFailed(err error) {
+	t := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.status.LastError = err.Error()
+	d.status.LastErrorAt = &t
+	d.reloadOK.Set(0)
+	d.reloads.WithLabelValues("failure").Inc()
+}
+
+// Reload reads the configuration file again and applies it when it is
+// valid; when it is not, the policy in force stays, and the error is logged,
+// returned and shown in the configuration status. Without a configuration
+// file it does nothing.
+func (d *Daemon) Reload() error { return d.reload(true) }
+
+// reload reloads the configuration; unless force is set, contents equal to
+// those last loaded are skipped.
+func (d *Daemon) reload(force bool) error {
+	if d.cfg.ConfigPath == "" {
+		return nil
+	}
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	data, err := os.ReadFile(d.cfg.ConfigPath)
+	if err != nil {
+		err = fmt.Errorf("daemon: config: %w", err)
+		d.log.Error("configuration not reloaded; the policy in force stays", "err", err)
+		d.setFailed(err)
+		return err
+	}
+	if !force && bytes.Equal(data, d.lastData) {
+		return nil
+	}
+	d.lastData = data
+	p, err := policy.Parse(d.cfg.ConfigPath, data)
+	if err != nil {
+		d.log.Error("configuration not reloaded; the policy in force stays", "err", err)
+		d.setFailed(err)
+		return err
+	}
+	d.eng.ApplyPolicy(p)
+	d.setApplied(p)
+	d.log.Info("configuration reloaded", "path", d.cfg.ConfigPath, "version", p.Version)
+	return nil
+}
+
+// Shutdown stops the daemon gracefully: it stops accepting connections,
+// lets the checks in flight finish until ctx ends (then cuts them off),
+// stops every background goroutine and waits for it, and closes the store.
+// Calling it again returns the first call's result.
+func (d *Daemon) Shutdown(ctx context.Context) error {
+	d.shutdownOnce.Do(func() { d.shutdownErr = d.shutdown(ctx) })
+	return d.shutdownErr
+}
+
+func (d *Daemon) shutdown(ctx context.Context) error {
+	d.health.Shutdown()
+	d.cancel()
+	var errs []error
+	grpcDone := make(chan struct{})
+	go func() {
+		d.grpcSrv.GracefulStop()
+		close(grpcDone)
+	}()
+	if err := d.httpSrv.Shutdown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("daemon: HTTP shutdown: %w", err))
+		d.httpSrv.Close()
+	}
+	select {
+	case <-grpcDone:
+	case <-ctx.Done():
+		d.grpcSrv.Stop()
+		<-grpcDone
+		errs = append(errs, fmt.Errorf("daemon: gRPC shutdown: %w", ctx.Err()))
+	}
+	d.wg.Wait()
+	if err := d.closer(); err != nil {
+		errs = append(errs, fmt.Errorf("daemon: closing the store: %w", err))
+	}
+	d.log.Info("sluice stopped")
+	return errors.Join(errs...)
+}
+
+// Close stops the daemon at once, cutting off checks in flight.
+func (d *Daemon) Close() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return d.Shutdown(ctx)
+}
+
+func (d *Daemon) closeListeners() {
+	if d.httpLn != nil {
+		d.httpLn.Close()
+	}
+	if d.grpcLn != nil {
+		d.grpcLn.Close()
+	}
+}

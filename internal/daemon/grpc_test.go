@@ -1,0 +1,192 @@
+package daemon_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/internal/daemon"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+)
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestGRPCRateLimiter(t *testing.T) {
+	td := start(t, policyText())
+	c := sluicev1.NewRateLimiterClient(dial(t, td.GRPCAddr()))
+	req := &sluicev1.CheckRequest{ClientId: "g1", Resource: "/api/limited"}
+	for i := range 3 {
+		resp, err := c.CheckRateLimit(ctx(t), req)
+		if err != nil || !resp.GetAllowed() || resp.GetRemaining() != int64(2-i) || resp.GetRule() != "per-client" {
+			t.Fatalf("check %d: %v %v", i, resp, err)
+		}
+	}
+	resp, err := c.CheckRateLimit(ctx(t), req)
+	if err != nil || resp.GetAllowed() || resp.GetRetryAfter() != 60 || resp.GetState() != sluicev1.State_STATE_THROTTLED || resp.GetResetAt() != epoch.Add(time.Minute).Unix() {
+		t.Fatalf("4th check: %v %v, want denied with retry_after 60", resp, err)
+	}
+
+	q, err := c.GetRemainingQuota(ctx(t), &sluicev1.QuotaRequest{ClientId: "g1", Resource: "/api/limited"})
+	if err != nil || len(q.GetRules()) != 1 || q.GetRules()[0].GetRemaining() != 0 || q.GetRules()[0].GetLimit() != 3 {
+		t.Fatalf("quota: %v %v", q, err)
+	}
+	if _, err := c.ResetLimit(ctx(t), &sluicev1.ResetRequest{ClientId: "g1", Resource: "/api/limited"}); err != nil {
+		t.Fatal(err)
+	}
+	q, err = c.GetRemainingQuota(ctx(t), &sluicev1.QuotaRequest{ClientId: "g1", Resource: "/api/limited"})
+	if err != nil || q.GetRules()[0].GetRemaining() != 3 {
+		t.Fatalf("quota after reset: %v %v, want 3 remaining", q, err)
+	}
+
+	b, err := c.BatchCheck(ctx(t), &sluicev1.BatchCheckRequest{
+		ClientId: "g1", Mode: sluicev1.BatchMode_BATCH_MODE_BEST_EFFORT,
+		Checks: []*sluicev1.CheckRequest{{Resource: "/batch/b"}, {Resource: "/batch/b"}},
+	})
+	if err != nil || !b.GetPartial() || !b.GetResults()[0].GetAllowed() || b.GetResults()[1].GetAllowed() {
+		t.Fatalf("best-effort batch: %v %v", b, err)
+	}
+	b, err = c.BatchCheck(ctx(t), &sluicev1.BatchCheckRequest{
+		ClientId: "g2", Checks: []*sluicev1.CheckRequest{{Resource: "/batch/a"}, {Resource: "/batch/b"}, {Resource: "/batch/b"}},
+	})
+	if err != nil || b.GetAllowed() {
+		t.Fatalf("all-or-nothing batch: %v %v, want refused", b, err)
+	}
+	q, _ = c.GetRemainingQuota(ctx(t), &sluicev1.QuotaRequest{ClientId: "g2", Resource: "/batch/a"})
+	if q.GetRules()[0].GetRemaining() != 2 {
+		t.Errorf("batch-a after a refused batch: %v, want 2 remaining", q)
+	}
+
+	bad := []*sluicev1.CheckRequest{
+		{Resource: "/api/limited"},
+		{ClientId: "g1", Cost: ptr(int64(-1))},
+		{ClientId: "g1", Priority: sluicev1.Priority(42)},
+		{ClientId: string([]byte{0xff})},
+	}
+	for _, r := range bad {
+		if _, err := c.CheckRateLimit(ctx(t), r); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%v: %v, want InvalidArgument", r, err)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestGRPCHealthAndReflection(t *testing.T) {
+	td := start(t, "")
+	conn := dial(t, td.GRPCAddr())
+	h, err := healthpb.NewHealthClient(conn).Check(ctx(t), &healthpb.HealthCheckRequest{})
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health: %v %v", h, err)
+	}
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		got[s.GetName()] = true
+	}
+	for _, want := range []string{"sluice.v1.RateLimiter", "envoy.service.ratelimit.v3.RateLimitService", "grpc.health.v1.Health"} {
+		if !got[want] {
+			t.Errorf("reflection lists %v, missing %s", got, want)
+		}
+	}
+}
+
+func envoyReq(domain string, hits uint32, descs ...[]string) *rlsv3.RateLimitRequest {
+	req := &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: hits}
+	for _, d := range descs {
+		rd := &ratelimitv3.RateLimitDescriptor{}
+		for i := 0; i+1 < len(d); i += 2 {
+			rd.Entries = append(rd.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: d[i], Value: d[i+1]})
+		}
+		req.Descriptors = append(req.Descriptors, rd)
+	}
+	return req
+}
+
+func TestEnvoyRateLimitService(t *testing.T) {
+	td := start(t, "", func(c *daemon.Config) { c.ConfigPath = "testdata/envoy-ratelimit.yaml" })
+	c := rlsv3.NewRateLimitServiceClient(dial(t, td.GRPCAddr()))
+
+	// database=default: 5 per minute; hits_addend 2 charges 2.
+	resp, err := c.ShouldRateLimit(ctx(t), envoyReq("mongo_cps", 2, []string{"database", "default"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := resp.GetStatuses()[0]
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != 3 ||
+		st.GetCurrentLimit().GetRequestsPerUnit() != 5 || st.GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE ||
+		st.GetDurationUntilReset().AsDuration() != time.Minute {
+		t.Errorf("first call: %v", resp)
+	}
+	resp, err = c.ShouldRateLimit(ctx(t), envoyReq("mongo_cps", 4, []string{"database", "default"}))
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || resp.GetStatuses()[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("over the limit: %v %v", resp, err)
+	}
+
+	// Several descriptors: nested, unlimited, unknown, deny-all.
+	resp, err = c.ShouldRateLimit(ctx(t), envoyReq("mongo_cps", 0,
+		[]string{"message_type", "marketing", "to_number", "555"},
+		[]string{"ldap", "x"},
+		[]string{"unknown", "y"},
+		[]string{"remote_address", "50.0.0.5"},
+	))
+	if err != nil || len(resp.GetStatuses()) != 4 {
+		t.Fatalf("several descriptors: %v %v", resp, err)
+	}
+	sts := resp.GetStatuses()
+	if sts[0].GetCode() != rlsv3.RateLimitResponse_OK || sts[0].GetLimitRemaining() != 2 || sts[0].GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_DAY {
+		t.Errorf("nested descriptor: %v", sts[0])
+	}
+	if sts[1].GetCode() != rlsv3.RateLimitResponse_OK || sts[1].GetCurrentLimit() != nil {
+		t.Errorf("unlimited descriptor: %v", sts[1])
+	}
+	if sts[2].GetCode() != rlsv3.RateLimitResponse_OK || sts[2].GetCurrentLimit() != nil {
+		t.Errorf("unknown descriptor: %v", sts[2])
+	}
+	if sts[3].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("deny-all descriptor: %v, overall %v", sts[3], resp.GetOverallCode())
+	}
+
+	for name, req := range map[string]*rlsv3.RateLimitRequest{
+		"empty domain":   envoyReq("", 1, []string{"database", "users"}),
+		"no descriptors": envoyReq("mongo_cps", 1),
+		"empty key":      envoyReq("mongo_cps", 1, []string{"", "users"}),
+		"no entries":     {Domain: "mongo_cps", Descriptors: []*ratelimitv3.RateLimitDescriptor{{}}},
+	} {
+		if _, err := c.ShouldRateLimit(ctx(t), req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+}

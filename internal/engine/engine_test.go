@@ -1,0 +1,714 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/policy"
+)
+
+// t0 is the start of a minute, so windows of a second or a minute begin at it.
+var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func newEngine(t testing.TB, src string) (*Engine, Store) {
+	t.Helper()
+	p := policy.Default()
+	if src != "" {
+		var err error
+		p, err = policy.Parse("test.yaml", []byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := newStore(t)
+	e, err := New(Config{Store: st, Local: newStore(t), Policy: p, Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, st
+}
+
+func mustCheck(t testing.TB, e *Engine, c Check) Result {
+	t.Helper()
+	if c.Now.IsZero() {
+		c.Now = t0
+	}
+	r, err := e.Check(context.Background(), &c)
+	if err != nil {
+		t.Fatalf("Check(%+v): %v", c, err)
+	}
+	return r
+}
+
+func ruleResult(r Result, id string) RuleResult {
+	for _, rr := range r.Rules {
+		if rr.Rule == id {
+			return rr
+		}
+	}
+	return RuleResult{Rule: "missing " + id}
+}
+
+func TestDefaultPolicyDemo(t *testing.T) {
+	e, _ := newEngine(t, "")
+	for i := 0; i < 5; i++ {
+		r := mustCheck(t, e, Check{ClientID: "c1", Resource: "/api/v1/demo", Method: "GET", Cost: 1})
+		if !r.Allowed {
+			t.Fatalf("check %d: denied, want allowed: %+v", i+1, r)
+		}
+		if got, want := ruleResult(r, "demo").Remaining, int64(4-i); got != want {
+			t.Errorf("check %d: demo remaining %d, want %d", i+1, got, want)
+		}
+	}
+	r := mustCheck(t, e, Check{ClientID: "c1", Resource: "/api/v1/demo", Method: "GET", Cost: 1})
+	if r.Allowed || r.Deciding.Rule != "demo" || r.Deciding.RetryAfter <= 0 || r.Source != SourceStore {
+		t.Errorf("sixth check: got %+v, want denied by demo with a retry-after", r)
+	}
+	// Another client has its own quota.
+	if r := mustCheck(t, e, Check{ClientID: "c2", Resource: "/api/v1/demo", Cost: 1}); !r.Allowed {
+		t.Errorf("other client: denied")
+	}
+	if r := mustCheck(t, e, Check{ClientID: "c1", Resource: "/nothing", Cost: 1}); !r.Allowed || r.Source != SourceNoRule {
+		t.Errorf("no rule: got %+v, want allowed from no_rule", r)
+	}
+}
+
+const twoRules = `
+version: 1
+rules:
+  - {id: per-ip, dimension: ip, limit: 2, window: 1m, algorithm: fixed_window}
+  - {id: per-user, dimension: user, limit: 5, window: 1m, algorithm: fixed_window}
+  - {id: shadow-low, dimension: client, limit: 1, window: 1m, algorithm: fixed_window, shadow: true}
+`
+
+func TestEveryRuleAppliesAndDenialConsumesNothing(t *testing.T) {
+	e, _ := newEngine(t, twoRules)
+	c := Check{ClientID: "c", User: "u", IP: "1.2.3.4", Cost: 1}
+	for i := 0; i < 2; i++ {
+		if r := mustCheck(t, e, c); !r.Allowed {
+			t.Fatalf("check %d denied: %+v", i+1, r)
+		}
+	}
+	r := mustCheck(t, e, c)
+	if r.Allowed || r.Deciding.Rule != "per-ip" {
+		t.Fatalf("third check: got %+v, want denied by per-ip", r)
+	}
+	if got := ruleResult(r, "per-user"); !got.Allowed || got.Cost != 0 {
+		t.Errorf("per-user on a denied check: got %+v, want allowed on its own and charged 0", got)
+	}
+	st, err := e.Status(context.Background(), &Check{ClientID: "c", User: "u", IP: "9.9.9.9", Now: t0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rr := range st {
+		if rr.Rule == "per-user" && rr.Remaining != 3 {
+			t.Errorf("per-user remaining after 2 allowed and 1 denied: got %d, want 3", rr.Remaining)
+		}
+	}
+	// A check without a user: the per-user rule does not apply.
+	r = mustCheck(t, e, Check{ClientID: "c", IP: "5.5.5.5", Cost: 1})
+	if _, found := findRule(r, "per-user"); found {
+		t.Errorf("per-user rule applied to a check without user")
+	}
+}
+
+func findRule(r Result, id string) (RuleResult, bool) {
+	for _, rr := range r.Rules {
+		if rr.Rule == id {
+			return rr, true
+		}
+	}
+	return RuleResult{}, false
+}
+
+func TestShadowRules(t *testing.T) {
+	e, _ := newEngine(t, twoRules)
+	r := mustCheck(t, e, Check{ClientID: "s", User: "u1", IP: "1.1.1.1", Cost: 1})
+	if !r.Allowed || r.ShadowDenied {
+		t.Fatalf("first: got %+v", r)
+	}
+	if got := ruleResult(r, "shadow-low"); !got.Shadow || got.Cost != 1 {
+		t.Errorf("shadow rule on an allowed check: got %+v, want charged 1", got)
+	}
+	r = mustCheck(t, e, Check{ClientID: "s", User: "u2", IP: "2.2.2.2", Cost: 1})
+	if !r.Allowed || !r.ShadowDenied {
+		t.Errorf("second: got allowed %v shadow-denied %v, want allowed and shadow-denied", r.Allowed, r.ShadowDenied)
+	}
+	if r.Deciding.Shadow {
+		t.Errorf("a shadow rule decided: %+v", r.Deciding)
+	}
+}
+
+func TestAllowAndDenyLists(t *testing.T) {
+	e, st := newEngine(t, `
+version: 1
+allow: [{client: trusted}]
+deny: [{ip: 198.51.100.0/24}, {client: trusted-but-banned}]
+rules:
+  - {id: tiny, limit: 1, window: 1m}
+`)
+	fs := &flakyStore{Store: st}
+	e.store = fs
+	for i := 0; i < 3; i++ {
+		if r := mustCheck(t, e, Check{ClientID: "trusted", Cost: 1}); !r.Allowed || r.Source != SourceAllowList {
+			t.Fatalf("allow-listed: got %+v", r)
+		}
+	}
+	if r := mustCheck(t, e, Check{ClientID: "x", IP: "198.51.100.7", Cost: 1}); r.Allowed || r.Source != SourceDenyList {
+		t.Errorf("deny-listed: got %+v", r)
+	}
+	if r := mustCheck(t, e, Check{ClientID: "trusted-but-banned", Cost: 1}); r.Allowed {
+		t.Errorf("deny list must win")
+	}
+	if n := fs.calls.Load(); n != 0 {
+		t.Errorf("lists made %d store calls, want 0", n)
+	}
+}
+
+func TestCostAndPriorityMultipliers(t *testing.T) {
+	e, _ := newEngine(t, `
+version: 1
+rules:
+  - {id: r, limit: 10, window: 1m, algorithm: fixed_window}
+`)
+	tests := []struct {
+		name    string
+		checks  []Check
+		allowed []bool
+	}{
+		{"writes cost 5", []Check{{ClientID: "w", Operation: "write", Cost: 1}, {ClientID: "w", Operation: "WRITE", Cost: 1}, {ClientID: "w", Operation: "read", Cost: 1}}, []bool{true, true, false}},
+		{"delete costs 10", []Check{{ClientID: "d", Operation: "delete", Cost: 1}, {ClientID: "d", Cost: 1}}, []bool{true, false}},
+		{"high priority gets 20% more", repeat(Check{ClientID: "h", Priority: PriorityHigh, Cost: 1}, 13), append(repeatBool(true, 12), false)},
+		{"low priority gets 20% less", repeat(Check{ClientID: "l", Priority: PriorityLow, Cost: 1}, 9), append(repeatBool(true, 8), false)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for i, c := range tt.checks {
+				if got := mustCheck(t, e, c).Allowed; got != tt.allowed[i] {
+					t.Errorf("check %d (%+v): allowed %v, want %v", i+1, c, got, tt.allowed[i])
+				}
+			}
+		})
+	}
+	r := mustCheck(t, e, Check{ClientID: "cost", Operation: "write", Cost: 2})
+	if r.Deciding.Cost != 10 {
+		t.Errorf("cost charged: got %d, want 10", r.Deciding.Cost)
+	}
+}
+
+func repeat(c Check, n int) []Check {
+	out := make([]Check, n)
+	for i := range out {
+		out[i] = c
+	}
+	return out
+}
+
+func repeatBool(b bool, n int) []bool {
+	out := make([]bool, n)
+	for i := range out {
+		out[i] = b
+	}
+	return out
+}
+
+func TestTiersAndOverridesWithExpiry(t *testing.T) {
+	e, _ := newEngine(t, `
+version: 1
+tiers:
+  free: {limit: 2, window: 1m, algorithm: fixed_window}
+  premium: {limit: 4, window: 1m, algorithm: fixed_window}
+rules:
+  - {id: api, tiered: true}
+assignments:
+  - {client: gold, tier: premium}
+  - {client: promo, tier: premium, expires_at: "2030-01-01T00:00:30Z"}
+  - {client: custom, limits: {api: {limit: 3}}}
+`)
+	count := func(client string, now time.Time) (n int, tier string) {
+		for i := 0; i < 10; i++ {
+			r := mustCheck(t, e, Check{ClientID: client, Cost: 1, Now: now})
+			if !r.Allowed {
+				break
+			}
+			n, tier = n+1, r.Deciding.Tier
+		}
+		return n, tier
+	}
+	tests := []struct {
+		client   string
+		now      time.Time
+		want     int
+		wantTier string
+	}{
+		{"nobody", t0, 2, "free"},
+		{"gold", t0, 4, "premium"},
+		{"promo", t0.Add(10 * time.Second), 4, "premium"},
+		{"promo2", t0.Add(40 * time.Second), 2, "free"},
+		{"custom", t0, 3, "free"},
+	}
+	for _, tt := range tests {
+		client := strings.TrimSuffix(tt.client, "2")
+		if tt.client == "promo2" {
+			// Past the promotion's expiry, in a new window.
+			tt.now = t0.Add(time.Minute + 40*time.Second)
+		}
+		n, tier := count(client, tt.now)
+		if n != tt.want || tier != tt.wantTier {
+			t.Errorf("%s at %s: admitted %d in tier %q, want %d in %q", tt.client, tt.now.Format(time.TimeOnly), n, tier, tt.want, tt.wantTier)
+		}
+	}
+}
+
+func TestBatchAllOrNothing(t *testing.T) {
+	e, _ := newEngine(t, `
+version: 1
+rules:
+  - {id: api, match: {resource: /api}, limit: 5, window: 1m, algorithm: fixed_window}
+  - {id: compute, match: {resource: /compute}, limit: 5, window: 1m, algorithm: fixed_window}
+`)
+	ctx := context.Background()
+	batch := []Check{{ClientID: "b", Resource: "/api", Cost: 2, Now: t0}, {ClientID: "b", Resource: "/compute", Cost: 4, Now: t0}}
+	res, err := e.BatchCheck(ctx, batch, AllOrNothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res[0].Allowed || !res[1].Allowed {
+		t.Fatalf("first batch: got %+v", res)
+	}
+	// compute has 1 left: the batch is denied and api keeps its 3.
+	res, err = e.BatchCheck(ctx, batch, AllOrNothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Allowed || res[1].Allowed {
+		t.Fatalf("second batch: got %+v, want both denied", res)
+	}
+	if res[1].Deciding.Rule != "compute" {
+		t.Errorf("second batch: deciding %q, want compute", res[1].Deciding.Rule)
+	}
+	st, _ := e.Status(ctx, &Check{ClientID: "b", Resource: "/api", Now: t0})
+	if len(st) != 1 || st[0].Remaining != 3 {
+		t.Errorf("api after a denied batch: got %+v, want remaining 3", st)
+	}
+	// Best effort: api allowed, compute denied.
+	res, err = e.BatchCheck(ctx, batch, BestEffort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res[0].Allowed || res[1].Allowed {
+		t.Errorf("best effort: got allowed %v, %v; want true, false", res[0].Allowed, res[1].Allowed)
+	}
+	if _, err := e.BatchCheck(ctx, []Check{{ClientID: "x"}, {}}, AllOrNothing); err == nil || !strings.Contains(err.Error(), "checks[1].client_id") {
+		t.Errorf("bad batch: got %v, want an error naming checks[1].client_id", err)
+	}
+	if _, err := e.BatchCheck(ctx, batch, BatchMode(9)); !errors.Is(err, ErrInvalidCheck) {
+		t.Errorf("bad mode: got %v", err)
+	}
+}
+
+func TestIdempotency(t *testing.T) {
+	e, _ := newEngine(t, `
+version: 1
+rules:
+  - {id: r, limit: 10, window: 1m, algorithm: fixed_window}
+`)
+	c := Check{ClientID: "i", Cost: 3, IdempotencyKey: "req-1"}
+	first := mustCheck(t, e, c)
+	second := mustCheck(t, e, c)
+	if second.Source != SourceIdempotent || second.Deciding.Remaining != first.Deciding.Remaining || second.Deciding.Cost != 0 {
+		t.Errorf("repeat: got %+v, want the first decision (remaining %d) from idempotent, charged 0", second, first.Deciding.Remaining)
+	}
+	// The same key from another client is another request.
+	if r := mustCheck(t, e, Check{ClientID: "other", Cost: 3, IdempotencyKey: "req-1"}); r.Source == SourceIdempotent {
+		t.Errorf("idempotency key shared across clients")
+	}
+	// Concurrent repeats charge once.
+	var wg sync.WaitGroup
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mustCheck(t, e, Check{ClientID: "i", Cost: 1, IdempotencyKey: "req-2"})
+		}()
+	}
+	wg.Wait()
+	st, _ := e.Status(context.Background(), &Check{ClientID: "i", Now: t0})
+	if st[0].Remaining != 6 {
+		t.Errorf("remaining after 3 + 20 repeats of 1: got %d, want 6", st[0].Remaining)
+	}
+	// After the TTL the key decides anew.
+	r := mustCheck(t, e, Check{ClientID: "i", Cost: 1, IdempotencyKey: "req-2", Now: t0.Add(6 * time.Minute)})
+	if r.Source == SourceIdempotent {
+		t.Errorf("after the TTL: still replayed")
+	}
+}
+
+func TestFailureModes(t *testing.T) {
+	e, st := newEngine(t, `
+version: 1
+rules:
+  - {id: open, match: {resource: /open}, limit: 1, window: 1m}
+  - {id: closed, match: {resource: /closed}, limit: 1, window: 1m, failure_mode: fail_closed}
+  - {id: local, match: {resource: /local}, limit: 4, window: 1m, algorithm: fixed_window, failure_mode: local, expected_instances: 2}
+`)
+	fs := &flakyStore{Store: st}
+	fs.down.Store(true)
+	e.store = fs
+	for i := 0; i < 3; i++ {
+		if r := mustCheck(t, e, Check{ClientID: "f", Resource: "/open", Cost: 1}); !r.Allowed || r.Source != SourceFailOpen {
+			t.Fatalf("fail_open: got %+v", r)
+		}
+	}
+	if r := mustCheck(t, e, Check{ClientID: "f", Resource: "/closed", Cost: 1}); r.Allowed || !r.Unavailable || r.Source != SourceFailClosed {
+		t.Errorf("fail_closed: got %+v", r)
+	}
+	var got []bool
+	for i := 0; i < 3; i++ {
+		r := mustCheck(t, e, Check{ClientID: "f", Resource: "/local", Cost: 1})
+		got = append(got, r.Allowed)
+		if r.Source != SourceLocal {
+			t.Errorf("local: source %s", r.Source)
+		}
+	}
+	if want := []bool{true, true, false}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("local share of 4 over 2 instances: got %v, want %v", got, want)
+	}
+	if err := e.Ready(context.Background()); err == nil {
+		t.Errorf("Ready with the store down: nil error")
+	}
+	fs.down.Store(false)
+	if err := e.Ready(context.Background()); err != nil {
+		t.Errorf("Ready: %v", err)
+	}
+}
+
+func TestInvalidChecks(t *testing.T) {
+	e, _ := newEngine(t, "")
+	long := strings.Repeat("x", MaxIdentifierLen+1)
+	tests := []struct {
+		c     Check
+		field string
+	}{
+		{Check{}, "client_id"},
+		{Check{ClientID: long}, "client_id"},
+		{Check{ClientID: "c", User: "\xff"}, "user"},
+		{Check{ClientID: "c", Cost: -1}, "cost"},
+		{Check{ClientID: "c", Cost: MaxCost + 1}, "cost"},
+		{Check{ClientID: "c", Priority: 7}, "priority"},
+		{Check{ClientID: "c", Resource: strings.Repeat("/", MaxResourceLen+1)}, "resource"},
+		{Check{ClientID: "c", IdempotencyKey: long}, "idempotency_key"},
+	}
+	for _, tt := range tests {
+		_, err := e.Check(context.Background(), &tt.c)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != tt.field || !errors.Is(err, ErrInvalidCheck) {
+			t.Errorf("Check(%+v): got %v, want a FieldError on %s", tt.c, err, tt.field)
+		}
+	}
+}
+
+func TestApplyPolicyAndReset(t *testing.T) {
+	e, _ := newEngine(t, "version: 1\nrules:\n  - {id: r, limit: 1, window: 1m, algorithm: fixed_window}\n")
+	c := Check{ClientID: "p", Cost: 1}
+	mustCheck(t, e, c)
+	if mustCheck(t, e, c).Allowed {
+		t.Fatalf("second check allowed")
+	}
+	if err := e.Reset(context.Background(), &Check{ClientID: "p", Now: t0}); err != nil {
+		t.Fatal(err)
+	}
+	if !mustCheck(t, e, c).Allowed {
+		t.Errorf("after Reset: denied")
+	}
+	p, err := policy.Parse("new.yaml", []byte("version: 1\nrules:\n  - {id: r, limit: 3, window: 1m, algorithm: fixed_window}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.ApplyPolicy(p)
+	if e.Policy() != p {
+		t.Fatalf("Policy() is not the applied policy")
+	}
+	// Same key layout: the count carries over, the new limit applies.
+	if r := mustCheck(t, e, c); !r.Allowed || r.Deciding.Limit != 3 {
+		t.Errorf("after ApplyPolicy: got %+v, want allowed with limit 3", r)
+	}
+}
+
+const envoyConfig = `
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: ldap
+    rate_limit: {unlimited: true}
+  - key: path
+    value: /shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        rate_limit: {name: specific, unit: minute, requests_per_unit: 1}
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        rate_limit:
+          replaces: [{name: specific}]
+          unit: minute
+          requests_per_unit: 10
+`
+
+func desc(kv ...string) Descriptor {
+	var d Descriptor
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, DescriptorEntry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+func TestShouldRateLimit(t *testing.T) {
+	e, _ := newEngine(t, envoyConfig)
+	ctx := context.Background()
+	call := func(hits uint64, ds ...Descriptor) ([]DescriptorStatus, bool) {
+		t.Helper()
+		st, over, err := e.ShouldRateLimit(ctx, "edge", ds, hits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st, over
+	}
+	// hits_addend 2 of 3, then 1, then over.
+	st, over := call(2, desc("remote_address", "10.0.0.1"))
+	if over || !st[0].HasLimit || st[0].Limit != 3 || st[0].Unit != time.Minute || st[0].Remaining != 1 || st[0].DurationUntilReset <= 0 {
+		t.Fatalf("first: got %+v over %v", st, over)
+	}
+	st, over = call(0, desc("remote_address", "10.0.0.1"))
+	if over || st[0].Remaining != 0 {
+		t.Fatalf("second: got %+v over %v", st, over)
+	}
+	st, over = call(1, desc("remote_address", "10.0.0.1"))
+	if !over || !st[0].OverLimit {
+		t.Fatalf("third: got %+v over %v, want over limit", st, over)
+	}
+	// Each value has its own counter.
+	if _, over = call(1, desc("remote_address", "10.0.0.2")); over {
+		t.Errorf("another address is over limit")
+	}
+	// The value-specific entry wins: 0 per second blocks.
+	if st, over = call(1, desc("remote_address", "50.0.0.5")); !over || st[0].Limit != 0 {
+		t.Errorf("blocked address: got %+v over %v", st, over)
+	}
+	// Unlimited, unknown and shadow descriptors.
+	st, over = call(1, desc("ldap", "x"), desc("nothing", "x"), desc("path", "/shadow"))
+	if over || st[0].HasLimit || st[0].Remaining != math.MaxUint32 || st[1].HasLimit || !st[2].Shadow {
+		t.Errorf("unlimited/unknown/shadow: got %+v over %v", st, over)
+	}
+	if st, over = call(1, desc("path", "/shadow")); over || st[0].OverLimit {
+		t.Errorf("shadow over its limit: got %+v over %v, want OK", st, over)
+	}
+	// replaces: with both descriptors, only the replacing limit (10) applies.
+	for i := 0; i < 3; i++ {
+		st, over = call(1, desc("key_1", "value_1", "user", "bk"), desc("key_2", "value_2", "user", "bk"))
+		if over || st[0].HasLimit || st[1].Limit != 10 {
+			t.Fatalf("replaces, call %d: got %+v over %v", i+1, st, over)
+		}
+	}
+	// Over one descriptor, nothing consumed on the other.
+	st, _ = call(1, desc("remote_address", "10.0.0.9"))
+	before := st[0].Remaining
+	st, over = call(1, desc("remote_address", "10.0.0.9"), desc("remote_address", "50.0.0.5"))
+	if !over || st[0].OverLimit {
+		t.Errorf("mixed: got %+v over %v", st, over)
+	}
+	st, _ = call(1, desc("remote_address", "10.0.0.9"))
+	if st[0].Remaining != before-1 {
+		t.Errorf("remaining after a denied request: got %d, want %d", st[0].Remaining, before-1)
+	}
+	// Unknown domain: OK without limits.
+	if st, over, err := e.ShouldRateLimit(ctx, "nope", []Descriptor{desc("a", "b")}, 1); err != nil || over || st[0].HasLimit {
+		t.Errorf("unknown domain: got %+v %v %v", st, over, err)
+	}
+	// Bad input.
+	for _, tc := range []struct {
+		domain string
+		ds     []Descriptor
+		hits   uint64
+		field  string
+	}{
+		{"", []Descriptor{desc("a", "b")}, 1, "domain"},
+		{"edge", nil, 1, "descriptors"},
+		{"edge", []Descriptor{{}}, 1, "descriptors[0].entries"},
+		{"edge", []Descriptor{desc("", "b")}, 1, "descriptors[0].entries[0].key"},
+		{"edge", []Descriptor{desc("a", "b")}, math.MaxUint64, "hits_addend"},
+	} {
+		_, _, err := e.ShouldRateLimit(ctx, tc.domain, tc.ds, tc.hits)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("ShouldRateLimit(%q, %v, %d): got %v, want a FieldError on %s", tc.domain, tc.ds, tc.hits, err, tc.field)
+		}
+	}
+}
+
+func FuzzShouldRateLimit(f *testing.F) {
+	f.Add("edge", "remote_address\x0010.0.0.1", uint64(1))
+	f.Add("edge", "key_1\x00value_1\x01user\x00bk\x02key_2\x00value_2\x01user\x00bk", uint64(3))
+	f.Add("edge", "ldap\x00\x02path\x00/shadow", uint64(0))
+	f.Add("", "\x00", uint64(math.MaxUint64))
+	e, _ := newEngine(f, envoyConfig)
+	f.Fuzz(func(t *testing.T, domain, spec string, hits uint64) {
+		// spec: descriptors separated by \x02, entries by \x01, key and
+		// value by \x00.
+		var ds []Descriptor
+		for _, d := range strings.Split(spec, "\x02") {
+			var desc Descriptor
+			for _, en := range strings.Split(d, "\x01") {
+				k, v, _ := strings.Cut(en, "\x00")
+				desc.Entries = append(desc.Entries, DescriptorEntry{Key: k, Value: v})
+			}
+			ds = append(ds, desc)
+		}
+		st, _, err := e.ShouldRateLimit(context.Background(), domain, ds, hits)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidCheck) {
+				t.Fatalf("error %v is not an invalid check", err)
+			}
+			return
+		}
+		if len(st) != len(ds) {
+			t.Fatalf("%d statuses for %d descriptors", len(st), len(ds))
+		}
+	})
+}
+
+func BenchmarkCheck(b *testing.B) {
+	if !algorithmsReady() {
+		b.Skip("package algorithm cannot decide yet")
+	}
+	e, _ := newEngine(b, `
+version: 1
+rules:
+  - {id: per-client, limit: 1000000000, window: 1s, algorithm: token_bucket}
+  - {id: per-user, match: {resource: "/api/*"}, dimension: user+endpoint, limit: 1000000000, window: 1m, algorithm: sliding_window_counter}
+`)
+	e.now = time.Now
+	ctx := context.Background()
+	c := &Check{ClientID: "bench", User: "u1", Resource: "/api/v1/orders", Method: "GET", Cost: 1}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := e.Check(ctx, c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestIdempotencyAcrossInstances(t *testing.T) {
+	p, err := policy.Parse("test.yaml", []byte("version: 1\nrules:\n  - {id: r, limit: 10, window: 1m, algorithm: fixed_window}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := &onceStore{Store: newStore(t), records: map[string]onceRecord{}}
+	var engines [2]*Engine
+	for i := range engines {
+		engines[i], err = New(Config{Store: shared, Local: newStore(t), Policy: p, Now: func() time.Time { return t0 }})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := Check{ClientID: "x", Cost: 4, IdempotencyKey: "k:1"}
+	first := mustCheck(t, engines[0], c)
+	second := mustCheck(t, engines[1], c)
+	if first.Source != SourceStore || second.Source != SourceIdempotent || second.Deciding.Remaining != first.Deciding.Remaining {
+		t.Errorf("across instances: first %+v, second %+v", first, second)
+	}
+	st, _ := engines[1].Status(context.Background(), &Check{ClientID: "x", Now: t0})
+	if st[0].Remaining != 6 {
+		t.Errorf("remaining: got %d, want 6 (charged once)", st[0].Remaining)
+	}
+	if _, ok := shared.records["rl:idem:{x}:k%3A1"]; !ok {
+		t.Errorf("record key: got %v", shared.records)
+	}
+}
+
+func TestBatchAllOrNothingDenyListed(t *testing.T) {
+	e, st := newEngine(t, `
+version: 1
+deny: [{client: banned}]
+rules:
+  - {id: r, limit: 5, window: 1m, algorithm: fixed_window}
+`)
+	fs := &flakyStore{Store: st}
+	e.store = fs
+	res, err := e.BatchCheck(context.Background(), []Check{{ClientID: "ok", Cost: 1, Now: t0}, {ClientID: "banned", Cost: 1, Now: t0}}, AllOrNothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Allowed || res[1].Allowed || res[1].Source != SourceDenyList {
+		t.Errorf("got %+v, want both denied, the second by the deny list", res)
+	}
+	if n := fs.calls.Load(); n != 0 {
+		t.Errorf("a batch denied by the deny list made %d store calls", n)
+	}
+}
+
+func TestStatusConsumesNothing(t *testing.T) {
+	e, _ := newEngine(t, twoRules)
+	c := Check{ClientID: "st", User: "u", IP: "1.1.1.1", Now: t0, Cost: 1}
+	for i := 0; i < 5; i++ {
+		got, err := e.Status(context.Background(), &c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 3 || got[0].Rule != "per-ip" || got[0].Remaining != 2 || got[1].Remaining != 5 || !got[2].Shadow {
+			t.Fatalf("Status %d: got %+v", i, got)
+		}
+	}
+}
+
+func TestShouldRateLimitExampleFile(t *testing.T) {
+	p, err := policy.Load("../../examples/envoy-ratelimit.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Config{Store: newStore(t), Local: newStore(t), Policy: p, Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	tests := []struct {
+		d         Descriptor
+		hits      uint64
+		wantLimit int64
+		wantOver  bool
+	}{
+		{desc("message_type", "marketing", "to_number", "555"), 5, 5, false},
+		{desc("message_type", "marketing", "to_number", "555"), 1, 5, true},
+		{desc("message_type", "marketing", "to_number", "556"), 1, 5, false},
+		{desc("path", "/api/v1/a"), 600, 600, false},
+		{desc("path", "/api/v1/b"), 1, 600, false},
+		{desc("path", "/api/v1/a"), 1, 600, true},
+		{desc("remote_address", "50.0.0.5"), 1, 0, true},
+		{desc("category", "read", "user", "u"), 1, 100, false},
+	}
+	for i, tt := range tests {
+		st, over, err := e.ShouldRateLimit(ctx, "edge", []Descriptor{tt.d}, tt.hits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st[0].Limit != tt.wantLimit || over != tt.wantOver {
+			t.Errorf("call %d %v x%d: got limit %d over %v, want %d %v", i+1, tt.d.Entries, tt.hits, st[0].Limit, over, tt.wantLimit, tt.wantOver)
+		}
+	}
+}

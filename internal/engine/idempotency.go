@@ -1,0 +1,106 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// idemCache remembers the decision of each idempotency key, scoped by
+// client, for a TTL. It lives in process: it makes a retried check charge
+// once on one instance. Concurrent checks with one key wait for the first.
+type idemCache struct {
+	ttl time.Duration
+	max int
+
+	mu sync.Mutex
+	// m and nextSweep are guarded by mu.
+	m         map[idemKey]*idemEntry
+	nextSweep int
+}
+
+type idemKey struct{ client, key string }
+
+type idemEntry struct {
+	done    chan struct{} // closed when res is set
+	res     Result
+	expires time.Time
+}
+
+func newIdemCache(ttl time.Duration, max int) *idemCache {
+	return &idemCache{ttl: ttl, max: max, m: map[idemKey]*idemEntry{}, nextSweep: 1024}
+}
+
+// do returns the remembered decision of (client, key) at now, or runs
+// decide, remembers its result and returns it. An error from decide is
+// returned and not remembered.
+func (c *idemCache) do(ctx context.Context, now time.Time, client, key string, decide func() (Result, error)) (Result, error) {
+	k := idemKey{client, key}
+	for {
+		c.mu.Lock()
+		e := c.m[k]
+		if e != nil && e.expires.IsZero() {
+			// Being decided by another caller: wait for it.
+			c.mu.Unlock()
+			select {
+			case <-e.done:
+				continue
+			case <-ctx.Done():
+				return Result{}, ctx.Err()
+			}
+		}
+		if e != nil && now.Before(e.expires) {
+			c.mu.Unlock()
+			return replay(e.res), nil
+		}
+		if e != nil {
+			delete(c.m, k)
+		}
+		if len(c.m) >= c.nextSweep {
+			c.sweep(now)
+		}
+		if len(c.m) >= c.max {
+			c.mu.Unlock()
+			return decide()
+		}
+		e = &idemEntry{done: make(chan struct{})}
+		c.m[k] = e
+		c.mu.Unlock()
+
+		res, err := decide()
+		c.mu.Lock()
+		if err != nil {
+			delete(c.m, k)
+		} else {
+			e.res = res
+			e.expires = now.Add(c.ttl)
+		}
+		close(e.done)
+		c.mu.Unlock()
+		return res, err
+	}
+}
+
+// sweep drops expired entries; requires mu held.
+func (c *idemCache) sweep(now time.Time) {
+	for k, e := range c.m {
+		if !e.expires.IsZero() && !now.Before(e.expires) {
+			delete(c.m, k)
+		}
+	}
+	c.nextSweep = max(2*len(c.m), 1024)
+}
+
+// replay returns a copy of the first decision marked as a repeat: it
+// charged nothing this time.
+func replay(r Result) Result {
+	out := r
+	out.Rules = make([]RuleResult, len(r.Rules))
+	for i, rr := range r.Rules {
+		rr.Cost = 0
+		out.Rules[i] = rr
+	}
+	out.Deciding.Cost = 0
+	out.Source = SourceIdempotent
+	return out
+}

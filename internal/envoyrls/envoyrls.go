@@ -1,0 +1,246 @@
+// Package envoyrls serves Envoy's rate limit service,
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, so that an
+// Envoy configured for envoyproxy/ratelimit can use Sluice unchanged.
+// Descriptors are decided by the engine against the rules of the request's
+// domain (configured in envoyproxy/ratelimit's YAML format or Sluice's).
+//
+// Errors become gRPC codes in one table (see errorCodes); bad input is
+// refused with InvalidArgument before the engine is called.
+package envoyrls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine"
+)
+
+// Engine is what the service needs of the engine. *engine.Engine
+// implements it. Implementations must be safe for concurrent use.
+type Engine interface {
+	ShouldRateLimit(ctx context.Context, domain string, descs []engine.Descriptor, hitsAddend uint64) ([]engine.DescriptorStatus, bool, error)
+}
+
+// Limits on the input.
+const (
+	// MaxDescriptors is the most descriptors one request may hold.
+	MaxDescriptors = 64
+	// MaxEntries is the most entries one descriptor may hold.
+	MaxEntries = 32
+	// MaxStringBytes is the longest domain, key or value accepted.
+	MaxStringBytes = 512
+	// MaxHits is the largest hits addend accepted.
+	MaxHits = 1_000_000_000
+)
+
+// Server implements rlsv3.RateLimitServiceServer. It is safe for concurrent
+// use.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	eng Engine
+}
+
+// New returns the service for eng.
+func New(eng Engine) (*Server, error) {
+	if eng == nil {
+		return nil, errors.New("envoyrls: an engine is required")
+	}
+	return &Server{eng: eng}, nil
+}
+
+// Register registers s on g.
+func (s *Server) Register(g grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitServiceServer(g, s) }
+
+// errInvalid is wrapped by every error about a malformed request.
+var errInvalid = errors.New("envoyrls: invalid request")
+
+// errorCodes maps errors to gRPC codes, in one table; the first entry the
+// error matches with errors.Is wins. Anything else is Internal.
+var errorCodes = []struct {
+	err  error
+	code codes.Code
+}{
+	{errInvalid, codes.InvalidArgument},
+	{engine.ErrInvalidCheck, codes.InvalidArgument},
+	{sluice.ErrInvalidCost, codes.InvalidArgument},
+	{sluice.ErrStoreUnavailable, codes.Unavailable},
+	{context.DeadlineExceeded, codes.DeadlineExceeded},
+	{context.Canceled, codes.Canceled},
+}
+
+func toStatus(err error) error {
+	for _, e := range errorCodes {
+		if errors.Is(err, e.err) {
+			return status.Error(e.code, err.Error())
+		}
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errInvalid, fmt.Sprintf(format, args...))
+}
+
+func checkString(what, s string) error {
+	switch {
+	case len(s) > MaxStringBytes:
+		return invalid("%s is %d bytes long, the limit is %d", what, len(s), MaxStringBytes)
+	case !utf8.ValidString(s):
+		return invalid("%s is not valid UTF-8", what)
+	}
+	return nil
+}
+
+// Descriptors converts and validates the descriptors of req: the mapping
+// from Envoy's wire types to the engine's.
+func Descriptors(req *rlsv3.RateLimitRequest) ([]engine.Descriptor, error) {
+	if req.GetDomain() == "" {
+		return nil, invalid("domain: required")
+	}
+	if err := checkString("domain", req.GetDomain()); err != nil {
+		return nil, err
+	}
+	in := req.GetDescriptors()
+	switch {
+	case len(in) == 0:
+		return nil, invalid("descriptors: at least one descriptor is required")
+	case len(in) > MaxDescriptors:
+		return nil, invalid("descriptors: %d descriptors, the limit is %d", len(in), MaxDescriptors)
+	case req.GetHitsAddend() > MaxHits:
+		return nil, invalid("hits_addend: %d is above the maximum %d", req.GetHitsAddend(), MaxHits)
+	}
+	descs := make([]engine.Descriptor, len(in))
+	for i, d := range in {
+		entries := d.GetEntries()
+		switch {
+		case len(entries) == 0:
+			return nil, invalid("descriptors[%d]: at least one entry is required", i)
+		case len(entries) > MaxEntries:
+			return nil, invalid("descriptors[%d]: %d entries, the limit is %d", i, len(entries), MaxEntries)
+		case d.GetIsNegativeHits():
+			return nil, invalid("descriptors[%d]: is_negative_hits is not supported", i)
+		}
+		descs[i].Entries = make([]engine.DescriptorEntry, len(entries))
+		for j, e := range entries {
+			if e.GetKey() == "" {
+				return nil, invalid("descriptors[%d].entries[%d].key: required", i, j)
+			}
+			if err := checkString(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), e.GetKey()); err != nil {
+				return nil, err
+			}
+			if err := checkString(fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), e.GetValue()); err != nil {
+				return nil, err
+			}
+			descs[i].Entries[j] = engine.DescriptorEntry{Key: e.GetKey(), Value: e.GetValue()}
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			if h.GetValue() > MaxHits {
+				return nil, invalid("descriptors[%d].hits_addend: %d is above the maximum %d", i, h.GetValue(), MaxHits)
+			}
+			// An explicit 0 means "check without consuming"; the engine
+			// reads 0 as "use the request's addend", so it cannot be
+			// passed through, and Envoy itself never sends it.
+			descs[i].HitsAddend = h.GetValue()
+		}
+	}
+	return descs, nil
+}
+
+// ShouldRateLimit implements rlsv3.RateLimitServiceServer.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	descs, err := Descriptors(req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	statuses, over, err := s.eng.ShouldRateLimit(ctx, req.GetDomain(), descs, uint64(req.GetHitsAddend()))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if len(statuses) != len(descs) {
+		return nil, status.Errorf(codes.Internal, "envoyrls: %d statuses for %d descriptors", len(statuses), len(descs))
+	}
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(statuses)),
+	}
+	if over {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	for i := range statuses {
+		resp.Statuses[i] = descriptorStatus(&statuses[i])
+	}
+	return resp, nil
+}
+
+func descriptorStatus(st *engine.DescriptorStatus) *rlsv3.RateLimitResponse_DescriptorStatus {
+	ds := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	if st.OverLimit {
+		ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if !st.HasLimit {
+		return ds
+	}
+	unit, mult := envoyUnit(st.Unit)
+	ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
+		Name:            st.Rule,
+		RequestsPerUnit: clampU32(st.Limit),
+		Unit:            unit,
+	}
+	if mult > 1 {
+		ds.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(mult)
+	}
+	ds.LimitRemaining = clampU32(st.Remaining)
+	ds.DurationUntilReset = durationpb.New(st.DurationUntilReset)
+	return ds
+}
+
+// units are Envoy's rate limit units, longest first, with the lengths
+// envoyproxy/ratelimit gives them (a month is 30 days, a year 365).
+var units = []struct {
+	d    time.Duration
+	unit rlsv3.RateLimitResponse_RateLimit_Unit
+}{
+	{365 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_YEAR},
+	{30 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_MONTH},
+	{7 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_WEEK},
+	{24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+	{time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
+	{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+	{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
+}
+
+// envoyUnit returns the Envoy unit and multiplier of a window: the longest
+// unit that divides it. Windows that are not whole seconds report UNKNOWN.
+func envoyUnit(d time.Duration) (rlsv3.RateLimitResponse_RateLimit_Unit, uint32) {
+	for _, u := range units {
+		if d >= u.d && d%u.d == 0 {
+			n := d / u.d
+			if n > 1<<32-1 {
+				break
+			}
+			return u.unit, uint32(n)
+		}
+	}
+	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN, 0
+}
+
+func clampU32(v int64) uint32 {
+	switch {
+	case v < 0:
+		return 0
+	case v > 1<<32-1:
+		return 1<<32 - 1
+	}
+	return uint32(v)
+}

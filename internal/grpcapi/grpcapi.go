@@ -1,0 +1,357 @@
+// Package grpcapi serves Sluice's own gRPC API, sluice.v1.RateLimiter
+// (proto/sluice/v1/sluice.proto), on top of the engine. Errors become gRPC
+// codes in one table (see codeOf); bad input is refused with
+// InvalidArgument before the engine is called.
+package grpcapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+)
+
+// Engine is what the service needs of the engine. *engine.Engine
+// implements it. Implementations must be safe for concurrent use.
+type Engine interface {
+	Check(ctx context.Context, c *engine.Check) (engine.Result, error)
+	BatchCheck(ctx context.Context, checks []engine.Check, mode engine.BatchMode) ([]engine.Result, error)
+	Status(ctx context.Context, c *engine.Check) ([]engine.RuleResult, error)
+	Reset(ctx context.Context, c *engine.Check) error
+}
+
+// Limits on the input, the same as the HTTP API's.
+const (
+	// MaxIdentifierBytes is the longest identifier accepted.
+	MaxIdentifierBytes = engine.MaxIdentifierLen
+	// MaxResourceBytes is the longest resource accepted.
+	MaxResourceBytes = engine.MaxResourceLen
+	// MaxCost is the largest cost one check may ask for.
+	MaxCost = engine.MaxCost
+	// MaxBatch is the most checks one batch may hold.
+	MaxBatch = engine.MaxBatch
+)
+
+// Config configures the service.
+type Config struct {
+	// Engine decides the checks. Required.
+	Engine Engine
+	// Now is the clock used for reset_at; nil means time.Now.
+	Now func() time.Time
+}
+
+// Server implements sluicev1.RateLimiterServer. It is safe for concurrent
+// use.
+type Server struct {
+	sluicev1.UnimplementedRateLimiterServer
+	eng Engine
+	now func() time.Time
+}
+
+// New returns the service for cfg.
+func New(cfg Config) (*Server, error) {
+	if cfg.Engine == nil {
+		return nil, errors.New("grpcapi: Config.Engine is required")
+	}
+	s := &Server{eng: cfg.Engine, now: cfg.Now}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	return s, nil
+}
+
+// Register registers s on g.
+func (s *Server) Register(g grpc.ServiceRegistrar) { sluicev1.RegisterRateLimiterServer(g, s) }
+
+// codes maps errors to gRPC codes, in one table; the first entry the error
+// matches with errors.Is wins. Anything else is Internal.
+var errorCodes = []struct {
+	err  error
+	code codes.Code
+}{
+	{engine.ErrInvalidCheck, codes.InvalidArgument},
+	{sluice.ErrInvalidCost, codes.InvalidArgument},
+	{sluice.ErrStoreUnavailable, codes.Unavailable},
+	{context.DeadlineExceeded, codes.DeadlineExceeded},
+	{context.Canceled, codes.Canceled},
+}
+
+// toStatus returns err as a gRPC status error.
+func toStatus(err error) error {
+	for _, e := range errorCodes {
+		if errors.Is(err, e.err) {
+			return status.Error(e.code, err.Error())
+		}
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func fieldErr(field, format string, args ...any) error {
+	return &engine.FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+func checkIdent(field, s string) error {
+	limit := MaxIdentifierBytes
+	if strings.HasSuffix(field, "resource") {
+		limit = MaxResourceBytes
+	}
+	if len(s) > limit {
+		return fieldErr(field, "%d bytes long, the limit is %d", len(s), limit)
+	}
+	if !utf8.ValidString(s) {
+		return fieldErr(field, "invalid UTF-8")
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return fieldErr(field, "holds a control character")
+		}
+	}
+	return nil
+}
+
+func priority(field string, p sluicev1.Priority) (engine.Priority, error) {
+	switch p {
+	case sluicev1.Priority_PRIORITY_UNSPECIFIED, sluicev1.Priority_PRIORITY_NORMAL:
+		return engine.PriorityNormal, nil
+	case sluicev1.Priority_PRIORITY_HIGH:
+		return engine.PriorityHigh, nil
+	case sluicev1.Priority_PRIORITY_LOW:
+		return engine.PriorityLow, nil
+	}
+	return 0, fieldErr(field, "unknown priority %d", int32(p))
+}
+
+// identity is the part of a request that names whom and what it is about.
+type identity struct {
+	clientID, resource, operation, user, ip, apiKey, method string
+}
+
+func (id *identity) check(prefix string, c *engine.Check) error {
+	for _, f := range [...]struct{ name, val string }{
+		{"client_id", id.clientID}, {"resource", id.resource}, {"operation", id.operation},
+		{"user", id.user}, {"ip", id.ip}, {"api_key", id.apiKey}, {"method", id.method},
+	} {
+		if err := checkIdent(prefix+f.name, f.val); err != nil {
+			return err
+		}
+	}
+	if id.clientID == "" {
+		return fieldErr(prefix+"client_id", "required")
+	}
+	*c = engine.Check{
+		ClientID: id.clientID, Resource: id.resource, Operation: id.operation,
+		User: id.user, IP: id.ip, APIKey: id.apiKey, Method: id.method,
+	}
+	return nil
+}
+
+// toCheck validates r and fills c.
+func toCheck(prefix string, r *sluicev1.CheckRequest, c *engine.Check) error {
+	id := identity{r.GetClientId(), r.GetResource(), r.GetOperation(), r.GetUser(), r.GetIp(), r.GetApiKey(), r.GetMethod()}
+	if err := id.check(prefix, c); err != nil {
+		return err
+	}
+	if err := checkIdent(prefix+"idempotency_key", r.GetIdempotencyKey()); err != nil {
+		return err
+	}
+	cost := int64(1)
+	if r.Cost != nil {
+		cost = r.GetCost()
+	}
+	switch {
+	case cost < 0:
+		return fieldErr(prefix+"cost", "must not be negative, got %d", cost)
+	case cost > MaxCost:
+		return fieldErr(prefix+"cost", "%d is above the maximum %d", cost, MaxCost)
+	}
+	p, err := priority(prefix+"priority", r.GetPriority())
+	if err != nil {
+		return err
+	}
+	c.Cost, c.Priority, c.IdempotencyKey = cost, p, r.GetIdempotencyKey()
+	return nil
+}
+
+// CheckRateLimit implements sluicev1.RateLimiterServer.
+func (s *Server) CheckRateLimit(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
+	var c engine.Check
+	if err := toCheck("", req, &c); err != nil {
+		return nil, toStatus(err)
+	}
+	res, err := s.eng.Check(ctx, &c)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if res.Unavailable {
+		return nil, status.Errorf(codes.Unavailable, "the rate limit store cannot answer and rule %q fails closed", res.Deciding.Rule)
+	}
+	return s.response(&res), nil
+}
+
+// BatchCheck implements sluicev1.RateLimiterServer.
+func (s *Server) BatchCheck(ctx context.Context, req *sluicev1.BatchCheckRequest) (*sluicev1.BatchCheckResponse, error) {
+	var mode engine.BatchMode
+	switch req.GetMode() {
+	case sluicev1.BatchMode_BATCH_MODE_UNSPECIFIED, sluicev1.BatchMode_BATCH_MODE_ALL_OR_NOTHING:
+		mode = engine.AllOrNothing
+	case sluicev1.BatchMode_BATCH_MODE_BEST_EFFORT:
+		mode = engine.BestEffort
+	default:
+		return nil, toStatus(fieldErr("mode", "unknown mode %d", int32(req.GetMode())))
+	}
+	if _, err := priority("priority", req.GetPriority()); err != nil {
+		return nil, toStatus(err)
+	}
+	n := len(req.GetChecks())
+	switch {
+	case n == 0:
+		return nil, toStatus(fieldErr("checks", "required: at least one check"))
+	case n > MaxBatch:
+		return nil, toStatus(fieldErr("checks", "%d checks, the limit is %d", n, MaxBatch))
+	}
+	checks := make([]engine.Check, n)
+	for i, item := range req.GetChecks() {
+		r := &sluicev1.CheckRequest{
+			ClientId: or(item.GetClientId(), req.GetClientId()), Resource: item.GetResource(),
+			Operation: item.GetOperation(), Cost: item.Cost, Priority: item.GetPriority(),
+			IdempotencyKey: item.GetIdempotencyKey(), User: or(item.GetUser(), req.GetUser()),
+			Ip: or(item.GetIp(), req.GetIp()), ApiKey: or(item.GetApiKey(), req.GetApiKey()),
+			Method: item.GetMethod(),
+		}
+		if r.Priority == sluicev1.Priority_PRIORITY_UNSPECIFIED {
+			r.Priority = req.GetPriority()
+		}
+		if err := toCheck(fmt.Sprintf("checks[%d].", i), r, &checks[i]); err != nil {
+			return nil, toStatus(err)
+		}
+	}
+	results, err := s.eng.BatchCheck(ctx, checks, mode)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &sluicev1.BatchCheckResponse{Allowed: true, Results: make([]*sluicev1.CheckResponse, len(results))}
+	allowed := 0
+	for i := range results {
+		resp.Results[i] = s.response(&results[i])
+		if results[i].Allowed {
+			allowed++
+		}
+	}
+	resp.Allowed = allowed == len(results)
+	resp.Partial = allowed > 0 && allowed < len(results)
+	return resp, nil
+}
+
+func or(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// GetRemainingQuota implements sluicev1.RateLimiterServer.
+func (s *Server) GetRemainingQuota(ctx context.Context, req *sluicev1.QuotaRequest) (*sluicev1.QuotaResponse, error) {
+	id := identity{req.GetClientId(), req.GetResource(), req.GetOperation(), req.GetUser(), req.GetIp(), req.GetApiKey(), req.GetMethod()}
+	var c engine.Check
+	if err := id.check("", &c); err != nil {
+		return nil, toStatus(err)
+	}
+	rules, err := s.eng.Status(ctx, &c)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	now := s.now()
+	resp := &sluicev1.QuotaResponse{ClientId: c.ClientID, Rules: make([]*sluicev1.RuleStatus, len(rules))}
+	for i := range rules {
+		resp.Rules[i] = ruleStatus(&rules[i], now)
+	}
+	return resp, nil
+}
+
+// ResetLimit implements sluicev1.RateLimiterServer.
+func (s *Server) ResetLimit(ctx context.Context, req *sluicev1.ResetRequest) (*sluicev1.ResetResponse, error) {
+	id := identity{req.GetClientId(), req.GetResource(), req.GetOperation(), req.GetUser(), req.GetIp(), req.GetApiKey(), req.GetMethod()}
+	var c engine.Check
+	if err := id.check("", &c); err != nil {
+		return nil, toStatus(err)
+	}
+	if err := s.eng.Reset(ctx, &c); err != nil {
+		return nil, toStatus(err)
+	}
+	return &sluicev1.ResetResponse{}, nil
+}
+
+func (s *Server) response(res *engine.Result) *sluicev1.CheckResponse {
+	now := s.now()
+	d := &res.Deciding
+	retry := d.RetryAfter
+	if res.Allowed {
+		retry = 0
+	}
+	resp := &sluicev1.CheckResponse{
+		Allowed:      res.Allowed,
+		Limit:        d.Limit,
+		Remaining:    d.Remaining,
+		ResetAt:      resetAt(now, d.ResetAfter),
+		RetryAfter:   ceilDiv(retry, time.Second),
+		RetryAfterMs: ceilDiv(retry, time.Millisecond),
+		Rule:         d.Rule,
+		Tier:         d.Tier,
+		Source:       res.Source.String(),
+		Cost:         d.Cost,
+		ShadowDenied: res.ShadowDenied,
+		State:        state(res.Allowed, d.Limit, d.Remaining),
+		CurrentCount: max(d.Limit-d.Remaining, 0),
+		Rules:        make([]*sluicev1.RuleStatus, len(res.Rules)),
+	}
+	for i := range res.Rules {
+		resp.Rules[i] = ruleStatus(&res.Rules[i], now)
+	}
+	return resp
+}
+
+func ruleStatus(r *engine.RuleResult, now time.Time) *sluicev1.RuleStatus {
+	return &sluicev1.RuleStatus{
+		Rule: r.Rule, Tier: r.Tier, Allowed: r.Allowed, Shadow: r.Shadow,
+		Limit: r.Limit, Remaining: r.Remaining, ResetAt: resetAt(now, r.ResetAfter),
+		RetryAfterMs: ceilDiv(r.RetryAfter, time.Millisecond), Cost: r.Cost, Source: r.Source.String(),
+	}
+}
+
+// state returns the usage state: throttled when denied, warning above 80%
+// of the limit used, normal otherwise.
+func state(allowed bool, limit, remaining int64) sluicev1.State {
+	switch {
+	case !allowed:
+		return sluicev1.State_STATE_THROTTLED
+	case limit > 0 && (limit-remaining)*5 > limit*4:
+		return sluicev1.State_STATE_WARNING
+	}
+	return sluicev1.State_STATE_NORMAL
+}
+
+func ceilDiv(d, unit time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + unit - 1) / unit)
+}
+
+func resetAt(now time.Time, d time.Duration) int64 {
+	t := now.Add(d)
+	s := t.Unix()
+	if t.Nanosecond() > 0 {
+		s++
+	}
+	return s
+}

@@ -1,0 +1,455 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine"
+)
+
+// errorStatuses maps errors to HTTP statuses and the error codes of the JSON
+// error body, in one table; the first entry the error matches with
+// errors.Is wins. Anything else is a 500 internal_error.
+var errorStatuses = []struct {
+	err    error
+	status int
+	code   string
+}{
+	{errTooLarge, http.StatusRequestEntityTooLarge, "request_too_large"},
+	{engine.ErrInvalidCheck, http.StatusBadRequest, "invalid_request"},
+	{sluice.ErrInvalidCost, http.StatusBadRequest, "invalid_request"},
+	{sluice.ErrStoreUnavailable, http.StatusServiceUnavailable, "unavailable"},
+	{context.DeadlineExceeded, http.StatusServiceUnavailable, "unavailable"},
+	{context.Canceled, http.StatusServiceUnavailable, "unavailable"},
+}
+
+// statusOf returns the HTTP status and error code for err.
+func statusOf(err error) (int, string) {
+	for _, e := range errorStatuses {
+		if errors.Is(err, e.err) {
+			return e.status, e.code
+		}
+	}
+	return http.StatusInternalServerError, "internal_error"
+}
+
+// decisionStatus returns the HTTP status of a decided check: 200 allowed,
+// 429 denied, 503 denied because the store failed and the rule fails closed.
+func decisionStatus(r *engine.Result) int {
+	switch {
+	case r.Allowed:
+		return http.StatusOK
+	case r.Unavailable:
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusTooManyRequests
+}
+
+// writeError answers err with its status and the JSON error body.
+func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	status, code := statusOf(err)
+	b := getBuf()
+	defer putBuf(b)
+	b.b = append(b.b, `{"error":`...)
+	b.b = appendString(b.b, code)
+	var fe *engine.FieldError
+	desc := err.Error()
+	switch {
+	case errors.As(err, &fe):
+		b.b = append(b.b, `,"field":`...)
+		b.b = appendString(b.b, fe.Field)
+		desc = fe.Field + ": " + fe.Reason
+	case errors.Is(err, errTooLarge):
+		b.b = append(b.b, `,"field":"body"`...)
+		desc = "the request body is larger than " + strconv.Itoa(MaxBodyBytes) + " bytes"
+	}
+	if status >= 500 {
+		h.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+		if status == http.StatusInternalServerError {
+			desc = "internal error"
+		}
+	}
+	b.b = append(b.b, `,"error_description":`...)
+	b.b = appendString(b.b, desc)
+	b.b = append(b.b, '}')
+	writeJSON(w, status, b.b)
+}
+
+func (h *Handler) handleCheck(w http.ResponseWriter, r *http.Request) {
+	b := getBuf()
+	defer putBuf(b)
+	if err := readBody(r, b); err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	var c engine.Check
+	if err := decodeCheck(b.b, &c); err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	if c.IdempotencyKey == "" {
+		if k := r.Header.Get("X-Idempotency-Key"); k != "" {
+			if err := checkIdent("idempotency_key", k); err != nil {
+				h.writeError(w, r, err)
+				return
+			}
+			c.IdempotencyKey = k
+		}
+	}
+	res, err := h.eng.Check(r.Context(), &c)
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	now := h.now()
+	status := decisionStatus(&res)
+	setHeaders(w.Header(), &res, now)
+	b.b = appendResult(b.b[:0], &res, status, now, "")
+	writeJSON(w, status, b.b)
+}
+
+func (h *Handler) handleBatch(w http.ResponseWriter, r *http.Request) {
+	b := getBuf()
+	defer putBuf(b)
+	if err := readBody(r, b); err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	checks, mode, err := decodeBatch(b.b)
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	results, err := h.eng.BatchCheck(r.Context(), checks, mode)
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	if len(results) != len(checks) {
+		h.writeError(w, r, errors.New("httpapi: the engine returned a result count unlike the check count"))
+		return
+	}
+	now := h.now()
+	allowed, denied, unavailable := 0, 0, 0
+	for i := range results {
+		switch decisionStatus(&results[i]) {
+		case http.StatusOK:
+			allowed++
+		case http.StatusServiceUnavailable:
+			unavailable++
+		default:
+			denied++
+		}
+	}
+	status := http.StatusOK
+	switch {
+	case allowed == len(results):
+	case mode == engine.BestEffort:
+		status = http.StatusMultiStatus
+	case unavailable > 0:
+		status = http.StatusServiceUnavailable
+	default:
+		status = http.StatusTooManyRequests
+	}
+	b.b = append(b.b[:0], `{"allowed":`...)
+	b.b = strconv.AppendBool(b.b, allowed == len(results))
+	b.b = append(b.b, `,"partial":`...)
+	b.b = strconv.AppendBool(b.b, allowed > 0 && allowed < len(results))
+	b.b = append(b.b, `,"mode":`...)
+	if mode == engine.BestEffort {
+		b.b = append(b.b, `"best_effort"`...)
+	} else {
+		b.b = append(b.b, `"all_or_nothing"`...)
+	}
+	b.b = append(b.b, `,"results":[`...)
+	for i := range results {
+		if i > 0 {
+			b.b = append(b.b, ',')
+		}
+		b.b = appendResult(b.b, &results[i], decisionStatus(&results[i]), now, checks[i].Resource)
+	}
+	b.b = append(b.b, "]}"...)
+	writeJSON(w, status, b.b)
+}
+
+func (h *Handler) handleStatus(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	cr := checkRequest{
+		ClientID:  r.PathValue("client_id"),
+		Resource:  q.Get("resource"),
+		Operation: q.Get("operation"),
+		User:      q.Get("user"),
+		IP:        q.Get("ip"),
+		APIKey:    q.Get("api_key"),
+		Method:    q.Get("method"),
+	}
+	zero := int64(0)
+	cr.Cost = &zero
+	var c engine.Check
+	if err := cr.toCheck("", &c); err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	rules, err := h.eng.Status(r.Context(), &c)
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	now := h.now()
+	b := getBuf()
+	defer putBuf(b)
+	b.b = append(b.b, `{"client_id":`...)
+	b.b = appendString(b.b, c.ClientID)
+	b.b = append(b.b, `,"limits":[`...)
+	for i := range rules {
+		if i > 0 {
+			b.b = append(b.b, ',')
+		}
+		b.b = appendRule(b.b, &rules[i], now)
+	}
+	b.b = append(b.b, "]}"...)
+	writeJSON(w, http.StatusOK, b.b)
+}
+
+// usageState returns seed 001's state of a rule: "throttled" when denied,
+// "warning" when more than 80% of the limit is used, "normal" otherwise.
+func usageState(allowed bool, limit, remaining int64) string {
+	switch {
+	case !allowed:
+		return "throttled"
+	case limit > 0 && (limit-remaining)*5 > limit*4:
+		return "warning"
+	}
+	return "normal"
+}
+
+// ceilSeconds returns d in whole seconds, rounded up.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// resetAt returns the Unix second at which a limit reset after d from now
+// is fully restored, rounded up.
+func resetAt(now time.Time, d time.Duration) int64 {
+	t := now.Add(d)
+	s := t.Unix()
+	if t.Nanosecond() > 0 {
+		s++
+	}
+	return s
+}
+
+// setHeaders sets the rate-limit headers of a check's answer.
+func setHeaders(hdr http.Header, res *engine.Result, now time.Time) {
+	d := &res.Deciding
+	hdr["X-Ratelimit-Decision-Source"] = []string{res.Source.String()}
+	if d.Rule == "" {
+		return
+	}
+	var nb [20]byte
+	num := func(v int64) []string { return []string{string(strconv.AppendInt(nb[:0], v, 10))} }
+	hdr["X-Ratelimit-Limit"] = num(d.Limit)
+	hdr["X-Ratelimit-Remaining"] = num(d.Remaining)
+	hdr["X-Ratelimit-Reset"] = num(resetAt(now, d.ResetAfter))
+	hdr["X-Ratelimit-Policy"] = []string{d.Rule}
+	if d.Tier != "" {
+		hdr["X-Ratelimit-Tier"] = []string{d.Tier}
+	}
+	state := usageState(res.Allowed, d.Limit, d.Remaining)
+	hdr["X-Ratelimit-State"] = []string{state}
+	if state == "warning" {
+		used := (d.Limit - d.Remaining) * 100 / d.Limit
+		hdr["X-Ratelimit-Warning"] = []string{strconv.FormatInt(used, 10) + "% of the limit used"}
+	}
+	if res.ShadowDenied {
+		hdr["X-Ratelimit-Shadow-Denied"] = []string{"true"}
+	}
+	// IETF draft-ietf-httpapi-ratelimit-headers: structured-field items
+	// naming the policy, with its quota and the remaining quota and reset.
+	name := sfString(d.Rule)
+	hdr["Ratelimit-Policy"] = []string{name + ";q=" + strconv.FormatInt(d.Limit, 10)}
+	hdr["Ratelimit"] = []string{name + ";r=" + strconv.FormatInt(d.Remaining, 10) + ";t=" + strconv.FormatInt(ceilSeconds(d.ResetAfter), 10)}
+	if !res.Allowed && d.RetryAfter > 0 {
+		hdr["Retry-After"] = num(ceilSeconds(d.RetryAfter))
+		hdr["Retry-After-Ms"] = num(ceilMillis(d.RetryAfter))
+	}
+}
+
+func ceilMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// sfString returns s as an RFC 8941 structured-field string: printable ASCII
+// in quotes, with '"' and '\' escaped; other bytes are dropped.
+func sfString(s string) string {
+	b := make([]byte, 0, len(s)+2)
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c >= 0x20 && c < 0x7f:
+			b = append(b, c)
+		}
+	}
+	return string(append(b, '"'))
+}
+
+// appendResult appends the JSON body of a check's answer; resource, when
+// set, is echoed (batch items).
+func appendResult(b []byte, res *engine.Result, status int, now time.Time, resource string) []byte {
+	d := &res.Deciding
+	b = append(b, '{')
+	if resource != "" {
+		b = append(b, `"resource":`...)
+		b = appendString(b, resource)
+		b = append(b, ',')
+	}
+	b = append(b, `"status":`...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, `,"allowed":`...)
+	b = strconv.AppendBool(b, res.Allowed)
+	b = append(b, `,"limit":`...)
+	b = strconv.AppendInt(b, d.Limit, 10)
+	b = append(b, `,"remaining":`...)
+	b = strconv.AppendInt(b, d.Remaining, 10)
+	b = append(b, `,"reset_at":`...)
+	b = strconv.AppendInt(b, resetAt(now, d.ResetAfter), 10)
+	retry := d.RetryAfter
+	if res.Allowed {
+		retry = 0
+	}
+	b = append(b, `,"retry_after":`...)
+	b = strconv.AppendInt(b, ceilSeconds(retry), 10)
+	b = append(b, `,"retry_after_ms":`...)
+	b = strconv.AppendInt(b, ceilMillis(retry), 10)
+	b = append(b, `,"rule":`...)
+	b = appendString(b, d.Rule)
+	b = append(b, `,"tier":`...)
+	b = appendString(b, d.Tier)
+	b = append(b, `,"source":`...)
+	b = appendString(b, res.Source.String())
+	b = append(b, `,"cost":`...)
+	b = strconv.AppendInt(b, d.Cost, 10)
+	b = append(b, `,"state":`...)
+	b = appendString(b, usageState(res.Allowed, d.Limit, d.Remaining))
+	b = append(b, `,"shadow_denied":`...)
+	b = strconv.AppendBool(b, res.ShadowDenied)
+	switch status {
+	case http.StatusTooManyRequests:
+		b = append(b, `,"error":"rate_limit_exceeded","error_description":`...)
+		var desc []byte
+		switch {
+		case res.Source == engine.SourceDenyList:
+			desc = append(desc, "The caller is on a deny list."...)
+		case retry > 0:
+			desc = append(desc, "Too many requests. Please retry after "...)
+			desc = strconv.AppendInt(desc, ceilSeconds(retry), 10)
+			desc = append(desc, " seconds."...)
+		default:
+			desc = append(desc, "The request costs more than the limit allows; it can never be admitted."...)
+		}
+		b = appendString(b, string(desc))
+	case http.StatusServiceUnavailable:
+		b = append(b, `,"error":"unavailable","error_description":"The rate limit store cannot answer and the rule fails closed."`...)
+	}
+	b = append(b, `,"rules":[`...)
+	for i := range res.Rules {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendRule(b, &res.Rules[i], now)
+	}
+	return append(b, "]}"...)
+}
+
+// appendRule appends the JSON object of one rule's outcome or state.
+func appendRule(b []byte, r *engine.RuleResult, now time.Time) []byte {
+	b = append(b, `{"rule":`...)
+	b = appendString(b, r.Rule)
+	b = append(b, `,"tier":`...)
+	b = appendString(b, r.Tier)
+	b = append(b, `,"allowed":`...)
+	b = strconv.AppendBool(b, r.Allowed)
+	b = append(b, `,"shadow":`...)
+	b = strconv.AppendBool(b, r.Shadow)
+	b = append(b, `,"limit":`...)
+	b = strconv.AppendInt(b, r.Limit, 10)
+	b = append(b, `,"remaining":`...)
+	b = strconv.AppendInt(b, r.Remaining, 10)
+	b = append(b, `,"reset_at":`...)
+	b = strconv.AppendInt(b, resetAt(now, r.ResetAfter), 10)
+	b = append(b, `,"retry_after_ms":`...)
+	b = strconv.AppendInt(b, ceilMillis(r.RetryAfter), 10)
+	b = append(b, `,"cost":`...)
+	b = strconv.AppendInt(b, r.Cost, 10)
+	b = append(b, `,"source":`...)
+	b = appendString(b, r.Source.String())
+	return append(b, '}')
+}
+
+// appendConfigStatus appends s as JSON.
+func appendConfigStatus(b []byte, s ConfigStatus) []byte {
+	b = append(b, `{"version":`...)
+	b = appendString(b, s.Version)
+	if s.Path != "" {
+		b = append(b, `,"path":`...)
+		b = appendString(b, s.Path)
+	}
+	b = append(b, `,"loaded_at":`...)
+	b = appendString(b, s.LoadedAt.UTC().Format(time.RFC3339Nano))
+	b = append(b, `,"reloads":`...)
+	b = strconv.AppendInt(b, s.Reloads, 10)
+	if s.LastError != "" {
+		b = append(b, `,"last_error":`...)
+		b = appendString(b, s.LastError)
+	}
+	if s.LastErrorAt != nil {
+		b = append(b, `,"last_error_at":`...)
+		b = appendString(b, s.LastErrorAt.UTC().Format(time.RFC3339Nano))
+	}
+	return append(b, '}')
+}
+
+// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD.
+func appendString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < 0x80 {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c < 0x20 || c == '<' || c == '>' || c == '&':
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+		} else if r == utf8.RuneError && size == 1 {
+			b = append(b, "\ufffd"...)
+		} else {
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
+}

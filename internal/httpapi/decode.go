@@ -1,0 +1,358 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/internal/engine"
+)
+
+// errTooLarge reports a request body over MaxBodyBytes (HTTP 413).
+var errTooLarge = errors.New("httpapi: request body too large")
+
+// fieldErr returns the error for a bad value in field: it wraps
+// engine.ErrInvalidCheck, like the engine's own validation errors.
+func fieldErr(field, format string, args ...any) error {
+	return &engine.FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// checkRequest is the JSON body of POST /api/v1/check and one item of a
+// batch.
+type checkRequest struct {
+	ClientID       string `json:"client_id"`
+	Resource       string `json:"resource"`
+	Operation      string `json:"operation"`
+	Cost           *int64 `json:"cost"`
+	Priority       string `json:"priority"`
+	IdempotencyKey string `json:"idempotency_key"`
+	User           string `json:"user"`
+	IP             string `json:"ip"`
+	APIKey         string `json:"api_key"`
+	Method         string `json:"method"`
+}
+
+// batchRequest is the JSON body of POST /api/v1/batch-check.
+type batchRequest struct {
+	ClientID string         `json:"client_id"`
+	User     string         `json:"user"`
+	IP       string         `json:"ip"`
+	APIKey   string         `json:"api_key"`
+	Priority string         `json:"priority"`
+	Mode     string         `json:"mode"`
+	Checks   []checkRequest `json:"checks"`
+}
+
+// buf is a pooled byte buffer for request and response bodies.
+type buf struct{ b []byte }
+
+var bufPool = sync.Pool{New: func() any { return &buf{b: make([]byte, 0, 1024)} }}
+
+func getBuf() *buf { b := bufPool.Get().(*buf); b.b = b.b[:0]; return b }
+
+func putBuf(b *buf) {
+	if cap(b.b) <= 16<<10 {
+		bufPool.Put(b)
+	}
+}
+
+// readBody reads r's body into b, refusing more than MaxBodyBytes.
+func readBody(r *http.Request, b *buf) error {
+	if r.ContentLength > MaxBodyBytes {
+		return errTooLarge
+	}
+	lr := io.LimitReader(r.Body, MaxBodyBytes+1)
+	for {
+		if len(b.b) == cap(b.b) {
+			b.b = append(b.b, 0)[:len(b.b)]
+		}
+		n, err := lr.Read(b.b[len(b.b):cap(b.b)])
+		b.b = b.b[:len(b.b)+n]
+		if len(b.b) > MaxBodyBytes {
+			return errTooLarge
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fieldErr("body", "cannot read the request body: %v", err)
+		}
+	}
+}
+
+// decodeStrict decodes one JSON value from data into v, refusing unknown
+// fields, trailing data and invalid UTF-8. Its errors are
+// *engine.FieldError naming the field.
+func decodeStrict(data []byte, v any) error {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return fieldErr("body", "empty body; want a JSON object")
+	}
+	if !utf8.Valid(data) {
+		return fieldErr(fieldAtInvalidUTF8(data), "invalid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonFieldErr(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fieldErr("body", "unexpected data after the JSON object")
+	}
+	return nil
+}
+
+// jsonFieldErr turns an encoding/json error into a *engine.FieldError.
+func jsonFieldErr(err error) error {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te):
+		field := te.Field
+		if field == "" {
+			field = "body"
+		}
+		return fieldErr(field, "want a JSON %s, got %s", jsonKind(te.Type.Kind().String()), te.Value)
+	case errors.As(err, &se):
+		return fieldErr("body", "malformed JSON at byte %d: %v", se.Offset, se)
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return fieldErr("body", "malformed JSON: unexpected end of input")
+	}
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		return fieldErr(strings.Trim(name, `"`), "unknown field")
+	}
+	return fieldErr("body", "malformed JSON: %s", strings.TrimPrefix(msg, "json: "))
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "int64", "int", "uint64":
+		return "integer"
+	case "ptr":
+		return "integer"
+	case "slice":
+		return "array"
+	case "struct":
+		return "object"
+	}
+	return k
+}
+
+// fieldAtInvalidUTF8 returns the name of the innermost object key whose
+// value holds the first invalid UTF-8 byte of data, or "body". It runs only
+// on the error path.
+func fieldAtInvalidUTF8(data []byte) string {
+	bad := 0
+	for bad < len(data) {
+		r, size := utf8.DecodeRune(data[bad:])
+		if r == utf8.RuneError && size <= 1 {
+			break
+		}
+		bad += size
+	}
+	type frame struct {
+		obj, wantKey bool
+		key          string
+	}
+	var stack []frame
+	dec := json.NewDecoder(bytes.NewReader(data))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "body"
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = &stack[len(stack)-1]
+		}
+		isKey := top != nil && top.obj && top.wantKey
+		if dec.InputOffset() > int64(bad) {
+			if isKey || top == nil || !top.obj {
+				return "body"
+			}
+			return top.key
+		}
+		if isKey {
+			if k, ok := tok.(string); ok {
+				top.key, top.wantKey = k, false
+				continue
+			}
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{obj: true, wantKey: true})
+			continue
+		case json.Delim('['):
+			stack = append(stack, frame{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+		if len(stack) > 0 && stack[len(stack)-1].obj {
+			stack[len(stack)-1].wantKey = true
+		}
+	}
+}
+
+// parsePriority maps the wire name of a priority.
+func parsePriority(field, s string) (engine.Priority, error) {
+	switch s {
+	case "", "normal":
+		return engine.PriorityNormal, nil
+	case "high":
+		return engine.PriorityHigh, nil
+	case "low":
+		return engine.PriorityLow, nil
+	}
+	return 0, fieldErr(field, "unknown priority %q (want high, normal or low)", truncate(s))
+}
+
+// parseMode maps the wire name of a batch mode.
+func parseMode(s string) (engine.BatchMode, error) {
+	switch s {
+	case "", "all_or_nothing":
+		return engine.AllOrNothing, nil
+	case "best_effort":
+		return engine.BestEffort, nil
+	}
+	return 0, fieldErr("mode", "unknown mode %q (want all_or_nothing or best_effort)", truncate(s))
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+// checkIdent reports an identifier over MaxIdentifierBytes or holding
+// control characters.
+func checkIdent(field, s string) error {
+	limit := MaxIdentifierBytes
+	if strings.HasSuffix(field, "resource") {
+		limit = MaxResourceBytes
+	}
+	if len(s) > limit {
+		return fieldErr(field, "%d bytes long, the limit is %d", len(s), limit)
+	}
+	if !utf8.ValidString(s) {
+		return fieldErr(field, "invalid UTF-8")
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return fieldErr(field, "holds a control character")
+		}
+	}
+	return nil
+}
+
+// toCheck validates cr and fills c; prefix names the item in a batch
+// ("checks[2]."), empty for a single check.
+func (cr *checkRequest) toCheck(prefix string, c *engine.Check) error {
+	idents := [...]struct {
+		name string
+		val  string
+	}{
+		{"client_id", cr.ClientID}, {"resource", cr.Resource}, {"operation", cr.Operation},
+		{"idempotency_key", cr.IdempotencyKey}, {"user", cr.User}, {"ip", cr.IP},
+		{"api_key", cr.APIKey}, {"method", cr.Method},
+	}
+	for _, id := range idents {
+		if err := checkIdent(prefix+id.name, id.val); err != nil {
+			return err
+		}
+	}
+	if cr.ClientID == "" {
+		return fieldErr(prefix+"client_id", "required")
+	}
+	cost := int64(1)
+	if cr.Cost != nil {
+		cost = *cr.Cost
+	}
+	switch {
+	case cost < 0:
+		return fieldErr(prefix+"cost", "must not be negative, got %d", cost)
+	case cost > MaxCost:
+		return fieldErr(prefix+"cost", "%d is above the maximum %d", cost, MaxCost)
+	}
+	prio, err := parsePriority(prefix+"priority", cr.Priority)
+	if err != nil {
+		return err
+	}
+	*c = engine.Check{
+		ClientID:       cr.ClientID,
+		User:           cr.User,
+		IP:             cr.IP,
+		APIKey:         cr.APIKey,
+		Resource:       cr.Resource,
+		Method:         cr.Method,
+		Operation:      cr.Operation,
+		Cost:           cost,
+		Priority:       prio,
+		IdempotencyKey: cr.IdempotencyKey,
+	}
+	return nil
+}
+
+// decodeCheck decodes and validates the body of POST /api/v1/check.
+func decodeCheck(data []byte, c *engine.Check) error {
+	var cr checkRequest
+	if err := decodeStrict(data, &cr); err != nil {
+		return err
+	}
+	return cr.toCheck("", c)
+}
+
+// decodeBatch decodes and validates the body of POST /api/v1/batch-check.
+func decodeBatch(data []byte) ([]engine.Check, engine.BatchMode, error) {
+	var br batchRequest
+	if err := decodeStrict(data, &br); err != nil {
+		return nil, 0, err
+	}
+	mode, err := parseMode(br.Mode)
+	if err != nil {
+		return nil, 0, err
+	}
+	if _, err := parsePriority("priority", br.Priority); err != nil {
+		return nil, 0, err
+	}
+	switch {
+	case len(br.Checks) == 0:
+		return nil, 0, fieldErr("checks", "required: at least one check")
+	case len(br.Checks) > MaxBatch:
+		return nil, 0, fieldErr("checks", "%d checks, the limit is %d", len(br.Checks), MaxBatch)
+	}
+	checks := make([]engine.Check, len(br.Checks))
+	for i := range br.Checks {
+		cr := &br.Checks[i]
+		if cr.ClientID == "" {
+			cr.ClientID = br.ClientID
+		}
+		if cr.User == "" {
+			cr.User = br.User
+		}
+		if cr.IP == "" {
+			cr.IP = br.IP
+		}
+		if cr.APIKey == "" {
+			cr.APIKey = br.APIKey
+		}
+		if cr.Priority == "" {
+			cr.Priority = br.Priority
+		}
+		prefix := fmt.Sprintf("checks[%d].", i)
+		if cr.ClientID == "" {
+			return nil, 0, fieldErr("client_id", "required (in the batch or in every check)")
+		}
+		if err := cr.toCheck(prefix, &checks[i]); err != nil {
+			return nil, 0, err
+		}
+	}
+	return checks, mode, nil
+}

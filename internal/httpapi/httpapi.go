@@ -1,0 +1,182 @@
+// Package httpapi serves Sluice's HTTP JSON API: checks, batch checks,
+// status, health, readiness, configuration status and metrics. The wire
+// format is documented in docs/api.md.
+//
+// Every error becomes an HTTP status in one table (see statusOf); bad input
+// is refused before the engine is called, so it changes no count.
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/engine"
+)
+
+// Engine is what the API needs of the engine. *engine.Engine implements it.
+// Implementations must be safe for concurrent use.
+type Engine interface {
+	Check(ctx context.Context, c *engine.Check) (engine.Result, error)
+	BatchCheck(ctx context.Context, checks []engine.Check, mode engine.BatchMode) ([]engine.Result, error)
+	Status(ctx context.Context, c *engine.Check) ([]engine.RuleResult, error)
+	Ready(ctx context.Context) error
+}
+
+// ConfigStatus describes the configuration in force and the outcome of the
+// last attempt to load one; GET /api/v1/config/status and GET /readyz
+// report it.
+type ConfigStatus struct {
+	// Version is the version of the policy in force.
+	Version string `json:"version"`
+	// Path is the configuration file; empty for the built-in policy.
+	Path string `json:"path,omitempty"`
+	// LoadedAt is when the policy in force was applied.
+	LoadedAt time.Time `json:"loaded_at"`
+	// Reloads counts the policies applied since start, the first included.
+	Reloads int64 `json:"reloads"`
+	// LastError is the error of the last load when it failed (the policy in
+	// force then stays); empty when the last load succeeded.
+	LastError string `json:"last_error,omitempty"`
+	// LastErrorAt is when LastError happened.
+	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
+}
+
+// Limits on the input, enforced before the engine is called.
+const (
+	// MaxBodyBytes is the largest request body accepted (413 above).
+	MaxBodyBytes = 64 << 10
+	// MaxIdentifierBytes is the longest identifier (client_id, user, ip,
+	// api_key, method, operation, idempotency_key) accepted.
+	MaxIdentifierBytes = engine.MaxIdentifierLen
+	// MaxResourceBytes is the longest resource accepted.
+	MaxResourceBytes = engine.MaxResourceLen
+	// MaxCost is the largest cost one check may ask for.
+	MaxCost = engine.MaxCost
+	// MaxBatch is the most checks one batch may hold.
+	MaxBatch = engine.MaxBatch
+)
+
+// Config configures the API.
+type Config struct {
+	// Engine decides the checks. Required.
+	Engine Engine
+	// Metrics serves GET /metrics; nil answers 404.
+	Metrics http.Handler
+	// ConfigStatus reports the configuration status; nil answers 404 on
+	// GET /api/v1/config/status.
+	ConfigStatus func() ConfigStatus
+	// Now is the clock used for reset_at; nil means time.Now.
+	Now func() time.Time
+	// ReadyTimeout bounds the store probe of GET /readyz; zero means 1s.
+	ReadyTimeout time.Duration
+	// Logger receives errors the API answers with 5xx; nil discards them.
+	Logger *slog.Logger
+}
+
+// Handler serves the API. It is safe for concurrent use.
+type Handler struct {
+	eng     Engine
+	metrics http.Handler
+	cfgStat func() ConfigStatus
+	now     func() time.Time
+	readyTO time.Duration
+	log     *slog.Logger
+	mux     *http.ServeMux
+}
+
+// New returns the API handler for cfg.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Engine == nil {
+		return nil, errors.New("httpapi: Config.Engine is required")
+	}
+	h := &Handler{
+		eng:     cfg.Engine,
+		metrics: cfg.Metrics,
+		cfgStat: cfg.ConfigStatus,
+		now:     cfg.Now,
+		readyTO: cfg.ReadyTimeout,
+		log:     cfg.Logger,
+		mux:     http.NewServeMux(),
+	}
+	if h.now == nil {
+		h.now = time.Now
+	}
+	if h.readyTO <= 0 {
+		h.readyTO = time.Second
+	}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	h.mux.HandleFunc("POST /api/v1/check", h.handleCheck)
+	h.mux.HandleFunc("POST /api/v1/batch-check", h.handleBatch)
+	h.mux.HandleFunc("GET /api/v1/status/{client_id}", h.handleStatus)
+	h.mux.HandleFunc("GET /api/v1/config/status", h.handleConfigStatus)
+	h.mux.HandleFunc("GET /healthz", h.handleHealthz)
+	h.mux.HandleFunc("GET /readyz", h.handleReadyz)
+	h.mux.HandleFunc("GET /metrics", h.handleMetrics)
+	return h, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+func (h *Handler) handleHealthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, []byte(`{"status":"ok"}`))
+}
+
+func (h *Handler) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), h.readyTO)
+	defer cancel()
+	err := h.eng.Ready(ctx)
+	b := getBuf()
+	defer putBuf(b)
+	status := http.StatusOK
+	if err != nil {
+		status = http.StatusServiceUnavailable
+		b.b = append(b.b, `{"status":"unavailable","error":`...)
+		b.b = appendString(b.b, err.Error())
+	} else {
+		b.b = append(b.b, `{"status":"ready"`...)
+	}
+	if h.cfgStat != nil {
+		b.b = append(b.b, `,"config":`...)
+		b.b = appendConfigStatus(b.b, h.cfgStat())
+	}
+	b.b = append(b.b, '}')
+	writeJSON(w, status, b.b)
+}
+
+func (h *Handler) handleConfigStatus(w http.ResponseWriter, r *http.Request) {
+	if h.cfgStat == nil {
+		h.handleNotFound(w, r)
+		return
+	}
+	b := getBuf()
+	defer putBuf(b)
+	b.b = appendConfigStatus(b.b, h.cfgStat())
+	writeJSON(w, http.StatusOK, b.b)
+}
+
+func (h *Handler) handleMetrics(w http.ResponseWriter, r *http.Request) {
+	if h.metrics == nil {
+		h.handleNotFound(w, r)
+		return
+	}
+	h.metrics.ServeHTTP(w, r)
+}
+
+func (h *Handler) handleNotFound(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusNotFound, []byte(`{"error":"not_found","error_description":"no such endpoint; see docs/api.md"}`))
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	hdr := w.Header()
+	hdr["Content-Type"] = contentTypeJSON
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
+var contentTypeJSON = []string{"application/json"}

@@ -1,0 +1,399 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/internal/engine"
+)
+
+// fakeEngine returns canned results, so the encoding of every kind of
+// decision can be checked; the engine itself is tested end to end in
+// internal/daemon.
+type fakeEngine struct {
+	mu     sync.Mutex
+	calls  int
+	checks []engine.Check
+	result engine.Result
+	batch  []engine.Result
+	rules  []engine.RuleResult
+	ready  error
+}
+
+func (f *fakeEngine) Check(ctx context.Context, c *engine.Check) (engine.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	f.checks = append(f.checks, *c)
+	return f.result, nil
+}
+
+func (f *fakeEngine) BatchCheck(ctx context.Context, checks []engine.Check, mode engine.BatchMode) ([]engine.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	f.checks = append(f.checks, checks...)
+	return f.batch, nil
+}
+
+func (f *fakeEngine) Status(ctx context.Context, c *engine.Check) ([]engine.RuleResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.checks = append(f.checks, *c)
+	return f.rules, nil
+}
+
+func (f *fakeEngine) Ready(ctx context.Context) error { return f.ready }
+
+var testNow = time.Unix(1_700_000_000, 0)
+
+func newTestHandler(t *testing.T, f *fakeEngine) *Handler {
+	t.Helper()
+	h, err := New(Config{Engine: f, Now: func() time.Time { return testNow }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func do(h http.Handler, method, path, body string) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+func allowedResult(limit, remaining int64) engine.Result {
+	rr := engine.RuleResult{Rule: "per-client", Tier: "free", Allowed: true, Limit: limit, Remaining: remaining, ResetAfter: 30 * time.Second, Cost: 1}
+	return engine.Result{Allowed: true, Deciding: rr, Rules: []engine.RuleResult{rr}}
+}
+
+func deniedResult() engine.Result {
+	rr := engine.RuleResult{Rule: "per-client", Tier: "free", Limit: 100, Remaining: 0, ResetAfter: 30 * time.Second, RetryAfter: 1500 * time.Millisecond}
+	return engine.Result{Deciding: rr, Rules: []engine.RuleResult{rr}}
+}
+
+func TestCheckAllowed(t *testing.T) {
+	f := &fakeEngine{result: allowedResult(100, 50)}
+	rec := do(newTestHandler(t, f), "POST", "/api/v1/check", `{"client_id":"c1","resource":"/api/x","priority":"high"}`)
+	if rec.Code != 200 {
+		t.Fatalf("status = %d, want 200; body %s", rec.Code, rec.Body)
+	}
+	wantHdr := map[string]string{
+		"X-RateLimit-Limit":           "100",
+		"X-RateLimit-Remaining":       "50",
+		"X-RateLimit-Reset":           "1700000030",
+		"X-RateLimit-Policy":          "per-client",
+		"X-RateLimit-Tier":            "free",
+		"X-RateLimit-State":           "normal",
+		"X-RateLimit-Decision-Source": "store",
+		"RateLimit-Policy":            `"per-client";q=100`,
+		"RateLimit":                   `"per-client";r=50;t=30`,
+		"Retry-After":                 "",
+		"X-RateLimit-Warning":         "",
+		"Content-Type":                "application/json",
+	}
+	for k, want := range wantHdr {
+		if got := rec.Header().Get(k); got != want {
+			t.Errorf("header %s = %q, want %q", k, got, want)
+		}
+	}
+	var body map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatalf("body %s: %v", rec.Body, err)
+	}
+	if body["allowed"] != true || body["remaining"] != 50.0 || body["reset_at"] != 1700000030.0 || body["rule"] != "per-client" || body["source"] != "store" {
+		t.Errorf("body = %s", rec.Body)
+	}
+	if got := f.checks[0]; got.Cost != 1 || got.Priority != engine.PriorityHigh || got.ClientID != "c1" {
+		t.Errorf("check = %+v, want cost 1, high priority, client c1", got)
+	}
+}
+
+func TestCheckWarning(t *testing.T) {
+	f := &fakeEngine{result: allowedResult(100, 15)}
+	rec := do(newTestHandler(t, f), "POST", "/api/v1/check", `{"client_id":"c1","cost":0}`)
+	if got, want := rec.Header().Get("X-RateLimit-State"), "warning"; got != want {
+		t.Errorf("state = %q, want %q", got, want)
+	}
+	if got, want := rec.Header().Get("X-RateLimit-Warning"), "85% of the limit used"; got != want {
+		t.Errorf("warning = %q, want %q", got, want)
+	}
+	if f.checks[0].Cost != 0 {
+		t.Errorf("cost = %d, want 0", f.checks[0].Cost)
+	}
+}
+
+func TestCheckDenied(t *testing.T) {
+	f := &fakeEngine{result: deniedResult()}
+	rec := do(newTestHandler(t, f), "POST", "/api/v1/check", `{"client_id":"c1"}`)
+	if rec.Code != 429 {
+		t.Fatalf("status = %d, want 429", rec.Code)
+	}
+	for k, want := range map[string]string{"Retry-After": "2", "Retry-After-Ms": "1500", "X-RateLimit-State": "throttled", "X-RateLimit-Remaining": "0"} {
+		if got := rec.Header().Get(k); got != want {
+			t.Errorf("header %s = %q, want %q", k, got, want)
+		}
+	}
+	var body struct {
+		Allowed          bool   `json:"allowed"`
+		RetryAfter       int64  `json:"retry_after"`
+		RetryAfterMS     int64  `json:"retry_after_ms"`
+		Error            string `json:"error"`
+		ErrorDescription string `json:"error_description"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if body.Allowed || body.RetryAfter != 2 || body.RetryAfterMS != 1500 || body.Error != "rate_limit_exceeded" || !strings.Contains(body.ErrorDescription, "retry after 2 seconds") {
+		t.Errorf("body = %s", rec.Body)
+	}
+}
+
+func TestCheckUnavailableAndFailOpen(t *testing.T) {
+	res := deniedResult()
+	res.Unavailable = true
+	res.Source = engine.SourceFailClosed
+	f := &fakeEngine{result: res}
+	h := newTestHandler(t, f)
+	rec := do(h, "POST", "/api/v1/check", `{"client_id":"c1"}`)
+	if rec.Code != 503 || rec.Header().Get("X-RateLimit-Decision-Source") != "fail_closed" || !strings.Contains(rec.Body.String(), `"error":"unavailable"`) {
+		t.Errorf("fail closed: status %d, headers %v, body %s", rec.Code, rec.Header(), rec.Body)
+	}
+	f.result = allowedResult(10, 9)
+	f.result.Source = engine.SourceFailOpen
+	rec = do(h, "POST", "/api/v1/check", `{"client_id":"c1"}`)
+	if rec.Code != 200 || rec.Header().Get("X-RateLimit-Decision-Source") != "fail_open" {
+		t.Errorf("fail open: status %d, source %q", rec.Code, rec.Header().Get("X-RateLimit-Decision-Source"))
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	long := strings.Repeat("a", MaxIdentifierBytes+1)
+	tests := []struct {
+		name, path, body string
+		status           int
+		field            string
+	}{
+		{"malformed", "/api/v1/check", `{"client_id":`, 400, "body"},
+		{"not an object", "/api/v1/check", `[1,2]`, 400, "body"},
+		{"empty", "/api/v1/check", ``, 400, "body"},
+		{"trailing", "/api/v1/check", `{"client_id":"a"} {}`, 400, "body"},
+		{"unknown field", "/api/v1/check", `{"client_id":"a","clientid":"b"}`, 400, "clientid"},
+		{"missing client_id", "/api/v1/check", `{"resource":"/x"}`, 400, "client_id"},
+		{"negative cost", "/api/v1/check", `{"client_id":"a","cost":-1}`, 400, "cost"},
+		{"huge cost", "/api/v1/check", `{"client_id":"a","cost":1073741825}`, 400, "cost"},
+		{"overflowing cost", "/api/v1/check", `{"client_id":"a","cost":1e30}`, 400, "cost"},
+		{"fractional cost", "/api/v1/check", `{"client_id":"a","cost":1.5}`, 400, "cost"},
+		{"string cost", "/api/v1/check", `{"client_id":"a","cost":"1"}`, 400, "cost"},
+		{"unknown priority", "/api/v1/check", `{"client_id":"a","priority":"urgent"}`, 400, "priority"},
+		{"long identifier", "/api/v1/check", `{"client_id":"a","user":"` + long + `"}`, 400, "user"},
+		{"control character", "/api/v1/check", `{"client_id":"a\u0001"}`, 400, "client_id"},
+		{"invalid utf-8", "/api/v1/check", "{\"client_id\":\"a\",\"resource\":\"/\xff\"}", 400, "resource"},
+		{"too large", "/api/v1/check", `{"client_id":"` + strings.Repeat("a", MaxBodyBytes) + `"}`, 413, "body"},
+		{"unknown mode", "/api/v1/batch-check", `{"client_id":"a","mode":"some","checks":[{"resource":"x"}]}`, 400, "mode"},
+		{"no checks", "/api/v1/batch-check", `{"client_id":"a","checks":[]}`, 400, "checks"},
+		{"batch bad cost", "/api/v1/batch-check", `{"client_id":"a","checks":[{"resource":"x"},{"cost":-3}]}`, 400, "checks[1].cost"},
+		{"batch no client", "/api/v1/batch-check", `{"checks":[{"resource":"x"}]}`, 400, "client_id"},
+		{"too many checks", "/api/v1/batch-check", `{"client_id":"a","checks":[` + strings.Repeat(`{},`, MaxBatch) + `{}]}`, 400, "checks"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &fakeEngine{result: allowedResult(1, 1)}
+			rec := do(newTestHandler(t, f), "POST", tt.path, tt.body)
+			if rec.Code != tt.status {
+				t.Errorf("status = %d, want %d; body %s", rec.Code, tt.status, rec.Body)
+			}
+			var body struct{ Error, Field, ErrorDescription string }
+			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+				t.Fatalf("body %q: %v", rec.Body, err)
+			}
+			if body.Field != tt.field {
+				t.Errorf("field = %q, want %q (body %s)", body.Field, tt.field, rec.Body)
+			}
+			if f.calls != 0 {
+				t.Errorf("engine called %d times on bad input, want 0", f.calls)
+			}
+		})
+	}
+}
+
+func TestBatchStatuses(t *testing.T) {
+	allow, deny := allowedResult(10, 5), deniedResult()
+	tests := []struct {
+		name    string
+		mode    string
+		results []engine.Result
+		status  int
+		partial bool
+	}{
+		{"all allowed", "all_or_nothing", []engine.Result{allow, allow}, 200, false},
+		{"all or nothing denied", "all_or_nothing", []engine.Result{deny, deny}, 429, false},
+		{"best effort mixed", "best_effort", []engine.Result{allow, deny}, 207, true},
+		{"best effort all allowed", "best_effort", []engine.Result{allow, allow}, 200, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &fakeEngine{batch: tt.results}
+			rec := do(newTestHandler(t, f), "POST", "/api/v1/batch-check",
+				`{"client_id":"c","user":"u","mode":"`+tt.mode+`","checks":[{"resource":"api"},{"resource":"compute","cost":5,"user":"v"}]}`)
+			if rec.Code != tt.status {
+				t.Fatalf("status = %d, want %d; body %s", rec.Code, tt.status, rec.Body)
+			}
+			var body struct {
+				Partial bool
+				Results []struct {
+					Resource string
+					Status   int
+					Allowed  bool
+				}
+			}
+			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+				t.Fatal(err)
+			}
+			if body.Partial != tt.partial || len(body.Results) != 2 || body.Results[1].Resource != "compute" {
+				t.Errorf("body = %s", rec.Body)
+			}
+			if f.checks[0].User != "u" || f.checks[1].User != "v" || f.checks[1].Cost != 5 || f.checks[0].ClientID != "c" {
+				t.Errorf("checks = %+v, want inherited identity", f.checks)
+			}
+		})
+	}
+}
+
+func TestStatusConsumesNothing(t *testing.T) {
+	f := &fakeEngine{rules: []engine.RuleResult{{Rule: "r1", Limit: 10, Remaining: 7}}}
+	rec := do(newTestHandler(t, f), "GET", "/api/v1/status/c1?resource=/api/x&user=u", "")
+	if rec.Code != 200 {
+		t.Fatalf("status = %d, body %s", rec.Code, rec.Body)
+	}
+	if got := f.checks[0]; got.Cost != 0 || got.ClientID != "c1" || got.Resource != "/api/x" || got.User != "u" {
+		t.Errorf("check = %+v", got)
+	}
+	if !strings.Contains(rec.Body.String(), `"limits":[{"rule":"r1"`) {
+		t.Errorf("body = %s", rec.Body)
+	}
+}
+
+func TestHealthReadyNotFound(t *testing.T) {
+	f := &fakeEngine{}
+	h, err := New(Config{Engine: f, ConfigStatus: func() ConfigStatus {
+		return ConfigStatus{Version: "v1", LastError: "bad.yaml:3: boom"}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := do(h, "GET", "/healthz", ""); rec.Code != 200 {
+		t.Errorf("healthz = %d", rec.Code)
+	}
+	rec := do(h, "GET", "/readyz", "")
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), `"last_error":"bad.yaml:3: boom"`) {
+		t.Errorf("readyz = %d %s", rec.Code, rec.Body)
+	}
+	f.ready = context.DeadlineExceeded
+	if rec := do(h, "GET", "/readyz", ""); rec.Code != 503 {
+		t.Errorf("readyz with the store down = %d, want 503", rec.Code)
+	}
+	if rec := do(h, "GET", "/nope", ""); rec.Code != 404 {
+		t.Errorf("unknown path = %d, want 404", rec.Code)
+	}
+	if rec := do(h, "GET", "/metrics", ""); rec.Code != 404 {
+		t.Errorf("metrics without a handler = %d, want 404", rec.Code)
+	}
+	if rec := do(h, "GET", "/api/v1/check", ""); rec.Code != 405 {
+		t.Errorf("GET check = %d, want 405", rec.Code)
+	}
+}
+
+func TestAppendStringMatchesEncodingJSON(t *testing.T) {
+	for _, s := range []string{"", "abc", "a\"b\\c", "\n\t\x00", "<&>", "é日本", "\u2028", "bad\xffutf8"} {
+		got := string(appendString(nil, s))
+		var back string
+		if err := json.Unmarshal([]byte(got), &back); err != nil {
+			t.Errorf("appendString(%q) = %s: %v", s, got, err)
+			continue
+		}
+		want := strings.ToValidUTF8(s, "\ufffd")
+		if back != want {
+			t.Errorf("round trip of %q = %q, want %q", s, back, want)
+		}
+	}
+}
+
+// FuzzDecodeCheck feeds arbitrary bodies to the check decoder: it must
+// never panic, and what it accepts must be a valid check that encoding/json
+// reads the same way.
+func FuzzDecodeCheck(f *testing.F) {
+	for _, s := range []string{
+		`{"client_id":"c","resource":"/a","cost":3,"priority":"low"}`,
+		`{"client_id":"c","cost":0,"idempotency_key":"k"}`,
+		`{"client_id":"\u00e9","user":"u","ip":"1.2.3.4","api_key":"k","method":"GET","operation":"read"}`,
+		`{"client_id":1}`, `{"cost":-1}`, "{\"client_id\":\"\xff\"}", `[]`, `null`, `{"client_id":"a"}x`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var c engine.Check
+		err := decodeCheck(data, &c)
+		if err != nil {
+			if _, code := statusOf(err); code != "invalid_request" {
+				t.Fatalf("error %v maps to %s, want invalid_request", err, code)
+			}
+			return
+		}
+		if c.ClientID == "" || c.Cost < 0 || c.Cost > MaxCost {
+			t.Fatalf("accepted %q as %+v", data, c)
+		}
+		for _, s := range []string{c.ClientID, c.Resource, c.User, c.IP, c.APIKey, c.Method, c.Operation, c.IdempotencyKey} {
+			if len(s) > MaxIdentifierBytes || !utf8.ValidString(s) {
+				t.Fatalf("accepted identifier %q", s)
+			}
+		}
+		var cr checkRequest
+		if err := json.Unmarshal(data, &cr); err != nil {
+			t.Fatalf("accepted %q that encoding/json refuses: %v", data, err)
+		}
+		if cr.ClientID != c.ClientID || cr.Resource != c.Resource {
+			t.Fatalf("decoded %+v, encoding/json %+v", c, cr)
+		}
+	})
+}
+
+func BenchmarkCheck(b *testing.B) {
+	f := &fakeEngine{result: allowedResult(100, 50)}
+	h, err := New(Config{Engine: benchEngine{f.result}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := `{"client_id":"client-1","resource":"/api/v1/orders","operation":"read"}`
+	b.ReportAllocs()
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("POST", "/api/v1/check", strings.NewReader(body))
+		h.ServeHTTP(rec, req)
+		if rec.Code != 200 {
+			b.Fatal(rec.Code)
+		}
+	}
+}
+
+// benchEngine answers every check with one result, without locking.
+type benchEngine struct{ res engine.Result }
+
+func (e benchEngine) Check(ctx context.Context, c *engine.Check) (engine.Result, error) {
+	return e.res, nil
+}
+func (e benchEngine) BatchCheck(ctx context.Context, checks []engine.Check, mode engine.BatchMode) ([]engine.Result, error) {
+	return nil, nil
+}
+func (e benchEngine) Status(ctx context.Context, c *engine.Check) ([]engine.RuleResult, error) {
+	return nil, nil
+}
+func (e benchEngine) Ready(ctx context.Context) error { return nil }

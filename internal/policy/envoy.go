@@ -1,0 +1,396 @@
+package policy
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
+)
+
+// DescriptorEntry is one key/value pair of an Envoy rate-limit descriptor.
+type DescriptorEntry struct{ Key, Value string }
+
+// EnvoyLimit is the rate_limit block of one descriptor of an
+// envoyproxy/ratelimit configuration. It is immutable.
+type EnvoyLimit struct {
+	// Domain is the configuration's domain.
+	Domain string
+	// FullKey names the configuration entry as envoyproxy/ratelimit does,
+	// such as "messaging.message_type_marketing.to_number", for metrics.
+	FullKey string
+	// Name is the rate_limit's optional name, which `replaces` refers to.
+	Name string
+	// Replaces lists the names of the limits this one replaces when both
+	// apply to one request.
+	Replaces []string
+	// Unit is the window: a second, minute, hour, day, week, month (30
+	// days) or year (365 days); UnitName its configured name.
+	Unit     time.Duration
+	UnitName string
+	// RequestsPerUnit is the limit; 0 denies everything.
+	RequestsPerUnit int64
+	// Unlimited descriptors are never limited and never reach the store.
+	Unlimited bool
+	// Shadow limits decide and report but always answer OK.
+	Shadow bool
+	// DetailedMetric asks for metrics per descriptor value.
+	DetailedMetric bool
+	// Limit is the compiled limit (fixed window unless the rate_limit sets
+	// Sluice's `algorithm` extension); nil when Unlimited.
+	Limit *Limit
+
+	keyPrefix string // "rl:envoy:" + escaped domain + ":" + tag + ":"
+}
+
+type envoyDomain struct {
+	name string
+	root envoyNode
+}
+
+// envoyNode is one level of nested descriptors.
+type envoyNode struct {
+	keys map[string]*envoyKey
+}
+
+type envoyKey struct {
+	values    map[string]*envoyEntry // value-specific entries
+	wildcards []envoyWildcard        // values ending in '*', in file order
+	any       *envoyEntry            // the entry without a value
+}
+
+type envoyWildcard struct {
+	prefix string
+	entry  *envoyEntry
+}
+
+type envoyEntry struct {
+	limit    *EnvoyLimit
+	children envoyNode
+}
+
+var envoyUnits = map[string]time.Duration{
+	"second": time.Second,
+	"minute": time.Minute,
+	"hour":   time.Hour,
+	"day":    24 * time.Hour,
+	"week":   7 * 24 * time.Hour,
+	"month":  30 * 24 * time.Hour,
+	"year":   365 * 24 * time.Hour,
+}
+
+// Domains returns the Envoy domains the policy holds.
+func (p *Policy) Domains() []string {
+	out := make([]string, 0, len(p.envoy))
+	for name := range p.envoy {
+		out = append(out, name)
+	}
+	return out
+}
+
+// EnvoyLimit returns the limit of the descriptor entries in domain, or nil
+// when none applies, with envoyproxy/ratelimit's semantics: the entries are
+// matched in order, one nesting level each; at each level an entry with
+// the same key and value wins, then one whose value ends in '*' and
+// prefixes the value (first in file order), then one with the key and no
+// value; the limit is that of the entry matched by the last descriptor
+// entry. A descriptor with more entries than the configuration has levels
+// gets no limit.
+func (p *Policy) EnvoyLimit(domain string, entries []DescriptorEntry) *EnvoyLimit {
+	dom := p.envoy[domain]
+	if dom == nil || len(entries) == 0 {
+		return nil
+	}
+	n := &dom.root
+	for i, e := range entries {
+		k := n.keys[e.Key]
+		if k == nil {
+			return nil
+		}
+		next := k.values[e.Value]
+		if next == nil {
+			for _, w := range k.wildcards {
+				if strings.HasPrefix(e.Value, w.prefix) {
+					next = w.entry
+					break
+				}
+			}
+		}
+		if next == nil {
+			next = k.any
+		}
+		if next == nil {
+			return nil
+		}
+		if i == len(entries)-1 {
+			return next.limit
+		}
+		if len(next.children.keys) == 0 {
+			return nil
+		}
+		n = &next.children
+	}
+	return nil
+}
+
+// limits appends the compiled limits under n to out.
+func (n *envoyNode) limits(out *[]*Limit) {
+	for _, k := range n.keys {
+		entries := make([]*envoyEntry, 0, len(k.values)+len(k.wildcards)+1)
+		for _, e := range k.values {
+			entries = append(entries, e)
+		}
+		for _, w := range k.wildcards {
+			entries = append(entries, w.entry)
+		}
+		if k.any != nil {
+			entries = append(entries, k.any)
+		}
+		for _, e := range entries {
+			if e.limit != nil && e.limit.Limit != nil {
+				*out = append(*out, e.limit.Limit)
+			}
+			e.children.limits(out)
+		}
+	}
+}
+
+// AppendKey appends the store key of l for the descriptor entries to dst.
+func (l *EnvoyLimit) AppendKey(dst []byte, entries []DescriptorEntry) []byte {
+	dst = append(dst, l.keyPrefix...)
+	dst = append(dst, '{')
+	for i, e := range entries {
+		if i > 0 {
+			dst = append(dst, ':')
+		}
+		dst = appendEscaped(dst, e.Key)
+		dst = append(dst, '=')
+		dst = appendEscaped(dst, e.Value)
+	}
+	return append(dst, '}')
+}
+
+// envoyDomain decodes one envoyproxy/ratelimit configuration.
+func (d *decoder) envoyDomain(n *yaml.Node) *envoyDomain {
+	fs := d.fields(n, "envoy configuration", "domain", "descriptors")
+	if fs == nil {
+		return nil
+	}
+	dom := &envoyDomain{}
+	var descs *yaml.Node
+	for _, f := range fs {
+		switch f.key {
+		case "domain":
+			dom.name, _ = d.str(f.v, "domain")
+		case "descriptors":
+			descs = f.v
+		}
+	}
+	if dom.name == "" {
+		d.errorf(n, "domain: must not be empty")
+		return nil
+	}
+	st := &settings{alg: sluice.FixedWindow, high: 1, low: 1}
+	d.envoyDescriptors(descs, dom, &dom.root, dom.name, st)
+	return dom
+}
+
+var envoyDescriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric"}
+
+func (d *decoder) envoyDescriptors(n *yaml.Node, dom *envoyDomain, into *envoyNode, parent string, st *settings) {
+	for _, item := range d.seq(n, "descriptors") {
+		fs := d.fields(item, "descriptor", envoyDescriptorKeys...)
+		if fs == nil {
+			continue
+		}
+		var key, value string
+		var hasKey bool
+		var rl, children *yaml.Node
+		var shadow, detailed bool
+		for _, f := range fs {
+			switch f.key {
+			case "key":
+				key, hasKey = d.str(f.v, "descriptor.key")
+			case "value":
+				value, _ = d.str(f.v, "descriptor.value")
+			case "rate_limit":
+				rl = f.v
+			case "descriptors":
+				children = f.v
+			case "shadow_mode":
+				shadow, _ = d.bool(f.v, "descriptor.shadow_mode")
+			case "detailed_metric":
+				detailed, _ = d.bool(f.v, "descriptor.detailed_metric")
+			}
+		}
+		if !hasKey || key == "" {
+			d.errorf(item, "descriptor has an empty key")
+			continue
+		}
+		full := key
+		if value != "" {
+			full += "_" + value
+		}
+		full = parent + "." + full
+		if into.keys == nil {
+			into.keys = map[string]*envoyKey{}
+		}
+		k := into.keys[key]
+		if k == nil {
+			k = &envoyKey{}
+			into.keys[key] = k
+		}
+		e := &envoyEntry{}
+		switch {
+		case value == "":
+			if k.any != nil {
+				d.errorf(item, "duplicate descriptor composite key %q", full)
+				continue
+			}
+			k.any = e
+		case strings.HasSuffix(value, "*"):
+			prefix := strings.TrimSuffix(value, "*")
+			dup := false
+			for _, w := range k.wildcards {
+				dup = dup || w.prefix == prefix
+			}
+			if dup {
+				d.errorf(item, "duplicate descriptor composite key %q", full)
+				continue
+			}
+			k.wildcards = append(k.wildcards, envoyWildcard{prefix: prefix, entry: e})
+		default:
+			if k.values == nil {
+				k.values = map[string]*envoyEntry{}
+			}
+			if _, dup := k.values[value]; dup {
+				d.errorf(item, "duplicate descriptor composite key %q", full)
+				continue
+			}
+			k.values[value] = e
+		}
+		if rl != nil {
+			e.limit = d.envoyLimit(rl, dom, full, st)
+			if e.limit != nil {
+				e.limit.Shadow, e.limit.DetailedMetric = shadow, detailed
+			}
+		}
+		if children != nil {
+			d.envoyDescriptors(children, dom, &e.children, full, st)
+		}
+	}
+}
+
+var envoyRateLimitKeys = []string{"unit", "requests_per_unit", "name", "replaces", "unlimited", "algorithm"}
+
+func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *settings) *EnvoyLimit {
+	fs := d.fields(n, "rate_limit", envoyRateLimitKeys...)
+	if fs == nil {
+		return nil
+	}
+	l := &EnvoyLimit{Domain: dom.name, FullKey: full}
+	var hasUnit, hasRPU bool
+	alg := sluice.FixedWindow
+	for _, f := range fs {
+		switch f.key {
+		case "unit":
+			s, ok := d.str(f.v, "rate_limit.unit")
+			if !ok {
+				continue
+			}
+			u, known := envoyUnits[strings.ToLower(s)]
+			if !known {
+				d.errorf(f.v, "rate_limit.unit: invalid rate limit unit %q (want second, minute, hour, day, week, month or year)", s)
+				continue
+			}
+			l.Unit, l.UnitName, hasUnit = u, strings.ToLower(s), true
+		case "requests_per_unit":
+			v, ok := d.int64(f.v, "rate_limit.requests_per_unit")
+			if !ok {
+				continue
+			}
+			if v < 0 || v > math.MaxUint32 {
+				d.errorf(f.v, "rate_limit.requests_per_unit: must be between 0 and %d, got %d", uint32(math.MaxUint32), v)
+				continue
+			}
+			l.RequestsPerUnit, hasRPU = v, true
+		case "name":
+			l.Name, _ = d.str(f.v, "rate_limit.name")
+		case "replaces":
+			for _, r := range d.seq(f.v, "rate_limit.replaces") {
+				for _, rf := range d.fields(r, "rate_limit.replaces[]", "name") {
+					s, ok := d.str(rf.v, "rate_limit.replaces[].name")
+					if ok && s == "" {
+						d.errorf(rf.v, "rate_limit.replaces: name must not be empty")
+						continue
+					}
+					if ok {
+						l.Replaces = append(l.Replaces, s)
+					}
+				}
+			}
+		case "unlimited":
+			l.Unlimited, _ = d.bool(f.v, "rate_limit.unlimited")
+		case "algorithm":
+			if a, ok := d.algorithm(f.v, "rate_limit.algorithm"); ok {
+				alg = a
+			}
+		}
+	}
+	if l.Unlimited {
+		if hasUnit || hasRPU {
+			d.errorf(n, "rate_limit: an unlimited rate limit must not set unit or requests_per_unit")
+			return nil
+		}
+		return l
+	}
+	if !hasUnit {
+		d.errorf(n, "rate_limit: missing unit")
+		return nil
+	}
+	if !hasRPU {
+		d.errorf(n, "rate_limit: missing requests_per_unit")
+		return nil
+	}
+	spec := limitSpec{alg: alg, limit: l.RequestsPerUnit, window: l.Unit, hasLim: true, hasWin: true, node: n}
+	if l.RequestsPerUnit == 0 {
+		// requests_per_unit: 0 blocks every request (envoyproxy/ratelimit's
+		// way of listing a banned value).
+		lim := &Limit{Spec: sluice.Limit{Algorithm: alg, Window: l.Unit, DenyAll: true}}
+		for pr := range lim.Params {
+			p, err := algorithm.Compile(lim.Spec)
+			if err != nil {
+				d.errorf(n, "rate_limit: %v", err)
+				return nil
+			}
+			lim.Params[pr] = p
+		}
+		lim.Tag = algorithmAbbrev[alg] + "." + l.Unit.String()
+		l.Limit = lim
+	} else {
+		l.Limit = d.compile(spec, st, FailOpen, 1, "rate_limit")
+		if l.Limit == nil {
+			return nil
+		}
+	}
+	l.keyPrefix = "rl:envoy:" + string(appendEscaped(nil, dom.name)) + ":" + l.Limit.Tag + ":"
+	return l
+}
+
+// ValidateDescriptor reports a problem with Envoy descriptor entries that
+// the engine refuses: no entries, or an empty key.
+func ValidateDescriptor(entries []DescriptorEntry) error {
+	if len(entries) == 0 {
+		return fmt.Errorf("descriptor has no entries")
+	}
+	for _, e := range entries {
+		if e.Key == "" {
+			return fmt.Errorf("descriptor entry has an empty key")
+		}
+	}
+	return nil
+}

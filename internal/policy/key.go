@@ -1,0 +1,73 @@
+package policy
+
+// Store keys.
+//
+// A rule's key is
+//
+//	rl:<rule id>:<tag>:{<dimension>=<value>}[:<dimension>=<value>...]
+//
+// for instance rl:orders-per-user:tb.1m0s:{user=42}:endpoint=/api/v1/orders.
+// The tag names the state layout (algorithm, window, quantum) so that a
+// change of algorithm or window in the configuration starts from fresh
+// state, while a change of limit (a new tier, an override, a priority)
+// keeps counting on the same state. The first dimension's value is
+// wrapped in braces, a Redis Cluster hash tag: every key of one identity
+// (all the rules counting by client=acme, say) lands on one slot.
+// Values are escaped so that ':', '{', '}' and '%' in them cannot make two
+// identities collide: each becomes %XX.
+//
+// An Envoy descriptor's key is
+//
+//	rl:envoy:<domain>:<tag>:{<key>=<value>:<key>=<value>...}
+//
+// so that every distinct value of a descriptor entry has its own counter,
+// as in envoyproxy/ratelimit.
+
+// AppendKey appends the store key of r under l for q to dst and returns
+// the extended slice; ok is false when q lacks a value the rule's dimension
+// needs (a per-user rule and a check without user), in which case the rule
+// does not apply.
+func (r *Rule) AppendKey(dst []byte, l *Limit, q *Request) (_ []byte, ok bool) {
+	dst = append(dst, r.keyPrefix...)
+	dst = append(dst, l.Tag...)
+	dst = append(dst, ':')
+	for i, d := range r.Dimension {
+		if d == DimGlobal {
+			dst = append(dst, "{global}"...)
+			continue
+		}
+		v := q.value(d)
+		if v == "" {
+			return dst, false
+		}
+		if i == 0 {
+			dst = append(dst, '{')
+		} else {
+			dst = append(dst, ':')
+		}
+		dst = append(dst, dimensionNames[d]...)
+		dst = append(dst, '=')
+		dst = appendEscaped(dst, v)
+		if i == 0 {
+			dst = append(dst, '}')
+		}
+	}
+	return dst, true
+}
+
+const hexDigits = "0123456789ABCDEF"
+
+// appendEscaped appends s with ':', '{', '}', '%' and control bytes
+// written as %XX.
+func appendEscaped(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == ':' || c == '{' || c == '}' || c == '%' || c < 0x20 || c == 0x7f:
+			dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&15])
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return dst
+}

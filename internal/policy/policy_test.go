@@ -1,0 +1,712 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+func mustParse(t testing.TB, src string) *Policy {
+	t.Helper()
+	p, err := Parse("test.yaml", []byte(src))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	return p
+}
+
+func ids(rules []*Rule) []string {
+	out := []string{}
+	for _, r := range rules {
+		out = append(out, r.ID)
+	}
+	return out
+}
+
+func TestDefault(t *testing.T) {
+	p := Default()
+	if p.Version != "builtin" || p.DefaultTier != "free" {
+		t.Fatalf("Default: version %q default tier %q", p.Version, p.DefaultTier)
+	}
+	if got, want := len(p.Tiers), 4; got != want {
+		t.Errorf("tiers: got %d, want %d", got, want)
+	}
+	algs := map[sluice.Algorithm]bool{}
+	for _, r := range p.Rules {
+		for _, l := range r.Limits() {
+			algs[l.Spec.Algorithm] = true
+		}
+	}
+	if len(algs) < 3 {
+		t.Errorf("built-in policy uses %d algorithms, want at least 3", len(algs))
+	}
+	got := ids(p.Match(&Request{ClientID: "c", Resource: "/api/v1/demo", Method: "GET"}, nil))
+	if want := []string{"demo", "api-per-client"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("demo rules: got %v, want %v", got, want)
+	}
+	demo := p.Rules[0]
+	if demo.Base.Spec.Limit != 5 || demo.Base.Spec.Window != time.Minute {
+		t.Errorf("demo limit: got %+v, want 5 per minute", demo.Base.Spec)
+	}
+}
+
+const matchPolicy = `
+version: 1
+rules:
+  - {id: exact, match: {resource: /api/v1/orders}, limit: 1, window: 1s}
+  - {id: prefix, match: {resource: "/api/*"}, limit: 1, window: 1s}
+  - {id: glob, match: {resource: "/api/*/orders"}, limit: 1, window: 1s}
+  - {id: glob-ext, match: {resource: "/files/*.json"}, limit: 1, window: 1s}
+  - {id: posts, match: {resource: /api/v1/orders, method: [POST, put]}, limit: 1, window: 1s}
+  - {id: writes, match: {operation: write}, limit: 1, window: 1s}
+  - {id: everything, limit: 1, window: 1s}
+  - {id: multi, match: {resource: [/a, "/a/*", "/*/b"]}, limit: 1, window: 1s}
+  - {id: deep-prefix, match: {resource: "/api/v1/orders/*"}, limit: 1, window: 1s}
+`
+
+func TestMatch(t *testing.T) {
+	p := mustParse(t, matchPolicy)
+	tests := []struct {
+		name string
+		req  Request
+		want []string
+	}{
+		{"exact and prefix and glob", Request{Resource: "/api/v1/orders", Method: "GET"}, []string{"exact", "prefix", "glob", "everything"}},
+		{"method matches case-insensitively", Request{Resource: "/api/v1/orders", Method: "post"}, []string{"exact", "prefix", "glob", "posts", "everything"}},
+		{"operation", Request{Resource: "/x", Operation: "write"}, []string{"writes", "everything"}},
+		{"prefix only", Request{Resource: "/api/v2/users"}, []string{"prefix", "everything"}},
+		{"prefix needs a segment after it", Request{Resource: "/api"}, []string{"everything"}},
+		{"prefix with trailing slash", Request{Resource: "/api/"}, []string{"prefix", "everything"}},
+		{"glob does not cross segments", Request{Resource: "/api/v1/x/orders"}, []string{"prefix", "everything"}},
+		{"glob extension", Request{Resource: "/files/a.json"}, []string{"glob-ext", "everything"}},
+		{"glob extension miss", Request{Resource: "/files/a.xml"}, []string{"everything"}},
+		{"no leading slash", Request{Resource: "api/v1/orders"}, []string{"exact", "prefix", "glob", "everything"}},
+		{"one rule, several patterns, reported once", Request{Resource: "/a/b"}, []string{"everything", "multi"}},
+		{"deep prefix", Request{Resource: "/api/v1/orders/42"}, []string{"prefix", "everything", "deep-prefix"}},
+		{"empty resource", Request{}, []string{"everything"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := ids(p.Match(&tt.req, nil))
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("Match(%+v): got %v, want %v", tt.req, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestMatchDoesNotAllocate(t *testing.T) {
+	p := mustParse(t, matchPolicy)
+	req := &Request{Resource: "/api/v1/orders/42", Method: "GET"}
+	dst := make([]*Rule, 0, 16)
+	if n := testing.AllocsPerRun(100, func() { dst = p.Match(req, dst[:0]) }); n != 0 {
+		t.Errorf("Match allocates %v times per call, want 0", n)
+	}
+}
+
+func TestKeys(t *testing.T) {
+	p := mustParse(t, `
+version: 1
+rules:
+  - {id: per-client, limit: 1, window: 1m, algorithm: fixed_window}
+  - {id: composite, dimension: user+endpoint, limit: 1, window: 1s, algorithm: token_bucket}
+  - {id: global, dimension: global, limit: 1, window: 1s, algorithm: gcra}
+`)
+	req := &Request{ClientID: "acme", User: "u:1{x}", Resource: "/api/v1/orders"}
+	tests := []struct {
+		rule string
+		req  *Request
+		want string
+		ok   bool
+	}{
+		{"per-client", req, "rl:per-client:fw.1m0s:{client=acme}", true},
+		{"composite", req, "rl:composite:tb.1s:{user=u%3A1%7Bx%7D}:endpoint=/api/v1/orders", true},
+		{"global", req, "rl:global:gcra.1s:{global}", true},
+		{"composite", &Request{ClientID: "acme", Resource: "/x"}, "", false},
+	}
+	for _, tt := range tests {
+		var r *Rule
+		for _, x := range p.Rules {
+			if x.ID == tt.rule {
+				r = x
+			}
+		}
+		got, ok := r.AppendKey(nil, r.Base, tt.req)
+		if ok != tt.ok || (ok && string(got) != tt.want) {
+			t.Errorf("%s: AppendKey = %q, %v; want %q, %v", tt.rule, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+const tierPolicy = `
+version: 1
+default_tier: free
+defaults:
+  cost_multipliers: {read: 1, write: 5, delete: 10, export: 100}
+  priority_multipliers: {high: 1.5, low: 0.5}
+tiers:
+  free: {limit: 10, window: 1s}
+  premium: {limit: 1000, window: 1s, algorithm: token_bucket, burst: 2000}
+rules:
+  - id: api
+    match: {resource: "/api/*"}
+    tiered: true
+  - id: search
+    match: {resource: /api/search}
+    limit: 5
+    window: 1m
+    tiers:
+      premium: {limit: 50}
+assignments:
+  - client: acme
+    tier: premium
+  - user: vip
+    tier: premium
+    limits:
+      search: {limit: 500}
+    expires_at: 2030-01-01T00:00:00Z
+  - user: vip
+    tier: free
+  - api_key: k1
+    limits:
+      api: {limit: 77, window: 1s}
+`
+
+func TestTiersAndOverrides(t *testing.T) {
+	p := mustParse(t, tierPolicy)
+	var api, search *Rule
+	for _, r := range p.Rules {
+		switch r.ID {
+		case "api":
+			api = r
+		case "search":
+			search = r
+		}
+	}
+	before := time.Date(2029, 12, 31, 23, 59, 59, 0, time.UTC)
+	after := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name       string
+		req        Request
+		now        time.Time
+		wantTier   string
+		wantAPI    int64
+		wantSearch int64
+	}{
+		{"unknown identity gets the default tier", Request{ClientID: "nobody"}, before, "free", 10, 5},
+		{"client assignment", Request{ClientID: "acme"}, before, "premium", 1000, 50},
+		{"user override before expiry", Request{ClientID: "nobody", User: "vip"}, before, "premium", 1000, 500},
+		{"user override after expiry falls to the next assignment", Request{ClientID: "acme", User: "vip"}, after, "free", 10, 5},
+		{"api key wins over user and client", Request{ClientID: "acme", User: "vip", APIKey: "k1"}, before, "free", 77, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tier, a := p.Lookup(&tt.req, tt.now)
+			if tier != tt.wantTier {
+				t.Errorf("tier: got %q, want %q", tier, tt.wantTier)
+			}
+			if got := api.LimitFor(tier, a).Spec.Limit; got != tt.wantAPI {
+				t.Errorf("api limit: got %d, want %d", got, tt.wantAPI)
+			}
+			if got := search.LimitFor(tier, a).Spec.Limit; got != tt.wantSearch {
+				t.Errorf("search limit: got %d, want %d", got, tt.wantSearch)
+			}
+		})
+	}
+	// Priority variants and cost multipliers.
+	l := search.LimitFor("free", nil)
+	if got := [3]int64{l.Params[PriorityNormal].Limit, l.Params[PriorityHigh].Limit, l.Params[PriorityLow].Limit}; got != [3]int64{5, 7, 2} {
+		t.Errorf("priority variants: got %v, want [5 7 2]", got)
+	}
+	for op, want := range map[string]int64{"read": 2, "write": 10, "delete": 20, "export": 200, "other": 2} {
+		if got, _ := search.Cost(op, 2); got != want {
+			t.Errorf("cost of %s x2: got %d, want %d", op, got, want)
+		}
+	}
+	if _, ok := search.Cost("export", sluice.MaxLimit); ok {
+		t.Errorf("cost overflow not reported")
+	}
+}
+
+func TestDefaultCostAndPriorityMultipliers(t *testing.T) {
+	p := mustParse(t, "version: 1\nrules:\n  - {id: r, limit: 10, window: 1s}\n")
+	r := p.Rules[0]
+	for op, want := range map[string]int64{"read": 1, "write": 5, "delete": 10} {
+		if got, _ := r.Cost(op, 1); got != want {
+			t.Errorf("default cost of %s: got %d, want %d", op, got, want)
+		}
+	}
+	if got := [3]int64{r.Base.Params[0].Limit, r.Base.Params[1].Limit, r.Base.Params[2].Limit}; got != [3]int64{10, 12, 8} {
+		t.Errorf("default priority variants: got %v, want [10 12 8]", got)
+	}
+	if r.FailureMode != FailOpen || r.Base.Spec.Algorithm != DefaultAlgorithm {
+		t.Errorf("defaults: failure mode %s, algorithm %s", r.FailureMode, r.Base.Spec.Algorithm)
+	}
+}
+
+func TestAllowDeny(t *testing.T) {
+	p := mustParse(t, `
+version: 1
+allow:
+  - client: internal
+  - ip: 10.0.0.0/8
+deny:
+  - api_key: leaked
+  - ip: 203.0.113.7
+  - client: internal-but-banned
+  - user: internal
+`)
+	tests := []struct {
+		req           Request
+		allowed, deny bool
+	}{
+		{Request{ClientID: "internal"}, true, false},
+		{Request{ClientID: "x", IP: "10.1.2.3"}, true, false},
+		{Request{ClientID: "x", IP: "::ffff:10.1.2.3"}, true, false},
+		{Request{ClientID: "x", IP: "11.1.2.3"}, false, false},
+		{Request{ClientID: "x", APIKey: "leaked"}, false, true},
+		{Request{ClientID: "x", IP: "203.0.113.7"}, false, true},
+		{Request{ClientID: "x", IP: "not-an-ip"}, false, false},
+		{Request{ClientID: "x", User: "internal"}, false, true},
+	}
+	for _, tt := range tests {
+		if got := p.Allowed(&tt.req); got != tt.allowed {
+			t.Errorf("Allowed(%+v): got %v, want %v", tt.req, got, tt.allowed)
+		}
+		if got := p.Denied(&tt.req); got != tt.deny {
+			t.Errorf("Denied(%+v): got %v, want %v", tt.req, got, tt.deny)
+		}
+	}
+}
+
+func TestValidationErrors(t *testing.T) {
+	tests := []struct {
+		name, src, want string
+	}{
+		{"missing version", "rules: []\n", "test.yaml:1:1: missing `version: 1`"},
+		{"bad version", "version: 2\n", "test.yaml:1:10: version: 2 is not supported"},
+		{"unknown top key", "version: 1\nfoo: 1\n", `test.yaml:2:1: top level: unknown key "foo"`},
+		{"unknown rule key", "version: 1\nrules:\n  - id: a\n    limit: 1\n    window: 1s\n    colour: red\n", `test.yaml:6:5: rules[0]: unknown key "colour"`},
+		{"zero limit", "version: 1\nrules:\n  - {id: a, limit: 0, window: 1s}\n", "test.yaml:3:20: rule \"a\".limit: must be between 1"},
+		{"negative limit", "version: 1\nrules:\n  - {id: a, limit: -5, window: 1s}\n", "test.yaml:3:20: rule \"a\".limit: must be between 1"},
+		{"unknown algorithm", "version: 1\nrules:\n  - {id: a, limit: 1, window: 1s, algorithm: magic}\n", `test.yaml:3:46: rule "a".algorithm: sluice: unknown algorithm: "magic"`},
+		{"duplicate id", "version: 1\nrules:\n  - {id: a, limit: 1, window: 1s}\n  - {id: a, limit: 1, window: 1s}\n", `test.yaml:4:10: rules[1].id: duplicate rule id "a" (first at line 3)`},
+		{"missing window", "version: 1\nrules:\n  - {id: a, limit: 1}\n", `test.yaml:3:5: rule "a": missing window`},
+		{"bad window", "version: 1\nrules:\n  - {id: a, limit: 1, window: soon}\n", `rule "a".window: want a duration`},
+		{"no limit", "version: 1\nrules:\n  - {id: a}\n", "set limit and window, or tiered: true"},
+		{"tiered with its own limit", "version: 1\ntiers: {free: {limit: 1, window: 1s}}\nrules:\n  - {id: a, tiered: true, limit: 5}\n", "a tiered rule takes its limits from the tiers"},
+		{"tiered without tiers", "version: 1\nrules:\n  - {id: a, tiered: true}\n", "tiered: true needs tiers"},
+		{"unknown tier", "version: 1\ntiers: {free: {limit: 1, window: 1s}}\nrules:\n  - {id: a, limit: 1, window: 1s, tiers: {gold: {limit: 2}}}\n", `unknown tier "gold"`},
+		{"bad dimension", "version: 1\nrules:\n  - {id: a, limit: 1, window: 1s, dimension: user+planet}\n", `unknown dimension "planet"`},
+		{"bad failure mode", "version: 1\nrules:\n  - {id: a, limit: 1, window: 1s, failure_mode: shrug}\n", `unknown failure mode "shrug"`},
+		{"override of unknown rule", "version: 1\nassignments:\n  - {client: c, limits: {nope: {limit: 1}}}\n", `unknown rule id "nope"`},
+		{"bad expiry", "version: 1\nassignments:\n  - {client: c, expires_at: tomorrow}\n", "want an RFC 3339 time"},
+		{"bad cidr", "version: 1\nallow:\n  - ip: 10.0.0.0/99\n", "is not an address or CIDR prefix"},
+		{"duplicate key", "version: 1\nversion: 1\n", `duplicate key "version"`},
+		{"not a mapping", "- a\n- b\n", "test.yaml:1:1: the file must be a mapping"},
+		{"bad glob", "version: 1\nrules:\n  - {id: a, limit: 1, window: 1s, match: {resource: \"/a/[\"}}\n", "bad glob pattern"},
+		{"limit too big for priorities", "version: 1\nrules:\n  - {id: a, limit: 1099511627776, window: 8760h}\n", `rule "a"`},
+		{"log too large at high priority", "version: 1\nrules:\n  - {id: a, limit: 9000, window: 1s, algorithm: sliding_window_log}\n", "limit 10800 (at high priority) is above 10000"},
+		{"envoy bad unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", `test.yaml:4:24: rate_limit.unit: invalid rate limit unit "fortnight"`},
+		{"envoy empty key", "domain: d\ndescriptors:\n  - value: v\n", "test.yaml:3:5: descriptor has an empty key"},
+		{"envoy unknown key", "domain: d\ndescriptors:\n  - key: k\n    ratelimit: {}\n", `unknown key "ratelimit"`},
+		{"envoy duplicate", "domain: d\ndescriptors:\n  - key: k\n  - key: k\n", `duplicate descriptor composite key "d.k"`},
+		{"envoy empty domain", "domain: \"\"\n", "domain: must not be empty"},
+		{"envoy unlimited with unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n", "unlimited rate limit must not set unit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("test.yaml", []byte(tt.src))
+			if err == nil {
+				t.Fatalf("Parse: no error, want %q", tt.want)
+			}
+			if !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("error %v does not wrap ErrInvalidConfig", err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error:\n%v\nwant it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestLimits(t *testing.T) {
+	p := mustParse(t, tierPolicy)
+	// api: 2 tiers; search: base + premium; 2 tiers; 2 overrides.
+	if got, want := len(p.Limits()), 8; got != want {
+		t.Errorf("Limits: got %d, want %d", got, want)
+	}
+	p = mustParse(t, envoyFiles["messaging"])
+	if got, want := len(p.Limits()), 2; got != want {
+		t.Errorf("Envoy Limits: got %d, want %d", got, want)
+	}
+}
+
+func TestAliasBomb(t *testing.T) {
+	// Each level is a list of two descriptors nesting the level before:
+	// 2^60 descriptors once the aliases are expanded.
+	var b strings.Builder
+	b.WriteString("domain: d\ndescriptors:\n  - {key: k0, descriptors: &l0 [{key: a}]}\n")
+	for i := 1; i <= 60; i++ {
+		fmt.Fprintf(&b, "  - {key: k%d, descriptors: &l%d [{key: a, descriptors: *l%d}, {key: b, descriptors: *l%d}]}\n", i, i, i-1, i-1)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := Parse("bomb.yaml", []byte(b.String()))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "too large") {
+			t.Fatalf("Parse of an alias bomb: got %v, want an error saying it is too large", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("Parse of an alias bomb did not return within 20s")
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(path, []byte("version: 1\nrules:\n  - {id: a, limit: 0, window: 1s}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path)
+	if err == nil || !strings.Contains(err.Error(), path+":3:") {
+		t.Errorf("Load: got %v, want an error naming %s:3", err, path)
+	}
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("Load of a missing file: got %v, want ErrInvalidConfig", err)
+	}
+}
+
+func TestExampleFiles(t *testing.T) {
+	files, _ := filepath.Glob("../../examples/*.yaml")
+	if len(files) < 2 {
+		t.Fatalf("found %d example files, want at least 2", len(files))
+	}
+	for _, f := range files {
+		if _, err := Load(f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+// The configuration of envoyproxy/ratelimit's README, examples 1 to 9, in
+// one file per domain.
+var envoyFiles = map[string]string{
+	"mongo_cps": `
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+`,
+	"messaging": `
+domain: messaging
+descriptors:
+  # Only allow 5 marketing messages a day
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+
+  # Only allow 100 messages a day to any unique phone number
+  - key: to_number
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+`,
+	"edge_proxy_per_ip": `
+domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+
+  # Black list IP
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+`,
+	"example4": `
+domain: example4
+descriptors:
+  - key: key
+    value: value
+    rate_limit:
+      requests_per_unit: 300
+      unit: second
+`,
+	"internal": `
+domain: internal
+descriptors:
+  - key: ldap
+    rate_limit:
+      unlimited: true
+
+  - key: azure
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+`,
+	"example6": `
+domain: example6
+descriptors:
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        rate_limit:
+          requests_per_unit: 10
+          unit: second
+        shadow_mode: true
+      - key: user
+        value: user-b
+        rate_limit:
+          requests_per_unit: 20
+          unit: second
+`,
+	"example7": `
+domain: example7
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          name: specific_limit
+          requests_per_unit: 5
+          unit: second
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: specific_limit
+          requests_per_unit: 10
+          unit: second
+`,
+	"example8": `
+domain: example8
+descriptors:
+  - key: key1
+    detailed_metric: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+  - key: key1
+    value: value1
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+`,
+	"example9": `
+domain: example9
+descriptors:
+  - key: key1
+    value: value*
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+`,
+}
+
+func entries(kv ...string) []DescriptorEntry {
+	var out []DescriptorEntry
+	for i := 0; i+1 < len(kv); i += 2 {
+		out = append(out, DescriptorEntry{Key: kv[i], Value: kv[i+1]})
+	}
+	return out
+}
+
+func TestEnvoyLimit(t *testing.T) {
+	pols := map[string]*Policy{}
+	for dom, src := range envoyFiles {
+		pols[dom] = mustParse(t, src)
+	}
+	tests := []struct {
+		domain  string
+		entries []DescriptorEntry
+		want    string // "full key rpu/unit", "" for no limit
+	}{
+		{"mongo_cps", entries("database", "users"), "mongo_cps.database_users 500/1s"},
+		{"mongo_cps", entries("database", "other"), ""},
+		{"mongo_cps", entries("db", "users"), ""},
+		{"messaging", entries("message_type", "marketing", "to_number", "2061111111"), "messaging.message_type_marketing.to_number 5/24h0m0s"},
+		{"messaging", entries("to_number", "2061111111"), "messaging.to_number 100/24h0m0s"},
+		{"messaging", entries("message_type", "marketing"), ""},
+		{"messaging", entries("message_type", "transactional", "to_number", "1"), ""},
+		{"edge_proxy_per_ip", entries("remote_address", "50.0.0.1"), "edge_proxy_per_ip.remote_address 10/1s"},
+		{"edge_proxy_per_ip", entries("remote_address", "50.0.0.5"), "edge_proxy_per_ip.remote_address_50.0.0.5 0/1s"},
+		{"example4", entries("key", "value", "subkey", "subvalue"), ""},
+		{"example4", entries("key", "value"), "example4.key_value 300/1s"},
+		{"internal", entries("ldap", "x"), "internal.ldap unlimited"},
+		{"example6", entries("service", "auth", "user", "user-a"), "example6.service.user_user-a 10/1s shadow"},
+		{"example6", entries("service", "auth", "user", "user-b"), "example6.service.user_user-b 20/1s"},
+		{"example6", entries("service", "auth", "user", "user-c"), ""},
+		{"example7", entries("key_2", "value_2", "user", "bkthomps"), "example7.key_2_value_2.user_bkthomps 10/1s"},
+		{"example8", entries("key1", "value1"), "example8.key1_value1 20/1m0s"},
+		{"example8", entries("key1", "zzz"), "example8.key1 10/1m0s"},
+		{"example9", entries("key1", "value_1"), "example9.key1_value* 20/1m0s"},
+		{"example9", entries("key1", "other"), ""},
+		{"unknown-domain", entries("key1", "value1"), ""},
+	}
+	for _, tt := range tests {
+		p := pols[tt.domain]
+		if p == nil {
+			p = pols["example9"]
+		}
+		l := p.EnvoyLimit(tt.domain, tt.entries)
+		got := ""
+		if l != nil {
+			switch {
+			case l.Unlimited:
+				got = l.FullKey + " unlimited"
+			default:
+				got = fmt.Sprintf("%s %d/%s", l.FullKey, l.RequestsPerUnit, l.Unit)
+				if l.Shadow {
+					got += " shadow"
+				}
+			}
+		}
+		if got != tt.want {
+			t.Errorf("%s %v: got %q, want %q", tt.domain, tt.entries, got, tt.want)
+		}
+	}
+	l := pols["example7"].EnvoyLimit("example7", entries("key_2", "value_2", "user", "bkthomps"))
+	if !reflect.DeepEqual(l.Replaces, []string{"specific_limit"}) {
+		t.Errorf("replaces: got %v", l.Replaces)
+	}
+	// Each value of a key without value has its own counter.
+	l = pols["messaging"].EnvoyLimit("messaging", entries("to_number", "1"))
+	k1 := string(l.AppendKey(nil, entries("to_number", "1")))
+	k2 := string(l.AppendKey(nil, entries("to_number", "2")))
+	if k1 == k2 || k1 != "rl:envoy:messaging:fw.24h0m0s:{to_number=1}" {
+		t.Errorf("envoy keys: %q, %q", k1, k2)
+	}
+}
+
+func TestEnvoyInSluiceFormat(t *testing.T) {
+	src := "version: 1\nenvoy:\n" + indent(envoyFiles["messaging"], "  - ") + indent(envoyFiles["example9"], "  - ")
+	p := mustParse(t, src)
+	if l := p.EnvoyLimit("messaging", entries("to_number", "1")); l == nil || l.RequestsPerUnit != 100 {
+		t.Errorf("embedded messaging domain: got %+v", l)
+	}
+	if l := p.EnvoyLimit("example9", entries("key1", "value2")); l == nil || l.RequestsPerUnit != 20 {
+		t.Errorf("embedded example9 domain: got %+v", l)
+	}
+}
+
+// indent turns a YAML document into one list item.
+func indent(doc, first string) string {
+	var b strings.Builder
+	lines := strings.Split(strings.TrimSpace(doc), "\n")
+	for i, l := range lines {
+		if i == 0 {
+			b.WriteString(first)
+		} else {
+			b.WriteString(strings.Repeat(" ", len(first)))
+		}
+		b.WriteString(l + "\n")
+	}
+	return b.String()
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(DefaultYAML))
+	f.Add([]byte(matchPolicy))
+	f.Add([]byte(tierPolicy))
+	for _, src := range envoyFiles {
+		f.Add([]byte(src))
+	}
+	f.Add([]byte("version: 1\nrules: &a [*a]\n"))
+	f.Add([]byte("version: 1\nrules:\n  - {id: a, limit: 1, window: 1s, match: {resource: [\"/a/*\", \"/*/b\", \"[\"]}}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := Parse("fuzz.yaml", data)
+		if err != nil {
+			if p != nil {
+				t.Fatalf("Parse returned a policy and an error")
+			}
+			if !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("error %v does not wrap ErrInvalidConfig", err)
+			}
+			return
+		}
+		// A valid policy must answer any request without panicking.
+		req := &Request{ClientID: "c", User: "u", IP: "10.0.0.1", Resource: string(data[:min(len(data), 40)]), Method: "GET"}
+		tier, a := p.Lookup(req, time.Unix(0, 0))
+		for _, r := range p.Match(req, nil) {
+			if l := r.LimitFor(tier, a); l != nil {
+				r.AppendKey(nil, l, req)
+			}
+		}
+		for _, d := range p.Domains() {
+			p.EnvoyLimit(d, entries("k", "v", "k2", ""))
+		}
+	})
+}
+
+func benchPolicy(b *testing.B, n int) *Policy {
+	var sb strings.Builder
+	sb.WriteString("version: 1\nrules:\n")
+	for i := 0; i < n; i++ {
+		switch i % 4 {
+		case 0:
+			fmt.Fprintf(&sb, "  - {id: r%d, match: {resource: /api/v%d/svc%d/items}, limit: 10, window: 1s}\n", i, i%7, i)
+		case 1:
+			fmt.Fprintf(&sb, "  - {id: r%d, match: {resource: \"/api/v%d/svc%d/*\"}, limit: 10, window: 1s}\n", i, i%7, i)
+		case 2:
+			fmt.Fprintf(&sb, "  - {id: r%d, match: {resource: \"/api/v%d/svc%d/*/detail\"}, limit: 10, window: 1s}\n", i, i%7, i)
+		case 3:
+			fmt.Fprintf(&sb, "  - {id: r%d, match: {resource: /api/v%d/svc%d/items, method: POST}, limit: 10, window: 1s}\n", i, i%7, i)
+		}
+	}
+	p, err := Parse("bench.yaml", []byte(sb.String()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+func BenchmarkMatch(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("rules=%d", n), func(b *testing.B) {
+			p := benchPolicy(b, n)
+			req := &Request{ClientID: "c", Resource: fmt.Sprintf("/api/v%d/svc%d/items", (n/2+1)%7, n/2+1), Method: "GET"}
+			dst := make([]*Rule, 0, 16)
+			if got := len(p.Match(req, dst)); got != 1 {
+				b.Fatalf("matched %d rules, want 1", got)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				dst = p.Match(req, dst[:0])
+			}
+		})
+	}
+}

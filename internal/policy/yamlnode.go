@@ -1,0 +1,269 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// maxErrors bounds the problems reported for one file.
+const maxErrors = 50
+
+// maxWork bounds the mapping entries and list items a file may make the
+// decoder visit. Aliases can make a small file stand for an exponentially
+// large tree; the budget turns that into an error.
+const maxWork = 2_000_000
+
+// decoder walks a yaml.Node tree and collects errors with positions.
+type decoder struct {
+	file string
+	errs []error
+	work int
+}
+
+// spend takes n from the work budget, reporting false (once, with an
+// error) when it is exhausted.
+func (d *decoder) spend(n *yaml.Node, k int) bool {
+	if d.work > maxWork {
+		return false
+	}
+	d.work += k
+	if d.work > maxWork {
+		d.errorf(n, "the configuration is too large (more than %d entries once aliases are expanded)", maxWork)
+		return false
+	}
+	return true
+}
+
+func (d *decoder) errorf(n *yaml.Node, format string, args ...any) {
+	if len(d.errs) >= maxErrors {
+		return
+	}
+	e := &ConfigError{File: d.file, Msg: fmt.Sprintf(format, args...)}
+	if n != nil {
+		e.Line, e.Column = n.Line, n.Column
+	}
+	d.errs = append(d.errs, e)
+}
+
+func (d *decoder) err() error {
+	if len(d.errs) == 0 {
+		return nil
+	}
+	return errors.Join(d.errs...)
+}
+
+// resolve follows aliases.
+func resolve(n *yaml.Node) *yaml.Node {
+	for i := 0; n != nil && n.Kind == yaml.AliasNode && i < 100; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+// field is one key/value pair of a mapping.
+type field struct {
+	key  string
+	k, v *yaml.Node
+}
+
+// fields returns the pairs of mapping n, reporting non-mappings, duplicate
+// keys and keys outside allowed (when allowed is not nil).
+func (d *decoder) fields(n *yaml.Node, what string, allowed ...string) []field {
+	n = resolve(n)
+	if n == nil {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, "%s: want a mapping, got %s", what, kindName(n))
+		return nil
+	}
+	if !d.spend(n, len(n.Content)/2+1) {
+		return nil
+	}
+	out := make([]field, 0, len(n.Content)/2)
+	seen := make(map[string]bool, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
+		if k == nil || v == nil {
+			continue
+		}
+		if k.Kind != yaml.ScalarNode {
+			d.errorf(k, "%s: keys must be strings", what)
+			continue
+		}
+		if k.Value == "<<" {
+			d.errorf(k, "%s: merge keys (<<) are not supported", what)
+			continue
+		}
+		if seen[k.Value] {
+			d.errorf(k, "%s: duplicate key %q", what, k.Value)
+			continue
+		}
+		seen[k.Value] = true
+		if allowed != nil && !contains(allowed, k.Value) {
+			d.errorf(k, "%s: unknown key %q (want one of %s)", what, k.Value, strings.Join(allowed, ", "))
+			continue
+		}
+		out = append(out, field{key: k.Value, k: k, v: v})
+	}
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "null"
+		}
+		return fmt.Sprintf("%q", n.Value)
+	}
+	return "something else"
+}
+
+func (d *decoder) scalar(n *yaml.Node, what string) (string, bool) {
+	n = resolve(n)
+	if n == nil || n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
+		if n != nil {
+			d.errorf(n, "%s: want a value, got %s", what, kindName(n))
+		}
+		return "", false
+	}
+	return n.Value, true
+}
+
+func (d *decoder) str(n *yaml.Node, what string) (string, bool) {
+	s, ok := d.scalar(n, what)
+	if ok && n.Tag != "" && n.Tag != "!!str" && n.Tag != "!!int" && n.Tag != "!!float" && n.Tag != "!!bool" && n.Tag != "!!timestamp" {
+		d.errorf(n, "%s: want a string", what)
+		return "", false
+	}
+	return s, ok
+}
+
+func (d *decoder) int64(n *yaml.Node, what string) (int64, bool) {
+	s, ok := d.scalar(n, what)
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 10, 64)
+	if err != nil {
+		d.errorf(n, "%s: want an integer, got %q", what, s)
+		return 0, false
+	}
+	return v, true
+}
+
+func (d *decoder) float(n *yaml.Node, what string) (float64, bool) {
+	s, ok := d.scalar(n, what)
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		d.errorf(n, "%s: want a number, got %q", what, s)
+		return 0, false
+	}
+	return v, true
+}
+
+func (d *decoder) bool(n *yaml.Node, what string) (bool, bool) {
+	s, ok := d.scalar(n, what)
+	if !ok {
+		return false, false
+	}
+	switch s {
+	case "true", "True", "TRUE":
+		return true, true
+	case "false", "False", "FALSE":
+		return false, true
+	}
+	d.errorf(n, "%s: want true or false, got %q", what, s)
+	return false, false
+}
+
+func (d *decoder) duration(n *yaml.Node, what string) (time.Duration, bool) {
+	s, ok := d.scalar(n, what)
+	if !ok {
+		return 0, false
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		d.errorf(n, "%s: want a duration such as 1s, 1m or 24h, got %q", what, s)
+		return 0, false
+	}
+	if v <= 0 {
+		d.errorf(n, "%s: must be positive, got %s", what, s)
+		return 0, false
+	}
+	return v, true
+}
+
+// strings decodes a string or a list of strings.
+func (d *decoder) strings(n *yaml.Node, what string) []string {
+	n = resolve(n)
+	if n == nil {
+		return nil
+	}
+	if n.Kind == yaml.ScalarNode {
+		s, ok := d.str(n, what)
+		if !ok {
+			return nil
+		}
+		if s == "" {
+			d.errorf(n, "%s: must not be empty", what)
+			return nil
+		}
+		return []string{s}
+	}
+	if n.Kind != yaml.SequenceNode {
+		d.errorf(n, "%s: want a string or a list of strings, got %s", what, kindName(n))
+		return nil
+	}
+	out := make([]string, 0, len(n.Content))
+	for _, c := range n.Content {
+		s, ok := d.str(c, what)
+		if !ok {
+			continue
+		}
+		if s == "" {
+			d.errorf(c, "%s: must not be empty", what)
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func (d *decoder) seq(n *yaml.Node, what string) []*yaml.Node {
+	n = resolve(n)
+	if n == nil {
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		d.errorf(n, "%s: want a list, got %s", what, kindName(n))
+		return nil
+	}
+	if !d.spend(n, len(n.Content)+1) {
+		return nil
+	}
+	return n.Content
+}

@@ -1,0 +1,39 @@
+// Package store states the contract that every storage back end of Sluice
+// (store/memory, store/redis) fulfils, and the types they share. The
+// conformance suite in store/storetest checks it.
+//
+// The contract:
+//
+//   - Every check of one key is one atomic step in the store: no two checks
+//     of one key interleave, so a limit of L admits exactly L however many
+//     callers race.
+//   - Check decides each request independently. CheckAll decides its
+//     requests as one unit: when any is denied, none consumes anything
+//     (exactly so when all keys live on one node; see each store's docs for
+//     keys spread over Redis Cluster slots).
+//   - A request whose Now is zero is decided at the store's own clock (the
+//     Redis server's TIME for Redis); a non-zero Now is used as given, for
+//     replay and tests.
+//   - Every method honours its context's deadline and returns an error
+//     wrapping sluice.ErrStoreUnavailable when the store cannot answer.
+//   - Implementations are safe for concurrent use.
+package store
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/algorithm"
+)
+
+// Request is one check of one limit against a store.
+type Request struct {
+	// Key identifies the state; requests with equal keys share it. The
+	// caller must use one Params (one algorithm) per key.
+	Key string
+	// Params is the compiled limit. It must not be modified.
+	Params *algorithm.Params
+	// Cost is the number of units to consume; 0 reads without consuming.
+	Cost int64
+	// Now is the instant of the check; zero means the store's clock.
+	Now time.Time
+}
