@@ -109,6 +109,16 @@ type IdempotentStore interface {
 	CheckAllOnce(ctx context.Context, key string, ttl time.Duration, reqs []store.Request, out []sluice.Decision) (replayed bool, err error)
 }
 
+// SourcedStore is implemented by store decorators that answer some
+// requests in process (internal/guard: the over-limit cache and the
+// hot-key tier). CheckSourced is Check (all false) or CheckAll (all true)
+// that also writes to src[i] what decided reqs[i]: SourceStore,
+// SourceOverLimitCache or SourceHotKey. When Config.Store implements it,
+// the engine reports those sources in its results.
+type SourcedStore interface {
+	CheckSourced(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision, src []Source) error
+}
+
 // Config holds the engine's knobs.
 type Config struct {
 	// Store keeps the limits' state. Required.
@@ -261,6 +271,7 @@ type scratch struct {
 	ends  []int
 	reqs  []store.Request
 	out   []sluice.Decision
+	src   []Source
 	idx   []int
 	// idemKey is the store key of the check's idempotency record, when
 	// the store keeps them (IdempotentStore).
@@ -505,7 +516,8 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 		if is, ok := e.store.(IdempotentStore); ok && s.idemKey != "" {
 			replayed, err = is.CheckAllOnce(ctx, s.idemKey, e.ttl, s.reqs, s.out)
 		} else {
-			err = e.storeCheck(ctx, atomicAll, s.reqs, s.out)
+			s.src = growSource(s.src, len(s.reqs))
+			err = e.storeCheck(ctx, atomicAll, s.reqs, s.out, s.src)
 		}
 		if err == nil && replayed {
 			s.replayed = true
@@ -532,7 +544,7 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 		} else {
 			for j, i := range s.idx {
 				it := &s.items[i]
-				it.dec, it.source = s.out[j], SourceStore
+				it.dec, it.source = s.out[j], s.src[j]
 				if !it.dec.Allowed {
 					allowed = false
 				}
@@ -583,7 +595,8 @@ func (e *Engine) runShadow(ctx context.Context, s *scratch, now time.Time, allow
 		return
 	}
 	s.out = grow(s.out, len(s.reqs))
-	if err := e.storeCheck(ctx, false, s.reqs, s.out); err != nil {
+	s.src = growSource(s.src, len(s.reqs))
+	if err := e.storeCheck(ctx, false, s.reqs, s.out, s.src); err != nil {
 		for _, i := range s.idx {
 			it := &s.items[i]
 			it.dec = sluice.Decision{Allowed: true, Limit: it.params.Limit, Remaining: it.params.Limit}
@@ -593,7 +606,7 @@ func (e *Engine) runShadow(ctx context.Context, s *scratch, now time.Time, allow
 	}
 	for j, i := range s.idx {
 		it := &s.items[i]
-		it.dec, it.source = s.out[j], SourceStore
+		it.dec, it.source = s.out[j], s.src[j]
 		if it.dec.Allowed {
 			it.charged = s.reqs[j].Cost
 		}
@@ -614,12 +627,26 @@ func grow(out []sluice.Decision, n int) []sluice.Decision {
 	return out[:n]
 }
 
+func growSource(src []Source, n int) []Source {
+	if cap(src) < n {
+		return make([]Source, n)
+	}
+	return src[:n]
+}
+
 // storeCheck is the one place the engine calls the store to decide: all
-// selects CheckAll (one unit) over Check (each on its own). Resilience
-// (per-call deadline, circuit breaker, over-limit cache, hot keys) belongs
-// here; an error means the store did not decide and the failure modes
-// apply.
-func (e *Engine) storeCheck(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision) error {
+// selects CheckAll (one unit) over Check (each on its own). It writes to
+// src what decided each request (see SourcedStore; SourceStore for a
+// plain store). Resilience (per-call deadline, circuit breaker,
+// over-limit cache, hot keys) lives in a store decorator, internal/guard;
+// an error means the store did not decide and the failure modes apply.
+func (e *Engine) storeCheck(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision, src []Source) error {
+	if ss, ok := e.store.(SourcedStore); ok {
+		return ss.CheckSourced(ctx, all, reqs, out, src)
+	}
+	for i := range src {
+		src[i] = SourceStore
+	}
 	if all {
 		return e.store.CheckAll(ctx, reqs, out)
 	}
@@ -888,7 +915,7 @@ func (e *Engine) Status(ctx context.Context, c *Check) ([]RuleResult, error) {
 		s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Cost: 0, Now: c.Now})
 	}
 	s.out = grow(s.out, len(s.reqs))
-	if err := e.storeCheck(ctx, false, s.reqs, s.out); err != nil {
+	if err := e.storeCheck(ctx, false, s.reqs, s.out, nil); err != nil {
 		return nil, err
 	}
 	out := make([]RuleResult, len(s.items))

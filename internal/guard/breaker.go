@@ -1,0 +1,156 @@
+package guard
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// BreakerState is the state of the circuit breaker.
+type BreakerState uint8
+
+// The breaker states.
+const (
+	// BreakerClosed: calls go to the store.
+	BreakerClosed BreakerState = iota
+	// BreakerHalfOpen: up to BreakerConfig.Probes calls go to the store
+	// to see whether it is back; the others fail at once.
+	BreakerHalfOpen
+	// BreakerOpen: every call fails at once, with no network call.
+	BreakerOpen
+)
+
+var breakerStateNames = [...]string{BreakerClosed: "closed", BreakerHalfOpen: "half_open", BreakerOpen: "open"}
+
+// String returns "closed", "half_open" or "open".
+func (s BreakerState) String() string {
+	if int(s) < len(breakerStateNames) {
+		return breakerStateNames[s]
+	}
+	return "unknown"
+}
+
+// Defaults of BreakerConfig.
+const (
+	DefaultBreakerWindow       = 10 * time.Second
+	DefaultBreakerMinRequests  = 20
+	DefaultBreakerFailureRatio = 0.5
+	DefaultBreakerOpenTimeout  = time.Second
+	DefaultBreakerProbes       = 3
+)
+
+// BreakerConfig configures the circuit breaker. The zero value is the
+// defaults: it opens when at least half of at least 20 store calls over
+// the last 10 seconds failed, stays open 1 second, then lets 3 probe calls
+// through and closes after 3 consecutive successes.
+//
+// A failure is an error wrapping sluice.ErrStoreUnavailable (the store is
+// down, unreachable, or did not answer within the deadline). Errors about
+// the request itself count as successes, and calls cancelled by their
+// caller are not counted.
+type BreakerConfig struct {
+	// Disabled turns the breaker off: every call goes to the store.
+	Disabled bool
+	// Window is the rolling window over which the failure ratio is
+	// measured, in ten buckets; zero means DefaultBreakerWindow.
+	Window time.Duration
+	// MinRequests is the number of calls the window must hold before the
+	// breaker may open; zero means DefaultBreakerMinRequests.
+	MinRequests uint32
+	// FailureRatio is the share of failed calls in the window at or
+	// above which the breaker opens, in (0, 1]; zero means
+	// DefaultBreakerFailureRatio.
+	FailureRatio float64
+	// OpenTimeout is how long the breaker stays open before it lets probe
+	// calls through; zero means DefaultBreakerOpenTimeout.
+	OpenTimeout time.Duration
+	// Probes is both the number of calls let through while half-open and
+	// the number of consecutive successes that close the breaker; zero
+	// means DefaultBreakerProbes. One failure while half-open opens it
+	// again.
+	Probes uint32
+}
+
+// settings returns the gobreaker settings of c, nil when disabled.
+func (c BreakerConfig) settings() (*gobreaker.Settings, error) {
+	if c.Disabled {
+		return nil, nil
+	}
+	if c.Window < 0 || c.OpenTimeout < 0 {
+		return nil, errors.New("guard: config: breaker window and open timeout must not be negative")
+	}
+	if c.FailureRatio < 0 || c.FailureRatio > 1 {
+		return nil, fmt.Errorf("guard: config: breaker failure ratio must be in (0, 1], got %v", c.FailureRatio)
+	}
+	if c.Window == 0 {
+		c.Window = DefaultBreakerWindow
+	}
+	if c.MinRequests == 0 {
+		c.MinRequests = DefaultBreakerMinRequests
+	}
+	if c.FailureRatio == 0 {
+		c.FailureRatio = DefaultBreakerFailureRatio
+	}
+	if c.OpenTimeout == 0 {
+		c.OpenTimeout = DefaultBreakerOpenTimeout
+	}
+	if c.Probes == 0 {
+		c.Probes = DefaultBreakerProbes
+	}
+	bucket := c.Window / 10
+	if bucket <= 0 {
+		bucket = c.Window
+	}
+	minReq, ratio := c.MinRequests, c.FailureRatio
+	return &gobreaker.Settings{
+		Name:         "store",
+		MaxRequests:  c.Probes,
+		Interval:     c.Window,
+		BucketPeriod: bucket,
+		Timeout:      c.OpenTimeout,
+		ReadyToTrip: func(n gobreaker.Counts) bool {
+			return n.Requests >= minReq && float64(n.TotalFailures) >= ratio*float64(n.Requests)
+		},
+		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) },
+	}, nil
+}
+
+func fromGobreaker(s gobreaker.State) BreakerState {
+	switch s {
+	case gobreaker.StateOpen:
+		return BreakerOpen
+	case gobreaker.StateHalfOpen:
+		return BreakerHalfOpen
+	}
+	return BreakerClosed
+}
+
+// BreakerState returns the breaker's state; BreakerClosed when the
+// breaker is off.
+func (g *Guard) BreakerState() BreakerState {
+	if g.cb == nil {
+		return BreakerClosed
+	}
+	return fromGobreaker(g.cb.State())
+}
+
+// stateChanged is the breaker's OnStateChange. gobreaker calls it with its
+// mutex held: it must not call back into the breaker.
+func (g *Guard) stateChanged(_ string, from, to gobreaker.State) {
+	now := time.Now()
+	g.mu.Lock()
+	switch to {
+	case gobreaker.StateOpen:
+		g.stats.opened.Add(1)
+		g.lastOpened = now
+	case gobreaker.StateClosed:
+		g.stats.closed.Add(1)
+		g.lastClosed = now
+	}
+	g.mu.Unlock()
+	if g.onChange != nil {
+		g.onChange(fromGobreaker(from), fromGobreaker(to))
+	}
+}

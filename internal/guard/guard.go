@@ -1,0 +1,515 @@
+// Package guard wraps a store (Redis, Redis Cluster) so that checks keep
+// being answered, fast, whatever the store does. It is a store decorator:
+// the engine calls it where it would call the store.
+//
+// It adds four things, each optional:
+//
+//   - A deadline on every store call (Config.Deadline, 5 ms by default).
+//     A caller's shorter deadline wins. Past it the call returns an error
+//     wrapping sluice.ErrStoreUnavailable, and the engine applies each
+//     rule's failure mode (fail_open, fail_closed, local).
+//   - A circuit breaker (sony/gobreaker) in front of the store: above an
+//     error rate over a rolling window, with a minimum number of calls, it
+//     opens, and every call fails at once without touching the network
+//     until, after a timeout, a few probe calls go through (half-open);
+//     enough consecutive successes close it again.
+//   - An over-limit cache: a key the store denied with a known retry-after
+//     is denied in process until then for requests of at least the denied
+//     cost, with no store call. It only ever denies what the store would
+//     deny (see OverLimitConfig).
+//   - A hot-key tier: a heavy-hitters sketch finds the keys checked above
+//     a rate; their checks are admitted in process from a lease of units
+//     consumed in the store in one call, refreshed in batches every sync
+//     interval (see HotKeyConfig for the bound on overshoot).
+//
+// Requests with an explicit Now (replay, tests) and requests of cost 0
+// (reads) bypass the over-limit cache and the hot-key tier: they always
+// reach the store, through the deadline and the breaker.
+//
+// A Guard is safe for concurrent use. It owns one background goroutine
+// when the hot-key tier is on; Close stops it. It never closes the store
+// it wraps.
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/store"
+)
+
+// ErrBreakerOpen is wrapped (with sluice.ErrStoreUnavailable) by the error
+// of a call refused because the circuit breaker is open, or half-open with
+// its probes already in flight.
+var ErrBreakerOpen = errors.New("sluice: circuit breaker open")
+
+// Store is what the guard wraps: the engine's view of a store.
+type Store interface {
+	Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
+	CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
+	Reset(ctx context.Context, keys ...string) error
+}
+
+// Defaults of Config.
+const (
+	DefaultDeadline = 5 * time.Millisecond
+)
+
+// Config holds the guard's knobs. The zero value is usable: a 5 ms
+// deadline, the breaker with its defaults, the over-limit cache on, the
+// hot-key tier off.
+type Config struct {
+	// Deadline bounds every store call; zero means DefaultDeadline. A
+	// caller's context with an earlier deadline wins.
+	Deadline time.Duration
+	// Breaker configures the circuit breaker.
+	Breaker BreakerConfig
+	// OverLimit configures the over-limit cache.
+	OverLimit OverLimitConfig
+	// HotKeys configures the hot-key tier.
+	HotKeys HotKeyConfig
+	// Now is the clock; nil means time.Now. The breaker's own timing
+	// always uses the wall clock.
+	Now func() time.Time
+	// OnBreakerChange, when set, is called on every change of the
+	// breaker's state, synchronously, while the breaker's lock is held: it
+	// must return quickly and must not call the guard.
+	OnBreakerChange func(from, to BreakerState)
+}
+
+// Guard wraps a store with a deadline, a circuit breaker, an over-limit
+// cache and a hot-key tier. Create it with New; stop it with Close.
+type Guard struct {
+	inner    Store
+	deadline time.Duration
+	now      func() time.Time
+	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
+	olc      *overLimitCache // nil when off
+	hot      *hotTier        // nil when off
+	onChange func(from, to BreakerState)
+	pool     sync.Pool // *scratch
+
+	stats struct {
+		storeCalls, storeErrors, refused atomic.Int64
+		overLimitHits, hotAdmits         atomic.Int64
+		hotDenies, syncs, syncErrors     atomic.Int64
+		opened, closed                   atomic.Int64
+	}
+	mu         sync.Mutex // guards lastOpened, lastClosed
+	lastOpened time.Time
+	lastClosed time.Time
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
+}
+
+// New returns a guard around inner. Its errors name the offending field.
+func New(inner Store, cfg Config) (*Guard, error) {
+	if inner == nil {
+		return nil, errors.New("guard: config: store is required")
+	}
+	if cfg.Deadline < 0 {
+		return nil, fmt.Errorf("guard: config: deadline must not be negative, got %s", cfg.Deadline)
+	}
+	g := &Guard{inner: inner, deadline: cfg.Deadline, now: cfg.Now, onChange: cfg.OnBreakerChange}
+	if g.deadline == 0 {
+		g.deadline = DefaultDeadline
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	bs, err := cfg.Breaker.settings()
+	if err != nil {
+		return nil, err
+	}
+	if bs != nil {
+		bs.OnStateChange = g.stateChanged
+		g.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](*bs)
+	}
+	if !cfg.OverLimit.Disabled {
+		if g.olc, err = newOverLimitCache(cfg.OverLimit); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.HotKeys.Enabled {
+		if g.hot, err = newHotTier(cfg.HotKeys); err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		g.cancel = cancel
+		g.wg.Go(func() { g.syncLoop(ctx) })
+	}
+	g.pool.New = func() any { return new(scratch) }
+	return g, nil
+}
+
+// Close stops the hot-key tier's background goroutine and waits for it.
+// It does not close the wrapped store. Calling it again does nothing.
+func (g *Guard) Close() error {
+	g.closeOnce.Do(func() {
+		if g.cancel != nil {
+			g.cancel()
+		}
+		g.wg.Wait()
+	})
+	return nil
+}
+
+// Unwrap returns the wrapped store.
+func (g *Guard) Unwrap() Store { return g.inner }
+
+// Accepts reports whether the wrapped store can decide requests with p,
+// when the wrapped store can tell (see engine.Engine.Accepts).
+func (g *Guard) Accepts(p *algorithm.Params) error {
+	if a, ok := g.inner.(interface {
+		Accepts(*algorithm.Params) error
+	}); ok {
+		return a.Accepts(p)
+	}
+	return nil
+}
+
+// Check decides each request on its own, as the wrapped store's Check
+// does, answering from the over-limit cache and the hot-key tier where it
+// can.
+func (g *Guard) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	return g.CheckSourced(ctx, false, reqs, out, nil)
+}
+
+// CheckAll decides reqs as one unit, as the wrapped store's CheckAll does:
+// when any request is denied, from the cache or by the store, nothing is
+// consumed, leases of hot keys included.
+func (g *Guard) CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	return g.CheckSourced(ctx, true, reqs, out, nil)
+}
+
+// Reset forgets the keys in the wrapped store, in the over-limit cache and
+// in the hot-key tier. Resets made through other instances sharing the
+// store do not reach this instance's cache: its entries stay until their
+// retry-after passes.
+func (g *Guard) Reset(ctx context.Context, keys ...string) error {
+	if g.olc != nil {
+		g.olc.forget(keys)
+	}
+	if g.hot != nil {
+		g.hot.forget(keys)
+	}
+	return g.call(ctx, func(ctx context.Context) error { return g.inner.Reset(ctx, keys...) })
+}
+
+// Ready reports whether the store answers through the guard: an error
+// wrapping ErrBreakerOpen while the breaker is open.
+func (g *Guard) Ready(ctx context.Context) error {
+	if g.BreakerState() == BreakerOpen {
+		return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ErrBreakerOpen)
+	}
+	return nil
+}
+
+// call runs f against the store under the breaker and the deadline.
+func (g *Guard) call(ctx context.Context, f func(ctx context.Context) error) error {
+	var done func(error)
+	if g.cb != nil {
+		var err error
+		done, err = g.cb.Allow()
+		if err != nil {
+			g.stats.refused.Add(1)
+			return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ErrBreakerOpen)
+		}
+	}
+	cctx, cancel := ctx, context.CancelFunc(nil)
+	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > g.deadline {
+		cctx, cancel = context.WithTimeout(ctx, g.deadline)
+	}
+	g.stats.storeCalls.Add(1)
+	err := f(cctx)
+	if err == nil && cctx.Err() != nil {
+		// The store answered, but after the deadline: count it as the
+		// failure it is for the caller, who has been waiting too long.
+		err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, cctx.Err())
+	}
+	if cancel != nil {
+		cancel()
+	}
+	if err != nil {
+		g.stats.storeErrors.Add(1)
+		if !errors.Is(err, sluice.ErrStoreUnavailable) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+			err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, err)
+		}
+	}
+	if done != nil {
+		done(breakerOutcome(ctx, err))
+	}
+	return err
+}
+
+// errCallerGone marks, for the breaker, a call cut short by its caller.
+var errCallerGone = errors.New("guard: caller gone")
+
+// breakerOutcome returns what the breaker is told of a call that ended
+// with err: nil (a success) for an answer or an error about the request
+// itself, errCallerGone when the caller cancelled, err otherwise.
+func breakerOutcome(ctx context.Context, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(ctx.Err(), context.Canceled):
+		return errCallerGone
+	case errors.Is(err, sluice.ErrStoreUnavailable):
+		return err
+	}
+	return nil
+}
+
+// scratch holds the buffers of one call that splits its requests between
+// the store and the in-process answers.
+type scratch struct {
+	reqs []store.Request
+	out  []sluice.Decision
+	idx  []int
+	hot  []*hotKey // per request: the lease taken from, or nil
+}
+
+// CheckSourced is Check (all false) or CheckAll (all true), and reports in
+// src, when it is not nil, what answered each request: engine.SourceStore,
+// engine.SourceOverLimitCache or engine.SourceHotKey. The engine uses it
+// (engine.SourcedStore) to report decision sources.
+func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision, src []engine.Source) error {
+	if len(out) < len(reqs) {
+		return fmt.Errorf("guard: %d decisions for %d requests", len(out), len(reqs))
+	}
+	for i := range src {
+		src[i] = engine.SourceStore
+	}
+	if (g.olc == nil || g.olc.empty()) && g.hot == nil {
+		return g.direct(ctx, all, reqs, out)
+	}
+	now := g.now()
+	s := g.pool.Get().(*scratch)
+	defer g.putScratch(s)
+	s.idx = s.idx[:0]
+	s.hot = grow(s.hot, len(reqs))
+	denied := false
+	local := 0
+	for i := range reqs {
+		r := &reqs[i]
+		s.hot[i] = nil
+		if r.Cost <= 0 || !r.Now.IsZero() || r.Params == nil {
+			s.idx = append(s.idx, i)
+			continue
+		}
+		if g.olc != nil {
+			if d, ok := g.olc.lookup(r, now); ok {
+				out[i] = d
+				setSource(src, i, engine.SourceOverLimitCache)
+				g.stats.overLimitHits.Add(1)
+				denied = true
+				local++
+				continue
+			}
+		}
+		if g.hot != nil {
+			if hk := g.hot.observe(r); hk != nil {
+				d, verdict := hk.take(r.Cost, now)
+				switch verdict {
+				case leaseAdmit:
+					out[i] = d
+					s.hot[i] = hk
+					setSource(src, i, engine.SourceHotKey)
+					local++
+					continue
+				case leaseDeny:
+					out[i] = d
+					setSource(src, i, engine.SourceHotKey)
+					g.stats.hotDenies.Add(1)
+					denied = true
+					local++
+					continue
+				}
+			}
+		}
+		s.idx = append(s.idx, i)
+	}
+	if local == 0 {
+		return g.direct(ctx, all, reqs, out)
+	}
+	if all && denied {
+		// One request is denied in process: CheckAll consumes nothing.
+		g.refuseRest(s, reqs, out, false)
+		return nil
+	}
+	if len(s.idx) > 0 {
+		s.reqs, s.out = s.reqs[:0], grow(s.out, len(s.idx))
+		for _, i := range s.idx {
+			s.reqs = append(s.reqs, reqs[i])
+		}
+		if err := g.direct(ctx, all, s.reqs, s.out); err != nil {
+			g.giveBack(s, reqs)
+			return err
+		}
+		storeDenied := false
+		for j, i := range s.idx {
+			out[i] = s.out[j]
+			if !out[i].Allowed {
+				storeDenied = true
+			}
+		}
+		if all && storeDenied {
+			g.refuseRest(s, reqs, out, true)
+			return nil
+		}
+	}
+	for i := range reqs {
+		if s.hot[i] != nil {
+			g.stats.hotAdmits.Add(1)
+		}
+	}
+	return nil
+}
+
+func setSource(src []engine.Source, i int, s engine.Source) {
+	if src != nil {
+		src[i] = s
+	}
+}
+
+// refuseRest turns the admitted requests of a CheckAll that something
+// denied into refusals that consumed nothing, as the store contract has
+// it (ReasonLimited, no retry-after), returning the leases they took.
+// When the store was not called (decided is false), the requests that
+// were waiting for it are reported with their limit and 0 remaining: what
+// remains was not read.
+func (g *Guard) refuseRest(s *scratch, reqs []store.Request, out []sluice.Decision, decided bool) {
+	g.giveBack(s, reqs)
+	if !decided {
+		for _, i := range s.idx {
+			out[i] = sluice.Decision{Reason: sluice.ReasonLimited}
+			if p := reqs[i].Params; p != nil {
+				out[i].Limit = p.Limit
+			}
+		}
+	}
+	for i := range reqs {
+		if out[i].Allowed {
+			out[i].Allowed = false
+			out[i].Reason = sluice.ReasonLimited
+			out[i].RetryAfter = 0
+		}
+	}
+}
+
+// giveBack returns to their leases the units taken for reqs.
+func (g *Guard) giveBack(s *scratch, reqs []store.Request) {
+	for i := range reqs {
+		if hk := s.hot[i]; hk != nil {
+			hk.giveBack(reqs[i].Cost)
+			s.hot[i] = nil
+		}
+	}
+}
+
+func (g *Guard) putScratch(s *scratch) {
+	if cap(s.reqs) > 1024 {
+		return
+	}
+	clear(s.reqs[:cap(s.reqs)])
+	clear(s.hot[:cap(s.hot)])
+	g.pool.Put(s)
+}
+
+// direct sends reqs to the store under the breaker and the deadline, and
+// remembers its denials in the over-limit cache.
+func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision) error {
+	sent := g.now()
+	err := g.call(ctx, func(ctx context.Context) error {
+		if all {
+			return g.inner.CheckAll(ctx, reqs, out)
+		}
+		return g.inner.Check(ctx, reqs, out)
+	})
+	if err != nil || g.olc == nil {
+		return err
+	}
+	for i := range reqs {
+		if d := &out[i]; !d.Allowed && d.Reason == sluice.ReasonLimited && d.RetryAfter > 0 {
+			if r := &reqs[i]; r.Cost > 0 && r.Now.IsZero() {
+				g.olc.remember(r, sent, d)
+			}
+		}
+	}
+	return nil
+}
+
+func grow[T any](b []T, n int) []T {
+	if cap(b) < n {
+		return make([]T, n)
+	}
+	return b[:n]
+}
+
+// Stats are the guard's counters since New, for metrics and tests.
+type Stats struct {
+	// StoreCalls counts calls made to the store (checks, leases, resets).
+	StoreCalls int64
+	// StoreErrors counts store calls that failed (down, past the
+	// deadline).
+	StoreErrors int64
+	// BreakerRefused counts calls refused by the breaker, with no network
+	// call.
+	BreakerRefused int64
+	// OverLimitHits counts requests denied by the over-limit cache.
+	OverLimitHits int64
+	// HotAdmits and HotDenies count requests decided by the hot-key tier.
+	HotAdmits, HotDenies int64
+	// Syncs and SyncErrors count the hot-key tier's lease calls.
+	Syncs, SyncErrors int64
+	// HotKeys is the number of keys hot right now.
+	HotKeys int
+	// SyncLag is the time since the hot-key tier's last successful sync;
+	// zero when the tier is off.
+	SyncLag time.Duration
+	// Breaker is the breaker's state now.
+	Breaker BreakerState
+	// BreakerOpened and BreakerClosed count the breaker's transitions to
+	// open and to closed; LastOpened and LastClosed are the latest.
+	BreakerOpened, BreakerClosed int64
+	LastOpened, LastClosed       time.Time
+}
+
+// Stats returns the guard's counters.
+func (g *Guard) Stats() Stats {
+	s := Stats{
+		StoreCalls:     g.stats.storeCalls.Load(),
+		StoreErrors:    g.stats.storeErrors.Load(),
+		BreakerRefused: g.stats.refused.Load(),
+		OverLimitHits:  g.stats.overLimitHits.Load(),
+		HotAdmits:      g.stats.hotAdmits.Load(),
+		HotDenies:      g.stats.hotDenies.Load(),
+		Syncs:          g.stats.syncs.Load(),
+		SyncErrors:     g.stats.syncErrors.Load(),
+		BreakerOpened:  g.stats.opened.Load(),
+		BreakerClosed:  g.stats.closed.Load(),
+		Breaker:        g.BreakerState(),
+	}
+	if g.hot != nil {
+		if m := g.hot.keys.Load(); m != nil {
+			s.HotKeys = len(*m)
+		}
+		if last := g.hot.lastSync.Load(); last != 0 {
+			s.SyncLag = time.Since(time.Unix(0, last))
+		}
+	}
+	g.mu.Lock()
+	s.LastOpened, s.LastClosed = g.lastOpened, g.lastClosed
+	g.mu.Unlock()
+	return s
+}

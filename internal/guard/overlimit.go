@@ -1,0 +1,162 @@
+package guard
+
+import (
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/store"
+)
+
+// DefaultOverLimitMaxKeys is the bound of the over-limit cache when
+// OverLimitConfig.MaxKeys is zero.
+const DefaultOverLimitMaxKeys = 65536
+
+// OverLimitConfig configures the over-limit cache.
+//
+// When the store denies a request of cost c on key k with a retry-after d
+// (ReasonLimited), the store's contract says the same request would not be
+// admitted before d has passed, whatever else arrives (other requests only
+// consume more). So until sent+d, where sent is the instant the guard
+// sent the request (before the store decided), every request on k of cost
+// at least c is denied in process: decision source over_limit_cache, no
+// store call, nothing consumed. Requests of a smaller cost still go to the
+// store, which may admit them sooner. The cache therefore never denies a
+// request the store would have admitted, and never admits anything; it
+// can only be stale in one way: a Reset made through another instance is
+// not seen here until the entry expires. For the window algorithms and
+// cost 1 the retry-after is the time to the next slot, so a cost-1 client
+// retrying at retry-after is answered exactly.
+type OverLimitConfig struct {
+	// Disabled turns the cache off.
+	Disabled bool
+	// MaxKeys bounds the keys remembered; zero means
+	// DefaultOverLimitMaxKeys. When full, an expired entry, or else an
+	// arbitrary one, makes room (forgetting an entry only costs a store
+	// call).
+	MaxKeys int
+}
+
+// olcShards is the number of shards of the over-limit cache.
+const olcShards = 32
+
+type olcEntry struct {
+	until   time.Time // denied until then
+	resetAt time.Time // fully restored then, if nothing else arrives
+	cost    int64     // denied at this cost and above
+	limit   int64
+}
+
+type olcShard struct {
+	mu sync.Mutex
+	m  map[string]olcEntry
+}
+
+type overLimitCache struct {
+	seed   maphash.Seed
+	per    int // keys per shard
+	n      atomic.Int64
+	shards [olcShards]olcShard
+}
+
+func newOverLimitCache(c OverLimitConfig) (*overLimitCache, error) {
+	if c.MaxKeys < 0 {
+		return nil, fmt.Errorf("guard: config: over-limit cache max keys must not be negative, got %d", c.MaxKeys)
+	}
+	maxKeys := c.MaxKeys
+	if maxKeys == 0 {
+		maxKeys = DefaultOverLimitMaxKeys
+	}
+	o := &overLimitCache{seed: maphash.MakeSeed(), per: max(1, maxKeys/olcShards)}
+	for i := range o.shards {
+		o.shards[i].m = map[string]olcEntry{}
+	}
+	return o, nil
+}
+
+// empty reports whether the cache holds nothing, so that checks skip it.
+func (o *overLimitCache) empty() bool { return o.n.Load() == 0 }
+
+func (o *overLimitCache) shard(key string) *olcShard {
+	return &o.shards[maphash.String(o.seed, key)%olcShards]
+}
+
+// lookup returns the cached denial of r at now, if any.
+func (o *overLimitCache) lookup(r *store.Request, now time.Time) (sluice.Decision, bool) {
+	if o.empty() {
+		return sluice.Decision{}, false
+	}
+	sh := o.shard(r.Key)
+	sh.mu.Lock()
+	e, ok := sh.m[r.Key]
+	if ok && !now.Before(e.until) {
+		delete(sh.m, r.Key)
+		o.n.Add(-1)
+		ok = false
+	}
+	sh.mu.Unlock()
+	if !ok || r.Cost < e.cost {
+		return sluice.Decision{}, false
+	}
+	retry := e.until.Sub(now)
+	return sluice.Decision{Reason: sluice.ReasonLimited, Limit: e.limit, RetryAfter: retry, ResetAfter: max(retry, e.resetAt.Sub(now))}, true
+}
+
+// remember records that r, sent at sent, was denied with d.
+func (o *overLimitCache) remember(r *store.Request, sent time.Time, d *sluice.Decision) {
+	until := sent.Add(d.RetryAfter)
+	sh := o.shard(r.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[r.Key]
+	next := olcEntry{until: until, resetAt: sent.Add(d.ResetAfter), cost: r.Cost, limit: d.Limit}
+	if ok {
+		// Keep what the two denials together say: a smaller cost denied
+		// as long covers both; otherwise the newest wins.
+		if e.cost <= r.Cost && !e.until.Before(until) {
+			return
+		}
+		sh.m[r.Key] = next
+		return
+	}
+	if len(sh.m) >= o.per {
+		o.evict(sh, sent)
+	}
+	sh.m[r.Key] = next
+	o.n.Add(1)
+}
+
+// evict makes room in sh: an expired entry, or else any one. Requires
+// sh.mu held.
+func (o *overLimitCache) evict(sh *olcShard, now time.Time) {
+	scanned := 0
+	var victim string
+	for k, e := range sh.m {
+		if e.until.Before(now) || scanned == 8 {
+			victim = k
+			break
+		}
+		if scanned == 0 {
+			victim = k
+		}
+		scanned++
+	}
+	delete(sh.m, victim)
+	o.n.Add(-1)
+}
+
+// forget drops keys.
+func (o *overLimitCache) forget(keys []string) {
+	for _, k := range keys {
+		sh := o.shard(k)
+		sh.mu.Lock()
+		if _, ok := sh.m[k]; ok {
+			delete(sh.m, k)
+			o.n.Add(-1)
+		}
+		sh.mu.Unlock()
+	}
+}
