@@ -66,56 +66,60 @@
 // request in quanta (rounded down). A clock that goes back is treated as
 // standing still: no algorithm refills or slides for negative elapsed time.
 //
-// Token bucket. A = debt, the units missing from a full bucket scaled by W
-// (so that a refill of N units per W quanta is N scaled units per quantum,
-// an integer); B = the instant of the last update. The bucket refills
-// continuously: debt falls by N per quantum elapsed, to zero at the least.
-// A request of cost c is admitted when debt + c·W <= B·W, and then adds c·W
-// to the debt. Remaining = floor((B·W - debt) / W); ResetAfter =
-// ceil(debt / N) quanta; RetryAfter = ceil((debt + c·W - B·W) / N) quanta.
+// In the formulas below, N is the limit, W the window and K the burst (the
+// capacity), all as in Params; s.A, s.B and s.C are the fields of State.
 //
-// Leaky bucket, as a meter. A = the water in the bucket scaled by W, B = the
-// instant of the last leak. Water leaks at N units per W; a request of cost c
-// is admitted while the bucket has room for it (water + c·W <= B·W), and
-// then pours c units in. This is the token bucket read the other way round,
-// water for debt, and the two decide alike for equal parameters: the leaky
-// bucket as a meter and the token bucket are the same algorithm. (The
-// leaky bucket as a queue, which delays requests to a steady outflow, is
-// not a decision a rate limiter returns; it is not offered.)
+// Token bucket. s.A = the debt, the units missing from a full bucket scaled
+// by W (so that a refill of N units per W quanta is N scaled units per
+// quantum, an integer); s.B = the instant of the last update. The bucket
+// refills continuously: the debt falls by N per quantum elapsed, to zero at
+// the least. A request of cost c is admitted when debt + c·W <= K·W, and
+// then adds c·W to the debt. Remaining = floor((K·W - debt) / W);
+// ResetAfter = ceil(debt / N) quanta; RetryAfter = ceil((debt + c·W - K·W) /
+// N) quanta.
 //
-// Fixed window. A = the start of the current window, aligned to the epoch
-// (t - t mod W), B = the units admitted in it. A new window starts from 0.
-// A request is admitted when B + c <= N. Remaining = N - B; ResetAfter is the
-// end of the window when B > 0; RetryAfter is the end of the window. A burst
-// of up to 2N can pass around a window boundary: use the sliding window
-// algorithms where that matters.
+// Leaky bucket, as a meter. s.A = the water in the bucket scaled by W, s.B =
+// the instant of the last leak. Water leaks at N units per W; a request of
+// cost c is admitted while the bucket has room for it (water + c·W <= K·W),
+// and then pours c units in. This is the token bucket read the other way
+// round, water for debt, and the two decide alike for equal parameters: the
+// leaky bucket as a meter and the token bucket are one algorithm. (The
+// leaky bucket as a queue, which delays requests to a steady outflow, is not
+// a decision a rate limiter returns, and is not offered.)
+//
+// Fixed window. s.A = the start of the current window, aligned to the epoch
+// (t - t mod W), s.B = the units admitted in it; a new window starts from 0.
+// A request is admitted when s.B + c <= N. Remaining = N - s.B; RetryAfter
+// and, once anything was admitted, ResetAfter are the time to the end of the
+// window. Up to 2N can pass around a window boundary: use a sliding window
+// where that matters.
 //
 // Sliding window log. The state is the log of admission instants, one entry
 // per unit of cost, oldest first (ApplyLog). The window is (t - W, t]: an
 // entry admitted at s counts until s + W. A request is admitted when the
-// entries in the window plus c are at most N. RetryAfter is when enough of
-// the oldest entries have left; ResetAfter is when the newest leaves. It is
-// exact, and costs O(N) memory per key (8 bytes an entry in process); the
-// memory store refuses limits above its MaxLogEntries, and the sliding
-// window counter is the constant-memory alternative.
+// entries in the window plus c are at most N. RetryAfter is the time until
+// enough of the oldest entries have left; ResetAfter the time until the
+// newest has. It is exact, and costs O(N) memory per key (8 bytes an entry
+// in process); the memory store refuses limits above its MaxLogEntries, and
+// the sliding window counter is the constant-memory alternative.
 //
-// Sliding window counter. A = the start of the current window (aligned as
-// for the fixed window), B = the units admitted in it, C = the units admitted
-// in the window before. The count at elapsed time e into the current window
-// weights the previous window by the part of it still inside the sliding
-// window: C·(W-e)/W + B. With C = 80, B = 30 halfway through the window, the
-// count is 80·0.5 + 30 = 70. A request is admitted when C·(W-e) + (B+c)·W <=
-// N·W (exact, in integers). It assumes the previous window's admissions were
-// spread evenly; on bursty traffic it can admit a little more or less than the
-// exact log, and docs/PERFORMANCE.md gives how often it decides differently
-// on a synthetic trace.
+// Sliding window counter. s.A = the start of the current window (aligned as
+// for the fixed window), s.B = the units admitted in it, s.C = the units
+// admitted in the window before. The count at elapsed time e into the
+// current window weights the previous window by the part of it still inside
+// the sliding window: s.C·(W-e)/W + s.B. With 80 in the previous window and
+// 30 in the current one, halfway through, the count is 80·0.5 + 30 = 70. A
+// request is admitted when s.C·(W-e) + (s.B+c)·W <= N·W (exact, in
+// integers); Remaining = floor(N - count). It assumes the previous window's
+// admissions were spread evenly, so on bursty traffic it can admit a little
+// more or less than the exact log; docs/PERFORMANCE.md gives how often it
+// decides differently on a synthetic trace.
 //
 // GCRA, the generic cell rate algorithm. The state is one instant, the
-// theoretical arrival time TAT = A + B/N quanta (A whole quanta and a
-// remainder B in [0, N), so that the emission interval W/N stays exact).
+// theoretical arrival time TAT = s.A + s.B/N quanta (s.A whole quanta and a
+// remainder s.B in [0, N), so that the emission interval W/N stays exact).
 // A request of cost c moves TAT to max(TAT, t) + c·W/N and is admitted when
-// the new TAT is at most t + B·W/N (B being the burst here); otherwise TAT
-// is left as it was. GCRA decides exactly as the token bucket with the same
-// parameters (debt = (TAT - t)·N) but keeps one instant instead of a level
-// and a time.
+// the new TAT is at most t + K·W/N; otherwise TAT stays as it was. GCRA
+// decides exactly as the token bucket with the same parameters (its debt is
+// (TAT - t)·N) but keeps one instant instead of a level and a time.
 package algorithm
