@@ -513,10 +513,13 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 		s.out = grow(s.out, len(s.reqs))
 		var err error
 		replayed := false
+		s.src = growSource(s.src, len(s.reqs))
 		if is, ok := e.store.(IdempotentStore); ok && s.idemKey != "" {
 			replayed, err = is.CheckAllOnce(ctx, s.idemKey, e.ttl, s.reqs, s.out)
+			for j := range s.src {
+				s.src[j] = SourceStore
+			}
 		} else {
-			s.src = growSource(s.src, len(s.reqs))
 			err = e.storeCheck(ctx, atomicAll, s.reqs, s.out, s.src)
 		}
 		if err == nil && replayed {

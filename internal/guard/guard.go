@@ -232,11 +232,6 @@ func (g *Guard) call(ctx context.Context, f func(ctx context.Context) error) err
 	}
 	g.stats.storeCalls.Add(1)
 	err := f(cctx)
-	if err == nil && cctx.Err() != nil {
-		// The store answered, but after the deadline: count it as the
-		// failure it is for the caller, who has been waiting too long.
-		err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, cctx.Err())
-	}
 	if cancel != nil {
 		cancel()
 	}
@@ -512,4 +507,32 @@ func (g *Guard) Stats() Stats {
 	s.LastOpened, s.LastClosed = g.lastOpened, g.lastClosed
 	g.mu.Unlock()
 	return s
+}
+
+// Engine returns g as the engine should hold it: g itself, or, when the
+// wrapped store keeps idempotency records (engine.IdempotentStore), g with
+// a CheckAllOnce that goes through the breaker and the deadline (and not
+// through the over-limit cache or the hot-key tier).
+func (g *Guard) Engine() engine.Store {
+	if is, ok := g.inner.(engine.IdempotentStore); ok {
+		return &onceGuard{Guard: g, once: is}
+	}
+	return g
+}
+
+// onceGuard is a Guard around a store that keeps idempotency records.
+type onceGuard struct {
+	*Guard
+	once engine.IdempotentStore
+}
+
+// CheckAllOnce implements engine.IdempotentStore.
+func (o *onceGuard) CheckAllOnce(ctx context.Context, key string, ttl time.Duration, reqs []store.Request, out []sluice.Decision) (bool, error) {
+	replayed := false
+	err := o.call(ctx, func(ctx context.Context) error {
+		var err error
+		replayed, err = o.once.CheckAllOnce(ctx, key, ttl, reqs, out)
+		return err
+	})
+	return replayed, err
 }

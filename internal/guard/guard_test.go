@@ -1,0 +1,343 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/internal/guard/guardtest"
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/memory"
+)
+
+func newMemory(t testing.TB, now func() time.Time) *memory.Store {
+	t.Helper()
+	s, err := memory.New(memory.Config{MaxKeys: 1 << 12, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func newGuard(t testing.TB, inner Store, cfg Config) *Guard {
+	t.Helper()
+	g, err := New(inner, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+func params(t testing.TB, l sluice.Limit) *algorithm.Params {
+	t.Helper()
+	p, err := algorithm.Compile(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &p
+}
+
+func check1(ctx context.Context, g *Guard, key string, p *algorithm.Params, cost int64) (sluice.Decision, engine.Source, error) {
+	reqs := []store.Request{{Key: key, Params: p, Cost: cost}}
+	out := make([]sluice.Decision, 1)
+	src := make([]engine.Source, 1)
+	err := g.CheckSourced(ctx, false, reqs, out, src)
+	return out[0], src[0], err
+}
+
+func TestDeadline(t *testing.T) {
+	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
+	f.SetDelay(time.Second)
+	g := newGuard(t, f, Config{Deadline: 5 * time.Millisecond, Breaker: BreakerConfig{Disabled: true}})
+	p := params(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second})
+	var worst time.Duration
+	for range 20 {
+		start := time.Now()
+		_, _, err := check1(context.Background(), g, "k", p, 1)
+		worst = max(worst, time.Since(start))
+		if !errors.Is(err, sluice.ErrStoreUnavailable) {
+			t.Fatalf("slow store: err = %v, want one wrapping ErrStoreUnavailable", err)
+		}
+	}
+	// Generous: the machine is shared; the Redis fault tests report the
+	// real figures.
+	if worst > 50*time.Millisecond {
+		t.Errorf("worst check against a store that takes 1s: %s, want about the 5ms deadline", worst)
+	}
+	t.Logf("worst check with a 5ms deadline against a 1s store: %s", worst)
+
+	// A caller's shorter deadline wins.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	g2 := newGuard(t, f, Config{Deadline: time.Second, Breaker: BreakerConfig{Disabled: true}})
+	start := time.Now()
+	if _, _, err := check1(ctx, g2, "k", p, 1); !errors.Is(err, sluice.ErrStoreUnavailable) {
+		t.Fatalf("err = %v", err)
+	}
+	if el := time.Since(start); el > 100*time.Millisecond {
+		t.Errorf("caller's 1ms deadline: returned after %s", el)
+	}
+}
+
+func TestBreaker(t *testing.T) {
+	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
+	var mu sync.Mutex
+	var changes []string
+	g := newGuard(t, f, Config{
+		Breaker: BreakerConfig{Window: time.Minute, MinRequests: 10, FailureRatio: 0.5, OpenTimeout: 100 * time.Millisecond, Probes: 2},
+		OnBreakerChange: func(from, to BreakerState) {
+			mu.Lock()
+			changes = append(changes, from.String()+">"+to.String())
+			mu.Unlock()
+		},
+	})
+	p := params(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 1000, Window: time.Second})
+	ctx := context.Background()
+	// Healthy calls do not open it.
+	for range 20 {
+		if _, _, err := check1(ctx, g, "k", p, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.SetDown(true)
+	// 20 successes, then failures: it opens once failures reach half of
+	// the window's calls (at the 20th failure).
+	for i := range 19 {
+		check1(ctx, g, "k", p, 1)
+		if g.BreakerState() != BreakerClosed {
+			t.Fatalf("opened after %d failures of %d calls", i+1, 21+i)
+		}
+	}
+	check1(ctx, g, "k", p, 1)
+	if got := g.BreakerState(); got != BreakerOpen {
+		t.Fatalf("after 20 failures in 40 calls: %s, want open", got)
+	}
+	calls := f.Calls()
+	for range 100 {
+		_, _, err := check1(ctx, g, "k", p, 1)
+		if !errors.Is(err, ErrBreakerOpen) || !errors.Is(err, sluice.ErrStoreUnavailable) {
+			t.Fatalf("open breaker: err = %v", err)
+		}
+	}
+	if f.Calls() != calls {
+		t.Errorf("open breaker: %d calls reached the store", f.Calls()-calls)
+	}
+	if err := g.Ready(ctx); !errors.Is(err, ErrBreakerOpen) {
+		t.Errorf("Ready while open: %v", err)
+	}
+	// After the timeout a probe goes through; it fails: open again.
+	time.Sleep(120 * time.Millisecond)
+	check1(ctx, g, "k", p, 1)
+	if got := g.BreakerState(); got != BreakerOpen {
+		t.Fatalf("failed probe: %s, want open", got)
+	}
+	f.SetDown(false)
+	time.Sleep(120 * time.Millisecond)
+	if got := g.BreakerState(); got != BreakerHalfOpen {
+		t.Fatalf("after the open timeout: %s, want half_open", got)
+	}
+	for range 2 {
+		if _, _, err := check1(ctx, g, "k", p, 1); err != nil {
+			t.Fatalf("probe: %v", err)
+		}
+	}
+	if got := g.BreakerState(); got != BreakerClosed {
+		t.Fatalf("after 2 successful probes: %s, want closed", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := "[closed>open open>half_open half_open>open open>half_open half_open>closed]"
+	if got := fmtList(changes); got != want {
+		t.Errorf("transitions %s, want %s", got, want)
+	}
+	st := g.Stats()
+	if st.BreakerOpened != 2 || st.BreakerClosed != 1 || st.BreakerRefused < 100 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func fmtList(s []string) string {
+	out := "["
+	for i, v := range s {
+		if i > 0 {
+			out += " "
+		}
+		out += v
+	}
+	return out + "]"
+}
+
+func TestBreakerIgnoresCallerCancellation(t *testing.T) {
+	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
+	f.SetDelay(time.Second)
+	g := newGuard(t, f, Config{Deadline: time.Second, Breaker: BreakerConfig{MinRequests: 2}})
+	p := params(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second})
+	for range 10 {
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { time.Sleep(time.Millisecond); cancel() }()
+		check1(ctx, g, "k", p, 1)
+		cancel()
+	}
+	if got := g.BreakerState(); got != BreakerClosed {
+		t.Errorf("after calls cancelled by their callers: %s, want closed", got)
+	}
+}
+
+// fakeClock is a clock tests move by hand.
+type fakeClock struct{ ns atomic.Int64 }
+
+func (c *fakeClock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// TestOverLimitCacheIsExact runs random traffic through a guard and, in
+// step, through a twin store with no guard: every decision's verdict must
+// agree, for every algorithm, while the cache answers many of the guarded
+// checks.
+func TestOverLimitCacheIsExact(t *testing.T) {
+	for _, alg := range sluice.Algorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			clk := &fakeClock{}
+			clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+			inner := &guardtest.Faulty{Inner: newMemory(t, clk.now)}
+			twin := newMemory(t, clk.now)
+			g := newGuard(t, inner, Config{Now: clk.now})
+			p := params(t, sluice.Limit{Algorithm: alg, Limit: 10, Window: time.Second, Burst: 5})
+			rng := rand.New(rand.NewPCG(1, uint64(alg)))
+			hits := 0
+			for i := range 5000 {
+				key := []string{"a", "b", "c"}[rng.IntN(3)]
+				cost := int64(1 + rng.IntN(3))
+				d, src, err := check1(context.Background(), g, key, p, cost)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, err := twin.Decide(store.Request{Key: key, Params: p, Cost: cost})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Allowed != want.Allowed {
+					t.Fatalf("check %d (%s cost %d, source %s): allowed %v, the store alone %v (%+v)", i, key, cost, src, d.Allowed, want.Allowed, want)
+				}
+				if src == engine.SourceOverLimitCache {
+					hits++
+					if d.RetryAfter <= 0 || d.RetryAfter > want.RetryAfter+time.Millisecond && want.RetryAfter > 0 {
+						t.Fatalf("check %d: cached retry-after %s, store's %s", i, d.RetryAfter, want.RetryAfter)
+					}
+				}
+				clk.advance(time.Duration(rng.IntN(40)) * time.Millisecond)
+			}
+			if hits == 0 {
+				t.Errorf("the cache answered no check")
+			}
+			if got, want := g.Stats().OverLimitHits, int64(hits); got != want {
+				t.Errorf("stats: %d hits, counted %d", got, want)
+			}
+			t.Logf("%d of 5000 checks answered by the over-limit cache", hits)
+		})
+	}
+}
+
+func TestOverLimitCache(t *testing.T) {
+	clk := &fakeClock{}
+	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	inner := &guardtest.Faulty{Inner: newMemory(t, clk.now)}
+	g := newGuard(t, inner, Config{Now: clk.now})
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Minute})
+	ctx := context.Background()
+	for range 3 {
+		if d, _, _ := check1(ctx, g, "k", p, 1); !d.Allowed {
+			t.Fatal("denied within the limit")
+		}
+	}
+	d, src, _ := check1(ctx, g, "k", p, 1)
+	if d.Allowed || src != engine.SourceStore || d.RetryAfter != time.Minute {
+		t.Fatalf("4th: %+v from %s", d, src)
+	}
+	n := inner.Calls()
+	for range 10 {
+		clk.advance(time.Second)
+		d, src, _ = check1(ctx, g, "k", p, 1)
+		if d.Allowed || src != engine.SourceOverLimitCache {
+			t.Fatalf("cached: %+v from %s", d, src)
+		}
+	}
+	if d.RetryAfter != 50*time.Second || d.Limit != 3 {
+		t.Errorf("cached decision %+v, want retry-after 50s", d)
+	}
+	if inner.Calls() != n {
+		t.Errorf("the cache called the store %d times", inner.Calls()-n)
+	}
+	// Cost 0 (a read) always goes to the store.
+	if _, src, _ := check1(ctx, g, "k", p, 0); src != engine.SourceStore {
+		t.Errorf("read from %s", src)
+	}
+	// CheckAll with a cached key: denied, nothing consumed, no store call.
+	reqs := []store.Request{{Key: "other", Params: p, Cost: 1}, {Key: "k", Params: p, Cost: 1}}
+	out := make([]sluice.Decision, 2)
+	src2 := make([]engine.Source, 2)
+	n = inner.Calls()
+	if err := g.CheckSourced(ctx, true, reqs, out, src2); err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Allowed || out[1].Allowed || out[0].RetryAfter != 0 || out[1].RetryAfter == 0 || src2[1] != engine.SourceOverLimitCache || inner.Calls() != n {
+		t.Errorf("CheckAll with a cached key: %+v %v, %d store calls", out, src2, inner.Calls()-n)
+	}
+	if d, _, _ := check1(ctx, g, "other", p, 3); !d.Allowed {
+		t.Errorf("the refused CheckAll consumed from the other key")
+	}
+	// Reset forgets.
+	if err := g.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if d, src, _ := check1(ctx, g, "k", p, 1); !d.Allowed || src != engine.SourceStore {
+		t.Errorf("after Reset: %+v from %s", d, src)
+	}
+	// At the retry-after the store decides again.
+	check1(ctx, g, "k", p, 3)
+	clk.advance(time.Minute)
+	if d, src, _ := check1(ctx, g, "k", p, 1); !d.Allowed || src != engine.SourceStore {
+		t.Errorf("after the window: %+v from %s", d, src)
+	}
+}
+
+func TestOverLimitCacheBounded(t *testing.T) {
+	inner := newMemory(t, nil)
+	g := newGuard(t, inner, Config{OverLimit: OverLimitConfig{MaxKeys: 64}})
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Minute})
+	for i := range 1000 {
+		key := "k" + string(rune('A'+i%26)) + string(rune('A'+i/26))
+		check1(context.Background(), g, key, p, 1)
+		check1(context.Background(), g, key, p, 1)
+	}
+	if n := g.olc.n.Load(); n > 64 {
+		t.Errorf("%d keys cached, bound 64", n)
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	inner := newMemory(t, nil)
+	for _, c := range []Config{
+		{Deadline: -1},
+		{Breaker: BreakerConfig{FailureRatio: 2}},
+		{OverLimit: OverLimitConfig{MaxKeys: -1}},
+		{HotKeys: HotKeyConfig{Enabled: true, SyncInterval: time.Hour}},
+		{HotKeys: HotKeyConfig{Enabled: true, Threshold: 1, Window: time.Second}},
+	} {
+		if g, err := New(inner, c); err == nil {
+			g.Close()
+			t.Errorf("New(%+v): no error", c)
+		}
+	}
+	if _, err := New(nil, Config{}); err == nil {
+		t.Error("New(nil): no error")
+	}
+}

@@ -1,0 +1,92 @@
+// Package guardtest holds a store decorator that injects faults in
+// process, for the unit tests of the guard and the engine: a store that is
+// down, or slow. Fault tests against Redis use real processes and a real
+// TCP proxy instead (see internal/guard's tests).
+package guardtest
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/store"
+)
+
+// Store is what Faulty wraps.
+type Store interface {
+	Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
+	CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
+	Reset(ctx context.Context, keys ...string) error
+}
+
+// Faulty wraps a store and fails or delays its calls on demand. It honours
+// its callers' deadlines, as the store contract asks. It is safe for
+// concurrent use; the zero Faulty (with Inner set) passes every call
+// through.
+type Faulty struct {
+	// Inner decides the calls that get through.
+	Inner Store
+
+	down  atomic.Bool
+	delay atomic.Int64 // nanoseconds
+	calls atomic.Int64
+	keys  atomic.Int64 // requests that reached Inner
+}
+
+// SetDown makes every call fail at once with an error wrapping
+// sluice.ErrStoreUnavailable (down) or pass (up).
+func (f *Faulty) SetDown(down bool) { f.down.Store(down) }
+
+// SetDelay makes every call wait d before it is decided (or until its
+// context ends, whichever comes first).
+func (f *Faulty) SetDelay(d time.Duration) { f.delay.Store(int64(d)) }
+
+// Calls returns the number of calls made to f.
+func (f *Faulty) Calls() int64 { return f.calls.Load() }
+
+// Requests returns the number of requests that reached Inner.
+func (f *Faulty) Requests() int64 { return f.keys.Load() }
+
+func (f *Faulty) enter(ctx context.Context, n int) error {
+	f.calls.Add(1)
+	if d := time.Duration(f.delay.Load()); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ctx.Err())
+		}
+	}
+	if f.down.Load() {
+		return fmt.Errorf("%w: injected outage", sluice.ErrStoreUnavailable)
+	}
+	f.keys.Add(int64(n))
+	return nil
+}
+
+// Check implements the store's Check.
+func (f *Faulty) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	if err := f.enter(ctx, len(reqs)); err != nil {
+		return err
+	}
+	return f.Inner.Check(ctx, reqs, out)
+}
+
+// CheckAll implements the store's CheckAll.
+func (f *Faulty) CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	if err := f.enter(ctx, len(reqs)); err != nil {
+		return err
+	}
+	return f.Inner.CheckAll(ctx, reqs, out)
+}
+
+// Reset implements the store's Reset.
+func (f *Faulty) Reset(ctx context.Context, keys ...string) error {
+	if err := f.enter(ctx, 0); err != nil {
+		return err
+	}
+	return f.Inner.Reset(ctx, keys...)
+}
