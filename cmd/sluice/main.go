@@ -84,7 +84,12 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	logFormat := fs.String("log-format", envDefault(getenv, "SLUICE_LOG_FORMAT", "text"), "log format: text or json (env SLUICE_LOG_FORMAT)")
 	logLevel := fs.String("log-level", envDefault(getenv, "SLUICE_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 15*time.Second, "how long a graceful shutdown waits for checks in flight")
+	guardCfg := guardFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := flagsFromEnv(fs, guardFlagNames, getenv); err != nil {
+		fmt.Fprintf(stderr, "sluice serve: %v\n", err)
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -121,6 +126,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 		ConfigPath: *configPath,
 		StoreURL:   *storeURL,
 		Logger:     logger,
+		Guard:      guardCfg(),
 	})
 	cancel()
 	if err != nil {

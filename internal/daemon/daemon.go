@@ -27,6 +27,7 @@ import (
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/internal/envoyrls"
 	"github.com/sluicehq/sluice/internal/grpcapi"
+	"github.com/sluicehq/sluice/internal/guard"
 	"github.com/sluicehq/sluice/internal/httpapi"
 	"github.com/sluicehq/sluice/internal/policy"
 )
@@ -64,6 +65,11 @@ type Config struct {
 	// WatchDebounce is how long the file watcher waits after the last
 	// change of the configuration before reloading it; zero means 100ms.
 	WatchDebounce time.Duration
+	// Guard configures what protects checks from a failing Redis store:
+	// the per-call deadline, the circuit breaker, the over-limit cache and
+	// the hot-key tier (see package guard). It does not apply to the
+	// memory store.
+	Guard guard.Config
 }
 
 // Daemon is a running server. Its methods are safe for concurrent use.
@@ -72,6 +78,7 @@ type Daemon struct {
 	log      *slog.Logger
 	reg      *prometheus.Registry
 	eng      *engine.Engine
+	guard    *guard.Guard // nil on the memory store
 	closer   func() error // closes the store
 	httpLn   net.Listener
 	grpcLn   net.Listener
@@ -140,6 +147,10 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.lastData = data
 	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now)
+	if err != nil {
+		return nil, err
+	}
+	st, d.guard, closer, err = guardStore(cfg.StoreURL, st, closer, cfg.Guard, d.reg)
 	if err != nil {
 		return nil, err
 	}
@@ -239,6 +250,9 @@ func (d *Daemon) GRPCAddr() string { return d.grpcLn.Addr().String() }
 
 // Engine returns the daemon's engine.
 func (d *Daemon) Engine() *engine.Engine { return d.eng }
+
+// Guard returns the guard around the store, nil on the memory store.
+func (d *Daemon) Guard() *guard.Guard { return d.guard }
 
 // Registry returns the registry the daemon's metrics are on.
 func (d *Daemon) Registry() *prometheus.Registry { return d.reg }

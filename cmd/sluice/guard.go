@@ -1,0 +1,67 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/sluicehq/sluice/internal/guard"
+)
+
+// guardFlagNames are the flags guardFlags defines; each has a SLUICE_*
+// environment variable (upper case, '-' as '_').
+var guardFlagNames = []string{
+	"store-deadline",
+	"breaker", "breaker-window", "breaker-min-requests", "breaker-failure-ratio", "breaker-open-timeout", "breaker-probes",
+	"over-limit-cache", "over-limit-cache-keys",
+	"hot-keys", "hot-key-threshold", "hot-key-sync-interval", "hot-key-window", "hot-key-max",
+}
+
+// guardFlags defines the flags of the guard around a Redis store and
+// returns the function that builds its configuration once they are
+// parsed.
+func guardFlags(fs *flag.FlagSet) func() guard.Config {
+	deadline := fs.Duration("store-deadline", guard.DefaultDeadline, "deadline of every Redis call of a check; a client's shorter deadline wins")
+	breaker := fs.Bool("breaker", true, "circuit breaker around the Redis store")
+	bWindow := fs.Duration("breaker-window", guard.DefaultBreakerWindow, "rolling window over which the breaker measures the failure ratio")
+	bMin := fs.Uint("breaker-min-requests", guard.DefaultBreakerMinRequests, "calls the window must hold before the breaker may open")
+	bRatio := fs.Float64("breaker-failure-ratio", guard.DefaultBreakerFailureRatio, "failure ratio in the window at or above which the breaker opens")
+	bOpen := fs.Duration("breaker-open-timeout", guard.DefaultBreakerOpenTimeout, "how long the breaker stays open before it lets probes through")
+	bProbes := fs.Uint("breaker-probes", guard.DefaultBreakerProbes, "probe calls let through half-open, and consecutive successes that close the breaker")
+	olc := fs.Bool("over-limit-cache", true, "answer keys denied until a known instant in process until then")
+	olcKeys := fs.Int("over-limit-cache-keys", guard.DefaultOverLimitMaxKeys, "keys the over-limit cache remembers at most")
+	hot := fs.Bool("hot-keys", false, "decide hot keys in process from leases synced with Redis")
+	hotRate := fs.Float64("hot-key-threshold", guard.DefaultHotThreshold, "checks per second of one key from which it is hot")
+	hotSync := fs.Duration("hot-key-sync-interval", guard.DefaultHotSyncInterval, "how often hot keys' leases are synced with Redis (10ms to 100ms is sensible)")
+	hotWindow := fs.Duration("hot-key-window", guard.DefaultHotWindow, "hot-key detection window")
+	hotMax := fs.Int("hot-key-max", guard.DefaultHotMaxKeys, "hot keys at most")
+	return func() guard.Config {
+		return guard.Config{
+			Deadline: *deadline,
+			Breaker: guard.BreakerConfig{Disabled: !*breaker, Window: *bWindow, MinRequests: uint32(min(*bMin, 1<<31)),
+				FailureRatio: *bRatio, OpenTimeout: *bOpen, Probes: uint32(min(*bProbes, 1<<31))},
+			OverLimit: guard.OverLimitConfig{Disabled: !*olc, MaxKeys: *olcKeys},
+			HotKeys: guard.HotKeyConfig{Enabled: *hot, Threshold: *hotRate, SyncInterval: *hotSync,
+				Window: *hotWindow, MaxKeys: *hotMax},
+		}
+	}
+}
+
+// flagsFromEnv sets each flag of names not given on the command line from
+// its SLUICE_* environment variable, when that is set.
+func flagsFromEnv(fs *flag.FlagSet, names []string, getenv func(string) string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, name := range names {
+		if given[name] {
+			continue
+		}
+		env := "SLUICE_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		if v := getenv(env); v != "" {
+			if err := fs.Set(name, v); err != nil {
+				return fmt.Errorf("%s: %w", env, err)
+			}
+		}
+	}
+	return nil
+}
