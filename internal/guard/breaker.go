@@ -34,16 +34,17 @@ func (s BreakerState) String() string {
 
 // Defaults of BreakerConfig.
 const (
-	DefaultBreakerWindow       = 10 * time.Second
+	DefaultBreakerWindow       = 2 * time.Second
 	DefaultBreakerMinRequests  = 20
 	DefaultBreakerFailureRatio = 0.5
-	DefaultBreakerOpenTimeout  = time.Second
+	DefaultBreakerOpenTimeout  = 500 * time.Millisecond
 	DefaultBreakerProbes       = 3
 )
 
 // BreakerConfig configures the circuit breaker. The zero value is the
 // defaults: it opens when at least half of at least 20 store calls over
-// the last 10 seconds failed, stays open 1 second, then lets 3 probe calls
+// the last 2 seconds failed (so about one second into a complete outage
+// under steady traffic), stays open 500 ms, then lets 3 probe calls
 // through and closes after 3 consecutive successes.
 //
 // A failure is an error wrapping sluice.ErrStoreUnavailable (the store is

@@ -7,7 +7,12 @@
 //   - A deadline on every store call (Config.Deadline, 5 ms by default).
 //     A caller's shorter deadline wins. Past it the call returns an error
 //     wrapping sluice.ErrStoreUnavailable, and the engine applies each
-//     rule's failure mode (fail_open, fail_closed, local).
+//     rule's failure mode (fail_open, fail_closed, local). The call runs
+//     on a goroutine of its own, so its caller stops waiting at the
+//     deadline even when the store does not (a Redis client blocked while
+//     it reconnects through a slow network, for instance); at most
+//     Config.MaxInFlight such calls run at once, and beyond that calls
+//     fail at once.
 //   - A circuit breaker (sony/gobreaker) in front of the store: above an
 //     error rate over a rolling window, with a minimum number of calls, it
 //     opens, and every call fails at once without touching the network
@@ -27,8 +32,9 @@
 // reach the store, through the deadline and the breaker.
 //
 // A Guard is safe for concurrent use. It owns one background goroutine
-// when the hot-key tier is on; Close stops it. It never closes the store
-// it wraps.
+// when the hot-key tier is on, which Close stops, and one goroutine per
+// store call in flight, which ends when the store returns. It never
+// closes the store it wraps.
 package guard
 
 import (
@@ -80,6 +86,10 @@ type Config struct {
 	// Now is the clock; nil means time.Now. The breaker's own timing
 	// always uses the wall clock.
 	Now func() time.Time
+	// MaxInFlight bounds the store calls in flight, those whose callers
+	// gave up at the deadline included; beyond it calls fail at once
+	// (ErrTooManyInFlight). Zero means DefaultMaxInFlight.
+	MaxInFlight int
 	// OnBreakerChange, when set, is called on every change of the
 	// breaker's state, synchronously, while the breaker's lock is held: it
 	// must return quickly and must not call the guard.
@@ -97,6 +107,9 @@ type Guard struct {
 	hot      *hotTier        // nil when off
 	onChange func(from, to BreakerState)
 	pool     sync.Pool // *scratch
+
+	maxInFlight int64
+	inflight    atomic.Int64 // store calls in flight, abandoned ones included
 
 	stats struct {
 		storeCalls, storeErrors, refused atomic.Int64
@@ -123,6 +136,13 @@ func New(inner Store, cfg Config) (*Guard, error) {
 	g := &Guard{inner: inner, deadline: cfg.Deadline, now: cfg.Now, onChange: cfg.OnBreakerChange}
 	if g.deadline == 0 {
 		g.deadline = DefaultDeadline
+	}
+	if cfg.MaxInFlight < 0 {
+		return nil, fmt.Errorf("guard: config: max in flight must not be negative, got %d", cfg.MaxInFlight)
+	}
+	g.maxInFlight = int64(cfg.MaxInFlight)
+	if g.maxInFlight == 0 {
+		g.maxInFlight = DefaultMaxInFlight
 	}
 	if g.now == nil {
 		g.now = time.Now
@@ -203,7 +223,9 @@ func (g *Guard) Reset(ctx context.Context, keys ...string) error {
 	if g.hot != nil {
 		g.hot.forget(keys)
 	}
-	return g.call(ctx, func(ctx context.Context) error { return g.inner.Reset(ctx, keys...) })
+	j := g.newJob(opReset, nil, 0)
+	j.keys = append(j.keys, keys...)
+	return g.run(ctx, j, nil)
 }
 
 // Ready reports whether the store answers through the guard: an error
@@ -213,38 +235,6 @@ func (g *Guard) Ready(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ErrBreakerOpen)
 	}
 	return nil
-}
-
-// call runs f against the store under the breaker and the deadline.
-func (g *Guard) call(ctx context.Context, f func(ctx context.Context) error) error {
-	var done func(error)
-	if g.cb != nil {
-		var err error
-		done, err = g.cb.Allow()
-		if err != nil {
-			g.stats.refused.Add(1)
-			return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ErrBreakerOpen)
-		}
-	}
-	cctx, cancel := ctx, context.CancelFunc(nil)
-	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > g.deadline {
-		cctx, cancel = context.WithTimeout(ctx, g.deadline)
-	}
-	g.stats.storeCalls.Add(1)
-	err := f(cctx)
-	if cancel != nil {
-		cancel()
-	}
-	if err != nil {
-		g.stats.storeErrors.Add(1)
-		if !errors.Is(err, sluice.ErrStoreUnavailable) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
-			err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, err)
-		}
-	}
-	if done != nil {
-		done(breakerOutcome(ctx, err))
-	}
-	return err
 }
 
 // errCallerGone marks, for the breaker, a call cut short by its caller.
@@ -425,12 +415,11 @@ func (g *Guard) putScratch(s *scratch) {
 // remembers its denials in the over-limit cache.
 func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision) error {
 	sent := g.now()
-	err := g.call(ctx, func(ctx context.Context) error {
-		if all {
-			return g.inner.CheckAll(ctx, reqs, out)
-		}
-		return g.inner.Check(ctx, reqs, out)
-	})
+	op := opCheck
+	if all {
+		op = opCheckAll
+	}
+	err := g.run(ctx, g.newJob(op, reqs, len(reqs)), out)
 	if err != nil || g.olc == nil {
 		return err
 	}
@@ -528,11 +517,9 @@ type onceGuard struct {
 
 // CheckAllOnce implements engine.IdempotentStore.
 func (o *onceGuard) CheckAllOnce(ctx context.Context, key string, ttl time.Duration, reqs []store.Request, out []sluice.Decision) (bool, error) {
+	j := o.newJob(opOnce, reqs, len(reqs))
+	j.once, j.idemKey, j.ttl = o.once, key, ttl
 	replayed := false
-	err := o.call(ctx, func(ctx context.Context) error {
-		var err error
-		replayed, err = o.once.CheckAllOnce(ctx, key, ttl, reqs, out)
-		return err
-	})
+	err := o.run(ctx, j, out, &replayed)
 	return replayed, err
 }

@@ -407,7 +407,7 @@ func (g *Guard) topUp(ctx context.Context, leases []lease) []lease {
 	}
 	sent := g.now()
 	g.stats.syncs.Add(1)
-	err := g.call(ctx, func(ctx context.Context) error { return g.inner.Check(ctx, reqs, out) })
+	err := g.run(ctx, g.newJob(opCheck, reqs, len(reqs)), out)
 	if err != nil {
 		// The leases run out on their own; checks then go to the store
 		// and its failure handling.

@@ -31,6 +31,7 @@ type Faulty struct {
 
 	down  atomic.Bool
 	delay atomic.Int64 // nanoseconds
+	hang  atomic.Int64 // nanoseconds
 	calls atomic.Int64
 	keys  atomic.Int64 // requests that reached Inner
 }
@@ -43,6 +44,11 @@ func (f *Faulty) SetDown(down bool) { f.down.Store(down) }
 // context ends, whichever comes first).
 func (f *Faulty) SetDelay(d time.Duration) { f.delay.Store(int64(d)) }
 
+// SetHang makes every call block for d, ignoring its context, as a store
+// that breaks its contract would (or a client blocked while it
+// reconnects).
+func (f *Faulty) SetHang(d time.Duration) { f.hang.Store(int64(d)) }
+
 // Calls returns the number of calls made to f.
 func (f *Faulty) Calls() int64 { return f.calls.Load() }
 
@@ -51,6 +57,9 @@ func (f *Faulty) Requests() int64 { return f.keys.Load() }
 
 func (f *Faulty) enter(ctx context.Context, n int) error {
 	f.calls.Add(1)
+	if d := time.Duration(f.hang.Load()); d > 0 {
+		time.Sleep(d)
+	}
 	if d := time.Duration(f.delay.Load()); d > 0 {
 		t := time.NewTimer(d)
 		select {

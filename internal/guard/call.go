@@ -1,0 +1,171 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/store"
+)
+
+// DefaultMaxInFlight is the bound on store calls in flight when
+// Config.MaxInFlight is zero.
+const DefaultMaxInFlight = 4096
+
+// ErrTooManyInFlight is wrapped (with sluice.ErrStoreUnavailable) by the
+// error of a call refused because Config.MaxInFlight store calls are
+// already in flight: the store is too slow to keep up.
+var ErrTooManyInFlight = errors.New("sluice: too many store calls in flight")
+
+// The operations a job runs.
+const (
+	opCheck uint8 = iota
+	opCheckAll
+	opReset
+	opOnce
+)
+
+// A job is one store call, run on a goroutine of its own so that its
+// caller can stop waiting at the deadline whatever the store does (a
+// client may block past its context while it reconnects, for instance).
+// The job owns copies of the requests and decisions: a caller that gave
+// up may reuse its own buffers at once.
+type job struct {
+	op      uint8
+	reqs    []store.Request
+	out     []sluice.Decision
+	keys    []string
+	once    engine.IdempotentStore
+	idemKey string
+	ttl     time.Duration
+
+	replayed bool
+	err      error
+	done     chan struct{} // receives one value when the call returns
+	// state is jobRunning, then jobFinished (set by the job) or
+	// jobAbandoned (set by its caller), whichever comes first.
+	state atomic.Int32
+}
+
+const (
+	jobRunning int32 = iota
+	jobFinished
+	jobAbandoned
+)
+
+var jobPool = sync.Pool{New: func() any { return &job{done: make(chan struct{}, 1)} }}
+
+// newJob returns a job of op on copies of reqs, with room for n decisions.
+func (g *Guard) newJob(op uint8, reqs []store.Request, n int) *job {
+	j := jobPool.Get().(*job)
+	j.op = op
+	j.reqs = append(j.reqs[:0], reqs...)
+	j.out = grow(j.out, n)
+	j.keys = j.keys[:0]
+	j.once, j.idemKey, j.ttl, j.replayed, j.err = nil, "", 0, false, nil
+	j.state.Store(jobRunning)
+	return j
+}
+
+func putJob(j *job) {
+	if cap(j.reqs) > 1024 || cap(j.keys) > 1024 {
+		return
+	}
+	clear(j.reqs[:cap(j.reqs)])
+	clear(j.keys[:cap(j.keys)])
+	j.once = nil
+	jobPool.Put(j)
+}
+
+// exec runs j against the store.
+func (g *Guard) exec(ctx context.Context, j *job) {
+	switch j.op {
+	case opCheck:
+		j.err = g.inner.Check(ctx, j.reqs, j.out)
+	case opCheckAll:
+		j.err = g.inner.CheckAll(ctx, j.reqs, j.out)
+	case opReset:
+		j.err = g.inner.Reset(ctx, j.keys...)
+	case opOnce:
+		j.replayed, j.err = j.once.CheckAllOnce(ctx, j.idemKey, j.ttl, j.reqs, j.out)
+	}
+}
+
+// run runs j under the breaker and the deadline and, when it returns in
+// time, copies its decisions to out (and its replayed flag to
+// replayed[0]). It consumes j. The caller waits at most until the
+// deadline (its own, or the guard's), plus the scheduling delay of one
+// goroutine waking up.
+func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed ...*bool) error {
+	var done func(error)
+	if g.cb != nil {
+		var err error
+		done, err = g.cb.Allow()
+		if err != nil {
+			putJob(j)
+			g.stats.refused.Add(1)
+			return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ErrBreakerOpen)
+		}
+	}
+	if n := g.inflight.Add(1); n > g.maxInFlight {
+		g.inflight.Add(-1)
+		putJob(j)
+		err := fmt.Errorf("%w: %w (%d)", sluice.ErrStoreUnavailable, ErrTooManyInFlight, g.maxInFlight)
+		g.stats.storeErrors.Add(1)
+		if done != nil {
+			done(err)
+		}
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, g.deadline)
+	g.stats.storeCalls.Add(1)
+	go func() {
+		g.exec(cctx, j)
+		g.inflight.Add(-1)
+		if !j.state.CompareAndSwap(jobRunning, jobFinished) {
+			putJob(j) // abandoned: nobody waits for it
+			return
+		}
+		j.done <- struct{}{}
+	}()
+	var err error
+	select {
+	case <-j.done:
+		err = j.err
+		copy(out, j.out)
+		if len(replayed) > 0 {
+			*replayed[0] = j.replayed
+		}
+		putJob(j)
+	case <-cctx.Done():
+		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
+			// The job finishes on its own (its context is cancelled
+			// below) and recycles itself.
+			err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, cctx.Err())
+		} else {
+			<-j.done // it finished at the same instant
+			err = j.err
+			copy(out, j.out)
+			if len(replayed) > 0 {
+				*replayed[0] = j.replayed
+			}
+			putJob(j)
+		}
+	}
+	cancel()
+	if err != nil {
+		g.stats.storeErrors.Add(1)
+		if !errors.Is(err, sluice.ErrStoreUnavailable) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+			err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, err)
+		}
+	}
+	if done != nil {
+		done(breakerOutcome(ctx, err))
+	}
+	return err
+}
