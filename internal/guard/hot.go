@@ -65,10 +65,10 @@ const (
 // most the units one instance holds in its lease when the interval starts:
 // at most 2 x SyncInterval / window of the limit per instance. Keys whose
 // limit has a window shorter than 40 x SyncInterval never use the tier, so
-// this overshoot is at most 5% of the limit per instance (0.2% for a
-// one-second window at the default 20 ms sync interval... see
-// docs/operations.md for the measured figure). For a fixed window a lease
-// never outlives its window, and the overshoot is zero. Unused units of an
+// this overshoot is at most 5% of the limit per instance (4% for a
+// one-second window at the default 20 ms sync interval, 0.07% for a
+// minute; docs/operations.md has the measured figures). For a fixed window
+// a lease never outlives its window, and the overshoot is zero. Unused units of an
 // expired lease are lost: a hot key may under-admit by up to one lease
 // when its traffic stops.
 type HotKeyConfig struct {
