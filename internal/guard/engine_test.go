@@ -1,0 +1,98 @@
+package guard
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/internal/guard/guardtest"
+	"github.com/sluicehq/sluice/internal/policy"
+)
+
+// TestEngineReportsSources runs the engine on a guard: the over-limit
+// cache and the hot-key tier show as decision sources, and a store that
+// fails gives each rule its failure mode.
+func TestEngineReportsSources(t *testing.T) {
+	pol, err := policy.Parse("t.yaml", []byte(`version: 1
+rules:
+  - { id: few,  match: { resource: /few },  algorithm: fixed_window, limit: 2, window: 1m }
+  - { id: many, match: { resource: /many }, algorithm: sliding_window_counter, limit: 100000000, window: 1m }
+  - { id: shut, match: { resource: /shut }, limit: 5, window: 1m, failure_mode: fail_closed }
+  - { id: loc,  match: { resource: /loc },  algorithm: fixed_window, limit: 4, window: 1m, failure_mode: local, expected_instances: 2 }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
+	g := newGuard(t, f, Config{Deadline: time.Second, HotKeys: HotKeyConfig{Enabled: true, Threshold: 200, SyncInterval: 5 * time.Millisecond, Window: 50 * time.Millisecond}})
+	eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	check := func(res string) engine.Result {
+		t.Helper()
+		r, err := eng.Check(ctx, &engine.Check{ClientID: "c", Resource: res, Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	var got []string
+	for range 4 {
+		r := check("/few")
+		got = append(got, r.Source.String())
+	}
+	if want := "[store store store over_limit_cache]"; fmtList(got) != want {
+		t.Errorf("/few sources %v, want %s", got, want)
+	}
+	if r := check("/few"); r.Allowed || r.Deciding.RetryAfter <= 0 || r.Deciding.Rule != "few" {
+		t.Errorf("cached denial: %+v", r)
+	}
+	hot := 0
+	for range 2000 {
+		r := check("/many")
+		if !r.Allowed {
+			t.Fatalf("/many denied: %+v", r)
+		}
+		if r.Source == engine.SourceHotKey {
+			hot++
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+	if hot == 0 {
+		t.Errorf("no check of a key checked 2000 times was decided by the hot-key tier")
+	}
+	t.Logf("%d of 2000 checks decided by the hot-key tier", hot)
+
+	f.SetDown(true)
+	if r := check("/shut"); r.Allowed || !r.Unavailable || r.Source != engine.SourceFailClosed {
+		t.Errorf("fail_closed with the store down: %+v", r)
+	}
+	var loc []bool
+	for range 3 {
+		r := check("/loc")
+		if r.Source != engine.SourceLocal {
+			t.Errorf("local: source %s", r.Source)
+		}
+		loc = append(loc, r.Allowed)
+	}
+	if fmtBools(loc) != "[true true false]" {
+		t.Errorf("local share of 4 over 2 instances: %v", loc)
+	}
+	if err := eng.Ready(ctx); err == nil {
+		t.Error("Ready with the store down: no error")
+	}
+}
+
+func fmtBools(b []bool) string {
+	s := make([]string, len(b))
+	for i, v := range b {
+		s[i] = "false"
+		if v {
+			s[i] = "true"
+		}
+	}
+	return fmtList(s)
+}
