@@ -96,6 +96,18 @@ func (g *Guard) exec(ctx context.Context, j *job) {
 	}
 }
 
+// runJob runs j on its own goroutine and hands it back to its caller, or
+// recycles it when the caller gave up.
+func (g *Guard) runJob(ctx context.Context, j *job) {
+	g.exec(ctx, j)
+	g.inflight.Add(-1)
+	if !j.state.CompareAndSwap(jobRunning, jobFinished) {
+		putJob(j) // abandoned: nobody waits for it
+		return
+	}
+	j.done <- struct{}{}
+}
+
 // run runs j under the breaker and the deadline and, when it returns in
 // time, copies its decisions to out (and its replayed flag to
 // replayed[0]). It consumes j. The caller waits at most until the
@@ -124,15 +136,7 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 	}
 	cctx, cancel := context.WithTimeout(ctx, g.deadline)
 	g.stats.storeCalls.Add(1)
-	go func() {
-		g.exec(cctx, j)
-		g.inflight.Add(-1)
-		if !j.state.CompareAndSwap(jobRunning, jobFinished) {
-			putJob(j) // abandoned: nobody waits for it
-			return
-		}
-		j.done <- struct{}{}
-	}()
+	go g.runJob(cctx, j)
 	var err error
 	select {
 	case <-j.done:
