@@ -182,9 +182,10 @@ func (s *sketch) clear() {
 
 // hotKey is the in-process state of one hot key.
 type hotKey struct {
-	key    string
-	params atomic.Pointer[algorithm.Params]
-	cap    int64 // the largest lease
+	key      string
+	params   atomic.Pointer[algorithm.Params]
+	cap      int64     // the largest lease
+	promoted time.Time // when the key became hot
 
 	demand atomic.Int64 // cost seen since the last sync
 	checks atomic.Int64 // checks seen in the current detection window
@@ -251,7 +252,7 @@ func (t *hotTier) promoteKey(r *store.Request) *hotKey {
 			return nil
 		}
 	}
-	hk := &hotKey{key: r.Key, cap: t.leaseCap(r.Params)}
+	hk := &hotKey{key: r.Key, cap: t.leaseCap(r.Params), promoted: time.Now()}
 	hk.params.Store(r.Params)
 	// Until the first sync has seen an interval of demand, assume the
 	// threshold rate.
@@ -301,8 +302,11 @@ func (t *hotTier) cool() {
 		return
 	}
 	m := make(map[string]*hotKey, len(*old))
+	now := time.Now()
 	for k, hk := range *old {
-		if hk.checks.Swap(0)*2 >= t.promote {
+		// A key promoted during this window has not been counted for a
+		// whole one yet: it stays.
+		if hk.checks.Swap(0)*2 >= t.promote || now.Sub(hk.promoted) < t.window {
 			m[k] = hk
 		}
 	}
