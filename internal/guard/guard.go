@@ -319,6 +319,8 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 					denied = true
 					local++
 					continue
+				case leasePass:
+					g.hot.dry()
 				}
 			}
 		}

@@ -102,6 +102,9 @@ type hotTier struct {
 	mu   sync.Mutex // serializes writers of keys
 
 	lastSync atomic.Int64 // unix nanoseconds of the last successful sync
+	// kick asks the sync loop for an early sync: a hot key's lease ran dry
+	// while the store may still have room.
+	kick chan struct{}
 }
 
 func newHotTier(c HotKeyConfig) (*hotTier, error) {
@@ -136,7 +139,7 @@ func newHotTier(c HotKeyConfig) (*hotTier, error) {
 	if promote < 4 {
 		return nil, fmt.Errorf("guard: config: hot-key threshold x window must be at least 4 checks, got %v/s x %s", c.Threshold, c.Window)
 	}
-	t := &hotTier{interval: c.SyncInterval, window: c.Window, promote: promote, maxKeys: c.MaxKeys}
+	t := &hotTier{interval: c.SyncInterval, window: c.Window, promote: promote, maxKeys: c.MaxKeys, kick: make(chan struct{}, 1)}
 	t.sketch.init(c.SketchWidth)
 	return t, nil
 }
@@ -344,13 +347,23 @@ func (hk *hotKey) giveBack(cost int64) {
 	hk.mu.Unlock()
 }
 
-// syncLoop tops up the leases every interval and ends detection windows,
+// dry tells the sync loop that a hot key's lease ran dry.
+func (t *hotTier) dry() {
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
+}
+
+// syncLoop tops up the leases every interval, and early (at most four
+// times an interval) when a lease runs dry, and ends detection windows,
 // until ctx ends.
 func (g *Guard) syncLoop(ctx context.Context) {
 	t := g.hot
 	tick := time.NewTicker(t.interval)
 	defer tick.Stop()
 	lastCool := time.Now()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -360,7 +373,14 @@ func (g *Guard) syncLoop(ctx context.Context) {
 				t.cool()
 				lastCool = now
 			}
-			g.sync(ctx)
+			g.sync(ctx, now.Sub(last))
+			last = now
+		case <-t.kick:
+			now := time.Now()
+			if el := now.Sub(last); el >= t.interval/4 {
+				g.sync(ctx, el)
+				last = now
+			}
 		}
 	}
 }
@@ -372,8 +392,9 @@ type lease struct {
 }
 
 // sync tops up every hot key's lease in one batched store call (and one
-// more for the keys the store could only partly serve).
-func (g *Guard) sync(ctx context.Context) {
+// more for the keys the store could only partly serve), to 1.5 times the
+// demand of an interval, measured over elapsed since the last sync.
+func (g *Guard) sync(ctx context.Context, elapsed time.Duration) {
 	t := g.hot
 	m := t.keys.Load()
 	if m == nil || len(*m) == 0 {
@@ -383,8 +404,8 @@ func (g *Guard) sync(ctx context.Context) {
 	now := g.now()
 	var leases []lease
 	for _, hk := range *m {
-		demand := hk.demand.Swap(0)
-		target := min(hk.cap, int64(math.Ceil(float64(demand)*1.5)))
+		demand := float64(hk.demand.Swap(0)) * float64(t.interval) / float64(max(elapsed, time.Millisecond))
+		target := min(hk.cap, int64(math.Ceil(demand*1.5)))
 		hk.mu.Lock()
 		if !now.Before(hk.expires) {
 			hk.avail = 0
