@@ -49,8 +49,9 @@ const (
 // A hot key's checks are admitted in process from a lease: units of the
 // key's limit consumed in the store ahead of time, by an ordinary request
 // of cost n, so the store's count never exceeds the limit. Every
-// SyncInterval one batched store call tops up each hot key's lease to the
-// demand seen in the last interval (times 1.5), capped at
+// SyncInterval (and early, at most four times an interval, when a lease
+// runs dry) one batched store call tops up each hot key's lease to the
+// demand of an interval (times 1.5), capped at
 // 2 x SyncInterval x (limit / window) units; a lease expires after
 // 2 x SyncInterval (and, for a fixed window, at the end of its window).
 // When the lease is empty the check goes to the store as usual; when the
