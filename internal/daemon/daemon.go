@@ -150,7 +150,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, d.guard, closer, err = guardStore(cfg.StoreURL, st, closer, cfg.Guard, d.reg)
+	st, d.guard, closer, err = guardStore(ctx, cfg.StoreURL, st, closer, cfg.Guard, d.reg, d.log)
 	if err != nil {
 		return nil, err
 	}

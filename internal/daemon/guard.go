@@ -1,13 +1,20 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
+	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/internal/guard"
+	"github.com/sluicehq/sluice/store"
 )
 
 // guardStore wraps a shared store (Redis, Redis Cluster) in a guard: the
@@ -15,9 +22,23 @@ import (
 // hot-key tier. The memory store is returned as it is: it answers in
 // process and cannot fail the way a network store does. The returned
 // closer stops the guard, then closes the store.
-func guardStore(rawURL string, st engine.Store, closer func() error, cfg guard.Config, reg prometheus.Registerer) (engine.Store, *guard.Guard, func() error, error) {
+//
+// Before wrapping it, guardStore warms the store up within ctx (the
+// start's context, not the checks' deadline): one read of keys spread
+// over the slots opens the connections and loads the script on every
+// node, so that the first checks do not miss their deadline doing it. A
+// failed warm-up is only logged: the breaker and the failure modes take
+// over.
+func guardStore(ctx context.Context, rawURL string, st engine.Store, closer func() error, cfg guard.Config, reg prometheus.Registerer, log *slog.Logger) (engine.Store, *guard.Guard, func() error, error) {
 	if u, err := url.Parse(rawURL); err == nil && u.Scheme == "memory" {
 		return st, nil, closer, nil
+	}
+	reqs := make([]store.Request, 32)
+	for i := range reqs {
+		reqs[i] = store.Request{Key: "rl:_warm:{" + strconv.Itoa(i) + "}", Params: &warmParams}
+	}
+	if err := st.Check(ctx, reqs, make([]sluice.Decision, len(reqs))); err != nil {
+		log.Warn("the store did not answer the warm-up; checks follow their failure modes until it does", "err", err)
 	}
 	g, err := guard.New(st, cfg)
 	if err != nil {
@@ -34,6 +55,8 @@ func guardStore(rawURL string, st engine.Store, closer func() error, cfg guard.C
 		return closer()
 	}, nil
 }
+
+var warmParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Second})
 
 // guardCollector exports a guard's state and counters.
 type guardCollector struct{ g *guard.Guard }
