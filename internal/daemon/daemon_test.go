@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/daemon"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
 // clock is a settable clock shared by the engine and the memory store, so
@@ -327,6 +328,11 @@ func TestBatchModes(t *testing.T) {
 	if r.status != 429 || r.body["allowed"] != false {
 		t.Fatalf("second batch: %d %s, want 429", r.status, r.raw)
 	}
+	// batch-a alone would pass: its result says the batch denied it.
+	first := r.body["results"].([]any)[0].(map[string]any)
+	if first["status"] != 429.0 || !strings.Contains(first["error_description"].(string), "all_or_nothing batch") {
+		t.Errorf("second batch, first result = %v, want 429 denied with its batch", first)
+	}
 	if got := td.remaining(t, "c1", "/batch/a", "batch-a"); got != 1 {
 		t.Errorf("batch-a remaining after a refused batch = %d, want 1", got)
 	}
@@ -444,6 +450,22 @@ func TestDefaultPolicy(t *testing.T) {
 	}
 	if last.status != 429 || last.str("rule") != "demo" {
 		t.Errorf("6th check of the built-in demo rule: %d %s, want 429", last.status, last.raw)
+	}
+	// demo does not depend on tiers; the tier comes from api-per-client,
+	// which matches too.
+	if got := last.header.Get("X-RateLimit-Tier"); got != "free" || last.str("tier") != "free" {
+		t.Errorf("tier: header %q, body %q, want free", got, last.str("tier"))
+	}
+	for _, h := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Policy",
+		"Retry-After", "Retry-After-Ms", "RateLimit-Policy", "RateLimit"} {
+		if last.header.Get(h) == "" {
+			t.Errorf("429 lacks header %s", h)
+		}
+	}
+	c := sluicev1.NewRateLimiterClient(dial(t, td.GRPCAddr()))
+	resp, err := c.CheckRateLimit(ctx(t), &sluicev1.CheckRequest{ClientId: "demo", Resource: "/api/v1/demo"})
+	if err != nil || resp.GetAllowed() || resp.GetTier() != "free" {
+		t.Errorf("gRPC 7th check: %v %v, want denied with tier free", resp, err)
 	}
 }
 

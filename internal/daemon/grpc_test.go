@@ -172,10 +172,10 @@ func TestEnvoyRateLimitService(t *testing.T) {
 	if sts[0].GetCode() != rlsv3.RateLimitResponse_OK || sts[0].GetLimitRemaining() != 3 || sts[0].GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_DAY {
 		t.Errorf("nested descriptor: %v", sts[0])
 	}
-	if sts[1].GetCode() != rlsv3.RateLimitResponse_OK || sts[1].GetCurrentLimit() != nil {
+	if sts[1].GetCode() != rlsv3.RateLimitResponse_OK || sts[1].GetCurrentLimit() != nil || sts[1].GetLimitRemaining() != 1<<32-1 {
 		t.Errorf("unlimited descriptor: %v", sts[1])
 	}
-	if sts[2].GetCode() != rlsv3.RateLimitResponse_OK || sts[2].GetCurrentLimit() != nil {
+	if sts[2].GetCode() != rlsv3.RateLimitResponse_OK || sts[2].GetCurrentLimit() != nil || sts[2].GetLimitRemaining() != 0 {
 		t.Errorf("unknown descriptor: %v", sts[2])
 	}
 	if sts[3].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {

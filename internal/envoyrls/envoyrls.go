@@ -189,6 +189,11 @@ func descriptorStatus(st *engine.DescriptorStatus) *rlsv3.RateLimitResponse_Desc
 		ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if !st.HasLimit {
+		// Unlimited descriptors report the largest remaining quota, as
+		// envoyproxy/ratelimit does; unmatched ones report nothing.
+		if st.Remaining > 0 {
+			ds.LimitRemaining = clampU32(st.Remaining)
+		}
 		return ds
 	}
 	unit, mult := envoyUnit(st.Unit)
