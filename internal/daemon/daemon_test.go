@@ -273,28 +273,57 @@ func TestWarningHeader(t *testing.T) {
 func TestBadInputChangesNothing(t *testing.T) {
 	td := start(t, policyText())
 	long := strings.Repeat("x", 300)
-	for _, body := range []string{
-		`{"client_id":"c1","resource":"/api/limited"`,
-		`{"resource":"/api/limited"}`,
-		`{"client_id":"c1","resource":"/api/limited","cost":-1}`,
-		`{"client_id":"c1","resource":"/api/limited","cost":99999999999}`,
-		`{"client_id":"c1","resource":"/api/limited","priority":"urgent"}`,
-		`{"client_id":"c1","resource":"/api/limited","user":"` + long + `"}`,
-		"{\"client_id\":\"c1\",\"resource\":\"/api/limited\",\"user\":\"\xff\"}",
-		`{"client_id":"c1","resource":"/api/limited","colour":"red"}`,
+	for _, tt := range []struct{ path, body, field string }{
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited"`, "body"},
+		{"/api/v1/check", `{"resource":"/api/limited"}`, "client_id"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","cost":-1}`, "cost"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","cost":99999999999}`, "cost"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","cost":1e40}`, "cost"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","priority":"urgent"}`, "priority"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","user":"` + long + `"}`, "user"},
+		{"/api/v1/check", `{"client_id":"` + long + `","resource":"/api/limited"}`, "client_id"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","idempotency_key":"` + long + `"}`, "idempotency_key"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited` + strings.Repeat("/x", 1100) + `"}`, "resource"},
+		{"/api/v1/check", "{\"client_id\":\"c1\",\"resource\":\"/api/limited\",\"user\":\"\xff\"}", "user"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","colour":"red"}`, "colour"},
+		{"/api/v1/batch-check", `{"client_id":"c1","mode":"sometimes","checks":[{"resource":"/api/limited"}]}`, "mode"},
+		{"/api/v1/batch-check", `{"client_id":"c1","priority":"urgent","checks":[{"resource":"/api/limited"}]}`, "priority"},
+		// A bad check fails the whole batch: the good one before it is
+		// not decided either.
+		{"/api/v1/batch-check", `{"client_id":"c1","mode":"best_effort","checks":[{"resource":"/api/limited"},{"resource":"/api/limited","cost":-2}]}`, "checks[1].cost"},
+		{"/api/v1/batch-check", "{\"client_id\":\"c1\",\"checks\":[{\"resource\":\"/api/limited\"},{\"resource\":\"/api/limited\",\"ip\":\"\xfe\"}]}", "checks[1].ip"},
+		{"/api/v1/batch-check", `{"checks":[{"resource":"/api/limited"}]}`, "client_id"},
 	} {
-		r := td.check(t, body)
-		if r.status != 400 || r.str("error") != "invalid_request" || r.str("field") == "" {
-			t.Errorf("%q: %d %s, want 400 invalid_request naming a field", body, r.status, r.raw)
+		r := post(t, td.base+tt.path, tt.body)
+		if r.status != 400 || r.str("error") != "invalid_request" || r.str("field") != tt.field {
+			t.Errorf("%.80q: %d %s, want 400 invalid_request naming %s", tt.body, r.status, r.raw, tt.field)
 		}
 	}
 	big := `{"client_id":"c1","resource":"/api/limited","user":"` + strings.Repeat("x", 70<<10) + `"}`
-	if r := td.check(t, big); r.status != 413 {
-		t.Errorf("70 KiB body: %d, want 413", r.status)
+	for _, path := range []string{"/api/v1/check", "/api/v1/batch-check"} {
+		if r := post(t, td.base+path, big); r.status != 413 || r.str("error") != "request_too_large" || r.str("field") != "body" {
+			t.Errorf("%s, 70 KiB body: %d %s, want 413 naming body", path, r.status, r.raw)
+		}
 	}
-	r := post(t, td.base+"/api/v1/batch-check", `{"client_id":"c1","mode":"sometimes","checks":[{"resource":"/api/limited"}]}`)
-	if r.status != 400 || r.str("field") != "mode" {
-		t.Errorf("unknown mode: %d %s", r.status, r.raw)
+	// The same, sent without a Content-Length.
+	resp, err := http.Post(td.base+"/api/v1/check", "application/json", io.MultiReader(strings.NewReader(big)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := read(t, resp); r.status != 413 || r.str("field") != "body" {
+		t.Errorf("chunked 70 KiB body: %d %s, want 413 naming body", r.status, r.raw)
+	}
+	req, _ := http.NewRequest("POST", td.base+"/api/v1/check", strings.NewReader(`{"client_id":"c1","resource":"/api/limited"}`))
+	req.Header.Set("X-Idempotency-Key", long)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := read(t, resp); r.status != 400 || r.str("field") != "idempotency_key" {
+		t.Errorf("long X-Idempotency-Key: %d %s, want 400 naming idempotency_key", r.status, r.raw)
+	}
+	if r := get(t, td.base+"/api/v1/status/"+long+"?resource=/api/limited"); r.status != 400 || r.str("field") != "client_id" {
+		t.Errorf("status of a long client_id: %d %s, want 400 naming client_id", r.status, r.raw)
 	}
 	if got := td.remaining(t, "c1", "/api/limited", "per-client"); got != 3 {
 		t.Errorf("remaining after bad input = %d, want 3", got)
