@@ -384,14 +384,29 @@ func TestHealthReadyNotFound(t *testing.T) {
 	if rec := do(h, "GET", "/readyz", ""); rec.Code != 503 {
 		t.Errorf("readyz with the store down = %d, want 503", rec.Code)
 	}
-	if rec := do(h, "GET", "/nope", ""); rec.Code != 404 {
-		t.Errorf("unknown path = %d, want 404", rec.Code)
-	}
-	if rec := do(h, "GET", "/metrics", ""); rec.Code != 404 {
-		t.Errorf("metrics without a handler = %d, want 404", rec.Code)
-	}
-	if rec := do(h, "GET", "/api/v1/check", ""); rec.Code != 405 {
-		t.Errorf("GET check = %d, want 405", rec.Code)
+	for _, tt := range []struct {
+		method, path string
+		status       int
+		code, allow  string
+	}{
+		{"GET", "/nope", 404, "not_found", ""},
+		{"POST", "/", 404, "not_found", ""},
+		{"GET", "/metrics", 404, "not_found", ""}, // no metrics handler
+		{"GET", "/api/v1/check", 405, "method_not_allowed", "POST"},
+		{"DELETE", "/api/v1/status/c1", 405, "method_not_allowed", "GET, HEAD"},
+		{"POST", "/healthz", 405, "method_not_allowed", "GET, HEAD"},
+		{"HEAD", "/healthz", 200, "", ""},
+	} {
+		rec := do(h, tt.method, tt.path, "")
+		var body struct{ Error string }
+		if tt.code != "" {
+			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+				t.Errorf("%s %s: body %q is not JSON: %v", tt.method, tt.path, rec.Body, err)
+			}
+		}
+		if rec.Code != tt.status || body.Error != tt.code || rec.Header().Get("Allow") != tt.allow {
+			t.Errorf("%s %s = %d %q, Allow %q; want %d %q, Allow %q", tt.method, tt.path, rec.Code, body.Error, rec.Header().Get("Allow"), tt.status, tt.code, tt.allow)
+		}
 	}
 }
 
