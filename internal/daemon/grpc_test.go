@@ -268,19 +268,30 @@ func TestGRPCBadInputChangesNothing(t *testing.T) {
 		}
 	}
 
-	// Invalid UTF-8 in client_id, sent as raw bytes: the protobuf runtime
-	// refuses the message before Sluice sees it (grpc-go answers Internal).
-	var raw []byte
-	raw = protowire.AppendTag(raw, 1, protowire.BytesType)
-	raw = protowire.AppendString(raw, "g\xff1")
-	raw = protowire.AppendTag(raw, 2, protowire.BytesType)
-	raw = protowire.AppendString(raw, "/api/limited")
-	var out []byte
-	err := conn.Invoke(ctx(t), "/sluice.v1.RateLimiter/CheckRateLimit", &raw, &out, grpc.ForceCodec(rawCodec{}))
-	if code := status.Code(err); code == codes.OK {
-		t.Errorf("invalid UTF-8 client_id: answered OK, want an error")
-	} else {
-		t.Logf("invalid UTF-8 client_id: %v", err)
+	// Invalid UTF-8, sent as raw bytes (generated Go clients refuse to
+	// marshal it, other clients can send it): InvalidArgument naming the
+	// field, not grpc-go's Internal.
+	str := func(b []byte, num protowire.Number, v string) []byte {
+		return protowire.AppendString(protowire.AppendTag(b, num, protowire.BytesType), v)
+	}
+	msg := func(b []byte, num protowire.Number, v []byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(b, num, protowire.BytesType), v)
+	}
+	good := str(nil, 2, "/api/limited")
+	for _, tt := range []struct {
+		method, field string
+		raw           []byte
+	}{
+		{"CheckRateLimit", "client_id", str(str(nil, 1, "g\xff1"), 2, "/api/limited")},
+		{"CheckRateLimit", "user", str(str(good, 1, "g1"), 7, "\xc3")},
+		{"BatchCheck", "checks[1].user", msg(msg(str(nil, 1, "g1"), 7, good), 7, str(good, 7, "u\xfe"))},
+		{"GetRemainingQuota", "resource", str(str(nil, 1, "g1"), 2, "/api/\xff")},
+	} {
+		var out []byte
+		err := conn.Invoke(ctx(t), "/sluice.v1.RateLimiter/"+tt.method, &tt.raw, &out, grpc.ForceCodec(rawCodec{}))
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.HasPrefix(st.Message(), tt.field+": invalid UTF-8") {
+			t.Errorf("%s with invalid UTF-8 in %s: %v, want InvalidArgument naming it", tt.method, tt.field, err)
+		}
 	}
 
 	q, err := c.GetRemainingQuota(ctx(t), &sluicev1.QuotaRequest{ClientId: "g1", Resource: "/api/limited"})
@@ -331,6 +342,17 @@ func TestEnvoyBadInputChangesNothing(t *testing.T) {
 		if _, err := c.ShouldRateLimit(ctx(t), req); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: %v, want InvalidArgument", name, err)
 		}
+	}
+	// Invalid UTF-8 in a descriptor value, sent as raw bytes.
+	var entry, desc, raw, out []byte
+	entry = protowire.AppendString(protowire.AppendTag(entry, 1, protowire.BytesType), "database")
+	entry = protowire.AppendString(protowire.AppendTag(entry, 2, protowire.BytesType), "def\xffault")
+	desc = protowire.AppendBytes(protowire.AppendTag(desc, 1, protowire.BytesType), entry)
+	raw = protowire.AppendString(protowire.AppendTag(raw, 1, protowire.BytesType), "mongo_cps")
+	raw = protowire.AppendBytes(protowire.AppendTag(raw, 2, protowire.BytesType), desc)
+	err := dial(t, td.GRPCAddr()).Invoke(ctx(t), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &raw, &out, grpc.ForceCodec(rawCodec{}))
+	if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "descriptors[0].entries[0].value: invalid UTF-8") {
+		t.Errorf("invalid UTF-8 in a descriptor value: %v, want InvalidArgument naming it", err)
 	}
 	if got := remaining(); got != 3 {
 		t.Errorf("after bad input: %d remaining, want 3 (only the good calls counted)", got)
