@@ -406,6 +406,26 @@ func TestAllowAndDenyLists(t *testing.T) {
 	if r.status != 429 || r.str("source") != "deny_list" || r.header.Get("X-RateLimit-Decision-Source") != "deny_list" {
 		t.Errorf("banned: %d %s, want 429 from deny_list", r.status, r.raw)
 	}
+	if !strings.Contains(r.str("error_description"), "deny list") {
+		t.Errorf("banned: %s, want a description naming the deny list", r.raw)
+	}
+	// A deny-listed check denies its all_or_nothing batch; the other
+	// check is told so, not that its caller is deny-listed.
+	r = post(t, td.base+"/api/v1/batch-check", `{"checks":[{"client_id":"c1","resource":"/api/limited"},{"client_id":"banned","resource":"/api/limited"}]}`)
+	if r.status != 429 {
+		t.Fatalf("batch with a banned check: %d %s, want 429", r.status, r.raw)
+	}
+	results := r.body["results"].([]any)
+	first, second := results[0].(map[string]any), results[1].(map[string]any)
+	if d := first["error_description"].(string); !strings.Contains(d, "all_or_nothing batch") {
+		t.Errorf("the other check's description = %q, want it denied with its batch", d)
+	}
+	if d := second["error_description"].(string); !strings.Contains(d, "deny list") {
+		t.Errorf("the banned check's description = %q, want the deny list", d)
+	}
+	if got := td.remaining(t, "c1", "/api/limited", "per-client"); got != 3 {
+		t.Errorf("c1 remaining after the refused batch = %d, want 3", got)
+	}
 }
 
 func TestTiersAndOverridesWithExpiry(t *testing.T) {

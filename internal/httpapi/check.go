@@ -264,9 +264,17 @@ func callerTier(res *engine.Result) string {
 }
 
 // deniedWithBatch reports a check denied only because another check of its
-// all_or_nothing batch was: every one of its enforcing rules allowed it.
+// all_or_nothing batch was: every one of its enforcing rules allowed it, or
+// another check's identity is deny-listed (the engine then reports the
+// check with source deny_list and no rules, while a deny-listed check has
+// the deny_list rule).
 func deniedWithBatch(res *engine.Result) bool {
-	if res.Allowed || res.Source == engine.SourceDenyList || len(res.Rules) == 0 {
+	switch {
+	case res.Allowed:
+		return false
+	case res.Source == engine.SourceDenyList:
+		return len(res.Rules) == 0
+	case len(res.Rules) == 0:
 		return false
 	}
 	for i := range res.Rules {
@@ -382,10 +390,10 @@ func appendResult(b []byte, res *engine.Result, status int, now time.Time, resou
 		b = append(b, `,"error":"rate_limit_exceeded","error_description":`...)
 		var desc []byte
 		switch {
-		case res.Source == engine.SourceDenyList:
-			desc = append(desc, "The caller is on a deny list."...)
 		case deniedWithBatch(res):
 			desc = append(desc, "Another check of this all_or_nothing batch was denied, so none was admitted and nothing was consumed."...)
+		case res.Source == engine.SourceDenyList:
+			desc = append(desc, "The caller is on a deny list."...)
 		case retry > 0:
 			desc = append(desc, "Too many requests. Please retry after "...)
 			desc = strconv.AppendInt(desc, ceilSeconds(retry), 10)
