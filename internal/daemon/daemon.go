@@ -171,6 +171,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		Engine:       d.eng,
 		Metrics:      promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}),
 		ConfigStatus: d.ConfigStatus,
+		Breaker:      d.breakerState(),
 		Now:          cfg.Now,
 		Logger:       d.log,
 	})

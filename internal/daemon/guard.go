@@ -56,6 +56,15 @@ func guardStore(ctx context.Context, rawURL string, st engine.Store, closer func
 	}, nil
 }
 
+// breakerState returns what reports the store's circuit breaker on GET
+// /readyz: nil (no field) on the memory store.
+func (d *Daemon) breakerState() func() string {
+	if d.guard == nil {
+		return nil
+	}
+	return func() string { return d.guard.BreakerState().String() }
+}
+
 var warmParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Second})
 
 // guardCollector exports a guard's state and counters.

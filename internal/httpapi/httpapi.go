@@ -72,6 +72,9 @@ type Config struct {
 	Now func() time.Time
 	// ReadyTimeout bounds the store probe of GET /readyz; zero means 1s.
 	ReadyTimeout time.Duration
+	// Breaker, when set, reports the state of the store's circuit breaker
+	// ("closed", "half_open", "open"), shown by GET /readyz.
+	Breaker func() string
 	// Logger receives errors the API answers with 5xx; nil discards them.
 	Logger *slog.Logger
 }
@@ -83,6 +86,7 @@ type Handler struct {
 	cfgStat func() ConfigStatus
 	now     func() time.Time
 	readyTO time.Duration
+	breaker func() string
 	log     *slog.Logger
 	mux     *http.ServeMux
 }
@@ -98,6 +102,7 @@ func New(cfg Config) (*Handler, error) {
 		cfgStat: cfg.ConfigStatus,
 		now:     cfg.Now,
 		readyTO: cfg.ReadyTimeout,
+		breaker: cfg.Breaker,
 		log:     cfg.Logger,
 		mux:     http.NewServeMux(),
 	}
@@ -165,6 +170,10 @@ func (h *Handler) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		b.b = appendString(b.b, err.Error())
 	} else {
 		b.b = append(b.b, `{"status":"ready"`...)
+	}
+	if h.breaker != nil {
+		b.b = append(b.b, `,"breaker":`...)
+		b.b = appendString(b.b, h.breaker())
 	}
 	if h.cfgStat != nil {
 		b.b = append(b.b, `,"config":`...)

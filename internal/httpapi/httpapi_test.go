@@ -384,6 +384,13 @@ func TestHealthReadyNotFound(t *testing.T) {
 	if rec := do(h, "GET", "/readyz", ""); rec.Code != 503 {
 		t.Errorf("readyz with the store down = %d, want 503", rec.Code)
 	}
+	hb, err := New(Config{Engine: f, Breaker: func() string { return "open" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := do(hb, "GET", "/readyz", ""); rec.Code != 503 || !strings.Contains(rec.Body.String(), `"breaker":"open"`) {
+		t.Errorf("readyz with the breaker open = %d %s", rec.Code, rec.Body)
+	}
 	for _, tt := range []struct {
 		method, path string
 		status       int
