@@ -67,27 +67,30 @@ func (d *Daemon) breakerState() func() string {
 
 var warmParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Second})
 
-// guardCollector exports a guard's state and counters.
+// guardCollector exports a guard's state and counters, read from
+// guard.Stats when scraped, under the sluice_guard_ prefix. (The guard
+// also pushes its events to a guard.Observer, for a metrics package that
+// wants them as they happen.)
 type guardCollector struct{ g *guard.Guard }
 
 var (
-	descBreakerState = prometheus.NewDesc("sluice_store_breaker_state",
+	descBreakerState = prometheus.NewDesc("sluice_guard_breaker_state",
 		"State of the store's circuit breaker: 0 closed, 1 half-open, 2 open.", nil, nil)
-	descBreakerTransitions = prometheus.NewDesc("sluice_store_breaker_transitions_total",
+	descBreakerTransitions = prometheus.NewDesc("sluice_guard_breaker_transitions_total",
 		"Transitions of the store's circuit breaker, by the state entered (open, closed).", []string{"to"}, nil)
-	descBreakerRefused = prometheus.NewDesc("sluice_store_breaker_refused_total",
+	descBreakerRefused = prometheus.NewDesc("sluice_guard_breaker_refused_total",
 		"Store calls refused by the open circuit breaker, with no network call.", nil, nil)
 	descStoreCalls = prometheus.NewDesc("sluice_guard_store_calls_total",
 		"Calls the guard made to the store, and those that failed (down or past the deadline).", []string{"result"}, nil)
-	descOverLimitHits = prometheus.NewDesc("sluice_over_limit_cache_hits_total",
+	descOverLimitHits = prometheus.NewDesc("sluice_guard_over_limit_hits_total",
 		"Requests denied in process by the over-limit cache, with no store call.", nil, nil)
-	descHotDecisions = prometheus.NewDesc("sluice_hot_key_decisions_total",
+	descHotDecisions = prometheus.NewDesc("sluice_guard_hot_key_decisions_total",
 		"Requests decided in process by the hot-key tier, by result (allowed, denied).", []string{"result"}, nil)
-	descHotKeys = prometheus.NewDesc("sluice_hot_keys",
+	descHotKeys = prometheus.NewDesc("sluice_guard_hot_keys",
 		"Keys in the hot-key tier now.", nil, nil)
-	descHotSyncs = prometheus.NewDesc("sluice_hot_key_syncs_total",
+	descHotSyncs = prometheus.NewDesc("sluice_guard_hot_key_syncs_total",
 		"Lease calls of the hot-key tier, by result (ok, error).", []string{"result"}, nil)
-	descHotSyncLag = prometheus.NewDesc("sluice_hot_key_sync_lag_seconds",
+	descHotSyncLag = prometheus.NewDesc("sluice_guard_hot_key_sync_lag_seconds",
 		"Time since the hot-key tier's last successful sync.", nil, nil)
 )
 

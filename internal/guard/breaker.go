@@ -151,6 +151,7 @@ func (g *Guard) stateChanged(_ string, from, to gobreaker.State) {
 		g.lastClosed = now
 	}
 	g.mu.Unlock()
+	g.obs.BreakerChanged(fromGobreaker(to))
 	if g.onChange != nil {
 		g.onChange(fromGobreaker(from), fromGobreaker(to))
 	}

@@ -134,6 +134,7 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		}
 		return err
 	}
+	started := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, g.deadline)
 	g.stats.storeCalls.Add(1)
 	go g.runJob(cctx, j)
@@ -168,6 +169,7 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 			err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, err)
 		}
 	}
+	g.obs.StoreCall(time.Since(started), err)
 	if done != nil {
 		done(breakerOutcome(ctx, err))
 	}

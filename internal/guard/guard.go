@@ -94,7 +94,41 @@ type Config struct {
 	// breaker's state, synchronously, while the breaker's lock is held: it
 	// must return quickly and must not call the guard.
 	OnBreakerChange func(from, to BreakerState)
+	// Observer, when set, receives the guard's events, for metrics.
+	Observer Observer
 }
+
+// Observer receives the guard's events as they happen, for metrics (the
+// daemon adapts it to its metrics package). Its methods are called on the
+// path of checks: they must be safe for concurrent use and quick.
+type Observer interface {
+	// BreakerChanged is called on every change of the breaker's state,
+	// with the breaker's lock held: it must not call the guard.
+	BreakerChanged(to BreakerState)
+	// StoreCall is called after every store call, with the time its
+	// caller waited and its error.
+	StoreCall(d time.Duration, err error)
+	// OverLimitCacheHit is called for every request denied by the
+	// over-limit cache.
+	OverLimitCacheHit()
+	// HotKeyDetected is called when a key becomes hot, and HotKeys with
+	// the number of hot keys whenever it changes.
+	HotKeyDetected()
+	HotKeys(n int)
+	// HotKeySync is called after every successful sync of the hot keys'
+	// leases, with the time since the previous one.
+	HotKeySync(lag time.Duration)
+}
+
+// nopObserver is the Observer of a guard configured without one.
+type nopObserver struct{}
+
+func (nopObserver) BreakerChanged(BreakerState)    {}
+func (nopObserver) StoreCall(time.Duration, error) {}
+func (nopObserver) OverLimitCacheHit()             {}
+func (nopObserver) HotKeyDetected()                {}
+func (nopObserver) HotKeys(int)                    {}
+func (nopObserver) HotKeySync(time.Duration)       {}
 
 // Guard wraps a store with a deadline, a circuit breaker, an over-limit
 // cache and a hot-key tier. Create it with New; stop it with Close.
@@ -106,6 +140,7 @@ type Guard struct {
 	olc      *overLimitCache // nil when off
 	hot      *hotTier        // nil when off
 	onChange func(from, to BreakerState)
+	obs      Observer
 	pool     sync.Pool // *scratch
 
 	maxInFlight int64
@@ -133,7 +168,10 @@ func New(inner Store, cfg Config) (*Guard, error) {
 	if cfg.Deadline < 0 {
 		return nil, fmt.Errorf("guard: config: deadline must not be negative, got %s", cfg.Deadline)
 	}
-	g := &Guard{inner: inner, deadline: cfg.Deadline, now: cfg.Now, onChange: cfg.OnBreakerChange}
+	g := &Guard{inner: inner, deadline: cfg.Deadline, now: cfg.Now, onChange: cfg.OnBreakerChange, obs: cfg.Observer}
+	if g.obs == nil {
+		g.obs = nopObserver{}
+	}
 	if g.deadline == 0 {
 		g.deadline = DefaultDeadline
 	}
@@ -164,6 +202,7 @@ func New(inner Store, cfg Config) (*Guard, error) {
 		if g.hot, err = newHotTier(cfg.HotKeys); err != nil {
 			return nil, err
 		}
+		g.hot.obs = g.obs
 		ctx, cancel := context.WithCancel(context.Background())
 		g.cancel = cancel
 		g.wg.Go(func() { g.syncLoop(ctx) })
@@ -297,6 +336,7 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 				out[i] = d
 				setSource(src, i, engine.SourceOverLimitCache)
 				g.stats.overLimitHits.Add(1)
+				g.obs.OverLimitCacheHit()
 				denied = true
 				local++
 				continue

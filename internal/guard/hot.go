@@ -103,6 +103,7 @@ type hotTier struct {
 	mu   sync.Mutex // serializes writers of keys
 
 	lastSync atomic.Int64 // unix nanoseconds of the last successful sync
+	obs      Observer
 	// kick asks the sync loop for an early sync: a hot key's lease ran dry
 	// while the store may still have room.
 	kick chan struct{}
@@ -267,6 +268,8 @@ func (t *hotTier) promoteKey(r *store.Request) *hotKey {
 	}
 	m[r.Key] = hk
 	t.keys.Store(&m)
+	t.obs.HotKeyDetected()
+	t.obs.HotKeys(len(m))
 	return hk
 }
 
@@ -293,6 +296,7 @@ func (t *hotTier) forget(keys []string) {
 		delete(m, k)
 	}
 	t.keys.Store(&m)
+	t.obs.HotKeys(len(m))
 }
 
 // cool ends a detection window: keys checked fewer than promote/2 times
@@ -316,6 +320,7 @@ func (t *hotTier) cool() {
 	}
 	if len(m) != len(*old) {
 		t.keys.Store(&m)
+		t.obs.HotKeys(len(m))
 	}
 }
 
@@ -445,7 +450,10 @@ func (g *Guard) topUp(ctx context.Context, leases []lease) []lease {
 		}
 		return nil
 	}
-	t.lastSync.Store(time.Now().UnixNano())
+	now := time.Now()
+	if prev := t.lastSync.Swap(now.UnixNano()); prev != 0 {
+		t.obs.HotKeySync(now.Sub(time.Unix(0, prev)))
+	}
 	var again []lease
 	for i, l := range leases {
 		d := &out[i]
