@@ -25,7 +25,8 @@ rules:
 		t.Fatal(err)
 	}
 	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
-	g := newGuard(t, f, Config{Deadline: time.Second, HotKeys: HotKeyConfig{Enabled: true, Threshold: 200, SyncInterval: 5 * time.Millisecond, Window: 50 * time.Millisecond}})
+	obs := &countObserver{}
+	g := newGuard(t, f, Config{Observer: obs, Deadline: time.Second, HotKeys: HotKeyConfig{Enabled: true, Threshold: 200, SyncInterval: 5 * time.Millisecond, Window: 50 * time.Millisecond}})
 	eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
 	if err != nil {
 		t.Fatal(err)
@@ -65,6 +66,10 @@ rules:
 		t.Errorf("no check of a key checked 2000 times was decided by the hot-key tier")
 	}
 	t.Logf("%d of 2000 checks decided by the hot-key tier", hot)
+	if obs.olc.Load() != 2 || obs.detected.Load() != 1 || obs.hot.Load() != 1 || obs.syncs.Load() == 0 {
+		t.Errorf("observer: %d over-limit hits (want 2), %d keys detected (want 1), %d hot (want 1), %d syncs",
+			obs.olc.Load(), obs.detected.Load(), obs.hot.Load(), obs.syncs.Load())
+	}
 
 	f.SetDown(true)
 	if r := check("/shut"); r.Allowed || !r.Unavailable || r.Source != engine.SourceFailClosed {

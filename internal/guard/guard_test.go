@@ -93,7 +93,9 @@ func TestBreaker(t *testing.T) {
 	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
 	var mu sync.Mutex
 	var changes []string
+	obs := &countObserver{}
 	g := newGuard(t, f, Config{
+		Observer: obs,
 		Deadline: time.Second,
 		Breaker:  BreakerConfig{Window: time.Minute, MinRequests: 10, FailureRatio: 0.5, OpenTimeout: 100 * time.Millisecond, Probes: 2},
 		OnBreakerChange: func(from, to BreakerState) {
@@ -165,7 +167,29 @@ func TestBreaker(t *testing.T) {
 	if st.BreakerOpened != 2 || st.BreakerClosed != 1 || st.BreakerRefused < 100 {
 		t.Errorf("stats %+v", st)
 	}
+	if obs.breaker[BreakerOpen].Load() != 2 || obs.breaker[BreakerClosed].Load() != 1 || obs.calls.Load() != st.StoreCalls || obs.errs.Load() != st.StoreErrors {
+		t.Errorf("observer: breaker %d open %d closed, %d calls %d errors; stats %+v", obs.breaker[BreakerOpen].Load(), obs.breaker[BreakerClosed].Load(), obs.calls.Load(), obs.errs.Load(), st)
+	}
 }
+
+// countObserver counts the events it receives.
+type countObserver struct {
+	breaker                 [3]atomic.Int64
+	calls, errs, olc, syncs atomic.Int64
+	detected, hot           atomic.Int64
+}
+
+func (o *countObserver) BreakerChanged(to BreakerState) { o.breaker[to].Add(1) }
+func (o *countObserver) StoreCall(d time.Duration, err error) {
+	o.calls.Add(1)
+	if err != nil {
+		o.errs.Add(1)
+	}
+}
+func (o *countObserver) OverLimitCacheHit()           { o.olc.Add(1) }
+func (o *countObserver) HotKeyDetected()              { o.detected.Add(1) }
+func (o *countObserver) HotKeys(n int)                { o.hot.Store(int64(n)) }
+func (o *countObserver) HotKeySync(lag time.Duration) { o.syncs.Add(1) }
 
 func fmtList(s []string) string {
 	out := "["
