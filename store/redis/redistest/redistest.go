@@ -8,7 +8,8 @@
 // missing the test fails with a message naming the package to install
 // (`make deps` installs it where it can).
 //
-// Servers expose their address and process, so that fault tests can kill a
+// DEBUG is enabled for local connections, so tests can make a server slow
+// (DEBUG SLEEP). Servers expose their address and process, so that fault tests can kill a
 // server (Kill) and bring it back on the same port (Restart).
 package redistest
 
@@ -113,6 +114,7 @@ func start(t testing.TB, extra []string) *Server {
 			"--protected-mode", "no",
 			"--daemonize", "no",
 			"--logfile", filepath.Join(dir, "redis.log"),
+			"--enable-debug-command", "local",
 		}, extra...)
 		if err := s.launch(bin); err != nil {
 			lastErr = err
