@@ -139,7 +139,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	d.lastData = data
-	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now)
+	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now, d.log, d.reg)
 	if err != nil {
 		return nil, err
 	}
