@@ -83,8 +83,28 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-//go:embed check.lua
-var checkScript string
+// The scripts. check1.lua decides a single check of every algorithm but
+// the sliding window log (the common call, kept lean); check.lua decides
+// everything else.
+var (
+	//go:embed check.lua
+	checkSource string
+	//go:embed check1.lua
+	check1Source string
+
+	checkScript  = newScript(checkSource)
+	check1Script = newScript(check1Source)
+)
+
+// script is a Lua script and its SHA-1.
+type script struct {
+	src, sha string
+}
+
+func newScript(src string) *script {
+	sum := sha1.Sum([]byte(src))
+	return &script{src: src, sha: hex.EncodeToString(sum[:])}
+}
 
 // Defaults for the zero fields of a Config.
 const (
@@ -176,7 +196,6 @@ type Store struct {
 	client    rueidis.Client
 	ownClient bool
 	cluster   bool
-	sha       string
 	prefix    string
 	maxKey    int
 	marginMS  string
@@ -234,8 +253,6 @@ func New(cfg Config) (*Store, error) {
 		logger:    cfg.Logger,
 		onCorrupt: cfg.OnCorrupt,
 	}
-	sum := sha1.Sum([]byte(checkScript))
-	s.sha = hex.EncodeToString(sum[:])
 	if s.client == nil {
 		if len(cfg.Addrs) == 0 {
 			return nil, errors.New("redis: addrs: at least one address is required")
@@ -300,9 +317,10 @@ const (
 // group is the part of a batch sent as one script call: requests whose keys
 // share a slot (or all requests, on a standalone server).
 type group struct {
-	idx  []int // indexes into the batch
-	keys []string
-	args []string
+	script *script
+	idx    []int // indexes into the batch
+	keys   []string
+	args   []string
 }
 
 // Check decides each request on its own, in order, and writes its decision
@@ -606,9 +624,14 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 // split groups reqs into script calls: one on a standalone server, one
 // per slot on a cluster, in the order of first appearance.
 func (s *Store) split(reqs []store.Request, mode, ttlMS string) []*group {
+	if len(reqs) == 1 && mode == modeEach && reqs[0].Params.Algorithm != sluice.SlidingWindowLog {
+		g := &group{script: check1Script, idx: []int{0}, keys: []string{redisKey(s.prefix, reqs[0].Key, s.maxKey)}}
+		g.args = appendArgs(append(make([]string, 0, 9), s.marginMS), &reqs[0])
+		return []*group{g}
+	}
 	head := []string{mode, s.marginMS, ttlMS}
 	if !s.cluster {
-		g := &group{idx: make([]int, len(reqs)), keys: make([]string, len(reqs)), args: make([]string, 0, 3+8*len(reqs))}
+		g := &group{script: checkScript, idx: make([]int, len(reqs)), keys: make([]string, len(reqs)), args: make([]string, 0, 3+8*len(reqs))}
 		g.args = append(g.args, head...)
 		for i := range reqs {
 			g.idx[i] = i
@@ -624,7 +647,7 @@ func (s *Store) split(reqs []store.Request, mode, ttlMS string) []*group {
 		sl := slotOf(k)
 		g := bySlot[sl]
 		if g == nil {
-			g = &group{args: append([]string(nil), head...)}
+			g = &group{script: checkScript, args: append([]string(nil), head...)}
 			bySlot[sl] = g
 			groups = append(groups, g)
 		}
@@ -667,12 +690,12 @@ func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
 	var results []rueidis.RedisResult
 	if len(groups) == 1 {
 		g := groups[0]
-		r := c.Do(ctx, c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build())
+		r := c.Do(ctx, c.B().Evalsha().Sha1(g.script.sha).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build())
 		results = []rueidis.RedisResult{r}
 	} else {
 		cmds := make(rueidis.Commands, len(groups))
 		for i, g := range groups {
-			cmds[i] = c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build()
+			cmds[i] = c.B().Evalsha().Sha1(g.script.sha).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build()
 		}
 		results = c.DoMulti(ctx, cmds...)
 	}
@@ -686,7 +709,7 @@ func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
 		cmds := make(rueidis.Commands, len(retry))
 		for j, i := range retry {
 			g := groups[i]
-			cmds[j] = c.B().Eval().Script(checkScript).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build()
+			cmds[j] = c.B().Eval().Script(g.script.src).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build()
 		}
 		for j, r := range c.DoMulti(ctx, cmds...) {
 			results[retry[j]] = r

@@ -265,6 +265,9 @@ func TestOneEvalshaPerCheck(t *testing.T) {
 			reqs = append(reqs, store.Request{Key: fmt.Sprintf("rl:ten:{k%d}:%s", i, a), Params: p, Cost: 1})
 		}
 		out := make([]sluice.Decision, len(reqs))
+		if err := s.CheckAll(ctx, reqs, out); err != nil { // load the batch script
+			t.Fatal(err)
+		}
 		for _, all := range []bool{false, true} {
 			stats := measure(t, srv, func() {
 				var err error
