@@ -11,6 +11,9 @@ import (
 	"github.com/sluicehq/sluice/store/redis"
 )
 
+// The Redis store keeps idempotency records for every instance sharing it.
+var _ engine.IdempotentStore = (*redis.Store)(nil)
+
 // openRedis opens a Redis or Redis Cluster store from its URL
 // (redis://host:port[/db], rediss://..., redis-cluster://host:port,...)
 // and registers its metrics on reg.
