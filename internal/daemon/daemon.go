@@ -27,6 +27,7 @@ import (
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/internal/envoyrls"
 	"github.com/sluicehq/sluice/internal/grpcapi"
+	"github.com/sluicehq/sluice/internal/grpccodec"
 	"github.com/sluicehq/sluice/internal/httpapi"
 	"github.com/sluicehq/sluice/internal/policy"
 )
@@ -189,7 +190,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 	}
-	d.grpcSrv = grpc.NewServer()
+	// The codec turns invalid UTF-8 in a request into InvalidArgument
+	// naming the field, instead of grpc-go's Internal.
+	d.grpcSrv = grpc.NewServer(grpc.ForceServerCodecV2(grpccodec.Codec{}))
 	svc.Register(d.grpcSrv)
 	rls.Register(d.grpcSrv)
 	d.health = health.NewServer()
