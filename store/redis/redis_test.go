@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -345,6 +347,84 @@ func TestExactnessAcrossClients(t *testing.T) {
 	}
 }
 
+// TestExactnessAcrossProcesses runs 4 processes (this test binary, started
+// again in child mode) with 32 goroutines each against one key of one
+// Redis, at one explicit instant: together they admit exactly the limit,
+// for every algorithm.
+func TestExactnessAcrossProcesses(t *testing.T) {
+	const processes, goroutines, each, limit = 4, 32, 6, 250
+	if addr := os.Getenv("SLUICE_EXACT_CHILD_ADDR"); addr != "" {
+		exactChild(t, addr, os.Getenv("SLUICE_EXACT_CHILD_KEY"), goroutines, each, limit)
+		return
+	}
+	if testing.Short() {
+		t.Skip("starts 4 processes per algorithm")
+	}
+	srv := redistest.Start(t)
+	for _, a := range sluice.Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			key := "rl:procs:{k}:" + a.String()
+			cmds := make([]*exec.Cmd, processes)
+			outs := make([]*strings.Builder, processes)
+			for i := range cmds {
+				cmd := exec.Command(os.Args[0], "-test.run=^TestExactnessAcrossProcesses$", "-test.count=1", "-test.v")
+				cmd.Env = append(os.Environ(), "SLUICE_EXACT_CHILD_ADDR="+srv.Addr, "SLUICE_EXACT_CHILD_KEY="+key, "SLUICE_EXACT_CHILD_ALG="+a.String())
+				outs[i] = &strings.Builder{}
+				cmd.Stdout, cmd.Stderr = outs[i], outs[i]
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				cmds[i] = cmd
+			}
+			var total int64
+			for i, cmd := range cmds {
+				if err := cmd.Wait(); err != nil {
+					t.Fatalf("child %d: %v\n%s", i, err, outs[i])
+				}
+				_, after, ok := strings.Cut(outs[i].String(), "admitted=")
+				n, err := strconv.ParseInt(strings.Fields(after + " ")[0], 10, 64)
+				if !ok || err != nil {
+					t.Fatalf("child %d printed no count:\n%s", i, outs[i])
+				}
+				total += n
+			}
+			if total != limit {
+				t.Errorf("%d processes x %d goroutines admitted %d, want exactly %d", processes, goroutines, total, limit)
+			}
+		})
+	}
+}
+
+// exactChild is the child side of TestExactnessAcrossProcesses.
+func exactChild(t *testing.T, addr, key string, goroutines, each int, limit int64) {
+	a, err := sluice.ParseAlgorithm(os.Getenv("SLUICE_EXACT_CHILD_ALG"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, Config{Addrs: []string{addr}})
+	p := compile(t, sluice.Limit{Algorithm: a, Limit: limit, Window: time.Hour})
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out := make([]sluice.Decision, 1)
+			for range each {
+				if err := s.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1, Now: t0}}, out); err != nil {
+					t.Error(err)
+					return
+				}
+				if out[0].Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Printf("admitted=%d\n", admitted.Load())
+}
+
 func testCheckAllOnce(t *testing.T, s1, s2 *Store) {
 	ctx := context.Background()
 	p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 5, Window: time.Hour})
@@ -440,6 +520,20 @@ func TestCorruptState(t *testing.T) {
 				t.Errorf("%s, %s, second check: %+v, want allowed with 0 remaining", a, c.name, d)
 			}
 		}
+	}
+	// Corrupt keys in a batch, decided by the batch script.
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Minute})
+	lp := compile(t, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Limit: 5, Window: time.Minute})
+	srv.Do("SET", "rl:corrupt:batch:a", "garbage")
+	srv.Do("HSET", "rl:corrupt:batch:b", "f", "v")
+	reqs := []store.Request{{Key: "rl:corrupt:batch:a", Params: p, Cost: 1, Now: t0}, {Key: "rl:corrupt:batch:b", Params: lp, Cost: 1, Now: t0}}
+	out := make([]sluice.Decision, 2)
+	if err := s.CheckAll(context.Background(), reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	want += 2
+	if !out[0].Allowed || out[0].Remaining != 4 || !out[1].Allowed || out[1].Remaining != 4 || s.CorruptResets() != want {
+		t.Errorf("batch with corrupt keys: %+v, %d resets, want both allowed with 4 remaining, %d resets", out, s.CorruptResets(), want)
 	}
 	if got := uint64(reported.Load()); got != want {
 		t.Errorf("OnCorrupt reported %d, want %d", got, want)
