@@ -177,6 +177,30 @@ func TestCluster(t *testing.T) {
 			t.Errorf("a batch of 10 on one slot: %v, want exactly one EVALSHA", stats)
 		}
 	})
+	t.Run("ScriptFlush", func(t *testing.T) {
+		s := open(t)
+		p := compile(t, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Limit: 3, Window: time.Hour})
+		var reqs []store.Request
+		for i := range 6 {
+			reqs = append(reqs, store.Request{Key: fmt.Sprintf("rl:flush:{user=%d}", i), Params: p, Cost: 1, Now: t0})
+		}
+		out := make([]sluice.Decision, len(reqs))
+		for round := range 2 {
+			for _, m := range c.Masters {
+				if _, err := m.Do("SCRIPT", "FLUSH"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := s.CheckAll(context.Background(), reqs, out); err != nil {
+				t.Fatalf("after SCRIPT FLUSH: %v", err)
+			}
+			for i, d := range out {
+				if !d.Allowed || d.Remaining != int64(2-round) {
+					t.Errorf("round %d request %d: %+v", round, i, d)
+				}
+			}
+		}
+	})
 	t.Run("LongKeys", func(t *testing.T) {
 		s := open(t)
 		p := compile(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 2, Window: time.Hour})
