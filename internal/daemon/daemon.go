@@ -52,7 +52,8 @@ type Config struct {
 	// Empty means the built-in example policy, and no reload.
 	ConfigPath string
 	// StoreURL selects the store: memory://, redis://host:port[/db] or
-	// redis-cluster://host:port,host:port,... Empty means memory://.
+	// redis-cluster://host:port,host:port,... (rediss:// and
+	// rediss-cluster:// for TLS; see docs/redis.md). Empty means memory://.
 	StoreURL string
 	// Logger receives the daemon's logs; nil discards them.
 	Logger *slog.Logger
