@@ -425,6 +425,22 @@ func (c *Cluster) WaitOK(timeout time.Duration) error {
 	return nil
 }
 
+// ReplicasOf returns the replicas that currently replicate master m (by
+// INFO replication), for failover tests.
+func (c *Cluster) ReplicasOf(m *Server) []*Server {
+	var rs []*Server
+	for _, r := range c.Servers() {
+		if r == m || r.Process() == nil {
+			continue
+		}
+		info, err := r.Info("replication")
+		if err == nil && info["role"] == "slave" && info["master_port"] == strconv.Itoa(m.Port) {
+			rs = append(rs, r)
+		}
+	}
+	return rs
+}
+
 // Servers returns every node: the masters, then the replicas.
 func (c *Cluster) Servers() []*Server {
 	return append(append([]*Server(nil), c.Masters...), c.Replicas...)

@@ -34,6 +34,11 @@ func TestStartCluster(t *testing.T) {
 	if len(c.Masters) != 3 || len(c.Replicas) != 3 {
 		t.Fatalf("got %d masters, %d replicas; want 3, 3", len(c.Masters), len(c.Replicas))
 	}
+	for _, m := range c.Masters {
+		if rs := c.ReplicasOf(m); len(rs) != 1 {
+			t.Errorf("master %s has %d replicas, want 1", m.Addr, len(rs))
+		}
+	}
 	info, err := c.Masters[0].Do("CLUSTER", "INFO")
 	if err != nil || !strings.Contains(info, "cluster_state:ok") {
 		t.Fatalf("CLUSTER INFO: %v\n%s", err, info)
