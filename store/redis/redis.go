@@ -341,6 +341,9 @@ func (s *Store) Check(ctx context.Context, reqs []store.Request, out []sluice.De
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	if len(reqs) == 1 && reqs[0].Params.Algorithm != sluice.SlidingWindowLog {
+		return s.checkOne(ctx, &reqs[0], &out[0])
+	}
 	groups := s.split(reqs, modeEach, "")
 	res, err := s.exec(ctx, groups)
 	if err != nil {
@@ -634,11 +637,6 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 // split groups reqs into script calls: one on a standalone server, one
 // per slot on a cluster, in the order of first appearance.
 func (s *Store) split(reqs []store.Request, mode, ttlMS string) []*group {
-	if len(reqs) == 1 && mode == modeEach && reqs[0].Params.Algorithm != sluice.SlidingWindowLog {
-		g := &group{script: check1Script, idx: []int{0}, keys: []string{redisKey(s.prefix, reqs[0].Key, s.maxKey)}}
-		g.args = appendArgs(append(make([]string, 0, 9), s.marginMS), &reqs[0])
-		return []*group{g}
-	}
 	head := []string{mode, s.marginMS, ttlMS}
 	if !s.cluster {
 		g := &group{script: checkScript, idx: make([]int, len(reqs)), keys: make([]string, len(reqs)), args: make([]string, 0, 3+8*len(reqs))}
@@ -738,17 +736,62 @@ func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
 		total += int(vals[0])
 	}
 	if total > 0 {
-		s.corrupt.Add(uint64(total))
 		keys := make([]string, 0, 4)
 		for _, g := range groups {
 			keys = append(keys, g.keys...)
 		}
-		s.logger.Warn("redis store: reset corrupt rate-limit state", "keys_reset", total, "batch_keys", keys)
-		if s.onCorrupt != nil {
-			s.onCorrupt(total)
-		}
+		s.reportCorrupt(total, keys)
 	}
 	return out, nil
+}
+
+// checkOne decides a single request of every algorithm but the sliding
+// window log with check1.lua: the path of most checks, kept free of the
+// batch bookkeeping.
+func (s *Store) checkOne(ctx context.Context, r *store.Request, out *sluice.Decision) error {
+	c := s.client
+	key := redisKey(s.prefix, r.Key, s.maxKey)
+	var argv [9]string
+	args := appendArgs(append(argv[:0], s.marginMS), r)
+	res := c.Do(ctx, c.B().Evalsha().Sha1(check1Script.sha).Numkeys(1).Key(key).Arg(args...).Build())
+	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
+		res = c.Do(ctx, c.B().Eval().Script(check1Script.src).Numkeys(1).Key(key).Arg(args...).Build())
+	}
+	arr, err := res.ToArray()
+	if err != nil {
+		return s.unavailable(err)
+	}
+	if len(arr) != 7 {
+		return fmt.Errorf("redis: %w: script answered %d values for 1 request", sluice.ErrStoreUnavailable, len(arr))
+	}
+	var v [7]int64
+	for i := range arr {
+		if v[i], err = arr[i].AsInt64(); err != nil {
+			return s.unavailable(err)
+		}
+	}
+	if v[0] > 0 {
+		s.reportCorrupt(int(v[0]), []string{key})
+	}
+	q := time.Duration(r.Params.Quantum) * time.Microsecond
+	*out = sluice.Decision{
+		Allowed:    v[2] == 1,
+		Reason:     sluice.Reason(v[3]),
+		Limit:      r.Params.Limit,
+		Remaining:  v[4],
+		ResetAfter: time.Duration(v[5]) * q,
+		RetryAfter: time.Duration(v[6]) * q,
+	}
+	return nil
+}
+
+// reportCorrupt logs and counts n corrupt keys reset by a call on keys.
+func (s *Store) reportCorrupt(n int, keys []string) {
+	s.corrupt.Add(uint64(n))
+	s.logger.Warn("redis store: reset corrupt rate-limit state", "keys_reset", n, "batch_keys", keys)
+	if s.onCorrupt != nil {
+		s.onCorrupt(n)
+	}
 }
 
 // fill converts a script reply for the requests idx into decisions.
