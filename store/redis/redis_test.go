@@ -177,6 +177,35 @@ func TestCluster(t *testing.T) {
 			t.Errorf("a batch of 10 on one slot: %v, want exactly one EVALSHA", stats)
 		}
 	})
+	t.Run("Exactness", func(t *testing.T) {
+		stores := []*Store{open(t), open(t), open(t), open(t)}
+		for _, a := range sluice.Algorithms {
+			p := compile(t, sluice.Limit{Algorithm: a, Limit: 100, Window: time.Hour})
+			key := "rl:exact:{user=" + a.String() + "}"
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for _, s := range stores {
+				for range 32 {
+					wg.Go(func() {
+						out := make([]sluice.Decision, 1)
+						for range 4 {
+							if err := s.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1, Now: t0}}, out); err != nil {
+								t.Error(err)
+								return
+							}
+							if out[0].Allowed {
+								admitted.Add(1)
+							}
+						}
+					})
+				}
+			}
+			wg.Wait()
+			if got := admitted.Load(); got != 100 {
+				t.Errorf("%s: 4 clients x 32 goroutines admitted %d of 512, want exactly 100", a, got)
+			}
+		}
+	})
 	t.Run("ScriptFlush", func(t *testing.T) {
 		s := open(t)
 		p := compile(t, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Limit: 3, Window: time.Hour})
