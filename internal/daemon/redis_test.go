@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -29,7 +30,10 @@ func TestRedisSharedAcrossDaemons(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			storeURL := url(t)
 			policy := strings.Replace(policyText(), "limit: 3\n", "limit: 60\n", 1)
-			withRedis := func(c *daemon.Config) { c.StoreURL = storeURL }
+			// A long store deadline: this test is about exact counts, and
+			// under -race on a busy machine a call may take longer than
+			// the default 5ms (the guard would then fail open).
+			withRedis := func(c *daemon.Config) { c.StoreURL = storeURL; c.Guard.Deadline = time.Second }
 			ds := []*testDaemon{start(t, policy, withRedis), start(t, policy, withRedis)}
 			var allowed atomic.Int64
 			var wg sync.WaitGroup

@@ -1,0 +1,98 @@
+package daemon_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/internal/guard"
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+const failurePolicy = `version: 1
+rules:
+  - { id: open,   match: { resource: /open },   limit: 100, window: 1m, failure_mode: fail_open }
+  - { id: closed, match: { resource: /closed }, limit: 100, window: 1m, failure_mode: fail_closed }
+  - { id: local,  match: { resource: /local },  algorithm: fixed_window, limit: 4, window: 1m, failure_mode: local, expected_instances: 2 }
+`
+
+// TestRedisDownOverHTTP kills the daemon's Redis and watches what a client
+// and an operator see: each rule's failure mode with its decision source,
+// 503 (not 429) for fail_closed, /readyz not ready with the breaker open,
+// the breaker's state in /metrics; and all back once Redis returns.
+func TestRedisDownOverHTTP(t *testing.T) {
+	srv := redistest.Start(t)
+	td := start(t, failurePolicy, func(c *daemon.Config) {
+		c.StoreURL = "redis://" + srv.Addr
+		c.Guard = guard.Config{Deadline: 50 * time.Millisecond,
+			Breaker: guard.BreakerConfig{MinRequests: 5, OpenTimeout: 200 * time.Millisecond, Probes: 1}}
+	})
+	source := func(resource string) (int, string) {
+		r := td.check(t, `{"client_id":"c","resource":"`+resource+`"}`)
+		return r.status, r.header.Get("X-RateLimit-Decision-Source")
+	}
+	if st, src := source("/open"); st != 200 || src != "store" {
+		t.Fatalf("Redis up: %d %s", st, src)
+	}
+	if r := get(t, td.base+"/readyz"); r.status != 200 || r.str("breaker") != "closed" {
+		t.Fatalf("readyz with Redis up: %d %s", r.status, r.raw)
+	}
+
+	srv.Kill()
+	for _, tc := range []struct {
+		resource string
+		status   int
+		source   string
+	}{
+		{"/open", 200, "fail_open"},
+		{"/closed", 503, "fail_closed"},
+		{"/local", 200, "local"},
+		{"/local", 200, "local"},
+		{"/local", 429, "local"}, // the share: 4 over 2 instances
+	} {
+		if st, src := source(tc.resource); st != tc.status || src != tc.source {
+			t.Errorf("Redis down, %s: %d from %s, want %d from %s", tc.resource, st, src, tc.status, tc.source)
+		}
+	}
+	r := td.check(t, `{"client_id":"c","resource":"/closed"}`)
+	if r.str("error") != "unavailable" {
+		t.Errorf("fail_closed body: %s", r.raw)
+	}
+	for range 10 {
+		source("/open")
+	}
+	if r := get(t, td.base+"/readyz"); r.status != 503 || r.str("breaker") != "open" || !strings.Contains(r.str("error"), "circuit breaker open") {
+		t.Errorf("readyz with Redis down: %d %s", r.status, r.raw)
+	}
+	if m := get(t, td.base+"/metrics"); !strings.Contains(m.raw, "sluice_guard_breaker_state 2") || !strings.Contains(m.raw, `sluice_guard_breaker_transitions_total{to="open"} 1`) {
+		t.Errorf("metrics with the breaker open lack its state:\n%s", grepLines(m.raw, "breaker"))
+	}
+
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	var src string
+	if _, ok := waitFor(10*time.Second, func() bool {
+		_, src = source("/open")
+		return src == "store"
+	}); !ok {
+		t.Fatalf("Redis back: checks still decided by %s", src)
+	}
+	if r := get(t, td.base+"/readyz"); r.status != 200 || r.str("breaker") != "closed" {
+		t.Errorf("readyz with Redis back: %d %s", r.status, r.raw)
+	}
+	if m := get(t, td.base+"/metrics"); !strings.Contains(m.raw, "sluice_guard_breaker_state 0") {
+		t.Errorf("metrics with the breaker closed:\n%s", grepLines(m.raw, "breaker"))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
