@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/guard"
+	"github.com/sluicehq/sluice/store/redis"
 )
 
 // guardFlagNames are the flags guardFlags defines; each has a SLUICE_*
@@ -15,6 +17,19 @@ var guardFlagNames = []string{
 	"breaker", "breaker-window", "breaker-min-requests", "breaker-failure-ratio", "breaker-open-timeout", "breaker-probes",
 	"over-limit-cache", "over-limit-cache-keys",
 	"hot-keys", "hot-key-threshold", "hot-key-sync-interval", "hot-key-window", "hot-key-max",
+	"redis-dial-timeout", "redis-write-timeout", "redis-keepalive", "redis-conns-per-node",
+}
+
+// redisFlags defines the connection flags of a Redis store and returns
+// the function that builds its options once they are parsed.
+func redisFlags(fs *flag.FlagSet) func() daemon.RedisOptions {
+	dial := fs.Duration("redis-dial-timeout", redis.DefaultDialTimeout, "bound on opening a connection to Redis")
+	write := fs.Duration("redis-write-timeout", redis.DefaultWriteTimeout, "how long a Redis connection may stay unable to write or answer before it is closed")
+	keepAlive := fs.Duration("redis-keepalive", redis.DefaultKeepAlive, "period of TCP keep-alive probes on Redis connections; negative turns them off")
+	conns := fs.Int("redis-conns-per-node", 0, "connections to each Redis node, over which concurrent calls are pipelined (1 to 256, a power of two); 0 is the client's default")
+	return func() daemon.RedisOptions {
+		return daemon.RedisOptions{DialTimeout: *dial, WriteTimeout: *write, KeepAlive: *keepAlive, ConnsPerNode: *conns}
+	}
 }
 
 // guardFlags defines the flags of the guard around a Redis store and

@@ -85,6 +85,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	logLevel := fs.String("log-level", envDefault(getenv, "SLUICE_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 15*time.Second, "how long a graceful shutdown waits for checks in flight")
 	guardCfg := guardFlags(fs)
+	redisOpts := redisFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -127,6 +128,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 		StoreURL:   *storeURL,
 		Logger:     logger,
 		Guard:      guardCfg(),
+		Redis:      redisOpts(),
 	})
 	cancel()
 	if err != nil {

@@ -67,6 +67,9 @@ type Config struct {
 	// WatchDebounce is how long the file watcher waits after the last
 	// change of the configuration before reloading it; zero means 100ms.
 	WatchDebounce time.Duration
+	// Redis holds the connection settings of a Redis store; zero fields
+	// take the store's defaults.
+	Redis RedisOptions
 	// Guard configures what protects checks from a failing Redis store:
 	// the per-call deadline, the circuit breaker, the over-limit cache and
 	// the hot-key tier (see package guard). It does not apply to the
@@ -148,7 +151,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	d.lastData = data
-	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now, d.log, d.reg)
+	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now, cfg.Redis, d.log, d.reg)
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,11 @@
 package daemon_test
 
 import (
+	"io"
+	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -95,4 +99,41 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestRedisConnectionSettings checks that the connections per node of the
+// configuration are the connections Redis sees.
+func TestRedisConnectionSettings(t *testing.T) {
+	for _, conns := range []int{1, 4} {
+		srv := redistest.Start(t)
+		td := start(t, failurePolicy, func(c *daemon.Config) {
+			c.StoreURL = "redis://" + srv.Addr
+			c.Redis = daemon.RedisOptions{ConnsPerNode: conns, KeepAlive: 5 * time.Second, DialTimeout: time.Second}
+			c.Guard.Deadline = time.Second
+		})
+		tr := &http.Transport{MaxIdleConnsPerHost: 64}
+		c := &http.Client{Transport: tr}
+		var wg sync.WaitGroup
+		for i := range 64 {
+			wg.Go(func() {
+				resp, err := c.Post(td.base+"/api/v1/check", "application/json", strings.NewReader(`{"client_id":"c`+strconv.Itoa(i)+`","resource":"/open"}`))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			})
+		}
+		wg.Wait()
+		tr.CloseIdleConnections()
+		info, err := srv.Info("clients")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Redis counts the connection asking INFO too.
+		if got, want := info["connected_clients"], strconv.Itoa(conns+1); got != want {
+			t.Errorf("conns per node %d: Redis sees %s clients, want %s (the store's and INFO's)", conns, got, want)
+		}
+	}
 }

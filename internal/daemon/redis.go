@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,14 +15,32 @@ import (
 // The Redis store keeps idempotency records for every instance sharing it.
 var _ engine.IdempotentStore = (*redis.Store)(nil)
 
+// RedisOptions are the connection settings of a Redis store (see
+// redis.Config for each); zero fields take the store's defaults.
+type RedisOptions struct {
+	// DialTimeout bounds the opening of a connection.
+	DialTimeout time.Duration
+	// WriteTimeout is how long a connection may stay unable to write or
+	// to answer before it is closed and its calls fail.
+	WriteTimeout time.Duration
+	// KeepAlive is the period of TCP keep-alive probes; negative turns
+	// them off.
+	KeepAlive time.Duration
+	// ConnsPerNode is the number of connections to each node, over which
+	// concurrent calls are pipelined.
+	ConnsPerNode int
+}
+
 // openRedis opens a Redis or Redis Cluster store from its URL
 // (redis://host:port[/db], rediss://..., redis-cluster://host:port,...)
 // and registers its metrics on reg.
-func openRedis(ctx context.Context, rawURL string, log *slog.Logger, reg prometheus.Registerer) (engine.Store, func() error, error) {
+func openRedis(ctx context.Context, rawURL string, opts RedisOptions, log *slog.Logger, reg prometheus.Registerer) (engine.Store, func() error, error) {
 	cfg, err := redis.ParseURL(rawURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("daemon: store URL %q: %w", redactURL(rawURL), err)
 	}
+	cfg.DialTimeout, cfg.WriteTimeout = opts.DialTimeout, opts.WriteTimeout
+	cfg.KeepAlive, cfg.ConnsPerNode = opts.KeepAlive, opts.ConnsPerNode
 	corrupt := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_redis_corrupt_state_resets_total",
 		Help: "Keys whose state the Redis store found corrupt (wrong type, unknown format) and reset.",

@@ -15,7 +15,7 @@ import (
 
 // openStore opens the store rawURL names and returns it with the function
 // that closes it.
-func openStore(ctx context.Context, rawURL string, now func() time.Time, log *slog.Logger, reg prometheus.Registerer) (engine.Store, func() error, error) {
+func openStore(ctx context.Context, rawURL string, now func() time.Time, opts RedisOptions, log *slog.Logger, reg prometheus.Registerer) (engine.Store, func() error, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("daemon: store URL %q: %w", redactURL(rawURL), err)
@@ -28,7 +28,7 @@ func openStore(ctx context.Context, rawURL string, now func() time.Time, log *sl
 		}
 		return s, s.Close, nil
 	case "redis", "rediss", "redis-cluster", "rediss-cluster":
-		return openRedis(ctx, rawURL, log, reg)
+		return openRedis(ctx, rawURL, opts, log, reg)
 	}
 	return nil, nil, fmt.Errorf("daemon: store URL %q: unknown scheme %q (want memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,...)", redactURL(rawURL), u.Scheme)
 }

@@ -70,6 +70,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"net"
 	"strconv"
 	"sync"
@@ -115,6 +116,8 @@ const (
 	// DefaultWriteTimeout is how long a connection may fail to write or to
 	// answer a health check before it is closed and its calls fail.
 	DefaultWriteTimeout = time.Second
+	// DefaultKeepAlive is the period of TCP keep-alive probes.
+	DefaultKeepAlive = 30 * time.Second
 	// DefaultExpiryMargin is added to every key's time to live.
 	DefaultExpiryMargin = time.Second
 	// DefaultMaxKeyLength is the longest Redis key the store writes as is.
@@ -182,6 +185,18 @@ type Config struct {
 	// DefaultWriteTimeout.
 	WriteTimeout time.Duration
 
+	// KeepAlive is the period of TCP keep-alive probes on the client's
+	// connections, which find a peer gone silent (a crashed host, a
+	// dropped route) on an idle connection. Zero means DefaultKeepAlive;
+	// negative turns them off.
+	KeepAlive time.Duration
+	// ConnsPerNode is the number of connections kept to each node, over
+	// which concurrent calls are pipelined: 1, 2, 4, ... up to 256 (other
+	// values round up to a power of two). Zero means the client's
+	// default: 4 to a standalone server (on 4 or more CPUs; fewer on
+	// fewer), 1 to each node of a cluster.
+	ConnsPerNode int
+
 	// MaxFlushDelay is how long a connection may wait to gather more
 	// concurrent commands into one write; zero writes as soon as it can.
 	// A few tens of microseconds save system calls on a busy client and
@@ -237,6 +252,9 @@ func New(cfg Config) (*Store, error) {
 	if cfg.MaxLogEntries < 0 {
 		return nil, fmt.Errorf("redis: max log entries: must not be negative, got %d", cfg.MaxLogEntries)
 	}
+	if cfg.ConnsPerNode < 0 || cfg.ConnsPerNode > 256 {
+		return nil, fmt.Errorf("redis: conns per node: must be between 0 and 256, got %d", cfg.ConnsPerNode)
+	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultTimeout
 	}
@@ -264,15 +282,16 @@ func New(cfg Config) (*Store, error) {
 			return nil, errors.New("redis: addrs: at least one address is required")
 		}
 		c, err := rueidis.NewClient(rueidis.ClientOption{
-			InitAddress:      cfg.Addrs,
-			Username:         cfg.Username,
-			Password:         cfg.Password,
-			SelectDB:         cfg.DB,
-			TLSConfig:        cfg.TLS,
-			Dialer:           netDialer(cfg.DialTimeout),
-			ConnWriteTimeout: cfg.WriteTimeout,
-			DisableCache:     true,
-			MaxFlushDelay:    cfg.MaxFlushDelay,
+			InitAddress:       cfg.Addrs,
+			Username:          cfg.Username,
+			Password:          cfg.Password,
+			SelectDB:          cfg.DB,
+			TLSConfig:         cfg.TLS,
+			Dialer:            netDialer(cfg.DialTimeout, cfg.KeepAlive),
+			PipelineMultiplex: multiplex(cfg.ConnsPerNode),
+			ConnWriteTimeout:  cfg.WriteTimeout,
+			DisableCache:      true,
+			MaxFlushDelay:     cfg.MaxFlushDelay,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("redis: connect to %v: %w: %w", cfg.Addrs, sluice.ErrStoreUnavailable, err)
@@ -812,8 +831,24 @@ func (s *Store) fill(reqs []store.Request, out []sluice.Decision, idx []int, val
 }
 
 // netDialer returns the dialer of the client's connections.
-func netDialer(timeout time.Duration) net.Dialer {
-	return net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
+func netDialer(timeout, keepAlive time.Duration) net.Dialer {
+	if keepAlive == 0 {
+		keepAlive = DefaultKeepAlive
+	}
+	return net.Dialer{Timeout: timeout, KeepAlive: keepAlive}
+}
+
+// multiplex returns the client's PipelineMultiplex for conns connections
+// per node: log2(conns) rounded up; 0 (the client's default) for 0, and
+// -1 (one connection) for 1.
+func multiplex(conns int) int {
+	switch {
+	case conns <= 0:
+		return 0
+	case conns == 1:
+		return -1
+	}
+	return min(bits.Len(uint(conns-1)), rueidis.MaxPipelineMultiplex)
 }
 
 // unavailable wraps a client error.
