@@ -30,7 +30,7 @@ func TestRedisDownOverHTTP(t *testing.T) {
 	td := start(t, failurePolicy, func(c *daemon.Config) {
 		c.StoreURL = "redis://" + srv.Addr
 		c.Guard = guard.Config{Deadline: 50 * time.Millisecond,
-			Breaker: guard.BreakerConfig{MinRequests: 5, OpenTimeout: 200 * time.Millisecond, Probes: 1}}
+			Breaker: guard.BreakerConfig{MinRequests: 5, OpenTimeout: time.Second, Probes: 1}}
 	})
 	source := func(resource string) (int, string) {
 		r := td.check(t, `{"client_id":"c","resource":"`+resource+`"}`)
