@@ -1,6 +1,10 @@
 package algorithm
 
-import "github.com/sluicehq/sluice"
+import (
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
 
 // State is the state of one key for every algorithm but the sliding window
 // log. Its zero value is the state of a key never seen, which is also the
@@ -17,20 +21,305 @@ type State struct {
 // cost must not be negative. Apply does not handle SlidingWindowLog (see
 // ApplyLog).
 func Apply(p *Params, s State, now, cost int64) (State, sluice.Decision) {
-	panic("algorithm: not implemented")
+	if d, done := precheck(p, cost); done {
+		return s, d
+	}
+	t := floorDiv(now, p.Quantum)
+	switch p.Algorithm {
+	case sluice.TokenBucket, sluice.LeakyBucket:
+		return bucket(p, s, t, cost)
+	case sluice.GCRA:
+		return gcra(p, s, t, cost)
+	case sluice.FixedWindow:
+		return fixedWindow(p, s, t, cost)
+	case sluice.SlidingWindowCounter:
+		return slidingCounter(p, s, t, cost)
+	}
+	// An unknown algorithm or the log: deny rather than admit.
+	return s, sluice.Decision{Reason: sluice.ReasonLimited, Limit: p.Limit}
+}
+
+// precheck decides the requests that need no state: a deny-all limit and a
+// cost above the capacity. done reports whether d is the decision.
+func precheck(p *Params, cost int64) (d sluice.Decision, done bool) {
+	if p.DenyAll {
+		return sluice.Decision{Reason: sluice.ReasonDenyAll}, true
+	}
+	if cost > p.Burst {
+		return sluice.Decision{Reason: sluice.ReasonCostExceedsCapacity, Limit: p.Limit}, true
+	}
+	return sluice.Decision{}, false
+}
+
+// bucket is the token bucket and the leaky bucket: s.A is the debt (or the
+// water) scaled by the window, s.B the instant of the last update.
+func bucket(p *Params, s State, t, cost int64) (State, sluice.Decision) {
+	debt := drain(s.A, t-s.B, p.Limit)
+	last := max(s.B, t)
+	debt, d := bucketDecide(p, debt, cost)
+	if !d.Allowed || cost == 0 {
+		return s, d
+	}
+	return State{A: debt, B: last}, d
+}
+
+// drain returns debt after elapsed quanta at a refill of rate scaled units
+// per quantum, never below zero. A negative elapsed time drains nothing.
+func drain(debt, elapsed, rate int64) int64 {
+	if elapsed <= 0 || debt <= 0 {
+		return max(debt, 0)
+	}
+	if elapsed >= ceilDiv(debt, rate) { // also keeps elapsed*rate from overflowing
+		return 0
+	}
+	return debt - elapsed*rate
+}
+
+// bucketDecide decides cost against a bucket whose debt, scaled by the
+// window, is debt at the instant of the request; it returns the debt after
+// the request.
+func bucketDecide(p *Params, debt, cost int64) (int64, sluice.Decision) {
+	capacity := p.Burst * p.Window
+	next := debt + cost*p.Window
+	if next > capacity {
+		return debt, sluice.Decision{
+			Reason:     sluice.ReasonLimited,
+			Limit:      p.Limit,
+			Remaining:  max(capacity-debt, 0) / p.Window,
+			ResetAfter: p.dur(ceilDiv(debt, p.Limit)),
+			RetryAfter: p.dur(ceilDiv(next-capacity, p.Limit)),
+		}
+	}
+	return next, sluice.Decision{
+		Allowed:    true,
+		Limit:      p.Limit,
+		Remaining:  (capacity - next) / p.Window,
+		ResetAfter: p.dur(ceilDiv(next, p.Limit)),
+	}
+}
+
+// gcra is the generic cell rate algorithm: the theoretical arrival time is
+// s.A + s.B/Limit quanta, with 0 <= s.B < Limit.
+func gcra(p *Params, s State, t, cost int64) (State, sluice.Decision) {
+	// The debt of the equivalent bucket is (TAT - t) x Limit.
+	var debt int64
+	switch capacity := p.Burst * p.Window; {
+	case s.A > t+capacity/p.Limit:
+		// Only a clock that went back gets here; the bucket is empty.
+		// (Also keeps the product below from overflowing.)
+		debt = capacity
+	case s.A >= t:
+		debt = (s.A-t)*p.Limit + s.B
+	}
+	debt, d := bucketDecide(p, debt, cost)
+	if !d.Allowed || cost == 0 {
+		return s, d
+	}
+	return State{A: t + debt/p.Limit, B: debt % p.Limit}, d
+}
+
+// fixedWindow: s.A is the start of the current window, s.B the units
+// admitted in it.
+func fixedWindow(p *Params, s State, t, cost int64) (State, sluice.Decision) {
+	start := t - floorMod(t, p.Window)
+	count := s.B
+	if s.A != start {
+		count = 0
+		if s.A > start { // the clock went back: keep the later window
+			start, count = s.A, s.B
+		}
+	}
+	end := start + p.Window
+	d := sluice.Decision{Limit: p.Limit}
+	if count+cost > p.Limit {
+		d.Reason = sluice.ReasonLimited
+		d.Remaining = p.Limit - count
+		d.ResetAfter = p.dur(end - t)
+		d.RetryAfter = p.dur(end - t)
+		return s, d
+	}
+	d.Allowed = true
+	count += cost
+	d.Remaining = p.Limit - count
+	if count > 0 {
+		d.ResetAfter = p.dur(end - t)
+	}
+	if cost == 0 {
+		return s, d
+	}
+	return State{A: start, B: count}, d
+}
+
+// slidingCounter: s.A is the start of the current window, s.B the units
+// admitted in it, s.C the units admitted in the window before.
+func slidingCounter(p *Params, s State, t, cost int64) (State, sluice.Decision) {
+	w := p.Window
+	start := t - floorMod(t, w)
+	cur, prev := s.B, s.C
+	switch {
+	case s.A == start:
+	case s.A == start-w:
+		cur, prev = 0, s.B
+	case s.A > start: // the clock went back: keep the later windows
+		start = s.A
+	default:
+		cur, prev = 0, 0
+	}
+	e := max(t-start, 0) // elapsed quanta into the current window
+	// The weighted count, scaled by the window: prev x (W-e) + cur x W.
+	weighted := prev*(w-e) + cur*w
+	room := p.Limit*w - weighted
+	d := sluice.Decision{Limit: p.Limit}
+	if (cur+cost)*w > p.Limit*w-prev*(w-e) {
+		d.Reason = sluice.ReasonLimited
+		d.Remaining = max(room/w, 0)
+		d.ResetAfter = p.dur(counterReset(w, e, cur, prev))
+		d.RetryAfter = p.dur(counterRetry(p.Limit, w, e, cur, prev, cost))
+		return s, d
+	}
+	d.Allowed = true
+	cur += cost
+	d.Remaining = (room - cost*w) / w
+	d.ResetAfter = p.dur(counterReset(w, e, cur, prev))
+	if cost == 0 {
+		return s, d
+	}
+	return State{A: start, B: cur, C: prev}, d
+}
+
+// counterReset returns the quanta until both windows of a sliding window
+// counter weigh nothing.
+func counterReset(w, e, cur, prev int64) int64 {
+	switch {
+	case cur > 0:
+		return 2*w - e
+	case prev > 0:
+		return w - e
+	}
+	return 0
+}
+
+// counterRetry returns the quanta until a request of cost, denied by a
+// sliding window counter, would be admitted.
+func counterRetry(limit, w, e, cur, prev, cost int64) int64 {
+	if free := limit - cur - cost; free >= 0 {
+		// Within this window, once the previous window's weight has
+		// fallen enough: prev x (W-e-dt) <= free x W.
+		return max(w-e-free*w/prev, 1)
+	}
+	// In the next window, cur becomes the previous window:
+	// cur x (W-e2) <= (limit-cost) x W.
+	e2 := max(w-(limit-cost)*w/cur, 0)
+	return w - e + e2
 }
 
 // ApplyLog decides a request for the sliding window log. log holds the
 // admission instants in quanta, oldest first, one entry per unit of cost
 // admitted; entries older than the window may be present and are dropped.
 // It returns the new log, which may share log's array, and the decision.
+// When the request is denied, or cost is 0, log's array is left untouched.
 func ApplyLog(p *Params, log []int64, now, cost int64) ([]int64, sluice.Decision) {
-	panic("algorithm: not implemented")
+	if d, done := precheck(p, cost); done {
+		return log, d
+	}
+	t := floorDiv(now, p.Quantum)
+	k := 0 // entries at or before t-W have left the window (t-W, t]
+	for k < len(log) && log[k] <= t-p.Window {
+		k++
+	}
+	live := log[k:]
+	n := int64(len(live))
+	d := sluice.Decision{Limit: p.Limit}
+	if n+cost > p.Limit {
+		d.Reason = sluice.ReasonLimited
+		d.Remaining = max(p.Limit-n, 0)
+		d.ResetAfter = p.dur(live[len(live)-1] + p.Window - t)
+		// The oldest n+cost-limit entries must leave the window.
+		d.RetryAfter = p.dur(live[n+cost-p.Limit-1] + p.Window - t)
+		return live, d
+	}
+	d.Allowed = true
+	d.Remaining = p.Limit - n - cost
+	if cost == 0 {
+		if n > 0 {
+			d.ResetAfter = p.dur(live[n-1] + p.Window - t)
+		}
+		return live, d
+	}
+	newest := t
+	if n > 0 {
+		newest = max(live[n-1], t) // keep the log sorted if the clock went back
+	}
+	if k > 0 {
+		log = log[:copy(log, live)]
+	}
+	for range cost {
+		log = append(log, newest)
+	}
+	d.ResetAfter = p.dur(newest + p.Window - t)
+	return log, d
 }
 
 // ExpiresAt returns the instant, in microseconds since the Unix epoch, from
 // which s is equivalent to the zero State under p, so a store may forget
 // it. For the sliding window log, pass the newest entry of the log in s.A.
 func ExpiresAt(p *Params, s State) int64 {
-	panic("algorithm: not implemented")
+	var q int64 // in quanta
+	switch p.Algorithm {
+	case sluice.TokenBucket, sluice.LeakyBucket:
+		if s.A <= 0 {
+			return 0
+		}
+		q = s.B + ceilDiv(s.A, p.Limit)
+	case sluice.GCRA:
+		q = s.A
+		if s.B > 0 {
+			q++
+		}
+	case sluice.FixedWindow:
+		if s.B == 0 {
+			return 0
+		}
+		q = s.A + p.Window
+	case sluice.SlidingWindowCounter:
+		switch {
+		case s.B > 0:
+			q = s.A + 2*p.Window
+		case s.C > 0:
+			q = s.A + p.Window
+		default:
+			return 0
+		}
+	case sluice.SlidingWindowLog:
+		q = s.A + p.Window
+	}
+	return q * p.Quantum
+}
+
+// dur converts q quanta to a duration.
+func (p *Params) dur(q int64) time.Duration {
+	return time.Duration(q*p.Quantum) * time.Microsecond
+}
+
+// floorDiv returns a / b rounded towards minus infinity; b > 0.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b < 0 {
+		q--
+	}
+	return q
+}
+
+// floorMod returns a mod b in [0, b); b > 0.
+func floorMod(a, b int64) int64 {
+	m := a % b
+	if m < 0 {
+		m += b
+	}
+	return m
+}
+
+// ceilDiv returns a / b rounded up, for a >= 0 and b > 0.
+func ceilDiv(a, b int64) int64 {
+	return (a + b - 1) / b
 }

@@ -1,0 +1,138 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/internal/daemon"
+)
+
+// startServer runs a Sluice server on free ports with the built-in policy
+// and returns a client for it.
+func startServer(t *testing.T) *client.Client {
+	t.Helper()
+	d, err := daemon.Start(context.Background(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d.Shutdown(ctx)
+	})
+	c, err := client.New(client.Config{BaseURL: "http://" + d.HTTPAddr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestCheckStatusBatch(t *testing.T) {
+	c := startServer(t)
+	ctx := context.Background()
+	// The built-in demo rule: 5 per minute per client.
+	req := client.CheckRequest{ClientID: "alice", Resource: "/api/v1/demo"}
+	for i := range 5 {
+		d, err := c.Check(ctx, req)
+		if err != nil || !d.Allowed || d.Status != 200 || d.Remaining != int64(4-i) {
+			t.Fatalf("check %d: %+v, %v", i+1, d, err)
+		}
+	}
+	d, err := c.Check(ctx, req)
+	if err != nil || d.Allowed || d.Status != 429 || d.Rule != "demo" || d.RetryAfter() <= 0 ||
+		d.Header.Get("Retry-After") == "" || d.Header.Get("X-RateLimit-Limit") != "5" {
+		t.Fatalf("sixth check: %+v, %v; want a 429 with its headers", d, err)
+	}
+	st, err := c.Status(ctx, client.StatusRequest{ClientID: "alice", Resource: "/api/v1/demo"})
+	if err != nil || len(st) == 0 {
+		t.Fatalf("status: %v, %v", st, err)
+	}
+	for _, r := range st {
+		if r.Rule == "demo" && r.Remaining != 0 {
+			t.Errorf("status of demo: remaining %d, want 0", r.Remaining)
+		}
+	}
+	b, err := c.BatchCheck(ctx, client.BatchRequest{ClientID: "bob", Mode: "best_effort",
+		Checks: []client.CheckRequest{{Resource: "/api/v1/demo"}, {Resource: "/api/v1/other"}}})
+	if err != nil || len(b.Results) != 2 {
+		t.Fatalf("batch: %+v, %v", b, err)
+	}
+}
+
+func TestBadRequestIsTyped(t *testing.T) {
+	c := startServer(t)
+	_, err := c.Check(context.Background(), client.CheckRequest{Resource: "/api/v1/demo"})
+	var apiErr *client.APIError
+	if !errors.Is(err, client.ErrInvalidRequest) || !errors.As(err, &apiErr) || apiErr.Field != "client_id" {
+		t.Fatalf("check without client_id: %v, want ErrInvalidRequest naming client_id", err)
+	}
+	if _, err := client.New(client.Config{BaseURL: "localhost:8080"}); err == nil {
+		t.Error("New with a URL without scheme succeeded")
+	}
+}
+
+func TestMiddleware(t *testing.T) {
+	c := startServer(t)
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") })
+	h := client.Middleware(c, func(r *http.Request) client.Identity {
+		return client.Identity{ClientID: r.Header.Get("X-Client"), Resource: "/api/v1/demo"}
+	}, hello)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	get := func(clientID string) *http.Response {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/anything", nil)
+		if clientID != "" {
+			req.Header.Set("X-Client", clientID)
+		}
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	for i := range 5 {
+		if resp := get("carol"); resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Remaining") != fmt.Sprint(4-i) {
+			t.Fatalf("request %d: %d, remaining %q", i+1, resp.StatusCode, resp.Header.Get("X-RateLimit-Remaining"))
+		}
+	}
+	if resp := get("carol"); resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("sixth request: %d, Retry-After %q; want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if resp := get(""); resp.StatusCode != 400 {
+		t.Errorf("no identity: %d, want 400", resp.StatusCode)
+	}
+}
+
+func TestMiddlewareServerDown(t *testing.T) {
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") })
+	id := func(*http.Request) client.Identity { return client.Identity{ClientID: "x"} }
+	for _, failClosed := range []bool{false, true} {
+		// A port nothing listens on: the listener is closed at once.
+		ln := httptest.NewServer(http.NotFoundHandler())
+		addr := ln.URL
+		ln.Close()
+		c, err := client.New(client.Config{BaseURL: addr, Timeout: 200 * time.Millisecond, FailClosed: failClosed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := httptest.NewRecorder()
+		client.Middleware(c, id, hello).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		want := 200
+		if failClosed {
+			want = 503
+		}
+		if rec.Code != want {
+			t.Errorf("server down, fail closed %v: %d, want %d", failClosed, rec.Code, want)
+		}
+	}
+}
