@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/loadgen"
@@ -56,6 +57,7 @@ Flags:
 	fs.DurationVar(&cfg.Window, "window", 0, "window of --expect-limit, aligned on the Unix epoch like fixed windows; 0: the whole run")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the key and cost draws")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -73,6 +75,19 @@ Flags:
 		if cfg.Target != loadgen.TargetHTTP {
 			cfg.Addr = "127.0.0.1:8081"
 		}
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "sluice load: --cpuprofile: %v\n", err)
+			return 2
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "sluice load: --cpuprofile: %v\n", err)
+			return 2
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"sync"
 	"time"
 
@@ -206,7 +207,10 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 	}
-	d.grpcSrv = grpc.NewServer(grpc.UnaryInterceptor(logging.UnaryServerInterceptor(d.log)))
+	d.grpcSrv = grpc.NewServer(grpc.UnaryInterceptor(logging.UnaryServerInterceptor(d.log)),
+		// Reused workers instead of a goroutine per call: no stack growth
+		// per call (about a tenth of the server's CPU on the Envoy path).
+		grpc.NumStreamWorkers(uint32(max(128, 32*runtime.GOMAXPROCS(0)))))
 	svc.Register(d.grpcSrv)
 	rls.Register(d.grpcSrv)
 	d.health = health.NewServer()

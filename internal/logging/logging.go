@@ -160,10 +160,8 @@ func UnaryServerInterceptor(log *slog.Logger) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		debug := log.Enabled(ctx, slog.LevelDebug)
 		var id string
-		if md, ok := metadata.FromIncomingContext(ctx); ok {
-			if v := md.Get("x-request-id"); len(v) > 0 {
-				id = v[0]
-			}
+		if v := metadata.ValueFromIncomingContext(ctx, "x-request-id"); len(v) > 0 {
+			id = v[0]
 		}
 		if id == "" && !debug {
 			resp, err := handler(ctx, req)
