@@ -87,12 +87,22 @@ func (d *Daemon) serveDebug() {
 }
 
 // withEvents serves GET /api/v1/events from the event ring, and everything
-// else from api.
+// else from api. It compares the path rather than routing through a second
+// ServeMux, which would cost every check a pattern match.
 func (d *Daemon) withEvents(api http.Handler) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /api/v1/events", d.handleEvents)
-	mux.Handle("/", api)
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/v1/events" {
+			api.ServeHTTP(w, r)
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method_not_allowed",
+				"error_description": "use GET"})
+			return
+		}
+		d.handleEvents(w, r)
+	})
 }
 
 // maxEventsLimit is the largest limit GET /api/v1/events accepts.

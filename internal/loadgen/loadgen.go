@@ -427,7 +427,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // work runs one caller until ctx ends or the request budget is spent.
 func (r *run) work(ctx context.Context, cl caller, w *worker, idx int, start time.Time) {
-	end := start.Add(r.cfg.Duration)
+	end, ok := ctx.Deadline()
+	if !ok {
+		end = start.Add(r.cfg.Duration)
+	}
 	var interval time.Duration
 	next := start
 	if r.cfg.Rate > 0 {
