@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice/internal/envoyrls"
 	"github.com/sluicehq/sluice/internal/events"
 	"github.com/sluicehq/sluice/internal/grpcapi"
+	"github.com/sluicehq/sluice/internal/grpccodec"
 	"github.com/sluicehq/sluice/internal/httpapi"
 	"github.com/sluicehq/sluice/internal/logging"
 	"github.com/sluicehq/sluice/internal/metrics"
@@ -207,7 +208,10 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 	}
-	d.grpcSrv = grpc.NewServer(grpc.UnaryInterceptor(logging.UnaryServerInterceptor(d.log)),
+	// The codec turns invalid UTF-8 in a request into InvalidArgument
+	// naming the field, instead of grpc-go's Internal.
+	d.grpcSrv = grpc.NewServer(grpc.ForceServerCodecV2(grpccodec.Codec{}),
+		grpc.UnaryInterceptor(logging.UnaryServerInterceptor(d.log)),
 		// Reused workers instead of a goroutine per call: no stack growth
 		// per call (about a tenth of the server's CPU on the Envoy path).
 		grpc.NumStreamWorkers(uint32(max(128, 32*runtime.GOMAXPROCS(0)))))

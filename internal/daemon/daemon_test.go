@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/daemon"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
 // clock is a settable clock shared by the engine and the memory store, so
@@ -272,28 +273,57 @@ func TestWarningHeader(t *testing.T) {
 func TestBadInputChangesNothing(t *testing.T) {
 	td := start(t, policyText())
 	long := strings.Repeat("x", 300)
-	for _, body := range []string{
-		`{"client_id":"c1","resource":"/api/limited"`,
-		`{"resource":"/api/limited"}`,
-		`{"client_id":"c1","resource":"/api/limited","cost":-1}`,
-		`{"client_id":"c1","resource":"/api/limited","cost":99999999999}`,
-		`{"client_id":"c1","resource":"/api/limited","priority":"urgent"}`,
-		`{"client_id":"c1","resource":"/api/limited","user":"` + long + `"}`,
-		"{\"client_id\":\"c1\",\"resource\":\"/api/limited\",\"user\":\"\xff\"}",
-		`{"client_id":"c1","resource":"/api/limited","colour":"red"}`,
+	for _, tt := range []struct{ path, body, field string }{
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited"`, "body"},
+		{"/api/v1/check", `{"resource":"/api/limited"}`, "client_id"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","cost":-1}`, "cost"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","cost":99999999999}`, "cost"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","cost":1e40}`, "cost"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","priority":"urgent"}`, "priority"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","user":"` + long + `"}`, "user"},
+		{"/api/v1/check", `{"client_id":"` + long + `","resource":"/api/limited"}`, "client_id"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","idempotency_key":"` + long + `"}`, "idempotency_key"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited` + strings.Repeat("/x", 1100) + `"}`, "resource"},
+		{"/api/v1/check", "{\"client_id\":\"c1\",\"resource\":\"/api/limited\",\"user\":\"\xff\"}", "user"},
+		{"/api/v1/check", `{"client_id":"c1","resource":"/api/limited","colour":"red"}`, "colour"},
+		{"/api/v1/batch-check", `{"client_id":"c1","mode":"sometimes","checks":[{"resource":"/api/limited"}]}`, "mode"},
+		{"/api/v1/batch-check", `{"client_id":"c1","priority":"urgent","checks":[{"resource":"/api/limited"}]}`, "priority"},
+		// A bad check fails the whole batch: the good one before it is
+		// not decided either.
+		{"/api/v1/batch-check", `{"client_id":"c1","mode":"best_effort","checks":[{"resource":"/api/limited"},{"resource":"/api/limited","cost":-2}]}`, "checks[1].cost"},
+		{"/api/v1/batch-check", "{\"client_id\":\"c1\",\"checks\":[{\"resource\":\"/api/limited\"},{\"resource\":\"/api/limited\",\"ip\":\"\xfe\"}]}", "checks[1].ip"},
+		{"/api/v1/batch-check", `{"checks":[{"resource":"/api/limited"}]}`, "client_id"},
 	} {
-		r := td.check(t, body)
-		if r.status != 400 || r.str("error") != "invalid_request" || r.str("field") == "" {
-			t.Errorf("%q: %d %s, want 400 invalid_request naming a field", body, r.status, r.raw)
+		r := post(t, td.base+tt.path, tt.body)
+		if r.status != 400 || r.str("error") != "invalid_request" || r.str("field") != tt.field {
+			t.Errorf("%.80q: %d %s, want 400 invalid_request naming %s", tt.body, r.status, r.raw, tt.field)
 		}
 	}
 	big := `{"client_id":"c1","resource":"/api/limited","user":"` + strings.Repeat("x", 70<<10) + `"}`
-	if r := td.check(t, big); r.status != 413 {
-		t.Errorf("70 KiB body: %d, want 413", r.status)
+	for _, path := range []string{"/api/v1/check", "/api/v1/batch-check"} {
+		if r := post(t, td.base+path, big); r.status != 413 || r.str("error") != "request_too_large" || r.str("field") != "body" {
+			t.Errorf("%s, 70 KiB body: %d %s, want 413 naming body", path, r.status, r.raw)
+		}
 	}
-	r := post(t, td.base+"/api/v1/batch-check", `{"client_id":"c1","mode":"sometimes","checks":[{"resource":"/api/limited"}]}`)
-	if r.status != 400 || r.str("field") != "mode" {
-		t.Errorf("unknown mode: %d %s", r.status, r.raw)
+	// The same, sent without a Content-Length.
+	resp, err := http.Post(td.base+"/api/v1/check", "application/json", io.MultiReader(strings.NewReader(big)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := read(t, resp); r.status != 413 || r.str("field") != "body" {
+		t.Errorf("chunked 70 KiB body: %d %s, want 413 naming body", r.status, r.raw)
+	}
+	req, _ := http.NewRequest("POST", td.base+"/api/v1/check", strings.NewReader(`{"client_id":"c1","resource":"/api/limited"}`))
+	req.Header.Set("X-Idempotency-Key", long)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := read(t, resp); r.status != 400 || r.str("field") != "idempotency_key" {
+		t.Errorf("long X-Idempotency-Key: %d %s, want 400 naming idempotency_key", r.status, r.raw)
+	}
+	if r := get(t, td.base+"/api/v1/status/"+long+"?resource=/api/limited"); r.status != 400 || r.str("field") != "client_id" {
+		t.Errorf("status of a long client_id: %d %s, want 400 naming client_id", r.status, r.raw)
 	}
 	if got := td.remaining(t, "c1", "/api/limited", "per-client"); got != 3 {
 		t.Errorf("remaining after bad input = %d, want 3", got)
@@ -326,6 +356,11 @@ func TestBatchModes(t *testing.T) {
 	r := post(t, td.base+"/api/v1/batch-check", body)
 	if r.status != 429 || r.body["allowed"] != false {
 		t.Fatalf("second batch: %d %s, want 429", r.status, r.raw)
+	}
+	// batch-a alone would pass: its result says the batch denied it.
+	first := r.body["results"].([]any)[0].(map[string]any)
+	if first["status"] != 429.0 || !strings.Contains(first["error_description"].(string), "all_or_nothing batch") {
+		t.Errorf("second batch, first result = %v, want 429 denied with its batch", first)
 	}
 	if got := td.remaining(t, "c1", "/batch/a", "batch-a"); got != 1 {
 		t.Errorf("batch-a remaining after a refused batch = %d, want 1", got)
@@ -370,6 +405,26 @@ func TestAllowAndDenyLists(t *testing.T) {
 	r := td.check(t, `{"client_id":"banned","resource":"/anything"}`)
 	if r.status != 429 || r.str("source") != "deny_list" || r.header.Get("X-RateLimit-Decision-Source") != "deny_list" {
 		t.Errorf("banned: %d %s, want 429 from deny_list", r.status, r.raw)
+	}
+	if !strings.Contains(r.str("error_description"), "deny list") {
+		t.Errorf("banned: %s, want a description naming the deny list", r.raw)
+	}
+	// A deny-listed check denies its all_or_nothing batch; the other
+	// check is told so, not that its caller is deny-listed.
+	r = post(t, td.base+"/api/v1/batch-check", `{"checks":[{"client_id":"c1","resource":"/api/limited"},{"client_id":"banned","resource":"/api/limited"}]}`)
+	if r.status != 429 {
+		t.Fatalf("batch with a banned check: %d %s, want 429", r.status, r.raw)
+	}
+	results := r.body["results"].([]any)
+	first, second := results[0].(map[string]any), results[1].(map[string]any)
+	if d := first["error_description"].(string); !strings.Contains(d, "all_or_nothing batch") {
+		t.Errorf("the other check's description = %q, want it denied with its batch", d)
+	}
+	if d := second["error_description"].(string); !strings.Contains(d, "deny list") {
+		t.Errorf("the banned check's description = %q, want the deny list", d)
+	}
+	if got := td.remaining(t, "c1", "/api/limited", "per-client"); got != 3 {
+		t.Errorf("c1 remaining after the refused batch = %d, want 3", got)
 	}
 }
 
@@ -444,6 +499,22 @@ func TestDefaultPolicy(t *testing.T) {
 	}
 	if last.status != 429 || last.str("rule") != "demo" {
 		t.Errorf("6th check of the built-in demo rule: %d %s, want 429", last.status, last.raw)
+	}
+	// demo does not depend on tiers; the tier comes from api-per-client,
+	// which matches too.
+	if got := last.header.Get("X-RateLimit-Tier"); got != "free" || last.str("tier") != "free" {
+		t.Errorf("tier: header %q, body %q, want free", got, last.str("tier"))
+	}
+	for _, h := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Policy",
+		"Retry-After", "Retry-After-Ms", "RateLimit-Policy", "RateLimit"} {
+		if last.header.Get(h) == "" {
+			t.Errorf("429 lacks header %s", h)
+		}
+	}
+	c := sluicev1.NewRateLimiterClient(dial(t, td.GRPCAddr()))
+	resp, err := c.CheckRateLimit(ctx(t), &sluicev1.CheckRequest{ClientId: "demo", Resource: "/api/v1/demo"})
+	if err != nil || resp.GetAllowed() || resp.GetTier() != "free" {
+		t.Errorf("gRPC 7th check: %v %v, want denied with tier free", resp, err)
 	}
 }
 

@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/internal/daemon"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
@@ -172,10 +175,10 @@ func TestEnvoyRateLimitService(t *testing.T) {
 	if sts[0].GetCode() != rlsv3.RateLimitResponse_OK || sts[0].GetLimitRemaining() != 3 || sts[0].GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_DAY {
 		t.Errorf("nested descriptor: %v", sts[0])
 	}
-	if sts[1].GetCode() != rlsv3.RateLimitResponse_OK || sts[1].GetCurrentLimit() != nil {
+	if sts[1].GetCode() != rlsv3.RateLimitResponse_OK || sts[1].GetCurrentLimit() != nil || sts[1].GetLimitRemaining() != 1<<32-1 {
 		t.Errorf("unlimited descriptor: %v", sts[1])
 	}
-	if sts[2].GetCode() != rlsv3.RateLimitResponse_OK || sts[2].GetCurrentLimit() != nil {
+	if sts[2].GetCode() != rlsv3.RateLimitResponse_OK || sts[2].GetCurrentLimit() != nil || sts[2].GetLimitRemaining() != 0 {
 		t.Errorf("unknown descriptor: %v", sts[2])
 	}
 	if sts[3].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
@@ -191,5 +194,167 @@ func TestEnvoyRateLimitService(t *testing.T) {
 		if _, err := c.ShouldRateLimit(ctx(t), req); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: %v, want InvalidArgument", name, err)
 		}
+	}
+}
+
+// rawCodec sends and receives already-encoded messages, so that a test can
+// send what generated clients refuse to marshal, such as invalid UTF-8 in
+// a string field.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return *v.(*[]byte), nil }
+
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*v.(*[]byte) = append([]byte(nil), data...)
+	return nil
+}
+
+func (rawCodec) Name() string { return "proto" }
+
+func TestGRPCBadInputChangesNothing(t *testing.T) {
+	td := start(t, policyText())
+	conn := dial(t, td.GRPCAddr())
+	c := sluicev1.NewRateLimiterClient(conn)
+	// One check: per-client has 2 of 3 left, and must keep them.
+	if resp, err := c.CheckRateLimit(ctx(t), &sluicev1.CheckRequest{ClientId: "g1", Resource: "/api/limited"}); err != nil || resp.GetRemaining() != 2 {
+		t.Fatalf("first check: %v %v", resp, err)
+	}
+	long := strings.Repeat("x", 257)
+	type call struct {
+		name, field string
+		do          func() error
+	}
+	check := func(r *sluicev1.CheckRequest) func() error {
+		return func() error { _, err := c.CheckRateLimit(ctx(t), r); return err }
+	}
+	batch := func(r *sluicev1.BatchCheckRequest) func() error {
+		return func() error { _, err := c.BatchCheck(ctx(t), r); return err }
+	}
+	lim := func(cost int64) *sluicev1.CheckRequest {
+		return &sluicev1.CheckRequest{Resource: "/api/limited", Cost: ptr(cost)}
+	}
+	many := make([]*sluicev1.CheckRequest, 1001)
+	for i := range many {
+		many[i] = lim(1)
+	}
+	for _, tt := range []call{
+		{"missing client_id", "client_id", check(&sluicev1.CheckRequest{Resource: "/api/limited"})},
+		{"negative cost", "cost", check(&sluicev1.CheckRequest{ClientId: "g1", Resource: "/api/limited", Cost: ptr(int64(-1))})},
+		{"huge cost", "cost", check(&sluicev1.CheckRequest{ClientId: "g1", Resource: "/api/limited", Cost: ptr(int64(1<<30 + 1))})},
+		{"unknown priority", "priority", check(&sluicev1.CheckRequest{ClientId: "g1", Resource: "/api/limited", Priority: sluicev1.Priority(42)})},
+		{"long client_id", "client_id", check(&sluicev1.CheckRequest{ClientId: long, Resource: "/api/limited"})},
+		{"long user", "user", check(&sluicev1.CheckRequest{ClientId: "g1", Resource: "/api/limited", User: long})},
+		{"long idempotency_key", "idempotency_key", check(&sluicev1.CheckRequest{ClientId: "g1", Resource: "/api/limited", IdempotencyKey: long})},
+		{"long resource", "resource", check(&sluicev1.CheckRequest{ClientId: "g1", Resource: "/api/limited" + strings.Repeat("/x", 1100)})},
+		{"control character", "ip", check(&sluicev1.CheckRequest{ClientId: "g1", Resource: "/api/limited", Ip: "1.2.3.4\n"})},
+		{"batch: unknown mode", "mode", batch(&sluicev1.BatchCheckRequest{ClientId: "g1", Mode: sluicev1.BatchMode(9), Checks: []*sluicev1.CheckRequest{lim(1)}})},
+		{"batch: unknown priority", "priority", batch(&sluicev1.BatchCheckRequest{ClientId: "g1", Priority: sluicev1.Priority(7), Checks: []*sluicev1.CheckRequest{lim(1)}})},
+		{"batch: no checks", "checks", batch(&sluicev1.BatchCheckRequest{ClientId: "g1"})},
+		{"batch: too many checks", "checks", batch(&sluicev1.BatchCheckRequest{ClientId: "g1", Checks: many})},
+		{"batch: bad second check", "checks[1].cost", batch(&sluicev1.BatchCheckRequest{ClientId: "g1", Mode: sluicev1.BatchMode_BATCH_MODE_BEST_EFFORT, Checks: []*sluicev1.CheckRequest{lim(1), lim(-1)}})},
+		{"batch: no client", "checks[0].client_id", batch(&sluicev1.BatchCheckRequest{Checks: []*sluicev1.CheckRequest{lim(1)}})},
+		{"quota: missing client_id", "client_id", func() error {
+			_, err := c.GetRemainingQuota(ctx(t), &sluicev1.QuotaRequest{Resource: "/api/limited"})
+			return err
+		}},
+		{"reset: long ip", "ip", func() error {
+			_, err := c.ResetLimit(ctx(t), &sluicev1.ResetRequest{ClientId: "g1", Resource: "/api/limited", Ip: long})
+			return err
+		}},
+	} {
+		err := tt.do()
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.HasPrefix(st.Message(), tt.field+":") {
+			t.Errorf("%s: %v, want InvalidArgument naming %s", tt.name, err, tt.field)
+		}
+	}
+
+	// Invalid UTF-8, sent as raw bytes (generated Go clients refuse to
+	// marshal it, other clients can send it): InvalidArgument naming the
+	// field, not grpc-go's Internal.
+	str := func(b []byte, num protowire.Number, v string) []byte {
+		return protowire.AppendString(protowire.AppendTag(b, num, protowire.BytesType), v)
+	}
+	msg := func(b []byte, num protowire.Number, v []byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(b, num, protowire.BytesType), v)
+	}
+	good := str(nil, 2, "/api/limited")
+	for _, tt := range []struct {
+		method, field string
+		raw           []byte
+	}{
+		{"CheckRateLimit", "client_id", str(str(nil, 1, "g\xff1"), 2, "/api/limited")},
+		{"CheckRateLimit", "user", str(str(good, 1, "g1"), 7, "\xc3")},
+		{"BatchCheck", "checks[1].user", msg(msg(str(nil, 1, "g1"), 7, good), 7, str(good, 7, "u\xfe"))},
+		{"GetRemainingQuota", "resource", str(str(nil, 1, "g1"), 2, "/api/\xff")},
+	} {
+		var out []byte
+		err := conn.Invoke(ctx(t), "/sluice.v1.RateLimiter/"+tt.method, &tt.raw, &out, grpc.ForceCodec(rawCodec{}))
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.HasPrefix(st.Message(), tt.field+": invalid UTF-8") {
+			t.Errorf("%s with invalid UTF-8 in %s: %v, want InvalidArgument naming it", tt.method, tt.field, err)
+		}
+	}
+
+	q, err := c.GetRemainingQuota(ctx(t), &sluicev1.QuotaRequest{ClientId: "g1", Resource: "/api/limited"})
+	if err != nil || len(q.GetRules()) != 1 || q.GetRules()[0].GetRemaining() != 2 {
+		t.Errorf("quota after bad input: %v %v, want 2 remaining", q, err)
+	}
+}
+
+func TestEnvoyBadInputChangesNothing(t *testing.T) {
+	td := start(t, "", func(c *daemon.Config) { c.ConfigPath = "testdata/envoy-ratelimit.yaml" })
+	c := rlsv3.NewRateLimitServiceClient(dial(t, td.GRPCAddr()))
+	good := envoyReq("mongo_cps", 1, []string{"database", "default"})
+	remaining := func() uint32 {
+		t.Helper()
+		resp, err := c.ShouldRateLimit(ctx(t), good)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetStatuses()[0].GetLimitRemaining()
+	}
+	if got := remaining(); got != 4 {
+		t.Fatalf("first call: %d remaining, want 4", got)
+	}
+	withDesc := func(mod func(*rlsv3.RateLimitRequest)) *rlsv3.RateLimitRequest {
+		r := envoyReq("mongo_cps", 1, []string{"database", "default"})
+		mod(r)
+		return r
+	}
+	manyEntries := make([]string, 0, 66)
+	for range 33 {
+		manyEntries = append(manyEntries, "database", "default")
+	}
+	for name, req := range map[string]*rlsv3.RateLimitRequest{
+		"huge hits_addend": envoyReq("mongo_cps", 1_000_000_001, []string{"database", "default"}),
+		"huge descriptor hits_addend": withDesc(func(r *rlsv3.RateLimitRequest) {
+			r.Descriptors[0].HitsAddend = wrapperspb.UInt64(1 << 40)
+		}),
+		"negative hits": withDesc(func(r *rlsv3.RateLimitRequest) { r.Descriptors[0].IsNegativeHits = true }),
+		"too many descriptors": withDesc(func(r *rlsv3.RateLimitRequest) {
+			for range 64 {
+				r.Descriptors = append(r.Descriptors, r.Descriptors[0])
+			}
+		}),
+		"too many entries": envoyReq("mongo_cps", 1, manyEntries),
+		"long value":       envoyReq("mongo_cps", 1, []string{"database", "default"}, []string{"database", strings.Repeat("v", 513)}),
+		"long domain":      envoyReq(strings.Repeat("d", 513), 1, []string{"database", "default"}),
+	} {
+		if _, err := c.ShouldRateLimit(ctx(t), req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+	// Invalid UTF-8 in a descriptor value, sent as raw bytes.
+	var entry, desc, raw, out []byte
+	entry = protowire.AppendString(protowire.AppendTag(entry, 1, protowire.BytesType), "database")
+	entry = protowire.AppendString(protowire.AppendTag(entry, 2, protowire.BytesType), "def\xffault")
+	desc = protowire.AppendBytes(protowire.AppendTag(desc, 1, protowire.BytesType), entry)
+	raw = protowire.AppendString(protowire.AppendTag(raw, 1, protowire.BytesType), "mongo_cps")
+	raw = protowire.AppendBytes(protowire.AppendTag(raw, 2, protowire.BytesType), desc)
+	err := dial(t, td.GRPCAddr()).Invoke(ctx(t), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &raw, &out, grpc.ForceCodec(rawCodec{}))
+	if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "descriptors[0].entries[0].value: invalid UTF-8") {
+		t.Errorf("invalid UTF-8 in a descriptor value: %v, want InvalidArgument naming it", err)
+	}
+	if got := remaining(); got != 3 {
+		t.Errorf("after bad input: %d remaining, want 3 (only the good calls counted)", got)
 	}
 }

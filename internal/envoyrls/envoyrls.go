@@ -24,6 +24,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/internal/grpccodec"
 )
 
 // Engine is what the service needs of the engine. *engine.Engine
@@ -105,6 +106,9 @@ func checkString(what, s string) error {
 // Descriptors converts and validates the descriptors of req: the mapping
 // from Envoy's wire types to the engine's.
 func Descriptors(req *rlsv3.RateLimitRequest) ([]engine.Descriptor, error) {
+	if field, ok := grpccodec.InvalidUTF8(req); ok {
+		return nil, invalid("%s: invalid UTF-8", field)
+	}
 	if req.GetDomain() == "" {
 		return nil, invalid("domain: required")
 	}
@@ -191,6 +195,11 @@ func descriptorStatus(st *engine.DescriptorStatus) *rlsv3.RateLimitResponse_Desc
 		ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if !st.HasLimit {
+		// Unlimited descriptors report the largest remaining quota, as
+		// envoyproxy/ratelimit does; unmatched ones report nothing.
+		if st.Remaining > 0 {
+			ds.LimitRemaining = clampU32(st.Remaining)
+		}
 		return ds
 	}
 	unit, mult := envoyUnit(st.Unit)

@@ -15,9 +15,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/internal/grpccodec"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -94,6 +96,15 @@ func toStatus(err error) error {
 		}
 	}
 	return status.Error(codes.Internal, err.Error())
+}
+
+// checkUTF8 returns the error for a request that held invalid UTF-8 in a
+// string field, as marked by grpccodec.Codec; nil otherwise.
+func checkUTF8(m proto.Message) error {
+	if field, ok := grpccodec.InvalidUTF8(m); ok {
+		return toStatus(fieldErr(field, "invalid UTF-8"))
+	}
+	return nil
 }
 
 func fieldErr(field, format string, args ...any) error {
@@ -184,6 +195,9 @@ func toCheck(prefix string, r *sluicev1.CheckRequest, c *engine.Check) error {
 
 // CheckRateLimit implements sluicev1.RateLimiterServer.
 func (s *Server) CheckRateLimit(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
+	if err := checkUTF8(req); err != nil {
+		return nil, err
+	}
 	var c engine.Check
 	if err := toCheck("", req, &c); err != nil {
 		return nil, toStatus(err)
@@ -200,6 +214,9 @@ func (s *Server) CheckRateLimit(ctx context.Context, req *sluicev1.CheckRequest)
 
 // BatchCheck implements sluicev1.RateLimiterServer.
 func (s *Server) BatchCheck(ctx context.Context, req *sluicev1.BatchCheckRequest) (*sluicev1.BatchCheckResponse, error) {
+	if err := checkUTF8(req); err != nil {
+		return nil, err
+	}
 	var mode engine.BatchMode
 	switch req.GetMode() {
 	case sluicev1.BatchMode_BATCH_MODE_UNSPECIFIED, sluicev1.BatchMode_BATCH_MODE_ALL_OR_NOTHING:
@@ -261,6 +278,9 @@ func or(a, b string) string {
 
 // GetRemainingQuota implements sluicev1.RateLimiterServer.
 func (s *Server) GetRemainingQuota(ctx context.Context, req *sluicev1.QuotaRequest) (*sluicev1.QuotaResponse, error) {
+	if err := checkUTF8(req); err != nil {
+		return nil, err
+	}
 	id := identity{req.GetClientId(), req.GetResource(), req.GetOperation(), req.GetUser(), req.GetIp(), req.GetApiKey(), req.GetMethod()}
 	var c engine.Check
 	if err := id.check("", &c); err != nil {
@@ -280,6 +300,9 @@ func (s *Server) GetRemainingQuota(ctx context.Context, req *sluicev1.QuotaReque
 
 // ResetLimit implements sluicev1.RateLimiterServer.
 func (s *Server) ResetLimit(ctx context.Context, req *sluicev1.ResetRequest) (*sluicev1.ResetResponse, error) {
+	if err := checkUTF8(req); err != nil {
+		return nil, err
+	}
 	id := identity{req.GetClientId(), req.GetResource(), req.GetOperation(), req.GetUser(), req.GetIp(), req.GetApiKey(), req.GetMethod()}
 	var c engine.Check
 	if err := id.check("", &c); err != nil {
@@ -306,7 +329,7 @@ func (s *Server) response(res *engine.Result) *sluicev1.CheckResponse {
 		RetryAfter:   ceilDiv(retry, time.Second),
 		RetryAfterMs: ceilDiv(retry, time.Millisecond),
 		Rule:         d.Rule,
-		Tier:         d.Tier,
+		Tier:         callerTier(res),
 		Source:       res.Source.String(),
 		Cost:         d.Cost,
 		ShadowDenied: res.ShadowDenied,
@@ -318,6 +341,22 @@ func (s *Server) response(res *engine.Result) *sluicev1.CheckResponse {
 		resp.Rules[i] = ruleStatus(&res.Rules[i], now)
 	}
 	return resp
+}
+
+// callerTier returns the caller's tier as the check applied it: the tier of
+// the deciding rule's limit or, when that rule does not depend on tiers,
+// of the first other rule whose limit came from a tier; "" when no rule's
+// did. The HTTP API reports the same.
+func callerTier(res *engine.Result) string {
+	if res.Deciding.Tier != "" {
+		return res.Deciding.Tier
+	}
+	for i := range res.Rules {
+		if res.Rules[i].Tier != "" {
+			return res.Rules[i].Tier
+		}
+	}
+	return ""
 }
 
 func ruleStatus(r *engine.RuleResult, now time.Time) *sluicev1.RuleStatus {

@@ -247,6 +247,44 @@ func resetAt(now time.Time, d time.Duration) int64 {
 	return s
 }
 
+// callerTier returns the caller's tier as the check applied it: the tier of
+// the deciding rule's limit or, when that rule does not depend on tiers,
+// of the first other rule whose limit came from a tier; "" when no rule's
+// did.
+func callerTier(res *engine.Result) string {
+	if res.Deciding.Tier != "" {
+		return res.Deciding.Tier
+	}
+	for i := range res.Rules {
+		if res.Rules[i].Tier != "" {
+			return res.Rules[i].Tier
+		}
+	}
+	return ""
+}
+
+// deniedWithBatch reports a check denied only because another check of its
+// all_or_nothing batch was: every one of its enforcing rules allowed it, or
+// another check's identity is deny-listed (the engine then reports the
+// check with source deny_list and no rules, while a deny-listed check has
+// the deny_list rule).
+func deniedWithBatch(res *engine.Result) bool {
+	switch {
+	case res.Allowed:
+		return false
+	case res.Source == engine.SourceDenyList:
+		return len(res.Rules) == 0
+	case len(res.Rules) == 0:
+		return false
+	}
+	for i := range res.Rules {
+		if !res.Rules[i].Allowed && !res.Rules[i].Shadow {
+			return false
+		}
+	}
+	return true
+}
+
 // setHeaders sets the rate-limit headers of a check's answer.
 func setHeaders(hdr http.Header, res *engine.Result, now time.Time) {
 	d := &res.Deciding
@@ -260,8 +298,8 @@ func setHeaders(hdr http.Header, res *engine.Result, now time.Time) {
 	hdr["X-Ratelimit-Remaining"] = num(d.Remaining)
 	hdr["X-Ratelimit-Reset"] = num(resetAt(now, d.ResetAfter))
 	hdr["X-Ratelimit-Policy"] = []string{d.Rule}
-	if d.Tier != "" {
-		hdr["X-Ratelimit-Tier"] = []string{d.Tier}
+	if t := callerTier(res); t != "" {
+		hdr["X-Ratelimit-Tier"] = []string{t}
 	}
 	state := usageState(res.Allowed, d.Limit, d.Remaining)
 	hdr["X-Ratelimit-State"] = []string{state}
@@ -338,7 +376,7 @@ func appendResult(b []byte, res *engine.Result, status int, now time.Time, resou
 	b = append(b, `,"rule":`...)
 	b = appendString(b, d.Rule)
 	b = append(b, `,"tier":`...)
-	b = appendString(b, d.Tier)
+	b = appendString(b, callerTier(res))
 	b = append(b, `,"source":`...)
 	b = appendString(b, res.Source.String())
 	b = append(b, `,"cost":`...)
@@ -352,6 +390,8 @@ func appendResult(b []byte, res *engine.Result, status int, now time.Time, resou
 		b = append(b, `,"error":"rate_limit_exceeded","error_description":`...)
 		var desc []byte
 		switch {
+		case deniedWithBatch(res):
+			desc = append(desc, "Another check of this all_or_nothing batch was denied, so none was admitted and nothing was consumed."...)
 		case res.Source == engine.SourceDenyList:
 			desc = append(desc, "The caller is on a deny list."...)
 		case retry > 0:

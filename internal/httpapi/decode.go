@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -144,9 +145,10 @@ func jsonKind(k string) string {
 	return k
 }
 
-// fieldAtInvalidUTF8 returns the name of the innermost object key whose
-// value holds the first invalid UTF-8 byte of data, or "body". It runs only
-// on the error path.
+// fieldAtInvalidUTF8 returns the path of the value that holds the first
+// invalid UTF-8 byte of data, such as "resource" or "checks[2].user"; a
+// bad byte in an object key names the object, and one outside any value
+// "body". It runs only on the error path.
 func fieldAtInvalidUTF8(data []byte) string {
 	bad := 0
 	for bad < len(data) {
@@ -156,33 +158,50 @@ func fieldAtInvalidUTF8(data []byte) string {
 		}
 		bad += size
 	}
+	// frame is one open object (its current key) or array (the index of
+	// its current element).
 	type frame struct {
 		obj, wantKey bool
 		key          string
+		index        int
 	}
 	var stack []frame
+	path := func(stack []frame) string {
+		var b strings.Builder
+		for _, f := range stack {
+			if f.obj {
+				if b.Len() > 0 {
+					b.WriteByte('.')
+				}
+				b.WriteString(f.key)
+			} else {
+				b.WriteString("[" + strconv.Itoa(f.index) + "]")
+			}
+		}
+		if b.Len() == 0 {
+			return "body"
+		}
+		return b.String()
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	for {
 		tok, err := dec.Token()
 		if err != nil {
 			return "body"
 		}
-		var top *frame
-		if len(stack) > 0 {
-			top = &stack[len(stack)-1]
-		}
-		isKey := top != nil && top.obj && top.wantKey
+		n := len(stack)
+		// Where a key is due, the token is the key or the object's '}'.
+		key, isKey := tok.(string)
+		isKey = isKey && n > 0 && stack[n-1].obj && stack[n-1].wantKey
 		if dec.InputOffset() > int64(bad) {
-			if isKey || top == nil || !top.obj {
-				return "body"
+			if isKey {
+				return path(stack[:n-1])
 			}
-			return top.key
+			return path(stack)
 		}
 		if isKey {
-			if k, ok := tok.(string); ok {
-				top.key, top.wantKey = k, false
-				continue
-			}
+			stack[n-1].key, stack[n-1].wantKey = key, false
+			continue
 		}
 		switch tok {
 		case json.Delim('{'):
@@ -192,10 +211,15 @@ func fieldAtInvalidUTF8(data []byte) string {
 			stack = append(stack, frame{})
 			continue
 		case json.Delim('}'), json.Delim(']'):
-			stack = stack[:len(stack)-1]
+			stack = stack[:n-1]
 		}
-		if len(stack) > 0 && stack[len(stack)-1].obj {
-			stack[len(stack)-1].wantKey = true
+		// A value is complete: move its container on.
+		if n := len(stack); n > 0 {
+			if stack[n-1].obj {
+				stack[n-1].wantKey = true
+			} else {
+				stack[n-1].index++
+			}
 		}
 	}
 }

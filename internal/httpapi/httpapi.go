@@ -110,14 +110,39 @@ func New(cfg Config) (*Handler, error) {
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
-	h.mux.HandleFunc("POST /api/v1/check", h.handleCheck)
-	h.mux.HandleFunc("POST /api/v1/batch-check", h.handleBatch)
-	h.mux.HandleFunc("GET /api/v1/status/{client_id}", h.handleStatus)
-	h.mux.HandleFunc("GET /api/v1/config/status", h.handleConfigStatus)
-	h.mux.HandleFunc("GET /healthz", h.handleHealthz)
-	h.mux.HandleFunc("GET /readyz", h.handleReadyz)
-	h.mux.HandleFunc("GET /metrics", h.handleMetrics)
+	for _, rt := range []struct {
+		method, path string
+		handle       http.HandlerFunc
+	}{
+		{"POST", "/api/v1/check", h.handleCheck},
+		{"POST", "/api/v1/batch-check", h.handleBatch},
+		{"GET", "/api/v1/status/{client_id}", h.handleStatus},
+		{"GET", "/api/v1/config/status", h.handleConfigStatus},
+		{"GET", "/healthz", h.handleHealthz},
+		{"GET", "/readyz", h.handleReadyz},
+		{"GET", "/metrics", h.handleMetrics},
+	} {
+		h.mux.HandleFunc(rt.method+" "+rt.path, rt.handle)
+		// The same path with any other method: 405 in JSON (the more
+		// specific pattern above wins for its own method).
+		h.mux.Handle(rt.path, methodNotAllowed(rt.method))
+	}
+	h.mux.HandleFunc("/", h.handleNotFound)
 	return h, nil
+}
+
+// methodNotAllowed answers 405 with the JSON error body, allowing method
+// (and HEAD with GET).
+func methodNotAllowed(method string) http.Handler {
+	allow := method
+	if method == "GET" {
+		allow = "GET, HEAD"
+	}
+	body := []byte(`{"error":"method_not_allowed","error_description":"use ` + allow + `; see docs/api.md"}`)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allow)
+		writeJSON(w, http.StatusMethodNotAllowed, body)
+	})
 }
 
 // ServeHTTP implements http.Handler.

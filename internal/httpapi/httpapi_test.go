@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -203,6 +204,18 @@ func TestBadInput(t *testing.T) {
 		{"batch bad cost", "/api/v1/batch-check", `{"client_id":"a","checks":[{"resource":"x"},{"cost":-3}]}`, 400, "checks[1].cost"},
 		{"batch no client", "/api/v1/batch-check", `{"checks":[{"resource":"x"}]}`, 400, "client_id"},
 		{"too many checks", "/api/v1/batch-check", `{"client_id":"a","checks":[` + strings.Repeat(`{},`, MaxBatch) + `{}]}`, 400, "checks"},
+		{"long resource", "/api/v1/check", `{"client_id":"a","resource":"/` + strings.Repeat("r", MaxResourceBytes) + `"}`, 400, "resource"},
+		{"long client_id", "/api/v1/check", `{"client_id":"` + long + `"}`, 400, "client_id"},
+		{"long idempotency_key", "/api/v1/check", `{"client_id":"a","idempotency_key":"` + long + `"}`, 400, "idempotency_key"},
+		{"null cost", "/api/v1/check", `{"client_id":"a","cost":null,"priority":"low","mode":"x"}`, 400, "mode"},
+		{"invalid utf-8 in a key", "/api/v1/check", "{\"client_id\":\"a\",\"us\xffer\":\"u\"}", 400, "body"},
+		{"invalid utf-8 in a batch item", "/api/v1/batch-check", "{\"client_id\":\"a\",\"checks\":[{\"resource\":\"x\"},{\"resource\":\"y\",\"user\":\"\xff\"}]}", 400, "checks[1].user"},
+		{"invalid utf-8 in the batch", "/api/v1/batch-check", "{\"checks\":[{\"resource\":[\"x\"]}],\"client_id\":\"\xc3\"}", 400, "client_id"},
+		{"batch unknown priority", "/api/v1/batch-check", `{"client_id":"a","priority":"urgent","checks":[{"resource":"x"}]}`, 400, "priority"},
+		{"batch item unknown priority", "/api/v1/batch-check", `{"client_id":"a","checks":[{"resource":"x","priority":"now"}]}`, 400, "checks[0].priority"},
+		{"batch mode of the wrong type", "/api/v1/batch-check", `{"client_id":"a","mode":1,"checks":[{"resource":"x"}]}`, 400, "mode"},
+		{"batch item long user", "/api/v1/batch-check", `{"client_id":"a","checks":[{"user":"` + long + `"}]}`, 400, "checks[0].user"},
+		{"batch too large", "/api/v1/batch-check", `{"client_id":"a","checks":[{"resource":"` + strings.Repeat("a", MaxBodyBytes) + `"}]}`, 413, "body"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -222,6 +235,76 @@ func TestBadInput(t *testing.T) {
 				t.Errorf("engine called %d times on bad input, want 0", f.calls)
 			}
 		})
+	}
+}
+
+// TestBadInputElsewhere covers bad input that the JSON body does not carry:
+// the X-Idempotency-Key header, the status endpoint's path and query, and
+// an oversized body sent without a Content-Length.
+func TestBadInputElsewhere(t *testing.T) {
+	long := strings.Repeat("a", MaxIdentifierBytes+1)
+	tests := []struct {
+		name   string
+		req    func() *http.Request
+		status int
+		field  string
+	}{
+		{"long idempotency header", func() *http.Request {
+			r := httptest.NewRequest("POST", "/api/v1/check", strings.NewReader(`{"client_id":"a"}`))
+			r.Header.Set("X-Idempotency-Key", long)
+			return r
+		}, 400, "idempotency_key"},
+		{"control character in idempotency header", func() *http.Request {
+			r := httptest.NewRequest("POST", "/api/v1/check", strings.NewReader(`{"client_id":"a"}`))
+			r.Header.Set("X-Idempotency-Key", "a\x01b")
+			return r
+		}, 400, "idempotency_key"},
+		{"status: long client_id", func() *http.Request {
+			return httptest.NewRequest("GET", "/api/v1/status/"+long, nil)
+		}, 400, "client_id"},
+		{"status: long resource", func() *http.Request {
+			return httptest.NewRequest("GET", "/api/v1/status/a?resource=/"+strings.Repeat("r", MaxResourceBytes), nil)
+		}, 400, "resource"},
+		{"status: invalid utf-8 user", func() *http.Request {
+			return httptest.NewRequest("GET", "/api/v1/status/a?user=%FF", nil)
+		}, 400, "user"},
+		{"status: invalid utf-8 client_id", func() *http.Request {
+			return httptest.NewRequest("GET", "/api/v1/status/%C3", nil)
+		}, 400, "client_id"},
+		{"chunked body over the limit", func() *http.Request {
+			body := `{"client_id":"a","user":"` + strings.Repeat("u", MaxBodyBytes) + `"}`
+			r := httptest.NewRequest("POST", "/api/v1/check", io.MultiReader(strings.NewReader(body)))
+			r.ContentLength = -1
+			return r
+		}, 413, "body"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &fakeEngine{result: allowedResult(1, 1)}
+			rec := httptest.NewRecorder()
+			newTestHandler(t, f).ServeHTTP(rec, tt.req())
+			var body struct{ Error, Field string }
+			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+				t.Fatalf("body %q: %v", rec.Body, err)
+			}
+			if rec.Code != tt.status || body.Field != tt.field {
+				t.Errorf("got %d naming %q, want %d naming %q; body %s", rec.Code, body.Field, tt.status, tt.field, rec.Body)
+			}
+			if f.calls != 0 || len(f.checks) != 0 {
+				t.Errorf("engine called on bad input: %d calls, %d checks", f.calls, len(f.checks))
+			}
+		})
+	}
+}
+
+// TestBodyAtTheLimit checks that a body of exactly MaxBodyBytes is read,
+// not refused as too large.
+func TestBodyAtTheLimit(t *testing.T) {
+	prefix := `{"client_id":"a"}`
+	body := prefix + strings.Repeat(" ", MaxBodyBytes-len(prefix))
+	f := &fakeEngine{result: allowedResult(1, 1)}
+	if rec := do(newTestHandler(t, f), "POST", "/api/v1/check", body); rec.Code != 200 {
+		t.Errorf("a %d-byte body: %d %s, want 200", len(body), rec.Code, rec.Body)
 	}
 }
 
@@ -301,14 +384,29 @@ func TestHealthReadyNotFound(t *testing.T) {
 	if rec := do(h, "GET", "/readyz", ""); rec.Code != 503 {
 		t.Errorf("readyz with the store down = %d, want 503", rec.Code)
 	}
-	if rec := do(h, "GET", "/nope", ""); rec.Code != 404 {
-		t.Errorf("unknown path = %d, want 404", rec.Code)
-	}
-	if rec := do(h, "GET", "/metrics", ""); rec.Code != 404 {
-		t.Errorf("metrics without a handler = %d, want 404", rec.Code)
-	}
-	if rec := do(h, "GET", "/api/v1/check", ""); rec.Code != 405 {
-		t.Errorf("GET check = %d, want 405", rec.Code)
+	for _, tt := range []struct {
+		method, path string
+		status       int
+		code, allow  string
+	}{
+		{"GET", "/nope", 404, "not_found", ""},
+		{"POST", "/", 404, "not_found", ""},
+		{"GET", "/metrics", 404, "not_found", ""}, // no metrics handler
+		{"GET", "/api/v1/check", 405, "method_not_allowed", "POST"},
+		{"DELETE", "/api/v1/status/c1", 405, "method_not_allowed", "GET, HEAD"},
+		{"POST", "/healthz", 405, "method_not_allowed", "GET, HEAD"},
+		{"HEAD", "/healthz", 200, "", ""},
+	} {
+		rec := do(h, tt.method, tt.path, "")
+		var body struct{ Error string }
+		if tt.code != "" {
+			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+				t.Errorf("%s %s: body %q is not JSON: %v", tt.method, tt.path, rec.Body, err)
+			}
+		}
+		if rec.Code != tt.status || body.Error != tt.code || rec.Header().Get("Allow") != tt.allow {
+			t.Errorf("%s %s = %d %q, Allow %q; want %d %q, Allow %q", tt.method, tt.path, rec.Code, body.Error, rec.Header().Get("Allow"), tt.status, tt.code, tt.allow)
+		}
 	}
 }
 
@@ -351,7 +449,10 @@ func FuzzDecodeCheck(f *testing.F) {
 		if c.ClientID == "" || c.Cost < 0 || c.Cost > MaxCost {
 			t.Fatalf("accepted %q as %+v", data, c)
 		}
-		for _, s := range []string{c.ClientID, c.Resource, c.User, c.IP, c.APIKey, c.Method, c.Operation, c.IdempotencyKey} {
+		if len(c.Resource) > MaxResourceBytes || !utf8.ValidString(c.Resource) {
+			t.Fatalf("accepted resource %q", c.Resource)
+		}
+		for _, s := range []string{c.ClientID, c.User, c.IP, c.APIKey, c.Method, c.Operation, c.IdempotencyKey} {
 			if len(s) > MaxIdentifierBytes || !utf8.ValidString(s) {
 				t.Fatalf("accepted identifier %q", s)
 			}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -693,20 +694,144 @@ func benchPolicy(b *testing.B, n int) *Policy {
 	return p
 }
 
-func BenchmarkMatch(b *testing.B) {
-	for _, n := range []int{1000, 10000} {
-		b.Run(fmt.Sprintf("rules=%d", n), func(b *testing.B) {
-			p := benchPolicy(b, n)
-			req := &Request{ClientID: "c", Resource: fmt.Sprintf("/api/v%d/svc%d/items", (n/2+1)%7, n/2+1), Method: "GET"}
-			dst := make([]*Rule, 0, 16)
-			if got := len(p.Match(req, dst)); got != 1 {
-				b.Fatalf("matched %d rules, want 1", got)
+// linearMatch is the naive reference for Match: every rule in policy
+// order, each of its patterns tested on its own with the semantics of
+// docs/config.md. Match must agree with it; BenchmarkMatch measures both.
+func linearMatch(p *Policy, r *Request, dst []*Rule) []*Rule {
+	res := strings.TrimPrefix(r.Resource, "/")
+	for _, rule := range p.Rules {
+		ok := len(rule.Resources) == 0
+		for _, pat := range rule.Resources {
+			if ok = patternMatches(strings.TrimPrefix(pat, "/"), res); ok {
+				break
 			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				dst = p.Match(req, dst[:0])
-			}
-		})
+		}
+		if ok {
+			dst = appendIf(dst, rule, r)
+		}
 	}
+	return dst
+}
+
+func patternMatches(pat, res string) bool {
+	switch {
+	case pat == "*" || pat == "**":
+		return true
+	case strings.HasSuffix(pat, "/*") && !isGlob(pat[:len(pat)-2]):
+		return strings.HasPrefix(res, pat[:len(pat)-1])
+	case !isGlob(pat):
+		return res == pat
+	}
+	ok, _ := path.Match(pat, res)
+	return ok
+}
+
+func TestMatchAgreesWithLinearScan(t *testing.T) {
+	segs := []string{"api", "v1", "v2", "orders", "42", "items", "x", "", "*", "v1\\"}
+	pats := []string{
+		"/api/v1/orders", "/api/*", "/api/v1/*", "api/v2/orders/*", "/api/*/orders", "/*/v1/*",
+		"/api/v?/items", "/api/v[12]/orders/42", "*", "/", "/api/v1/orders/", "/x", "/x/*/*", "/api/v1\\/x",
+		"/*/v1/orders", "/*/*/42", "/*/v?/items", "/*", "*/v2", "/api/*/*", "/*/*/*/*", "/*/v1/*/items", "/**/v1", "/*/",
+		"/api/v1[/]x", "/*/v[12]", "/api/v[12]/*", "/x/[a-z]*", "/[ax]*/v?/\\*", "/api/v1\\\\/x",
+	}
+	var sb strings.Builder
+	sb.WriteString("version: 1\nrules:\n")
+	for i, pat := range pats {
+		fmt.Fprintf(&sb, "  - {id: r%d, match: {resource: %q}, limit: 1, window: 1s}\n", i, pat)
+		fmt.Fprintf(&sb, "  - {id: m%d, match: {resource: [%q, \"/x\"], method: [get, PUT], operation: write}, limit: 1, window: 1s}\n", i, pat)
+	}
+	sb.WriteString("  - {id: all, limit: 1, window: 1s}\n")
+	p := mustParse(t, sb.String())
+	// Every resource of up to 4 segments over segs, with and without a
+	// leading slash, and a few methods and operations.
+	var resources []string
+	var walk func(prefix string, depth int)
+	walk = func(prefix string, depth int) {
+		resources = append(resources, prefix, strings.TrimPrefix(prefix, "/"))
+		if depth == 4 {
+			return
+		}
+		for _, s := range segs {
+			walk(prefix+"/"+s, depth+1)
+		}
+	}
+	walk("", 0)
+	matched := map[string]bool{}
+	for _, res := range resources {
+		for _, mo := range [][2]string{{"GET", "write"}, {"put", "WRITE"}, {"POST", "write"}, {"GET", ""}} {
+			r := &Request{ClientID: "c", Resource: res, Method: mo[0], Operation: mo[1]}
+			got, want := p.Match(r, nil), linearMatch(p, r, nil)
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("Match(%q, %s, %s) = %v, linear scan %v", res, mo[0], mo[1], ruleIDs(got), ruleIDs(want))
+			}
+			for _, r := range got {
+				matched[r.ID] = true
+			}
+		}
+	}
+	for _, r := range p.Rules {
+		if !matched[r.ID] {
+			t.Errorf("rule %s (%v) matched no request: the test does not exercise it", r.ID, r.Resources)
+		}
+	}
+}
+
+func ruleIDs(rules []*Rule) []string {
+	ids := make([]string, len(rules))
+	for i, r := range rules {
+		ids[i] = r.ID
+	}
+	return ids
+}
+
+// BenchmarkMatch finds the rules of one request among thousands, with the
+// trie (Match) and with a linear scan over the same rules (the naive
+// reference). The "lead=" policies start every pattern with a glob segment,
+// such as "/*/svc7/items": the case a trie keyed on literal segments alone
+// would have to scan.
+func BenchmarkMatch(b *testing.B) {
+	type matchFunc func(*Policy, *Request, []*Rule) []*Rule
+	trie := func(p *Policy, r *Request, dst []*Rule) []*Rule { return p.Match(r, dst) }
+	for _, bc := range []struct {
+		name, lead string
+		n          int
+	}{{"rules=1000", "", 1000}, {"rules=10000", "", 10000}, {"rules=1000,lead=*", "*", 1000}, {"rules=1000,lead=t[a-z]*", "t[a-z]*", 1000}} {
+		p := benchPolicy(b, bc.n)
+		req := &Request{ClientID: "c", Resource: fmt.Sprintf("/api/v%d/svc%d/items", (bc.n/2+1)%7, bc.n/2+1), Method: "GET"}
+		if bc.lead != "" {
+			p = benchGlobPolicy(b, bc.n, bc.lead)
+			req.Resource = fmt.Sprintf("/tenant/svc%d/items", bc.n/2)
+		}
+		for _, m := range []struct {
+			name  string
+			match matchFunc
+		}{{"trie", trie}, {"linear", linearMatch}} {
+			b.Run(bc.name+"/"+m.name, func(b *testing.B) {
+				dst := make([]*Rule, 0, 16)
+				if got := m.match(p, req, dst); len(got) != 1 {
+					b.Fatalf("matched %d rules, want 1", len(got))
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					dst = m.match(p, req, dst[:0])
+				}
+			})
+		}
+	}
+}
+
+// benchGlobPolicy returns n rules whose patterns start with the glob
+// segment lead, such as "/*/svc7/items".
+func benchGlobPolicy(b *testing.B, n int, lead string) *Policy {
+	var sb strings.Builder
+	sb.WriteString("version: 1\nrules:\n")
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&sb, "  - {id: r%d, match: {resource: \"/%s/svc%d/items\"}, limit: 10, window: 1s}\n", i, lead, i)
+	}
+	p, err := Parse("bench.yaml", []byte(sb.String()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
 }

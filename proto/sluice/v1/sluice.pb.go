@@ -196,7 +196,7 @@ type CheckRequest struct {
 	// operation (read, write, delete, ...) picks a rule's cost multiplier.
 	Operation string `protobuf:"bytes,3,opt,name=operation,proto3" json:"operation,omitempty"`
 	// cost is the base cost before multipliers; absent means 1, 0 reads
-	// without consuming. At most 1e9.
+	// without consuming. At most 1073741824 (2^30).
 	Cost     *int64   `protobuf:"varint,4,opt,name=cost,proto3,oneof" json:"cost,omitempty"`
 	Priority Priority `protobuf:"varint,5,opt,name=priority,proto3,enum=sluice.v1.Priority" json:"priority,omitempty"`
 	// idempotency_key, when set, makes a repeat within 5 minutes return the
@@ -324,7 +324,8 @@ type CheckResponse struct {
 	// rounded up; 0 when allowed.
 	RetryAfter   int64 `protobuf:"varint,5,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	RetryAfterMs int64 `protobuf:"varint,6,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
-	// rule is the id of the deciding rule; tier the tier whose limit applied.
+	// rule is the id of the deciding rule; tier is the caller's tier as the
+	// check applied it (the deciding rule's, else another matching rule's).
 	Rule string `protobuf:"bytes,7,opt,name=rule,proto3" json:"rule,omitempty"`
 	Tier string `protobuf:"bytes,8,opt,name=tier,proto3" json:"tier,omitempty"`
 	// source says what decided: store, fail_open, allow_list, ...
@@ -598,7 +599,7 @@ type BatchCheckRequest struct {
 	ApiKey   string                 `protobuf:"bytes,4,opt,name=api_key,json=apiKey,proto3" json:"api_key,omitempty"`
 	Mode     BatchMode              `protobuf:"varint,5,opt,name=mode,proto3,enum=sluice.v1.BatchMode" json:"mode,omitempty"`
 	Priority Priority               `protobuf:"varint,6,opt,name=priority,proto3,enum=sluice.v1.Priority" json:"priority,omitempty"`
-	// checks holds 1 to 100 checks.
+	// checks holds 1 to 1000 checks.
 	Checks        []*CheckRequest `protobuf:"bytes,7,rep,name=checks,proto3" json:"checks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
