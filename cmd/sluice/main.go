@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -85,6 +86,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	logLevel := fs.String("log-level", envDefault(getenv, "SLUICE_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
 	debugAddr := fs.String("debug-addr", envDefault(getenv, "SLUICE_DEBUG_ADDR", ""), "listen address of the debug listener (pprof, /metrics); empty: none; loopback only unless --debug-allow-remote (env SLUICE_DEBUG_ADDR)")
 	debugRemote := fs.Bool("debug-allow-remote", envDefault(getenv, "SLUICE_DEBUG_ALLOW_REMOTE", "") == "true", "let --debug-addr listen on a non-loopback address (env SLUICE_DEBUG_ALLOW_REMOTE=true)")
+	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set: higher trades memory for less CPU per check (see docs/operations.md)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 15*time.Second, "how long a graceful shutdown waits for checks in flight")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -97,6 +99,9 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice serve: --log-format/--log-level: %v\n", err)
 		return 2
+	}
+	if getenv("GOGC") == "" && *gcPercent > 0 {
+		debug.SetGCPercent(*gcPercent)
 	}
 
 	// Signals are subscribed before the listeners open, so that none is
