@@ -375,6 +375,11 @@ type worker struct {
 	errMsgs  []string
 	admitted int64
 	buf      []byte
+	// Reused request messages (a unary call has marshalled its request
+	// when it returns).
+	envoyReq   *rlsv3.RateLimitRequest
+	envoyEntry *ratelimitv3.RateLimitDescriptor_Entry
+	grpcReq    *sluicev1.CheckRequest
 }
 
 // run holds what the workers share.
@@ -732,7 +737,12 @@ func (g *grpcCaller) call(ctx context.Context, w *worker, key int, cost int64) (
 		}
 		return resp.GetAllowed(), nil
 	}
-	resp, err := c.CheckRateLimit(ctx, &sluicev1.CheckRequest{ClientId: g.r.keyNames[key], Resource: cfg.Resource, Cost: &cost})
+	if w.grpcReq == nil {
+		w.grpcReq = &sluicev1.CheckRequest{Resource: cfg.Resource, Cost: new(int64)}
+	}
+	w.grpcReq.ClientId = g.r.keyNames[key]
+	*w.grpcReq.Cost = cost
+	resp, err := c.CheckRateLimit(ctx, w.grpcReq)
 	if err != nil {
 		return false, err
 	}
@@ -748,13 +758,14 @@ type envoyCaller struct {
 func (g *envoyCaller) call(ctx context.Context, w *worker, key int, cost int64) (bool, error) {
 	cfg := &g.r.cfg
 	c := g.clients[int(g.next.Add(1))%len(g.clients)]
-	resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{
-		Domain: cfg.Domain,
-		Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: cfg.DescriptorKey, Value: g.r.keyNames[key]}},
-		}},
-		HitsAddend: uint32(cost),
-	})
+	if w.envoyReq == nil {
+		w.envoyEntry = &ratelimitv3.RateLimitDescriptor_Entry{Key: cfg.DescriptorKey}
+		w.envoyReq = &rlsv3.RateLimitRequest{Domain: cfg.Domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{w.envoyEntry}}}}
+	}
+	w.envoyEntry.Value = g.r.keyNames[key]
+	w.envoyReq.HitsAddend = uint32(cost)
+	resp, err := c.ShouldRateLimit(ctx, w.envoyReq)
 	if err != nil {
 		return false, err
 	}
