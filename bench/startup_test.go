@@ -3,48 +3,27 @@ package bench
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
 
-var (
-	binOnce sync.Once
-	binDir  string
-	binErr  error
-)
-
-// binaries builds sluice and the reference hello server once per process.
-func binaries(b *testing.B) (sluice, hello string) {
-	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "sluice-bench-bin")
-		if binErr != nil {
-			return
+// binaries builds sluice and the reference hello server into dir.
+func binaries(b *testing.B, dir string) (sluice, hello string) {
+	// sluice is built in its own module (the parent directory), so that
+	// this module need not list its dependencies.
+	for _, p := range [][2]string{{"..", "./cmd/sluice"}, {".", "./internal/hello"}} {
+		cmd := exec.Command("go", "build", "-o", dir, p[1])
+		cmd.Dir = p[0]
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("go build %s: %v\n%s", p[1], err, out)
 		}
-		// sluice is built in its own module (the parent directory), so
-		// that this module need not list its dependencies.
-		for _, p := range [][2]string{{"..", "./cmd/sluice"}, {".", "./internal/hello"}} {
-			dir, pkg := p[0], p[1]
-			cmd := exec.Command("go", "build", "-o", binDir, pkg)
-			cmd.Dir = dir
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				binErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
-				return
-			}
-		}
-	})
-	if binErr != nil {
-		b.Fatal(binErr)
 	}
-	return filepath.Join(binDir, "sluice"), filepath.Join(binDir, "hello")
+	return filepath.Join(dir, "sluice"), filepath.Join(dir, "hello")
 }
 
 // freeAddr returns a loopback address with a port that was free a moment
@@ -96,7 +75,7 @@ func coldStart(b *testing.B, bin string, args ...string) time.Duration {
 // store, built-in policy) to its first successful check, against the same
 // for the smallest Go HTTP server (reference). It reports ms/start.
 func BenchmarkColdStart(b *testing.B) {
-	sluice, hello := binaries(b)
+	sluice, hello := binaries(b, b.TempDir())
 	for _, tt := range []struct {
 		name string
 		bin  string
