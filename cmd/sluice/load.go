@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"runtime/pprof"
 	"time"
 
@@ -58,6 +59,7 @@ Flags:
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the key and cost draws")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file")
+	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set (the generator's own CPU per request falls by about a quarter at 400)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -75,6 +77,9 @@ Flags:
 		if cfg.Target != loadgen.TargetHTTP {
 			cfg.Addr = "127.0.0.1:8081"
 		}
+	}
+	if getenv("GOGC") == "" && *gcPercent > 0 {
+		debug.SetGCPercent(*gcPercent)
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)

@@ -13,6 +13,8 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
+	"runtime/debug"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -40,6 +42,9 @@ func main() {
 	httpAddr := flag.String("http-addr", "127.0.0.1:8080", "HTTP listen address")
 	grpcAddr := flag.String("grpc-addr", "127.0.0.1:8081", "gRPC listen address")
 	flag.Parse()
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400) // as sluice serve and sluice load do
+	}
 	http.HandleFunc("POST /api/v1/check", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(`{"allowed":true}`))
