@@ -118,7 +118,11 @@ type Sink interface {
 	Emit(ev *Event)
 }
 
-// Denial describes a check a rule denied, for Recorder.Denied.
+// Denial describes a check a rule denied, for Recorder.Denied: the
+// deciding rule (its id, tier and decision source), the store key when the
+// caller knows it (Envoy), the caller's identities, the resource or Envoy
+// domain, and the rule's limit and retry-after. The fields become those
+// of the rate_limit_exceeded event.
 type Denial struct {
 	Rule, Key, Tier, Source    string
 	ClientID, User, IP, APIKey string

@@ -236,6 +236,8 @@ func (c *Config) defaults() error {
 
 // Report is the outcome of a run.
 type Report struct {
+	// Target, Addr, Concurrency, Rate (0: closed loop), Batch and Keys
+	// repeat the run's configuration.
 	Target      string  `json:"target"`
 	Addr        string  `json:"addr"`
 	Concurrency int     `json:"concurrency"`
@@ -268,7 +270,9 @@ type Report struct {
 	Overshoot *Overshoot `json:"overshoot,omitempty"`
 }
 
-// Latency holds latency figures in milliseconds.
+// Latency holds latency figures in milliseconds: the 50th, 90th, 99th
+// and 99.9th percentiles, the maximum and the mean, each within 3% (the
+// histogram's resolution).
 type Latency struct {
 	P50  float64 `json:"p50"`
 	P90  float64 `json:"p90"`
@@ -282,6 +286,8 @@ type Latency struct {
 // window: each key may be admitted ExpectLimit times the number of windows
 // the run touched.
 type Overshoot struct {
+	// ExpectLimit and Window (seconds) repeat the configuration; Windows
+	// is the number of windows the run touched.
 	ExpectLimit int64   `json:"expect_limit"`
 	Window      float64 `json:"window_seconds"`
 	Windows     int64   `json:"windows"`
