@@ -205,4 +205,5 @@ func BenchmarkReference(b *testing.B) {
 			})
 		}
 	})
+	benchReferenceRedis(b)
 }

@@ -79,7 +79,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", envDefault(getenv, "SLUICE_CONFIG", ""), "policy file, Sluice's YAML or envoyproxy/ratelimit's; empty serves the built-in example policy (env SLUICE_CONFIG)")
-	storeURL := fs.String("store", envDefault(getenv, "SLUICE_STORE", daemon.DefaultStoreURL), "store: memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,... (env SLUICE_STORE)")
+	storeURL := fs.String("store", envDefault(getenv, "SLUICE_STORE", daemon.DefaultStoreURL), "store: memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,... (rediss:// and rediss-cluster:// for TLS; env SLUICE_STORE)")
 	httpAddr := fs.String("http-addr", envDefault(getenv, "SLUICE_HTTP_ADDR", daemon.DefaultHTTPAddr), "listen address of the HTTP JSON API (env SLUICE_HTTP_ADDR)")
 	grpcAddr := fs.String("grpc-addr", envDefault(getenv, "SLUICE_GRPC_ADDR", daemon.DefaultGRPCAddr), "listen address of the gRPC and Envoy APIs (env SLUICE_GRPC_ADDR)")
 	logFormat := fs.String("log-format", envDefault(getenv, "SLUICE_LOG_FORMAT", "text"), "log format: text or json (env SLUICE_LOG_FORMAT)")

@@ -56,7 +56,8 @@ type Config struct {
 	// Empty means the built-in example policy, and no reload.
 	ConfigPath string
 	// StoreURL selects the store: memory://, redis://host:port[/db] or
-	// redis-cluster://host:port,host:port,... Empty means memory://.
+	// redis-cluster://host:port,host:port,... (rediss:// and
+	// rediss-cluster:// for TLS; see docs/redis.md). Empty means memory://.
 	StoreURL string
 	// Logger receives the daemon's logs; nil discards them.
 	Logger *slog.Logger
@@ -155,7 +156,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	d.lastData = data
-	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now)
+	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now, d.log, d.reg)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,78 @@
+package daemon_test
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+// TestRedisSharedAcrossDaemons runs two daemons on one Redis (and on a Redis
+// Cluster): they share their counts exactly.
+func TestRedisSharedAcrossDaemons(t *testing.T) {
+	urls := map[string]func(t *testing.T) string{
+		"standalone": func(t *testing.T) string { return "redis://" + redistest.Start(t).Addr + "/0" },
+		"cluster": func(t *testing.T) string {
+			if testing.Short() {
+				t.Skip("starts a Redis Cluster")
+			}
+			return "redis-cluster://" + strings.Join(redistest.StartCluster(t, redistest.ClusterOptions{}).Addrs(), ",")
+		},
+	}
+	for name, url := range urls {
+		t.Run(name, func(t *testing.T) {
+			storeURL := url(t)
+			policy := strings.Replace(policyText(), "limit: 3\n", "limit: 60\n", 1)
+			withRedis := func(c *daemon.Config) { c.StoreURL = storeURL }
+			ds := []*testDaemon{start(t, policy, withRedis), start(t, policy, withRedis)}
+			var allowed atomic.Int64
+			var wg sync.WaitGroup
+			tr := &http.Transport{MaxIdleConnsPerHost: 16}
+			defer tr.CloseIdleConnections()
+			c := &http.Client{Transport: tr}
+			sem := make(chan struct{}, 16)
+			for i := range 150 {
+				wg.Go(func() {
+					sem <- struct{}{}
+					defer func() { <-sem }()
+					resp, err := c.Post(ds[i%2].base+"/api/v1/check", "application/json", bytes.NewReader([]byte(`{"client_id":"shared","resource":"/api/limited"}`)))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == 200 {
+						allowed.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			if got := allowed.Load(); got != 60 {
+				t.Errorf("two daemons admitted %d of 150, want exactly 60", got)
+			}
+			if got := ds[1].remaining(t, "shared", "/api/limited", "per-client"); got != 0 {
+				t.Errorf("remaining after the burst = %d, want 0", got)
+			}
+		})
+	}
+}
+
+func TestRedisURLErrors(t *testing.T) {
+	for _, u := range []string{"redis://h:x", "redis-cluster://a:1/3", "redis://:secret@127.0.0.1:1"} {
+		_, err := daemon.Start(t.Context(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", StoreURL: u})
+		if err == nil {
+			t.Errorf("Start with %q succeeded", u)
+			continue
+		}
+		if strings.Contains(err.Error(), "secret") {
+			t.Errorf("error shows the password: %v", err)
+		}
+	}
+}

@@ -1,0 +1,177 @@
+-- Sluice: decide one check of a three-integer algorithm (token bucket,
+-- leaky bucket, fixed window, sliding window counter, GCRA) in one atomic
+-- step. It is check.lua's arithmetic for the most common call, written
+-- inline: a script's whole body runs on every call, so every function and
+-- table it creates is paid per check. The conformance suite holds both
+-- scripts to package algorithm.
+--
+-- KEYS[1]  the state key
+-- ARGV     expiry margin (ms), algorithm, limit, burst, window, quantum,
+--          deny all (0/1), cost, now (µs since the epoch; -1: Redis TIME)
+--
+-- Reply: {corrupt keys reset, 0, allowed (0/1), reason, remaining,
+-- reset after (quanta), retry after (quanta)}, as check.lua's.
+
+local floor, max = math.floor, math.max
+
+-- idiv returns floor(a / b) exactly for integers |a| < 2^53 and b > 0.
+local function idiv(x, y)
+  local q = floor(x / y)
+  local r = x - q * y
+  if r < 0 then
+    q = q - 1
+  elseif r >= y then
+    q = q + 1
+  end
+  return q
+end
+
+local key = KEYS[1]
+local alg = tonumber(ARGV[2])
+local N, K, W, Q = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local cost = tonumber(ARGV[8])
+if ARGV[7] == '1' then
+  return { 0, 0, 0, 3, 0, 0, 0 }
+end
+if cost > K then
+  return { 0, 0, 0, 2, 0, 0, 0 }
+end
+local now = tonumber(ARGV[9])
+if now < 0 then
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+end
+local t = idiv(now, Q)
+
+local corrupt = 0
+local a, b, c = 0, 0, 0
+local ok, v = pcall(redis.call, 'GET', key)
+if not ok then
+  redis.call('DEL', key)
+  corrupt = 1
+elseif v then
+  local sa, sb, sc = string.match(v, '^1:(%-?%d+):(%-?%d+):(%-?%d+)$')
+  a, b, c = tonumber(sa), tonumber(sb), tonumber(sc)
+  local lim = 9007199254740992
+  if not a or not b or not c or a >= lim or a <= -lim or b >= lim or b <= -lim or c >= lim or c <= -lim then
+    redis.call('DEL', key)
+    corrupt = 1
+    a, b, c = 0, 0, 0
+  end
+end
+
+local na, nb, nc, rem, reset, exp
+if alg == 1 or alg == 2 or alg == 6 then
+  local cap = K * W
+  local debt = 0
+  if alg == 6 then
+    if a > t + idiv(cap, N) then
+      debt = cap
+    elseif a >= t then
+      debt = (a - t) * N + b
+    end
+  else
+    local el = t - b
+    if el <= 0 or a <= 0 then
+      debt = max(a, 0)
+    elseif el >= idiv(a + N - 1, N) then
+      debt = 0
+    else
+      debt = a - el * N
+    end
+  end
+  local nxt = debt + cost * W
+  if nxt > cap then
+    return { corrupt, 0, 0, 1, idiv(max(cap - debt, 0), W), idiv(debt + N - 1, N), idiv(nxt - cap + N - 1, N) }
+  end
+  rem, reset = idiv(cap - nxt, W), idiv(nxt + N - 1, N)
+  if cost == 0 then
+    return { corrupt, 0, 1, 0, rem, reset, 0 }
+  end
+  if alg == 6 then
+    local q = idiv(nxt, N)
+    na, nb, nc = t + q, nxt - q * N, 0
+    exp = na
+    if nb > 0 then
+      exp = exp + 1
+    end
+  else
+    na, nb, nc = nxt, max(b, t), 0
+    exp = nb + idiv(na + N - 1, N)
+  end
+elseif alg == 3 then
+  local start = idiv(t, W) * W
+  local count = b
+  if a ~= start then
+    count = 0
+    if a > start then
+      start, count = a, b
+    end
+  end
+  local e = start + W
+  if count + cost > N then
+    return { corrupt, 0, 0, 1, N - count, e - t, e - t }
+  end
+  count = count + cost
+  reset = 0
+  if count > 0 then
+    reset = e - t
+  end
+  if cost == 0 then
+    return { corrupt, 0, 1, 0, N - count, reset, 0 }
+  end
+  rem = N - count
+  na, nb, nc = start, count, 0
+  exp = start + W
+elseif alg == 5 then
+  local w = W
+  local start = idiv(t, w) * w
+  local cur, prev = b, c
+  if a == start then
+    -- the current window
+  elseif a == start - w then
+    cur, prev = 0, b
+  elseif a > start then
+    start = a
+  else
+    cur, prev = 0, 0
+  end
+  local e = max(t - start, 0)
+  local room = N * w - (prev * (w - e) + cur * w)
+  if (cur + cost) * w > N * w - prev * (w - e) then
+    local rs = 0
+    if cur > 0 then
+      rs = 2 * w - e
+    elseif prev > 0 then
+      rs = w - e
+    end
+    local rt
+    local free = N - cur - cost
+    if free >= 0 then
+      rt = max(w - e - idiv(free * w, prev), 1)
+    else
+      rt = w - e + max(w - idiv((N - cost) * w, cur), 0)
+    end
+    return { corrupt, 0, 0, 1, max(idiv(room, w), 0), rs, rt }
+  end
+  cur = cur + cost
+  rem = idiv(room - cost * w, w)
+  if cur > 0 then
+    reset = 2 * w - e
+  elseif prev > 0 then
+    reset = w - e
+  else
+    reset = 0
+  end
+  if cost == 0 then
+    return { corrupt, 0, 1, 0, rem, reset, 0 }
+  end
+  na, nb, nc = start, cur, prev
+  exp = start + 2 * w
+else
+  return { corrupt, 0, 0, 1, 0, 0, 0 }
+end
+
+local ms = floor((max(exp * Q - now, 0) + 999) / 1000)
+redis.call('SET', key, string.format('1:%.0f:%.0f:%.0f', na, nb, nc), 'PX', max(ms, 1) + tonumber(ARGV[1]))
+return { corrupt, 0, 1, 0, rem, reset, 0 }

@@ -1,0 +1,822 @@
+// Package redis is Sluice's store on Redis and Redis Cluster: instances
+// that share a Redis share their counts, exactly.
+//
+// # One round trip, one atomic step
+//
+// Every call is decided by one Lua script (check.lua, embedded) that holds
+// all six algorithms, ported integer for integer from package algorithm.
+// The script is called with EVALSHA; after a SCRIPT FLUSH or a restart the
+// server answers NOSCRIPT and the call is sent once more with EVAL, which
+// loads it again. A batch of requests whose keys live on one node is one
+// script call, so one round trip and one atomic step in Redis: nothing
+// interleaves with it, so a limit of L admits exactly L whoever races.
+// Concurrent callers share a few connections on which rueidis pipelines
+// their commands automatically.
+//
+// # Time
+//
+// A request whose Now is zero is decided at the Redis server's clock (TIME,
+// read inside the script), so instances agree whatever their own clocks
+// say. A non-zero Now is used as given.
+//
+// # Keys and expiry
+//
+// The Redis key of a request is Config.Prefix followed by its Key; a key
+// longer than Config.MaxKeyLength is replaced by a fixed-length form that
+// keeps its hash tag and ends with the SHA-256 of the whole key (see
+// docs/redis.md). The state of the bucket, window and GCRA algorithms is a
+// string "1:<A>:<B>:<C>" (algorithm.State); the sliding window log is a
+// sorted set with one member per admitted unit. Every written key expires
+// once its state is equivalent to no state (algorithm.ExpiresAt, counted
+// from the instant of the request) plus Config.ExpiryMargin. A denied
+// request and a request of cost 0 write nothing.
+//
+// # Corrupt state
+//
+// A key holding anything the script does not recognise (another type, an
+// older format, numbers out of range) is deleted and decided as a new key.
+// Each such reset is logged as a warning on Config.Logger and counted by
+// CorruptResets and Config.OnCorrupt; it never becomes a lasting error.
+//
+// # Redis Cluster
+//
+// The keys of one identity share a hash tag (the policy package puts the
+// first dimension in braces), so a batch for one identity is one script on
+// one slot. A batch spanning slots is split per slot, and the parts are
+// sent concurrently, pipelined per node. Check is then exact per key, as on
+// one node. CheckAll is atomic within each slot only; across slots it runs
+// in two phases: a probe that decides every part without writing, then,
+// when every part was admitted, a commit that decides each part again and
+// writes it when all of that part is admitted. Between the phases other
+// callers may consume; when a part's commit is then denied, the batch is
+// reported denied, and the parts already committed keep their cost. The
+// store never admits beyond a limit; in that race it may charge a denied
+// batch for some of its keys.
+//
+// # Failures
+//
+// Every call honours its context's deadline (Config.Timeout bounds a call
+// whose context has none); when Redis is down, unreachable, slow or
+// answers with an error, the call returns an error wrapping
+// sluice.ErrStoreUnavailable.
+package redis
+
+import (
+	"context"
+	"crypto/sha1"
+	"crypto/tls"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/store"
+)
+
+// The scripts. check1.lua decides a single check of every algorithm but
+// the sliding window log (the common call, kept lean); check.lua decides
+// everything else.
+var (
+	//go:embed check.lua
+	checkSource string
+	//go:embed check1.lua
+	check1Source string
+
+	checkScript  = newScript(checkSource)
+	check1Script = newScript(check1Source)
+)
+
+// script is a Lua script and its SHA-1.
+type script struct {
+	src, sha string
+}
+
+func newScript(src string) *script {
+	sum := sha1.Sum([]byte(src))
+	return &script{src: src, sha: hex.EncodeToString(sum[:])}
+}
+
+// Defaults for the zero fields of a Config.
+const (
+	// DefaultTimeout bounds a call whose context has no deadline.
+	DefaultTimeout = time.Second
+	// DefaultDialTimeout bounds the opening of a connection.
+	DefaultDialTimeout = time.Second
+	// DefaultWriteTimeout is how long a connection may fail to write or to
+	// answer a health check before it is closed and its calls fail.
+	DefaultWriteTimeout = time.Second
+	// DefaultExpiryMargin is added to every key's time to live.
+	DefaultExpiryMargin = time.Second
+	// DefaultMaxKeyLength is the longest Redis key the store writes as is.
+	DefaultMaxKeyLength = 512
+	// DefaultMaxLogEntries is the largest limit a sliding window log may
+	// have.
+	DefaultMaxLogEntries = 10_000
+	// DefaultIdempotencyTTL is the time to live of an idempotency record
+	// whose ttl is not positive.
+	DefaultIdempotencyTTL = 5 * time.Minute
+)
+
+// Errors of the Redis store. Test for them with errors.Is.
+var (
+	// ErrClosed is returned by every method of a closed store. It wraps
+	// sluice.ErrStoreUnavailable.
+	ErrClosed = fmt.Errorf("%w: redis store closed", sluice.ErrStoreUnavailable)
+	// ErrLogTooLarge reports a sliding window log whose limit is above the
+	// store's Config.MaxLogEntries. Errors wrapping it also wrap
+	// sluice.ErrInvalidLimit.
+	ErrLogTooLarge = errors.New("sluice: sliding window log too large for the redis store")
+	// ErrShortOutput reports an output slice shorter than the requests.
+	ErrShortOutput = errors.New("sluice: output shorter than requests")
+)
+
+// Config holds the knobs of a Store. Addrs (or Client) is required; every
+// other zero field takes its default.
+type Config struct {
+	// Addrs are the addresses (host:port) of the Redis server, or seeds of
+	// a Redis Cluster; the client discovers a cluster by itself.
+	Addrs []string
+	// Username and Password authenticate (AUTH); empty means none.
+	Username, Password string
+	// DB is the database of a standalone server (SELECT).
+	DB int
+	// TLS, when set, makes connections use TLS.
+	TLS *tls.Config
+	// Client, when set, is used instead of a client built from the fields
+	// above; Close does not close it.
+	Client rueidis.Client
+
+	// Prefix is put before every key, for instance to share a Redis
+	// between deployments. Braces in it take over the hash tag.
+	Prefix string
+	// MaxKeyLength is the longest Redis key (prefix included) written as
+	// is; longer ones are hashed, keeping their hash tag. Zero means
+	// DefaultMaxKeyLength; at least 128.
+	MaxKeyLength int
+	// ExpiryMargin is added to the time to live of every key. Zero means
+	// DefaultExpiryMargin.
+	ExpiryMargin time.Duration
+	// MaxLogEntries is the largest limit a sliding window log may have:
+	// such a key keeps up to that many members. Zero means
+	// DefaultMaxLogEntries.
+	MaxLogEntries int64
+
+	// Timeout bounds a call whose context has no deadline. Zero means
+	// DefaultTimeout.
+	Timeout time.Duration
+	// DialTimeout bounds the opening of a connection. Zero means
+	// DefaultDialTimeout.
+	DialTimeout time.Duration
+	// WriteTimeout is how long a connection may stay unable to write or
+	// to answer, after which it is closed and its calls fail. Zero means
+	// DefaultWriteTimeout.
+	WriteTimeout time.Duration
+
+	// MaxFlushDelay is how long a connection may wait to gather more
+	// concurrent commands into one write; zero writes as soon as it can.
+	// A few tens of microseconds save system calls on a busy client and
+	// server at the cost of as much latency.
+	MaxFlushDelay time.Duration
+
+	// Logger receives a warning for every corrupt key reset. Nil means
+	// slog.Default().
+	Logger *slog.Logger
+	// OnCorrupt, when set, is called with the number of corrupt keys reset
+	// by a call (for a metric). It must be safe for concurrent use.
+	OnCorrupt func(n int)
+}
+
+// Store keeps the state of rate limits in Redis or Redis Cluster. Create
+// it with New; it is safe for concurrent use.
+type Store struct {
+	client    rueidis.Client
+	ownClient bool
+	cluster   bool
+	prefix    string
+	maxKey    int
+	marginMS  string
+	maxLog    int64
+	timeout   time.Duration
+	logger    *slog.Logger
+	onCorrupt func(int)
+	corrupt   atomic.Uint64
+	closed    atomic.Bool
+
+	tagsOnce sync.Once
+	tags     []string // slot tags, for idempotency records on a cluster
+}
+
+// New connects to Redis as cfg says and returns the store. It fails when
+// no server answers within the dial timeout.
+func New(cfg Config) (*Store, error) {
+	if cfg.MaxKeyLength == 0 {
+		cfg.MaxKeyLength = DefaultMaxKeyLength
+	}
+	if cfg.MaxKeyLength < 128 {
+		return nil, fmt.Errorf("redis: max key length: must be at least 128, got %d", cfg.MaxKeyLength)
+	}
+	if cfg.ExpiryMargin == 0 {
+		cfg.ExpiryMargin = DefaultExpiryMargin
+	}
+	if cfg.ExpiryMargin < 0 {
+		return nil, fmt.Errorf("redis: expiry margin: must not be negative, got %s", cfg.ExpiryMargin)
+	}
+	if cfg.MaxLogEntries == 0 {
+		cfg.MaxLogEntries = DefaultMaxLogEntries
+	}
+	if cfg.MaxLogEntries < 0 {
+		return nil, fmt.Errorf("redis: max log entries: must not be negative, got %d", cfg.MaxLogEntries)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Store{
+		client:    cfg.Client,
+		prefix:    cfg.Prefix,
+		maxKey:    cfg.MaxKeyLength,
+		marginMS:  strconv.FormatInt(cfg.ExpiryMargin.Milliseconds(), 10),
+		maxLog:    cfg.MaxLogEntries,
+		timeout:   cfg.Timeout,
+		logger:    cfg.Logger,
+		onCorrupt: cfg.OnCorrupt,
+	}
+	if s.client == nil {
+		if len(cfg.Addrs) == 0 {
+			return nil, errors.New("redis: addrs: at least one address is required")
+		}
+		c, err := rueidis.NewClient(rueidis.ClientOption{
+			InitAddress:      cfg.Addrs,
+			Username:         cfg.Username,
+			Password:         cfg.Password,
+			SelectDB:         cfg.DB,
+			TLSConfig:        cfg.TLS,
+			Dialer:           netDialer(cfg.DialTimeout),
+			ConnWriteTimeout: cfg.WriteTimeout,
+			DisableCache:     true,
+			MaxFlushDelay:    cfg.MaxFlushDelay,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("redis: connect to %v: %w: %w", cfg.Addrs, sluice.ErrStoreUnavailable, err)
+		}
+		s.client, s.ownClient = c, true
+	}
+	s.cluster = s.client.Mode() == rueidis.ClientModeCluster
+	return s, nil
+}
+
+// Cluster reports whether the store talks to a Redis Cluster.
+func (s *Store) Cluster() bool { return s.cluster }
+
+// CorruptResets returns how many corrupt keys the store has reset since it
+// was created.
+func (s *Store) CorruptResets() uint64 { return s.corrupt.Load() }
+
+// MaxLogEntries returns the largest limit a sliding window log may have in
+// this store.
+func (s *Store) MaxLogEntries() int64 { return s.maxLog }
+
+// Accepts reports whether the store can decide requests with p: nil when it
+// can, an error wrapping sluice.ErrInvalidLimit otherwise (an unknown
+// algorithm, or a sliding window log above MaxLogEntries, wrapping
+// ErrLogTooLarge).
+func (s *Store) Accepts(p *algorithm.Params) error {
+	switch {
+	case p == nil:
+		return fmt.Errorf("%w: no params", sluice.ErrInvalidLimit)
+	case p.Algorithm == 0 || p.Algorithm > sluice.GCRA:
+		return fmt.Errorf("%w: algorithm: %w: %s", sluice.ErrInvalidLimit, sluice.ErrUnknownAlgorithm, p.Algorithm)
+	case p.Algorithm == sluice.SlidingWindowLog && p.Limit > s.maxLog:
+		return fmt.Errorf("%w: %w: limit %d is above the store's maximum of %d log entries per key; use sliding_window_counter, which needs constant memory, or raise MaxLogEntries",
+			sluice.ErrInvalidLimit, ErrLogTooLarge, p.Limit, s.maxLog)
+	case p.Window <= 0 || p.Quantum <= 0:
+		return fmt.Errorf("%w: params not compiled (window %d, quantum %d)", sluice.ErrInvalidLimit, p.Window, p.Quantum)
+	}
+	return nil
+}
+
+// Script modes of check.lua.
+const (
+	modeEach  = "0"
+	modeAll   = "1"
+	modeOnce  = "2"
+	modeProbe = "3"
+)
+
+// group is the part of a batch sent as one script call: requests whose keys
+// share a slot (or all requests, on a standalone server).
+type group struct {
+	script *script
+	idx    []int // indexes into the batch
+	keys   []string
+	args   []string
+}
+
+// Check decides each request on its own, in order, and writes its decision
+// to out[i]; a key that appears twice sees the effect of its first request.
+// When a request is invalid (a negative cost wraps sluice.ErrInvalidCost,
+// a bad Params or too long a log wraps sluice.ErrInvalidLimit) Check decides
+// nothing and returns the error. out must be at least as long as reqs.
+func (s *Store) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	if err := s.begin(reqs, out); err != nil || len(reqs) == 0 {
+		return err
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	if len(reqs) == 1 && reqs[0].Params.Algorithm != sluice.SlidingWindowLog {
+		return s.checkOne(ctx, &reqs[0], &out[0])
+	}
+	groups := s.split(reqs, modeEach, "")
+	res, err := s.exec(ctx, groups)
+	if err != nil {
+		return err
+	}
+	for g, r := range res {
+		s.fill(reqs, out, groups[g].idx, r)
+	}
+	return nil
+}
+
+// CheckAll decides reqs as one unit: when every request is admitted, all
+// consume their cost; when any is denied, none consumes anything and every
+// out[i].Allowed is false. A denied request reports its own decision; a
+// request that alone would have been admitted reports the state of its key
+// as it stands (Remaining before its cost) with ReasonLimited and a zero
+// RetryAfter. On one node (a standalone server, or keys sharing a slot) this
+// is one script call, atomic; across slots of a cluster it takes two
+// phases (see the package documentation). Errors are those of Check.
+func (s *Store) CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	if err := s.begin(reqs, out); err != nil || len(reqs) == 0 {
+		return err
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.checkAll(ctx, reqs, out)
+}
+
+// checkAll is CheckAll after validation, within the call's deadline.
+func (s *Store) checkAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	groups := s.split(reqs, modeAll, "")
+	if len(groups) <= 1 {
+		res, err := s.exec(ctx, groups)
+		if err != nil {
+			return err
+		}
+		for g, r := range res {
+			s.fill(reqs, out, groups[g].idx, r)
+		}
+		return nil
+	}
+	// Across slots: probe every part, then commit when all are admitted.
+	for _, g := range groups {
+		g.args[0] = modeProbe
+	}
+	res, err := s.exec(ctx, groups)
+	if err != nil {
+		return err
+	}
+	all := true
+	for g, r := range res {
+		s.fill(reqs, out, groups[g].idx, r)
+	}
+	for i := range reqs {
+		all = all && out[i].Allowed
+	}
+	if all {
+		for _, g := range groups {
+			g.args[0] = modeAll
+		}
+		if res, err = s.exec(ctx, groups); err != nil {
+			return err
+		}
+		for g, r := range res {
+			s.fill(reqs, out, groups[g].idx, r)
+		}
+		for i := range reqs {
+			all = all && out[i].Allowed
+		}
+		if all {
+			return nil
+		}
+	}
+	for i := range out[:len(reqs)] {
+		if out[i].Allowed {
+			out[i].Allowed, out[i].Reason, out[i].RetryAfter = false, sluice.ReasonLimited, 0
+		}
+	}
+	return nil
+}
+
+// CheckAllOnce is CheckAll made idempotent by key: when key has a record
+// younger than ttl, nothing is decided, out is filled with the recorded
+// decisions and replayed is true; otherwise reqs are decided as by CheckAll
+// and their decisions recorded under key for ttl. The record is kept under
+// the prefix and key (a string of the decisions); on a cluster whose batch
+// lies on one slot, under "{<tag>}:" and key, where the tag places it on
+// the batch's slot. On one node (a standalone server, or keys sharing a
+// slot) the lookup, the decision and the record are one script call. Across slots of a cluster the key is
+// first claimed (SET NX), then the batch decided, then the record written;
+// a concurrent repeat waits for the record until its deadline.
+func (s *Store) CheckAllOnce(ctx context.Context, key string, ttl time.Duration, reqs []store.Request, out []sluice.Decision) (replayed bool, err error) {
+	if err := s.begin(reqs, out); err != nil || len(reqs) == 0 {
+		return false, err
+	}
+	if ttl <= 0 {
+		ttl = DefaultIdempotencyTTL
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	ttlMS := strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)
+	if !s.cluster {
+		groups := s.split(reqs, modeOnce, ttlMS)
+		g := groups[0]
+		g.keys = append(g.keys, redisKey(s.prefix, key, s.maxKey))
+		return s.once(ctx, reqs, out, groups)
+	}
+	groups := s.split(reqs, modeOnce, ttlMS)
+	if len(groups) == 1 {
+		g := groups[0]
+		s.tagsOnce.Do(func() { s.tags = slotTags() })
+		tag := s.tags[slotOf(g.keys[0])]
+		g.keys = append(g.keys, redisKey(s.prefix, "{"+tag+"}:"+key, s.maxKey))
+		return s.once(ctx, reqs, out, groups)
+	}
+	return s.onceAcross(ctx, redisKey(s.prefix, key, s.maxKey), ttlMS, reqs, out)
+}
+
+// once runs a single mode-2 script call.
+func (s *Store) once(ctx context.Context, reqs []store.Request, out []sluice.Decision, groups []*group) (bool, error) {
+	res, err := s.exec(ctx, groups)
+	if err != nil {
+		return false, err
+	}
+	s.fill(reqs, out, groups[0].idx, res[0])
+	return res[0][1] == 1, nil
+}
+
+// pendingRecord marks an idempotency key claimed by a batch being decided.
+const pendingRecord = "pending"
+
+// onceAcross is CheckAllOnce for a batch spanning cluster slots.
+func (s *Store) onceAcross(ctx context.Context, idem, ttlMS string, reqs []store.Request, out []sluice.Decision) (bool, error) {
+	c := s.client
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		r := c.Do(ctx, c.B().Set().Key(idem).Value(pendingRecord).Nx().Get().PxMilliseconds(mustInt(ttlMS)).Build())
+		prev, err := r.ToString()
+		if rueidis.IsRedisNil(err) {
+			break // claimed
+		}
+		if err != nil {
+			return false, s.unavailable(err)
+		}
+		if prev != pendingRecord {
+			if vals, ok := parseRecord(prev, len(reqs)); ok {
+				s.fill(reqs, out, seq(len(reqs)), append([]int64{0, 1}, vals...))
+				return true, nil
+			}
+			// An unreadable record: replace it.
+			if err := c.Do(ctx, c.B().Del().Key(idem).Build()).Error(); err != nil {
+				return false, s.unavailable(err)
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return false, s.unavailable(ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+	if err := s.checkAll(ctx, reqs, out); err != nil {
+		c.Do(context.WithoutCancel(ctx), c.B().Del().Key(idem).Build())
+		return false, err
+	}
+	rec := formatRecord(out[:len(reqs)], reqs)
+	if err := c.Do(ctx, c.B().Set().Key(idem).Value(rec).PxMilliseconds(mustInt(ttlMS)).Build()).Error(); err != nil {
+		return false, s.unavailable(err)
+	}
+	return false, nil
+}
+
+// formatRecord encodes decisions as the script records them.
+func formatRecord(ds []sluice.Decision, reqs []store.Request) string {
+	b := make([]byte, 0, 16*len(ds))
+	for i, d := range ds {
+		q := reqs[i].Params.Quantum * int64(time.Microsecond)
+		if i > 0 {
+			b = append(b, ',')
+		}
+		allowed := 0
+		if d.Allowed {
+			allowed = 1
+		}
+		b = strconv.AppendInt(b, int64(allowed), 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, int64(d.Reason), 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, d.Remaining, 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, int64(d.ResetAfter)/q, 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, int64(d.RetryAfter)/q, 10)
+	}
+	return string(b)
+}
+
+// parseRecord decodes a record of n decisions.
+func parseRecord(rec string, n int) ([]int64, bool) {
+	vals := make([]int64, 0, 5*n)
+	start := 0
+	for i := 0; i <= len(rec); i++ {
+		if i == len(rec) || rec[i] == ',' {
+			v, err := strconv.ParseInt(rec[start:i], 10, 64)
+			if err != nil {
+				return nil, false
+			}
+			vals = append(vals, v)
+			start = i + 1
+		}
+	}
+	return vals, len(vals) == 5*n
+}
+
+func seq(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
+
+func mustInt(s string) int64 {
+	v, _ := strconv.ParseInt(s, 10, 64)
+	return v
+}
+
+// Reset forgets the state of keys: their next check is decided as the
+// first. Keys the store does not hold are ignored.
+func (s *Store) Reset(ctx context.Context, keys ...string) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	c := s.client
+	cmds := make(rueidis.Commands, len(keys))
+	for i, k := range keys {
+		cmds[i] = c.B().Del().Key(redisKey(s.prefix, k, s.maxKey)).Build()
+	}
+	for _, r := range c.DoMulti(ctx, cmds...) {
+		if err := r.Error(); err != nil {
+			return s.unavailable(err)
+		}
+	}
+	return nil
+}
+
+// Close closes the store's connections, unless the client was given in
+// Config.Client. Every later call returns ErrClosed. Close is idempotent.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	if s.ownClient {
+		s.client.Close()
+	}
+	return nil
+}
+
+// begin does the checks common to every decision.
+func (s *Store) begin(reqs []store.Request, out []sluice.Decision) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if len(out) < len(reqs) {
+		return fmt.Errorf("redis: %w: %d decisions for %d requests", ErrShortOutput, len(out), len(reqs))
+	}
+	for i := range reqs {
+		r := &reqs[i]
+		if err := s.Accepts(r.Params); err != nil {
+			return fmt.Errorf("redis: key %q: %w", r.Key, err)
+		}
+		if r.Cost < 0 {
+			return fmt.Errorf("redis: key %q: %w: cost %d is negative", r.Key, sluice.ErrInvalidCost, r.Cost)
+		}
+	}
+	return nil
+}
+
+// bound gives ctx the store's timeout when it has no deadline.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// split groups reqs into script calls: one on a standalone server, one
+// per slot on a cluster, in the order of first appearance.
+func (s *Store) split(reqs []store.Request, mode, ttlMS string) []*group {
+	head := []string{mode, s.marginMS, ttlMS}
+	if !s.cluster {
+		g := &group{script: checkScript, idx: make([]int, len(reqs)), keys: make([]string, len(reqs)), args: make([]string, 0, 3+8*len(reqs))}
+		g.args = append(g.args, head...)
+		for i := range reqs {
+			g.idx[i] = i
+			g.keys[i] = redisKey(s.prefix, reqs[i].Key, s.maxKey)
+			g.args = appendArgs(g.args, &reqs[i])
+		}
+		return []*group{g}
+	}
+	var groups []*group
+	bySlot := map[uint16]*group{}
+	for i := range reqs {
+		k := redisKey(s.prefix, reqs[i].Key, s.maxKey)
+		sl := slotOf(k)
+		g := bySlot[sl]
+		if g == nil {
+			g = &group{script: checkScript, args: append([]string(nil), head...)}
+			bySlot[sl] = g
+			groups = append(groups, g)
+		}
+		g.idx = append(g.idx, i)
+		g.keys = append(g.keys, k)
+		g.args = appendArgs(g.args, &reqs[i])
+	}
+	return groups
+}
+
+// appendArgs appends the 8 script arguments of r.
+func appendArgs(args []string, r *store.Request) []string {
+	p := r.Params
+	deny := "0"
+	if p.DenyAll {
+		deny = "1"
+	}
+	now := "-1"
+	if !r.Now.IsZero() {
+		now = strconv.FormatInt(r.Now.UnixMicro(), 10)
+	}
+	return append(args,
+		strconv.Itoa(int(p.Algorithm)),
+		strconv.FormatInt(p.Limit, 10),
+		strconv.FormatInt(p.Burst, 10),
+		strconv.FormatInt(p.Window, 10),
+		strconv.FormatInt(p.Quantum, 10),
+		deny,
+		strconv.FormatInt(r.Cost, 10),
+		now,
+	)
+}
+
+// exec runs one script call per group, concurrently (pipelined per node),
+// and returns their replies. A NOSCRIPT answer is retried once with EVAL,
+// which loads the script.
+func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
+	c := s.client
+	out := make([][]int64, len(groups))
+	var results []rueidis.RedisResult
+	if len(groups) == 1 {
+		g := groups[0]
+		r := c.Do(ctx, c.B().Evalsha().Sha1(g.script.sha).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build())
+		results = []rueidis.RedisResult{r}
+	} else {
+		cmds := make(rueidis.Commands, len(groups))
+		for i, g := range groups {
+			cmds[i] = c.B().Evalsha().Sha1(g.script.sha).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build()
+		}
+		results = c.DoMulti(ctx, cmds...)
+	}
+	var retry []int
+	for i, r := range results {
+		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		cmds := make(rueidis.Commands, len(retry))
+		for j, i := range retry {
+			g := groups[i]
+			cmds[j] = c.B().Eval().Script(g.script.src).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build()
+		}
+		for j, r := range c.DoMulti(ctx, cmds...) {
+			results[retry[j]] = r
+		}
+	}
+	total := 0
+	for i, r := range results {
+		vals, err := r.AsIntSlice()
+		if err != nil {
+			return nil, s.unavailable(err)
+		}
+		if len(vals) != 2+5*len(groups[i].idx) {
+			return nil, fmt.Errorf("redis: %w: script answered %d values for %d requests", sluice.ErrStoreUnavailable, len(vals), len(groups[i].idx))
+		}
+		out[i] = vals
+		total += int(vals[0])
+	}
+	if total > 0 {
+		keys := make([]string, 0, 4)
+		for _, g := range groups {
+			keys = append(keys, g.keys...)
+		}
+		s.reportCorrupt(total, keys)
+	}
+	return out, nil
+}
+
+// checkOne decides a single request of every algorithm but the sliding
+// window log with check1.lua: the path of most checks, kept free of the
+// batch bookkeeping.
+func (s *Store) checkOne(ctx context.Context, r *store.Request, out *sluice.Decision) error {
+	c := s.client
+	key := redisKey(s.prefix, r.Key, s.maxKey)
+	var argv [9]string
+	args := appendArgs(append(argv[:0], s.marginMS), r)
+	res := c.Do(ctx, c.B().Evalsha().Sha1(check1Script.sha).Numkeys(1).Key(key).Arg(args...).Build())
+	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
+		res = c.Do(ctx, c.B().Eval().Script(check1Script.src).Numkeys(1).Key(key).Arg(args...).Build())
+	}
+	arr, err := res.ToArray()
+	if err != nil {
+		return s.unavailable(err)
+	}
+	if len(arr) != 7 {
+		return fmt.Errorf("redis: %w: script answered %d values for 1 request", sluice.ErrStoreUnavailable, len(arr))
+	}
+	var v [7]int64
+	for i := range arr {
+		if v[i], err = arr[i].AsInt64(); err != nil {
+			return s.unavailable(err)
+		}
+	}
+	if v[0] > 0 {
+		s.reportCorrupt(int(v[0]), []string{key})
+	}
+	q := time.Duration(r.Params.Quantum) * time.Microsecond
+	*out = sluice.Decision{
+		Allowed:    v[2] == 1,
+		Reason:     sluice.Reason(v[3]),
+		Limit:      r.Params.Limit,
+		Remaining:  v[4],
+		ResetAfter: time.Duration(v[5]) * q,
+		RetryAfter: time.Duration(v[6]) * q,
+	}
+	return nil
+}
+
+// reportCorrupt logs and counts n corrupt keys reset by a call on keys.
+func (s *Store) reportCorrupt(n int, keys []string) {
+	s.corrupt.Add(uint64(n))
+	s.logger.Warn("redis store: reset corrupt rate-limit state", "keys_reset", n, "batch_keys", keys)
+	if s.onCorrupt != nil {
+		s.onCorrupt(n)
+	}
+}
+
+// fill converts a script reply for the requests idx into decisions.
+func (s *Store) fill(reqs []store.Request, out []sluice.Decision, idx []int, vals []int64) {
+	for j, i := range idx {
+		v := vals[2+5*j : 7+5*j]
+		p := reqs[i].Params
+		q := time.Duration(p.Quantum) * time.Microsecond
+		out[i] = sluice.Decision{
+			Allowed:    v[0] == 1,
+			Reason:     sluice.Reason(v[1]),
+			Limit:      p.Limit,
+			Remaining:  v[2],
+			ResetAfter: time.Duration(v[3]) * q,
+			RetryAfter: time.Duration(v[4]) * q,
+		}
+	}
+}
+
+// netDialer returns the dialer of the client's connections.
+func netDialer(timeout time.Duration) net.Dialer {
+	return net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
+}
+
+// unavailable wraps a client error.
+func (s *Store) unavailable(err error) error {
+	return fmt.Errorf("redis: %w: %w", sluice.ErrStoreUnavailable, err)
+}

@@ -1,0 +1,770 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/redis/redistest"
+	"github.com/sluicehq/sluice/store/storetest"
+)
+
+var t0 = storetest.T0
+
+func newStore(t testing.TB, cfg Config) *Store {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func compile(t testing.TB, l sluice.Limit) *algorithm.Params {
+	t.Helper()
+	p, err := algorithm.Compile(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &p
+}
+
+func check(t testing.TB, s *Store, r store.Request) sluice.Decision {
+	t.Helper()
+	out := make([]sluice.Decision, 1)
+	if err := s.Check(context.Background(), []store.Request{r}, out); err != nil {
+		t.Fatalf("Check(%s): %v", r.Key, err)
+	}
+	return out[0]
+}
+
+func TestConformanceStandalone(t *testing.T) {
+	srv := redistest.Start(t)
+	storetest.Run(t, func(t *testing.T) storetest.Store {
+		return newStore(t, Config{Addrs: []string{srv.Addr}})
+	})
+}
+
+func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	c := redistest.StartCluster(t, redistest.ClusterOptions{})
+	open := func(t testing.TB) *Store {
+		s := newStore(t, Config{Addrs: c.Addrs()})
+		if !s.Cluster() {
+			t.Fatal("store does not see a cluster")
+		}
+		return s
+	}
+	t.Run("Conformance", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) storetest.Store { return open(t) })
+	})
+	t.Run("KeysSpread", func(t *testing.T) {
+		s := open(t)
+		p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 10, Window: time.Minute})
+		for i := range 60 {
+			check(t, s, store.Request{Key: fmt.Sprintf("rl:spread:{user=%d}:x", i), Params: p, Cost: 1})
+		}
+		for _, m := range c.Masters {
+			n, err := m.Do("DBSIZE")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v, _ := strconv.Atoi(n); v == 0 {
+				t.Errorf("master %s holds no key", m.Addr)
+			}
+		}
+	})
+	t.Run("BatchAcrossSlots", func(t *testing.T) {
+		s := open(t)
+		ctx := context.Background()
+		p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Hour})
+		var reqs []store.Request
+		slots := map[uint16]bool{}
+		for i := range 10 {
+			k := fmt.Sprintf("rl:across:{user=%d}:x", i)
+			slots[slotOf(k)] = true
+			reqs = append(reqs, store.Request{Key: k, Params: p, Cost: 1, Now: t0})
+		}
+		if len(slots) < 5 {
+			t.Fatalf("keys on %d slots only", len(slots))
+		}
+		out := make([]sluice.Decision, len(reqs))
+		// Check: each key on its own.
+		if err := s.Check(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		for i, d := range out {
+			if !d.Allowed || d.Remaining != 2 {
+				t.Fatalf("Check %d: %+v, want allowed, 2 remaining", i, d)
+			}
+		}
+		// Exhaust one key: CheckAll over all is denied and consumes nothing.
+		ex := reqs[7]
+		ex.Cost = 2
+		check(t, s, ex)
+		if err := s.CheckAll(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		for i, d := range out {
+			switch {
+			case d.Allowed:
+				t.Errorf("CheckAll %d allowed: %+v", i, d)
+			case i == 7 && d.Remaining != 0:
+				t.Errorf("CheckAll %d (exhausted): %+v", i, d)
+			case i != 7 && (d.Remaining != 2 || d.Reason != sluice.ReasonLimited || d.RetryAfter != 0):
+				t.Errorf("CheckAll %d: %+v, want limited with 2 remaining and no retry", i, d)
+			}
+		}
+		// Without the exhausted key, CheckAll admits and consumes all.
+		rest := append(append([]store.Request(nil), reqs[:7]...), reqs[8:]...)
+		if err := s.CheckAll(ctx, rest, out); err != nil {
+			t.Fatal(err)
+		}
+		for i, d := range out[:len(rest)] {
+			if !d.Allowed || d.Remaining != 1 {
+				t.Errorf("CheckAll rest %d: %+v, want allowed with 1 remaining", i, d)
+			}
+		}
+	})
+	t.Run("CheckAllOnce", func(t *testing.T) {
+		testCheckAllOnce(t, open(t), open(t))
+	})
+	t.Run("RoundTrips", func(t *testing.T) {
+		s := open(t)
+		p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 100, Window: time.Minute})
+		var reqs []store.Request
+		for i := range 10 {
+			reqs = append(reqs, store.Request{Key: fmt.Sprintf("rl:rt:{user=7}:r%d", i), Params: p, Cost: 1})
+		}
+		check(t, s, reqs[0]) // load the script on its node
+		var node *redistest.Server
+		for _, m := range c.Masters {
+			if n, _ := m.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(int(slotOf(reqs[0].Key)))); n != "0" && n != "" {
+				node = m
+			}
+		}
+		if node == nil {
+			t.Fatal("no master holds the key")
+		}
+		for _, m := range c.Masters {
+			m.Do("CONFIG", "RESETSTAT")
+		}
+		out := make([]sluice.Decision, len(reqs))
+		if err := s.CheckAll(context.Background(), reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		stats := commandStats(t, node)
+		if stats["evalsha"] != 1 || stats["eval"] != 0 {
+			t.Errorf("a batch of 10 on one slot: %v, want exactly one EVALSHA", stats)
+		}
+	})
+	t.Run("Exactness", func(t *testing.T) {
+		stores := []*Store{open(t), open(t), open(t), open(t)}
+		for _, a := range sluice.Algorithms {
+			p := compile(t, sluice.Limit{Algorithm: a, Limit: 100, Window: time.Hour})
+			key := "rl:exact:{user=" + a.String() + "}"
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for _, s := range stores {
+				for range 32 {
+					wg.Go(func() {
+						out := make([]sluice.Decision, 1)
+						for range 4 {
+							if err := s.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1, Now: t0}}, out); err != nil {
+								t.Error(err)
+								return
+							}
+							if out[0].Allowed {
+								admitted.Add(1)
+							}
+						}
+					})
+				}
+			}
+			wg.Wait()
+			if got := admitted.Load(); got != 100 {
+				t.Errorf("%s: 4 clients x 32 goroutines admitted %d of 512, want exactly 100", a, got)
+			}
+		}
+	})
+	t.Run("ScriptFlush", func(t *testing.T) {
+		s := open(t)
+		p := compile(t, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Limit: 3, Window: time.Hour})
+		var reqs []store.Request
+		for i := range 6 {
+			reqs = append(reqs, store.Request{Key: fmt.Sprintf("rl:flush:{user=%d}", i), Params: p, Cost: 1, Now: t0})
+		}
+		out := make([]sluice.Decision, len(reqs))
+		for round := range 2 {
+			for _, m := range c.Masters {
+				if _, err := m.Do("SCRIPT", "FLUSH"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := s.CheckAll(context.Background(), reqs, out); err != nil {
+				t.Fatalf("after SCRIPT FLUSH: %v", err)
+			}
+			for i, d := range out {
+				if !d.Allowed || d.Remaining != int64(2-round) {
+					t.Errorf("round %d request %d: %+v", round, i, d)
+				}
+			}
+		}
+	})
+	t.Run("LongKeys", func(t *testing.T) {
+		s := open(t)
+		p := compile(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 2, Window: time.Hour})
+		long := "rl:long:{user=9}:" + strings.Repeat("x", 10_000)
+		reqs := []store.Request{{Key: long, Params: p, Cost: 1, Now: t0}, {Key: "rl:long:{user=9}:short", Params: p, Cost: 1, Now: t0}}
+		out := make([]sluice.Decision, 2)
+		for range 2 {
+			if err := s.CheckAll(context.Background(), reqs, out); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !out[0].Allowed || out[0].Remaining != 0 {
+			t.Errorf("long key: %+v, want allowed with 0 remaining", out[0])
+		}
+	})
+}
+
+// commandStats returns the calls of every command since CONFIG RESETSTAT,
+// by lower-case name, leaving out the test's own INFO and CONFIG.
+func commandStats(t *testing.T, s *redistest.Server) map[string]int {
+	t.Helper()
+	info, err := s.Info("commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]int{}
+	for k, v := range info {
+		name, ok := strings.CutPrefix(k, "cmdstat_")
+		if !ok || name == "info" || strings.HasPrefix(name, "config") {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
+		m[name], _ = strconv.Atoi(calls)
+	}
+	return m
+}
+
+// measure returns the commands Redis ran for f, as commandStats. The
+// client may still be opening a connection (HELLO) during the first calls;
+// measure repeats f until a run is free of connection set-up, so the figure
+// is the steady state of one call.
+func measure(t *testing.T, srv *redistest.Server, f func()) map[string]int {
+	t.Helper()
+	for range 10 {
+		if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+			t.Fatal(err)
+		}
+		f()
+		stats := commandStats(t, srv)
+		if stats["hello"] == 0 {
+			return stats
+		}
+	}
+	t.Fatal("the client kept opening connections")
+	return nil
+}
+
+// scriptCommands are the commands check.lua calls inside its one atomic
+// step; INFO commandstats counts them too.
+var scriptCommands = map[string]bool{
+	"get": true, "set": true, "del": true, "time": true, "pexpire": true,
+	"zcard": true, "zcount": true, "zrange": true, "zadd": true, "zremrangebyscore": true,
+}
+
+// TestOneEvalshaPerCheck shows by INFO commandstats that one check is one
+// EVALSHA and nothing else on the wire, for every algorithm, and that a
+// batch of 10 is one EVALSHA too.
+func TestOneEvalshaPerCheck(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	ctx := context.Background()
+	for _, a := range sluice.Algorithms {
+		p := compile(t, sluice.Limit{Algorithm: a, Limit: 100, Window: time.Minute})
+		r := store.Request{Key: "rl:one:" + a.String(), Params: p, Cost: 1}
+		check(t, s, r) // the first call may load the script
+		stats := measure(t, srv, func() { check(t, s, r) })
+		if stats["evalsha"] != 1 {
+			t.Errorf("%s: %d EVALSHA for one check, want 1 (%v)", a, stats["evalsha"], stats)
+		}
+		for name, n := range stats {
+			if name != "evalsha" && !scriptCommands[name] {
+				t.Errorf("%s: one check also sent %s x%d", a, name, n)
+			}
+		}
+
+		var reqs []store.Request
+		for i := range 10 {
+			reqs = append(reqs, store.Request{Key: fmt.Sprintf("rl:ten:{k%d}:%s", i, a), Params: p, Cost: 1})
+		}
+		out := make([]sluice.Decision, len(reqs))
+		if err := s.CheckAll(ctx, reqs, out); err != nil { // load the batch script
+			t.Fatal(err)
+		}
+		for _, all := range []bool{false, true} {
+			stats := measure(t, srv, func() {
+				var err error
+				if all {
+					err = s.CheckAll(ctx, reqs, out)
+				} else {
+					err = s.Check(ctx, reqs, out)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			})
+			if stats["evalsha"] != 1 || stats["eval"] != 0 {
+				t.Errorf("%s: batch of 10 (all %v): %v, want one EVALSHA", a, all, stats)
+			}
+		}
+	}
+
+	// After SCRIPT FLUSH the store loads the script again by itself.
+	srv.Do("SCRIPT", "FLUSH")
+	srv.Do("CONFIG", "RESETSTAT")
+	p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 100, Window: time.Minute})
+	if d := check(t, s, store.Request{Key: "rl:flushed", Params: p, Cost: 1}); !d.Allowed {
+		t.Fatalf("after SCRIPT FLUSH: %+v", d)
+	}
+	if stats := commandStats(t, srv); stats["evalsha"] != 1 || stats["eval"] != 1 {
+		t.Errorf("after SCRIPT FLUSH: %v, want one failed EVALSHA and one EVAL", stats)
+	}
+	srv.Do("CONFIG", "RESETSTAT")
+	check(t, s, store.Request{Key: "rl:flushed", Params: p, Cost: 1})
+	if stats := commandStats(t, srv); stats["evalsha"] != 1 || stats["eval"] != 0 {
+		t.Errorf("after reloading: %v, want one EVALSHA", stats)
+	}
+}
+
+// TestExactnessAcrossClients races 4 independent stores (4 clients, as 4
+// instances would) with 32 goroutines each on one key, at one explicit
+// instant: exactly the limit is admitted, for every algorithm.
+func TestExactnessAcrossClients(t *testing.T) {
+	srv := redistest.Start(t)
+	const clients, goroutines, each, limit = 4, 32, 8, 300
+	stores := make([]*Store, clients)
+	for i := range stores {
+		stores[i] = newStore(t, Config{Addrs: []string{srv.Addr}})
+	}
+	for _, a := range sluice.Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			p := compile(t, sluice.Limit{Algorithm: a, Limit: limit, Window: time.Hour})
+			key := "rl:exact:{k}:" + a.String()
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for _, s := range stores {
+				for range goroutines {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						out := make([]sluice.Decision, 1)
+						for range each {
+							if err := s.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1, Now: t0}}, out); err != nil {
+								t.Error(err)
+								return
+							}
+							if out[0].Allowed {
+								admitted.Add(1)
+							}
+						}
+					}()
+				}
+			}
+			wg.Wait()
+			if got := admitted.Load(); got != limit {
+				t.Errorf("admitted %d of %d, want exactly %d", got, clients*goroutines*each, limit)
+			}
+		})
+	}
+}
+
+// TestExactnessAcrossProcesses runs 4 processes (this test binary, started
+// again in child mode) with 32 goroutines each against one key of one
+// Redis, at one explicit instant: together they admit exactly the limit,
+// for every algorithm.
+func TestExactnessAcrossProcesses(t *testing.T) {
+	const processes, goroutines, each, limit = 4, 32, 6, 250
+	if addr := os.Getenv("SLUICE_EXACT_CHILD_ADDR"); addr != "" {
+		exactChild(t, addr, os.Getenv("SLUICE_EXACT_CHILD_KEY"), goroutines, each, limit)
+		return
+	}
+	if testing.Short() {
+		t.Skip("starts 4 processes per algorithm")
+	}
+	srv := redistest.Start(t)
+	for _, a := range sluice.Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			key := "rl:procs:{k}:" + a.String()
+			cmds := make([]*exec.Cmd, processes)
+			outs := make([]*strings.Builder, processes)
+			for i := range cmds {
+				cmd := exec.Command(os.Args[0], "-test.run=^TestExactnessAcrossProcesses$", "-test.count=1", "-test.v")
+				cmd.Env = append(os.Environ(), "SLUICE_EXACT_CHILD_ADDR="+srv.Addr, "SLUICE_EXACT_CHILD_KEY="+key, "SLUICE_EXACT_CHILD_ALG="+a.String())
+				outs[i] = &strings.Builder{}
+				cmd.Stdout, cmd.Stderr = outs[i], outs[i]
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				cmds[i] = cmd
+			}
+			var total int64
+			for i, cmd := range cmds {
+				if err := cmd.Wait(); err != nil {
+					t.Fatalf("child %d: %v\n%s", i, err, outs[i])
+				}
+				_, after, ok := strings.Cut(outs[i].String(), "admitted=")
+				n, err := strconv.ParseInt(strings.Fields(after + " ")[0], 10, 64)
+				if !ok || err != nil {
+					t.Fatalf("child %d printed no count:\n%s", i, outs[i])
+				}
+				total += n
+			}
+			if total != limit {
+				t.Errorf("%d processes x %d goroutines admitted %d, want exactly %d", processes, goroutines, total, limit)
+			}
+		})
+	}
+}
+
+// exactChild is the child side of TestExactnessAcrossProcesses.
+func exactChild(t *testing.T, addr, key string, goroutines, each int, limit int64) {
+	a, err := sluice.ParseAlgorithm(os.Getenv("SLUICE_EXACT_CHILD_ALG"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, Config{Addrs: []string{addr}})
+	p := compile(t, sluice.Limit{Algorithm: a, Limit: limit, Window: time.Hour})
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out := make([]sluice.Decision, 1)
+			for range each {
+				if err := s.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1, Now: t0}}, out); err != nil {
+					t.Error(err)
+					return
+				}
+				if out[0].Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Printf("admitted=%d\n", admitted.Load())
+}
+
+func testCheckAllOnce(t *testing.T, s1, s2 *Store) {
+	ctx := context.Background()
+	p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 5, Window: time.Hour})
+	for _, across := range []bool{false, true} {
+		tag2 := "{user=1}"
+		if across {
+			tag2 = "{user=2}"
+		}
+		reqs := []store.Request{
+			{Key: fmt.Sprintf("rl:once:%v:{user=1}:a", across), Params: p, Cost: 2, Now: t0},
+			{Key: fmt.Sprintf("rl:once:%v:%s:b", across, tag2), Params: p, Cost: 1, Now: t0},
+		}
+		key := fmt.Sprintf("idem-%v", across)
+		out := make([]sluice.Decision, 2)
+		replayed, err := s1.CheckAllOnce(ctx, key, time.Minute, reqs, out)
+		if err != nil || replayed {
+			t.Fatalf("first: replayed %v, %v", replayed, err)
+		}
+		first := append([]sluice.Decision(nil), out...)
+		if !first[0].Allowed || first[0].Remaining != 3 || first[1].Remaining != 4 {
+			t.Fatalf("first: %+v", first)
+		}
+		// The repeat, from another instance, is replayed and charges nothing.
+		replayed, err = s2.CheckAllOnce(ctx, key, time.Minute, reqs, out)
+		if err != nil || !replayed {
+			t.Fatalf("repeat: replayed %v, %v", replayed, err)
+		}
+		if out[0] != first[0] || out[1] != first[1] {
+			t.Errorf("repeat: %+v, want %+v", out, first)
+		}
+		if d := check(t, s1, store.Request{Key: reqs[0].Key, Params: p, Now: t0}); d.Remaining != 3 {
+			t.Errorf("after the repeat, remaining %d, want 3", d.Remaining)
+		}
+		// Another key decides again.
+		if replayed, err = s2.CheckAllOnce(ctx, key+"-other", time.Minute, reqs, out); err != nil || replayed || out[0].Remaining != 1 {
+			t.Errorf("other key: replayed %v, %v, %+v", replayed, err, out)
+		}
+	}
+}
+
+func TestCheckAllOnceStandalone(t *testing.T) {
+	srv := redistest.Start(t)
+	testCheckAllOnce(t, newStore(t, Config{Addrs: []string{srv.Addr}}), newStore(t, Config{Addrs: []string{srv.Addr}}))
+}
+
+// TestCorruptState puts wrong data under keys and checks that the store
+// resets it with a warning and a count, and decides as for a new key.
+func TestCorruptState(t *testing.T) {
+	srv := redistest.Start(t)
+	var reported atomic.Int64
+	var logged strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(b []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logged.Write(b)
+	}), nil))
+	s := newStore(t, Config{Addrs: []string{srv.Addr}, Logger: logger, OnCorrupt: func(n int) { reported.Add(int64(n)) }})
+	corruptions := []struct {
+		name string
+		cmd  []string // KEY stands for the key
+	}{
+		{"list", []string{"RPUSH", "KEY", "a", "b"}},
+		{"hash", []string{"HSET", "KEY", "tokens", "5"}},
+		{"garbage", []string{"SET", "KEY", "not a number"}},
+		{"old format", []string{"SET", "KEY", "5:1700000000"}},
+		{"out of range", []string{"SET", "KEY", "1:99999999999999999999:0:0"}},
+		{"string for a log", []string{"SET", "KEY", "1:2:3:4"}},
+	}
+	want := uint64(0)
+	for _, a := range sluice.Algorithms {
+		p := compile(t, sluice.Limit{Algorithm: a, Limit: 5, Window: time.Minute})
+		for _, c := range corruptions {
+			if c.name == "string for a log" && a != sluice.SlidingWindowLog {
+				continue
+			}
+			key := "rl:corrupt:" + a.String() + ":" + c.name
+			args := append([]string(nil), c.cmd...)
+			args[1] = key
+			if _, err := srv.Do(args...); err != nil {
+				t.Fatal(err)
+			}
+			d := check(t, s, store.Request{Key: key, Params: p, Cost: 2, Now: t0})
+			if !d.Allowed || d.Remaining != 3 {
+				t.Errorf("%s, %s: %+v, want allowed as a new key", a, c.name, d)
+			}
+			want++
+			if got := s.CorruptResets(); got != want {
+				t.Errorf("%s, %s: CorruptResets %d, want %d", a, c.name, got, want)
+			}
+			// The state is sound again.
+			if d := check(t, s, store.Request{Key: key, Params: p, Cost: 3, Now: t0}); !d.Allowed || d.Remaining != 0 {
+				t.Errorf("%s, %s, second check: %+v, want allowed with 0 remaining", a, c.name, d)
+			}
+		}
+	}
+	// Corrupt keys in a batch, decided by the batch script.
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Minute})
+	lp := compile(t, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Limit: 5, Window: time.Minute})
+	srv.Do("SET", "rl:corrupt:batch:a", "garbage")
+	srv.Do("HSET", "rl:corrupt:batch:b", "f", "v")
+	reqs := []store.Request{{Key: "rl:corrupt:batch:a", Params: p, Cost: 1, Now: t0}, {Key: "rl:corrupt:batch:b", Params: lp, Cost: 1, Now: t0}}
+	out := make([]sluice.Decision, 2)
+	if err := s.CheckAll(context.Background(), reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	want += 2
+	if !out[0].Allowed || out[0].Remaining != 4 || !out[1].Allowed || out[1].Remaining != 4 || s.CorruptResets() != want {
+		t.Errorf("batch with corrupt keys: %+v, %d resets, want both allowed with 4 remaining, %d resets", out, s.CorruptResets(), want)
+	}
+	if got := uint64(reported.Load()); got != want {
+		t.Errorf("OnCorrupt reported %d, want %d", got, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logged.String(), "corrupt") {
+		t.Errorf("no warning logged: %q", logged.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// TestExpiry checks each key's time to live against algorithm.ExpiresAt,
+// and that denials and reads write nothing.
+func TestExpiry(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}, ExpiryMargin: 500 * time.Millisecond})
+	for _, a := range sluice.Algorithms {
+		p := compile(t, sluice.Limit{Algorithm: a, Limit: 4, Window: time.Minute})
+		key := "rl:ttl:" + a.String()
+		// A read and a request above the capacity create nothing.
+		check(t, s, store.Request{Key: key, Params: p, Cost: 0, Now: t0})
+		check(t, s, store.Request{Key: key, Params: p, Cost: 9, Now: t0})
+		if n, _ := srv.Do("EXISTS", key); n != "0" {
+			t.Errorf("%s: a read or an impossible request created the key", a)
+		}
+		check(t, s, store.Request{Key: key, Params: p, Cost: 4, Now: t0})
+		var st algorithm.State
+		switch a {
+		case sluice.SlidingWindowLog:
+			st.A = t0.UnixMicro() / p.Quantum
+		default:
+			st, _ = algorithm.Apply(p, st, t0.UnixMicro(), 4)
+		}
+		wantMS := (algorithm.ExpiresAt(p, st)-t0.UnixMicro())/1000 + 500
+		pttl, err := srv.Do("PTTL", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := strconv.ParseInt(pttl, 10, 64)
+		if got > wantMS || got < wantMS-2000 {
+			t.Errorf("%s: PTTL %d ms, want about %d", a, got, wantMS)
+		}
+		// A denial leaves the value and the expiry alone.
+		before, _ := srv.Do("DUMP", key)
+		time.Sleep(5 * time.Millisecond)
+		if d := check(t, s, store.Request{Key: key, Params: p, Cost: 1, Now: t0.Add(time.Millisecond)}); d.Allowed {
+			t.Fatalf("%s: allowed past the limit", a)
+		}
+		after, _ := srv.Do("DUMP", key)
+		pttl2, _ := srv.Do("PTTL", key)
+		got2, _ := strconv.ParseInt(pttl2, 10, 64)
+		if before != after || got2 > got {
+			t.Errorf("%s: a denial changed the key (ttl %d -> %d)", a, got, got2)
+		}
+	}
+}
+
+// TestUnavailable checks that a dead or slow Redis gives a prompt error
+// wrapping sluice.ErrStoreUnavailable.
+func TestUnavailable(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 5, Window: time.Minute})
+	req := []store.Request{{Key: "rl:down", Params: p, Cost: 1}}
+	out := make([]sluice.Decision, 1)
+	if err := s.Check(context.Background(), req, out); err != nil {
+		t.Fatal(err)
+	}
+
+	// Slow: the server sleeps longer than the deadline.
+	go srv.Do("DEBUG", "SLEEP", "2")
+	time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	start := time.Now()
+	err := s.Check(ctx, req, out)
+	cancel()
+	if !errors.Is(err, sluice.ErrStoreUnavailable) {
+		t.Errorf("slow Redis: got %v, want ErrStoreUnavailable", err)
+	}
+	if el := time.Since(start); el > 1500*time.Millisecond {
+		t.Errorf("slow Redis: answered after %s, want about the 200ms deadline", el)
+	}
+
+	// Dead.
+	srv.Kill()
+	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	err = s.Check(ctx, req, out)
+	if !errors.Is(err, sluice.ErrStoreUnavailable) {
+		t.Errorf("dead Redis: got %v, want ErrStoreUnavailable", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("dead Redis: answered after %s", el)
+	}
+	if err := s.Reset(ctx, "rl:down"); !errors.Is(err, sluice.ErrStoreUnavailable) {
+		t.Errorf("dead Redis, Reset: got %v", err)
+	}
+	s.Close()
+	if err := s.Check(context.Background(), req, out); !errors.Is(err, ErrClosed) {
+		t.Errorf("closed: got %v, want ErrClosed", err)
+	}
+}
+
+func TestRedisKey(t *testing.T) {
+	long := "rl:r:{user=42}:" + strings.Repeat("y", 1000)
+	k := redisKey("p:", long, 512)
+	if len(k) > 128 || !strings.HasPrefix(k, "p:{user=42}#") {
+		t.Errorf("redisKey(long) = %q", k)
+	}
+	if slotOf(k) != slotOf("p:rl:r:{user=42}:short") {
+		t.Error("a hashed key left its identity's slot")
+	}
+	if redisKey("p:", long+"z", 512) == k {
+		t.Error("two long keys share a hashed form")
+	}
+	longTag := "rl:{" + strings.Repeat("t", 1000) + "}"
+	k1, k2 := redisKey("", longTag+"a", 512), redisKey("", longTag+"b", 512)
+	if k1 == k2 || slotOf(k1) != slotOf(k2) || len(k1) > 128 {
+		t.Errorf("long tags: %q, %q", k1, k2)
+	}
+	if got := redisKey("p:", "short", 512); got != "p:short" {
+		t.Errorf("redisKey(short) = %q", got)
+	}
+	// Known slots (from CLUSTER KEYSLOT).
+	for k, want := range map[string]uint16{"foo": 12182, "{user1000}.following": 3443, "bar": 5061} {
+		if got := slotOf(k); got != want {
+			t.Errorf("slotOf(%q) = %d, want %d", k, got, want)
+		}
+	}
+	tags := slotTags()
+	for sl, tag := range tags {
+		if slotOf("{"+tag+"}") != uint16(sl) {
+			t.Fatalf("slot tag %q is not on slot %d", tag, sl)
+		}
+	}
+}
+
+func TestParseURL(t *testing.T) {
+	cases := []struct {
+		in      string
+		addrs   []string
+		db      int
+		user    string
+		pass    string
+		tls     bool
+		wantErr string
+	}{
+		{in: "redis://localhost:6380", addrs: []string{"localhost:6380"}},
+		{in: "redis://localhost", addrs: []string{"localhost:6379"}},
+		{in: "redis://u:p%40ss@h:1/3", addrs: []string{"h:1"}, db: 3, user: "u", pass: "p@ss"},
+		{in: "rediss://h:2", addrs: []string{"h:2"}, tls: true},
+		{in: "redis-cluster://a:1,b:2,c:3", addrs: []string{"a:1", "b:2", "c:3"}},
+		{in: "redis-cluster://a:1/2", wantErr: "no database"},
+		{in: "redis://a:1,b:2", wantErr: "redis-cluster"},
+		{in: "redis://h:x", wantErr: "port"},
+		{in: "redis://h/x", wantErr: "database"},
+		{in: "memcache://h", wantErr: "scheme"},
+		{in: "redis://:secret@h:1/", addrs: []string{"h:1"}, pass: "secret"},
+	}
+	for _, c := range cases {
+		cfg, err := ParseURL(c.in)
+		if c.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Errorf("ParseURL(%q): %v, want an error about %s", c.in, err, c.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("ParseURL(%q): %v", c.in, err)
+			continue
+		}
+		if fmt.Sprint(cfg.Addrs) != fmt.Sprint(c.addrs) || cfg.DB != c.db || cfg.Username != c.user || cfg.Password != c.pass || (cfg.TLS != nil) != c.tls {
+			t.Errorf("ParseURL(%q) = %+v", c.in, cfg)
+		}
+	}
+}

@@ -1,0 +1,46 @@
+package redistest
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestStart(t *testing.T) {
+	s := Start(t)
+	if s.Port == 6379 {
+		t.Fatalf("port 6379 used")
+	}
+	if _, err := s.Do("SET", "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Do("GET", "k")
+	if err != nil || got != "v" {
+		t.Fatalf("GET k = %q, %v; want v", got, err)
+	}
+	s.Kill()
+	if _, err := s.Do("PING"); err == nil {
+		t.Fatal("PING after Kill succeeded")
+	}
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStartCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	c := StartCluster(t, ClusterOptions{Replicas: 1})
+	if len(c.Masters) != 3 || len(c.Replicas) != 3 {
+		t.Fatalf("got %d masters, %d replicas; want 3, 3", len(c.Masters), len(c.Replicas))
+	}
+	for _, m := range c.Masters {
+		if rs := c.ReplicasOf(m); len(rs) != 1 {
+			t.Errorf("master %s has %d replicas, want 1", m.Addr, len(rs))
+		}
+	}
+	info, err := c.Masters[0].Do("CLUSTER", "INFO")
+	if err != nil || !strings.Contains(info, "cluster_state:ok") {
+		t.Fatalf("CLUSTER INFO: %v\n%s", err, info)
+	}
+}

@@ -1,0 +1,89 @@
+package redis
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// ParseURL returns the Config of a store URL:
+//
+//	redis://[user:password@]host:port[/db]       a standalone server
+//	rediss://[user:password@]host:port[/db]      the same over TLS
+//	redis-cluster://[user:password@]host:port,host:port,...
+//	                                              seeds of a Redis Cluster
+//	rediss-cluster://...                          the same over TLS
+//
+// The port defaults to 6379. A cluster has no database number. Its errors
+// name what is wrong and never contain the password.
+func ParseURL(raw string) (Config, error) {
+	var cfg Config
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return cfg, fmt.Errorf("redis: URL: missing scheme (want redis://, rediss://, redis-cluster:// or rediss-cluster://)")
+	}
+	cluster := false
+	switch scheme {
+	case "redis":
+	case "rediss":
+		cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+	case "redis-cluster":
+		cluster = true
+	case "rediss-cluster":
+		cluster = true
+		cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+	default:
+		return cfg, fmt.Errorf("redis: URL: unknown scheme %q (want redis://, rediss://, redis-cluster:// or rediss-cluster://)", scheme)
+	}
+	if i := strings.IndexAny(rest, "?#"); i >= 0 {
+		return cfg, fmt.Errorf("redis: URL: query parameters are not supported")
+	}
+	hosts, path, _ := strings.Cut(rest, "/")
+	if at := strings.LastIndexByte(hosts, '@'); at >= 0 {
+		user := hosts[:at]
+		hosts = hosts[at+1:]
+		name, pass, hasPass := strings.Cut(user, ":")
+		var err error
+		if cfg.Username, err = url.PathUnescape(name); err != nil {
+			return cfg, fmt.Errorf("redis: URL: user name: %w", err)
+		}
+		if hasPass {
+			if cfg.Password, err = url.PathUnescape(pass); err != nil {
+				return cfg, fmt.Errorf("redis: URL: password is not well escaped")
+			}
+		}
+	}
+	if hosts == "" {
+		return cfg, fmt.Errorf("redis: URL: no host")
+	}
+	for _, h := range strings.Split(hosts, ",") {
+		host, port, err := net.SplitHostPort(h)
+		if err != nil {
+			host, port = h, "6379"
+		}
+		if host == "" {
+			return cfg, fmt.Errorf("redis: URL: empty host in %q", h)
+		}
+		if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+			return cfg, fmt.Errorf("redis: URL: bad port %q", port)
+		}
+		cfg.Addrs = append(cfg.Addrs, net.JoinHostPort(host, port))
+	}
+	if !cluster && len(cfg.Addrs) > 1 {
+		return cfg, fmt.Errorf("redis: URL: several hosts need redis-cluster://")
+	}
+	if path != "" {
+		if cluster {
+			return cfg, fmt.Errorf("redis: URL: a cluster has no database number, got /%s", path)
+		}
+		db, err := strconv.Atoi(path)
+		if err != nil || db < 0 {
+			return cfg, fmt.Errorf("redis: URL: database: want a number, got %q", path)
+		}
+		cfg.DB = db
+	}
+	return cfg, nil
+}

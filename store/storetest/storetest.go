@@ -1,0 +1,443 @@
+// Package storetest is the conformance suite of Sluice's stores: Run checks
+// that a store decides exactly as the pure functions of package algorithm,
+// request for request, for every algorithm, so that the memory store, Redis
+// and Redis Cluster provably decide alike.
+//
+// Every test passes explicit instants, so the suite is deterministic. Keys
+// carry a random nonce, so several runs may share one Redis server.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/store"
+)
+
+// Store is what the suite needs of a store: the contract of package store.
+type Store interface {
+	Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
+	CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
+	Reset(ctx context.Context, keys ...string) error
+}
+
+// T0 is the instant the suite's sequences start at.
+var T0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// Limits returns the limits the suite runs for each algorithm: a plain one,
+// a burst different from the limit (which the window algorithms ignore), a
+// limit of 1, and a window long enough to need a coarser quantum.
+func Limits() []sluice.Limit {
+	var ls []sluice.Limit
+	for _, a := range sluice.Algorithms {
+		ls = append(ls,
+			sluice.Limit{Algorithm: a, Limit: 10, Window: time.Second},
+			sluice.Limit{Algorithm: a, Limit: 50, Window: time.Minute, Burst: 20},
+			sluice.Limit{Algorithm: a, Limit: 1, Window: 300 * time.Millisecond},
+			sluice.Limit{Algorithm: a, Limit: 1000, Window: 300 * 24 * time.Hour, Burst: 3},
+			sluice.Limit{Algorithm: a, Limit: 7, Window: 1500 * time.Microsecond},
+		)
+	}
+	return ls
+}
+
+// Model decides requests with the pure functions of package algorithm,
+// keeping each key's state in a map: what every store must agree with. It
+// is not safe for concurrent use.
+type Model struct {
+	states map[string]algorithm.State
+	logs   map[string][]int64
+}
+
+// NewModel returns a model with no state.
+func NewModel() *Model {
+	return &Model{states: map[string]algorithm.State{}, logs: map[string][]int64{}}
+}
+
+// Decide decides r, which must have a non-zero Now.
+func (m *Model) Decide(r store.Request) sluice.Decision {
+	now := r.Now.UnixMicro()
+	if r.Params.Algorithm == sluice.SlidingWindowLog {
+		nl, d := algorithm.ApplyLog(r.Params, append([]int64(nil), m.logs[r.Key]...), now, r.Cost)
+		if d.Allowed && r.Cost > 0 {
+			m.logs[r.Key] = nl
+		}
+		return d
+	}
+	ns, d := algorithm.Apply(r.Params, m.states[r.Key], now, r.Cost)
+	m.states[r.Key] = ns
+	return d
+}
+
+// DecideAll decides reqs as store.CheckAll does: all consume, or none does;
+// when none does, the requests that alone would have been admitted report
+// their key as it stands, limited, with no retry.
+func (m *Model) DecideAll(reqs []store.Request) []sluice.Decision {
+	saved := m.clone()
+	out := make([]sluice.Decision, len(reqs))
+	all := true
+	for i, r := range reqs {
+		out[i] = m.Decide(r)
+		all = all && out[i].Allowed
+	}
+	if all {
+		return out
+	}
+	*m = *saved
+	for i, r := range reqs {
+		if !out[i].Allowed {
+			continue
+		}
+		peek := saved.clone()
+		r.Cost = 0
+		out[i] = peek.Decide(r)
+		out[i].Allowed, out[i].Reason, out[i].RetryAfter = false, sluice.ReasonLimited, 0
+	}
+	return out
+}
+
+func (m *Model) clone() *Model {
+	c := NewModel()
+	for k, v := range m.states {
+		c.states[k] = v
+	}
+	for k, v := range m.logs {
+		c.logs[k] = append([]int64(nil), v...)
+	}
+	return c
+}
+
+// Run runs the suite. newStore returns a store for one subtest; stores may
+// share their state (a Redis server), as the suite's keys never repeat
+// across calls of Run.
+func Run(t *testing.T, newStore func(t *testing.T) Store) {
+	nonce := fmt.Sprintf("%08x", rand.Uint32())
+	key := func(t *testing.T, name string) string {
+		return fmt.Sprintf("st:%s:%s:{%s}:%s", nonce, t.Name(), name, name)
+	}
+	t.Run("Sequences", func(t *testing.T) { testSequences(t, newStore(t), key) })
+	t.Run("Random", func(t *testing.T) { testRandom(t, newStore(t), key) })
+	t.Run("DenyAll", func(t *testing.T) { testDenyAll(t, newStore(t), key) })
+	t.Run("CheckDuplicateKeys", func(t *testing.T) { testCheckDuplicates(t, newStore(t), key) })
+	t.Run("CheckAll", func(t *testing.T) { testCheckAll(t, newStore(t), key) })
+	t.Run("CheckAllRandom", func(t *testing.T) { testCheckAllRandom(t, newStore(t), key) })
+	t.Run("Reset", func(t *testing.T) { testReset(t, newStore(t), key) })
+	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, newStore(t), key) })
+	t.Run("BadInput", func(t *testing.T) { testBadInput(t, newStore(t), key) })
+	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, newStore(t), key) })
+}
+
+type keyFunc func(t *testing.T, name string) string
+
+func compile(t *testing.T, l sluice.Limit) *algorithm.Params {
+	t.Helper()
+	p, err := algorithm.Compile(l)
+	if err != nil {
+		t.Fatalf("Compile(%+v): %v", l, err)
+	}
+	return &p
+}
+
+func limitName(l sluice.Limit) string {
+	return fmt.Sprintf("%s/%d-per-%s-burst-%d", l.Algorithm, l.Limit, l.Window, l.Burst)
+}
+
+func check(t *testing.T, s Store, r store.Request) sluice.Decision {
+	t.Helper()
+	out := make([]sluice.Decision, 1)
+	if err := s.Check(context.Background(), []store.Request{r}, out); err != nil {
+		t.Fatalf("Check(%s cost %d): %v", r.Key, r.Cost, err)
+	}
+	return out[0]
+}
+
+// step is one request of a sequence: dt after the previous one.
+type step struct {
+	dt   time.Duration
+	cost int64
+}
+
+// testSequences runs hand-written sequences: a burst to exhaustion, cost 0
+// reads, a cost above the capacity, refill, a clock that goes back, and a
+// long pause.
+func testSequences(t *testing.T, s Store, key keyFunc) {
+	for _, l := range Limits() {
+		t.Run(limitName(l), func(t *testing.T) {
+			p := compile(t, l)
+			w := l.Window
+			b := max(p.Burst, 1)
+			steps := []step{{0, 0}, {0, 1}, {0, 0}, {0, b + 1}, {0, b - 1}, {0, 1}, {0, 0},
+				{w / 7, 1}, {w / 3, 2}, {w / 2, 1}, {-w / 4, 1}, {0, 0}, {w / 10, b}, {w, 1}, {3 * w, b}, {0, 1},
+				{w - 1, 1}, {1, 1}, {2 * w, 0}, {time.Microsecond, 1}}
+			m := NewModel()
+			k := key(t, "seq")
+			at := T0
+			for i, st := range steps {
+				at = at.Add(st.dt)
+				r := store.Request{Key: k, Params: p, Cost: max(st.cost, 0), Now: at}
+				want := m.Decide(r)
+				if got := check(t, s, r); got != want {
+					t.Fatalf("step %d (cost %d at +%s): got %+v, want %+v", i, r.Cost, at.Sub(T0), got, want)
+				}
+			}
+		})
+	}
+}
+
+// testRandom compares a random sequence (fixed seed) over three keys with
+// the model.
+func testRandom(t *testing.T, s Store, key keyFunc) {
+	for _, l := range Limits() {
+		t.Run(limitName(l), func(t *testing.T) {
+			p := compile(t, l)
+			m := NewModel()
+			rng := rand.New(rand.NewPCG(11, uint64(l.Algorithm)<<32|uint64(l.Limit)))
+			keys := []string{key(t, "a"), key(t, "b"), key(t, "c")}
+			at := T0
+			span := int64(l.Window/time.Microsecond) / 4
+			for i := range 300 {
+				at = at.Add(time.Duration(rng.Int64N(span+1)) * time.Microsecond)
+				if rng.IntN(20) == 0 {
+					at = at.Add(-time.Duration(rng.Int64N(span+1)) * time.Microsecond) // a clock that goes back
+				}
+				r := store.Request{Key: keys[rng.IntN(len(keys))], Params: p, Cost: rng.Int64N(p.Burst + 2), Now: at}
+				want := m.Decide(r)
+				if got := check(t, s, r); got != want {
+					t.Fatalf("request %d (cost %d at +%s): got %+v, want %+v", i, r.Cost, at.Sub(T0), got, want)
+				}
+			}
+		})
+	}
+}
+
+func testDenyAll(t *testing.T, s Store, key keyFunc) {
+	for _, a := range sluice.Algorithms {
+		p := compile(t, sluice.Limit{Algorithm: a, DenyAll: true, Window: time.Second})
+		for _, cost := range []int64{0, 1, 5} {
+			r := store.Request{Key: key(t, a.String()), Params: p, Cost: cost, Now: T0}
+			want := NewModel().Decide(r)
+			if got := check(t, s, r); got != want || got.Allowed || got.Reason != sluice.ReasonDenyAll {
+				t.Errorf("%s cost %d: got %+v, want %+v (deny_all)", a, cost, got, want)
+			}
+		}
+	}
+}
+
+// testCheckDuplicates checks that a key appearing twice in a Check sees the
+// effect of its first request.
+func testCheckDuplicates(t *testing.T, s Store, key keyFunc) {
+	for _, a := range sluice.Algorithms {
+		p := compile(t, sluice.Limit{Algorithm: a, Limit: 3, Window: time.Minute})
+		k := key(t, a.String())
+		reqs := []store.Request{{Key: k, Params: p, Cost: 2, Now: T0}, {Key: k, Params: p, Cost: 1, Now: T0}, {Key: k, Params: p, Cost: 1, Now: T0}}
+		m := NewModel()
+		out := make([]sluice.Decision, len(reqs))
+		if err := s.Check(context.Background(), reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range reqs {
+			if want := m.Decide(r); out[i] != want {
+				t.Errorf("%s request %d: got %+v, want %+v", a, i, out[i], want)
+			}
+		}
+	}
+}
+
+// testCheckAll checks all-or-nothing batches: over keys of different hash
+// tags, mixed algorithms, and a key appearing twice.
+func testCheckAll(t *testing.T, s Store, key keyFunc) {
+	ctx := context.Background()
+	m := NewModel()
+	var ps []*algorithm.Params
+	for _, a := range sluice.Algorithms {
+		ps = append(ps, compile(t, sluice.Limit{Algorithm: a, Limit: 5, Window: time.Minute}))
+	}
+	// One key per algorithm, each with its own hash tag (on a cluster,
+	// spread over the slots), plus a shared one.
+	reqsAt := func(at time.Time, cost int64) []store.Request {
+		var reqs []store.Request
+		for i, p := range ps {
+			reqs = append(reqs, store.Request{Key: fmt.Sprintf("%s{tag%d}", key(t, "k"), i), Params: p, Cost: cost, Now: at})
+		}
+		return reqs
+	}
+	for round := range 8 {
+		at := T0.Add(time.Duration(round) * time.Second)
+		reqs := reqsAt(at, 1)
+		if round == 3 {
+			// exhaust one key alone: the following batches are denied
+			r := reqs[2]
+			r.Cost = 5
+			if got, want := check(t, s, r), m.Decide(r); got != want {
+				t.Fatalf("exhausting: got %+v, want %+v", got, want)
+			}
+		}
+		if round == 6 {
+			reqs = append(reqs, reqs[0]) // a key twice
+		}
+		out := make([]sluice.Decision, len(reqs))
+		if err := s.CheckAll(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		want := m.DecideAll(reqs)
+		for i := range reqs {
+			if out[i] != want[i] {
+				t.Errorf("round %d request %d (%s): got %+v, want %+v", round, i, reqs[i].Params.Algorithm, out[i], want[i])
+			}
+		}
+	}
+	// After the window every key is back.
+	out := make([]sluice.Decision, len(ps))
+	reqs := reqsAt(T0.Add(time.Hour), 0)
+	if err := s.CheckAll(ctx, reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	for i := range reqs {
+		if out[i].Remaining != 5 {
+			t.Errorf("after an hour, %s remaining %d, want 5", reqs[i].Params.Algorithm, out[i].Remaining)
+		}
+	}
+}
+
+// testCheckAllRandom compares random all-or-nothing batches with the model.
+func testCheckAllRandom(t *testing.T, s Store, key keyFunc) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	var ps []*algorithm.Params
+	for _, l := range Limits() {
+		if l.Window <= time.Hour {
+			ps = append(ps, compile(t, l))
+		}
+	}
+	m := NewModel()
+	keys := make([]string, 6)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s{r%d}", key(t, "k"), i)
+	}
+	at := T0
+	for round := range 200 {
+		at = at.Add(time.Duration(rng.IntN(200)) * time.Millisecond)
+		n := 1 + rng.IntN(4)
+		reqs := make([]store.Request, n)
+		for i := range reqs {
+			k := rng.IntN(len(keys))
+			p := ps[(k*7)%len(ps)] // one Params per key
+			reqs[i] = store.Request{Key: keys[k], Params: p, Cost: rng.Int64N(3), Now: at}
+		}
+		out := make([]sluice.Decision, n)
+		if err := s.CheckAll(context.Background(), reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		want := m.DecideAll(reqs)
+		for i := range reqs {
+			if out[i] != want[i] {
+				t.Fatalf("round %d request %d (%s cost %d): got %+v, want %+v", round, i, reqs[i].Params.Algorithm, reqs[i].Cost, out[i], want[i])
+			}
+		}
+	}
+}
+
+func testReset(t *testing.T, s Store, key keyFunc) {
+	for _, a := range sluice.Algorithms {
+		p := compile(t, sluice.Limit{Algorithm: a, Limit: 2, Window: time.Hour})
+		k := key(t, a.String())
+		r := store.Request{Key: k, Params: p, Cost: 2, Now: T0}
+		if d := check(t, s, r); !d.Allowed {
+			t.Fatalf("%s: first request denied: %+v", a, d)
+		}
+		if d := check(t, s, r); d.Allowed {
+			t.Fatalf("%s: second request allowed: %+v", a, d)
+		}
+		if err := s.Reset(context.Background(), k, key(t, "never-seen")); err != nil {
+			t.Fatal(err)
+		}
+		if d := check(t, s, r); !d.Allowed || d.Remaining != 0 {
+			t.Errorf("%s after Reset: got %+v, want allowed with 0 remaining", a, d)
+		}
+	}
+}
+
+// testStoreClock checks requests whose Now is zero: decided at the store's
+// clock, they consume as at any instant.
+func testStoreClock(t *testing.T, s Store, key keyFunc) {
+	for _, a := range sluice.Algorithms {
+		p := compile(t, sluice.Limit{Algorithm: a, Limit: 5, Window: time.Hour})
+		k := key(t, a.String())
+		d := check(t, s, store.Request{Key: k, Params: p, Cost: 3})
+		if !d.Allowed || d.Remaining != 2 || d.ResetAfter <= 0 || d.ResetAfter > 2*time.Hour {
+			t.Errorf("%s: got %+v, want allowed, 2 remaining, reset within two windows", a, d)
+		}
+		d = check(t, s, store.Request{Key: k, Params: p, Cost: 3})
+		if d.Allowed || d.Remaining != 2 || d.RetryAfter <= 0 {
+			t.Errorf("%s: got %+v, want denied, 2 remaining, a retry", a, d)
+		}
+	}
+}
+
+func testBadInput(t *testing.T, s Store, key keyFunc) {
+	ctx := context.Background()
+	p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 5, Window: time.Hour})
+	out := make([]sluice.Decision, 2)
+	good := store.Request{Key: key(t, "good"), Params: p, Cost: 1, Now: T0}
+	cases := []struct {
+		name string
+		req  store.Request
+		want error
+	}{
+		{"negative cost", store.Request{Key: key(t, "k"), Params: p, Cost: -1, Now: T0}, sluice.ErrInvalidCost},
+		{"no params", store.Request{Key: key(t, "k"), Cost: 1, Now: T0}, sluice.ErrInvalidLimit},
+		{"unknown algorithm", store.Request{Key: key(t, "k"), Params: &algorithm.Params{Algorithm: 99, Limit: 1, Burst: 1, Window: 1, Quantum: 1}, Cost: 1, Now: T0}, sluice.ErrInvalidLimit},
+	}
+	for _, c := range cases {
+		reqs := []store.Request{good, c.req}
+		if err := s.Check(ctx, reqs, out); !errors.Is(err, c.want) {
+			t.Errorf("Check with %s: got %v, want %v", c.name, err, c.want)
+		}
+		if err := s.CheckAll(ctx, reqs, out); !errors.Is(err, c.want) {
+			t.Errorf("CheckAll with %s: got %v, want %v", c.name, err, c.want)
+		}
+	}
+	// Nothing was decided: the good key is untouched.
+	if d := check(t, s, store.Request{Key: good.Key, Params: p, Cost: 0, Now: T0}); d.Remaining != 5 {
+		t.Errorf("after rejected batches, remaining %d, want 5", d.Remaining)
+	}
+}
+
+// testConcurrent races 16 goroutines on one key at one instant: exactly the
+// limit is admitted, for every algorithm.
+func testConcurrent(t *testing.T, s Store, key keyFunc) {
+	const goroutines, each, limit = 16, 10, 37
+	for _, a := range sluice.Algorithms {
+		p := compile(t, sluice.Limit{Algorithm: a, Limit: limit, Window: time.Hour})
+		k := key(t, a.String())
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				out := make([]sluice.Decision, 1)
+				for range each {
+					if err := s.Check(context.Background(), []store.Request{{Key: k, Params: p, Cost: 1, Now: T0}}, out); err != nil {
+						t.Error(err)
+						return
+					}
+					if out[0].Allowed {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if got := admitted.Load(); got != limit {
+			t.Errorf("%s: admitted %d of %d, want exactly %d", a, got, goroutines*each, limit)
+		}
+	}
+}
