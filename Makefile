@@ -6,7 +6,7 @@ GOFLAGS ?=
 # CI and `make test` run everything; `make test-short` skips the slow failure tests.
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: run test test-short vet bench fuzz build deps
+.PHONY: run test test-short vet bench fuzz build deps rules
 
 run:
 	$(GO) run ./cmd/sluice serve
@@ -16,6 +16,7 @@ build:
 
 deps:
 	@./scripts/ensure-redis.sh
+	@./scripts/ensure-promtool.sh
 
 vet:
 	$(GO) vet ./...
@@ -39,3 +40,9 @@ fuzz:
 	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime 20s $$pkg || exit 1; \
 	  done; \
 	done
+
+# Check and unit-test the Prometheus rules in deploy/ with promtool (the
+# deploy package's Go test does the same when promtool is installed).
+rules:
+	promtool check rules deploy/prometheus/sluice-rules.yml
+	promtool test rules deploy/prometheus/sluice-rules.test.yml

@@ -76,9 +76,3 @@ func check(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 	}
 	return 0
 }
-
-// load runs the load generator against a running server.
-func load(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	fmt.Fprintln(stderr, "sluice load: the load generator is not part of this build yet")
-	return 2
-}

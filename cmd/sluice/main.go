@@ -15,14 +15,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/internal/logging"
 	"github.com/sluicehq/sluice/internal/policy"
 )
 
@@ -34,7 +35,7 @@ const usage = `Usage:
   sluice serve [flags]              serve the HTTP, gRPC and Envoy rate limit APIs
   sluice config validate FILE...    check configuration files; exit 1 on the first error
   sluice check [flags]              ask a running server for one decision
-  sluice load [flags]               load-test a running server over HTTP
+  sluice load [flags]               load-test a running server (HTTP, gRPC or Envoy's API)
 
 Run "sluice COMMAND -h" for a command's flags.
 `
@@ -83,6 +84,9 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	grpcAddr := fs.String("grpc-addr", envDefault(getenv, "SLUICE_GRPC_ADDR", daemon.DefaultGRPCAddr), "listen address of the gRPC and Envoy APIs (env SLUICE_GRPC_ADDR)")
 	logFormat := fs.String("log-format", envDefault(getenv, "SLUICE_LOG_FORMAT", "text"), "log format: text or json (env SLUICE_LOG_FORMAT)")
 	logLevel := fs.String("log-level", envDefault(getenv, "SLUICE_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
+	debugAddr := fs.String("debug-addr", envDefault(getenv, "SLUICE_DEBUG_ADDR", ""), "listen address of the debug listener (pprof, /metrics); empty: none; loopback only unless --debug-allow-remote (env SLUICE_DEBUG_ADDR)")
+	debugRemote := fs.Bool("debug-allow-remote", envDefault(getenv, "SLUICE_DEBUG_ALLOW_REMOTE", "") == "true", "let --debug-addr listen on a non-loopback address (env SLUICE_DEBUG_ALLOW_REMOTE=true)")
+	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set: higher trades memory for less CPU per check (see docs/operations.md)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 15*time.Second, "how long a graceful shutdown waits for checks in flight")
 	guardCfg := guardFlags(fs)
 	redisOpts := redisFlags(fs)
@@ -97,21 +101,13 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 		fmt.Fprintf(stderr, "sluice serve: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "sluice serve: --log-level: %v\n", err)
+	logger, err := logging.New(stderr, *logFormat, *logLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice serve: --log-format/--log-level: %v\n", err)
 		return 2
 	}
-	opts := &slog.HandlerOptions{Level: level}
-	var logger *slog.Logger
-	switch *logFormat {
-	case "text":
-		logger = slog.New(slog.NewTextHandler(stderr, opts))
-	case "json":
-		logger = slog.New(slog.NewJSONHandler(stderr, opts))
-	default:
-		fmt.Fprintf(stderr, "sluice serve: --log-format: %q is neither text nor json\n", *logFormat)
-		return 2
+	if getenv("GOGC") == "" && *gcPercent > 0 {
+		debug.SetGCPercent(*gcPercent)
 	}
 
 	// Signals are subscribed before the listeners open, so that none is
@@ -129,6 +125,9 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 		Logger:     logger,
 		Guard:      guardCfg(),
 		Redis:      redisOpts(),
+
+		DebugAddr:        *debugAddr,
+		DebugAllowRemote: *debugRemote,
 	})
 	cancel()
 	if err != nil {

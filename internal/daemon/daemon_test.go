@@ -100,7 +100,7 @@ type testDaemon struct {
 
 // start starts a daemon on the memory store with cfgText as its
 // configuration file (none when empty) and stops it when the test ends.
-func start(t *testing.T, cfgText string, mod ...func(*daemon.Config)) *testDaemon {
+func start(t testing.TB, cfgText string, mod ...func(*daemon.Config)) *testDaemon {
 	t.Helper()
 	td := &testDaemon{clock: newClock(epoch)}
 	cfg := daemon.Config{

@@ -37,6 +37,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/events"
+	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memory"
@@ -127,6 +129,12 @@ type Config struct {
 	Policy *policy.Policy
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Metrics receives the engine's metrics (decisions, check and store
+	// latency); nil records none.
+	Metrics *metrics.Metrics
+	// Events receives the audit events of denials and bursts; nil emits
+	// none.
+	Events *events.Recorder
 	// IdempotencyTTL is how long a decision is remembered for its
 	// idempotency key; zero means 5 minutes.
 	IdempotencyTTL time.Duration
@@ -153,6 +161,10 @@ type Engine struct {
 	idem   *idemCache
 	ttl    time.Duration // of idempotency keys
 	pool   sync.Pool     // *scratch
+
+	// metrics and events are optional (nil-safe); see observe.go.
+	metrics *metrics.Metrics
+	events  *events.Recorder
 }
 
 // New returns an engine for cfg.
@@ -166,7 +178,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.IdempotencyTTL < 0 {
 		return nil, fmt.Errorf("engine: config: idempotency TTL must not be negative, got %s", cfg.IdempotencyTTL)
 	}
-	e := &Engine{store: cfg.Store, now: cfg.Now}
+	e := &Engine{store: observeStore(cfg.Store, cfg.Metrics), now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events}
 	if e.now == nil {
 		e.now = time.Now
 	}
@@ -367,6 +379,17 @@ func lowerASCII(s string) string {
 // (with Source SourceIdempotent) and charges nothing. Concurrent checks
 // with one key wait for the first.
 func (e *Engine) Check(ctx context.Context, c *Check) (Result, error) {
+	if !e.observing() {
+		return e.decide(ctx, c)
+	}
+	start := time.Now()
+	res, err := e.decide(ctx, c)
+	e.observeCheck(metrics.APICheck, start, c, &res, err)
+	return res, err
+}
+
+// decide is Check, unobserved.
+func (e *Engine) decide(ctx context.Context, c *Check) (Result, error) {
 	if err := validate(c, ""); err != nil {
 		return Result{}, err
 	}
@@ -644,6 +667,9 @@ func growSource(src []Source, n int) []Source {
 // over-limit cache, hot keys) lives in a store decorator, internal/guard;
 // an error means the store did not decide and the failure modes apply.
 func (e *Engine) storeCheck(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision, src []Source) error {
+	// One request decides alike either way, and Check has the stores'
+	// single-check path (on Redis a script a third of the cost).
+	all = all && len(reqs) > 1
 	if ss, ok := e.store.(SourcedStore); ok {
 		return ss.CheckSourced(ctx, all, reqs, out, src)
 	}
@@ -794,6 +820,17 @@ func assemble(items []item, allowed bool) Result {
 // (each check is then an ordinary Check). A bad check fails the whole
 // batch with a *FieldError naming it, such as "checks[2].client_id".
 func (e *Engine) BatchCheck(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
+	if !e.observing() {
+		return e.batch(ctx, checks, mode)
+	}
+	start := time.Now()
+	out, err := e.batch(ctx, checks, mode)
+	e.observeBatch(start, checks, out, err)
+	return out, err
+}
+
+// batch is BatchCheck, unobserved.
+func (e *Engine) batch(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
 	if len(checks) == 0 {
 		return nil, &FieldError{Field: "checks", Reason: "must not be empty"}
 	}
@@ -809,7 +846,7 @@ func (e *Engine) BatchCheck(ctx context.Context, checks []Check, mode BatchMode)
 	case BestEffort:
 		out := make([]Result, len(checks))
 		for i := range checks {
-			r, err := e.Check(ctx, &checks[i])
+			r, err := e.decide(ctx, &checks[i])
 			if err != nil {
 				var fe *FieldError
 				if errors.As(err, &fe) {
@@ -1007,6 +1044,9 @@ type DescriptorStatus struct {
 // non-shadow ones in one CheckAll (a request over one limit consumes none
 // of the others), then the shadow ones. Store failures fail open.
 func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Descriptor, hitsAddend uint64) (statuses []DescriptorStatus, overLimit bool, err error) {
+	if e.metrics != nil {
+		defer e.observeEnvoy(time.Now(), &overLimit, &err)
+	}
 	if domain == "" {
 		return nil, false, &FieldError{Field: "domain", Reason: "is required"}
 	}
@@ -1093,6 +1133,7 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		if st.DurationUntilReset == 0 {
 			st.DurationUntilReset = untilWindowEnd(e.now(), l.Unit)
 		}
+		e.observeDescriptor(domain, it, &st)
 		statuses[r.desc] = st
 	}
 	return statuses, overLimit, nil

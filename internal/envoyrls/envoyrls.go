@@ -140,11 +140,13 @@ func Descriptors(req *rlsv3.RateLimitRequest) ([]engine.Descriptor, error) {
 			if e.GetKey() == "" {
 				return nil, invalid("descriptors[%d].entries[%d].key: required", i, j)
 			}
-			if err := checkString(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), e.GetKey()); err != nil {
-				return nil, err
+			// The field names are formatted only for an error: this is
+			// the path of every Envoy request.
+			if checkString("", e.GetKey()) != nil {
+				return nil, checkString(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), e.GetKey())
 			}
-			if err := checkString(fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), e.GetValue()); err != nil {
-				return nil, err
+			if checkString("", e.GetValue()) != nil {
+				return nil, checkString(fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), e.GetValue())
 			}
 			descs[i].Entries[j] = engine.DescriptorEntry{Key: e.GetKey(), Value: e.GetValue()}
 		}

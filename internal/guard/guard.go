@@ -109,8 +109,10 @@ type Observer interface {
 	// caller waited and its error.
 	StoreCall(d time.Duration, err error)
 	// OverLimitCacheHit is called for every request denied by the
-	// over-limit cache.
+	// over-limit cache, and OverLimitEntries with the number of keys it
+	// holds whenever it changes.
 	OverLimitCacheHit()
+	OverLimitEntries(n int)
 	// HotKeyDetected is called when a key becomes hot, and HotKeys with
 	// the number of hot keys whenever it changes.
 	HotKeyDetected()
@@ -126,6 +128,7 @@ type nopObserver struct{}
 func (nopObserver) BreakerChanged(BreakerState)    {}
 func (nopObserver) StoreCall(time.Duration, error) {}
 func (nopObserver) OverLimitCacheHit()             {}
+func (nopObserver) OverLimitEntries(int)           {}
 func (nopObserver) HotKeyDetected()                {}
 func (nopObserver) HotKeys(int)                    {}
 func (nopObserver) HotKeySync(time.Duration)       {}
@@ -197,6 +200,7 @@ func New(inner Store, cfg Config) (*Guard, error) {
 		if g.olc, err = newOverLimitCache(cfg.OverLimit); err != nil {
 			return nil, err
 		}
+		g.olc.obs = g.obs
 	}
 	if cfg.HotKeys.Enabled {
 		if g.hot, err = newHotTier(cfg.HotKeys); err != nil {

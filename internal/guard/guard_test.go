@@ -176,7 +176,7 @@ func TestBreaker(t *testing.T) {
 type countObserver struct {
 	breaker                 [3]atomic.Int64
 	calls, errs, olc, syncs atomic.Int64
-	detected, hot           atomic.Int64
+	detected, hot, entries  atomic.Int64
 }
 
 func (o *countObserver) BreakerChanged(to BreakerState) { o.breaker[to].Add(1) }
@@ -187,6 +187,7 @@ func (o *countObserver) StoreCall(d time.Duration, err error) {
 	}
 }
 func (o *countObserver) OverLimitCacheHit()           { o.olc.Add(1) }
+func (o *countObserver) OverLimitEntries(n int)       { o.entries.Store(int64(n)) }
 func (o *countObserver) HotKeyDetected()              { o.detected.Add(1) }
 func (o *countObserver) HotKeys(n int)                { o.hot.Store(int64(n)) }
 func (o *countObserver) HotKeySync(lag time.Duration) { o.syncs.Add(1) }

@@ -56,6 +56,7 @@ type olcShard struct {
 }
 
 type overLimitCache struct {
+	obs    Observer
 	seed   maphash.Seed
 	per    int // keys per shard
 	n      atomic.Int64
@@ -94,7 +95,7 @@ func (o *overLimitCache) lookup(r *store.Request, now time.Time) (sluice.Decisio
 	e, ok := sh.m[r.Key]
 	if ok && !now.Before(e.until) {
 		delete(sh.m, r.Key)
-		o.n.Add(-1)
+		o.obs.OverLimitEntries(int(o.n.Add(-1)))
 		ok = false
 	}
 	sh.mu.Unlock()
@@ -126,7 +127,7 @@ func (o *overLimitCache) remember(r *store.Request, sent time.Time, d *sluice.De
 		o.evict(sh, sent)
 	}
 	sh.m[r.Key] = next
-	o.n.Add(1)
+	o.obs.OverLimitEntries(int(o.n.Add(1)))
 }
 
 // evict makes room in sh: an expired entry, or else any one. Requires
@@ -145,7 +146,7 @@ func (o *overLimitCache) evict(sh *olcShard, now time.Time) {
 		scanned++
 	}
 	delete(sh.m, victim)
-	o.n.Add(-1)
+	o.obs.OverLimitEntries(int(o.n.Add(-1)))
 }
 
 // forget drops keys.
@@ -155,7 +156,7 @@ func (o *overLimitCache) forget(keys []string) {
 		sh.mu.Lock()
 		if _, ok := sh.m[k]; ok {
 			delete(sh.m, k)
-			o.n.Add(-1)
+			o.obs.OverLimitEntries(int(o.n.Add(-1)))
 		}
 		sh.mu.Unlock()
 	}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"runtime/pprof"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/loadgen"
+)
+
+// load runs the load generator against a running server and prints its
+// report. It exits 0 after a run, 1 when the run had errors or overshot
+// --expect-limit, and 2 on usage errors.
+func load(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	fs := flag.NewFlagSet("load", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `Usage: sluice load [flags]
+
+Sends checks to a running Sluice server for a bounded time and prints the
+throughput, allowed/denied/error counts and latency percentiles.
+
+Examples:
+  sluice load --target http  --addr 127.0.0.1:8080 --duration 10s --concurrency 64
+  sluice load --target envoy --addr 127.0.0.1:8081 --domain load --descriptor-key client_id
+  sluice load --target grpc  --addr 127.0.0.1:8081 --rate 5000 --keys 100000 --zipf
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	var cfg loadgen.Config
+	fs.StringVar(&cfg.Target, "target", "http", "API to drive: http (JSON API), grpc (Sluice's gRPC API) or envoy (Envoy's ShouldRateLimit)")
+	fs.StringVar(&cfg.Addr, "addr", envDefault(getenv, "SLUICE_LOAD_ADDR", ""), "server address host:port; default 127.0.0.1:8080 for http, 127.0.0.1:8081 for grpc and envoy (env SLUICE_LOAD_ADDR)")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "concurrent callers")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "total requests per second (open loop, latency from each request's due time); 0: closed loop at full speed")
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to run (at most 1h)")
+	fs.Int64Var(&cfg.Requests, "requests", 0, "stop after this many requests; 0: only --duration bounds the run")
+	fs.IntVar(&cfg.Keys, "keys", 1000, "distinct keys (client ids, or descriptor values for envoy)")
+	fs.BoolVar(&cfg.Zipf, "zipf", false, "draw keys from a Zipf distribution (key 0 hottest) instead of uniformly")
+	fs.Float64Var(&cfg.ZipfS, "zipf-s", 1.1, "Zipf exponent, > 1")
+	costs := fs.String("costs", "1", "cost mix cost:weight,... such as 1:90,5:9,10:1")
+	fs.StringVar(&cfg.KeyPrefix, "key-prefix", "load-", "prefix of the key names")
+	fs.StringVar(&cfg.Resource, "resource", "/api/v1/orders", "resource of http and grpc checks")
+	fs.IntVar(&cfg.Batch, "batch", 0, "send all-or-nothing batches of this many checks of one key to resource/0, resource/1, ... (http and grpc)")
+	fs.StringVar(&cfg.Domain, "domain", "sluice", "Envoy domain")
+	fs.StringVar(&cfg.DescriptorKey, "descriptor-key", "client_id", "Envoy descriptor entry key; the value is the key name")
+	fs.IntVar(&cfg.Conns, "conns", 2, "gRPC connections shared by the callers")
+	fs.DurationVar(&cfg.Timeout, "timeout", time.Second, "deadline of each request")
+	fs.Int64Var(&cfg.ExpectLimit, "expect-limit", 0, "cost the server should admit per key per --window; reports the overshoot")
+	fs.DurationVar(&cfg.Window, "window", 0, "window of --expect-limit, aligned on the Unix epoch like fixed windows; 0: the whole run")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the key and cost draws")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file")
+	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set (the generator's own CPU per request falls by about a quarter at 400)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sluice load: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	var err error
+	if cfg.Costs, err = loadgen.ParseCosts(*costs); err != nil {
+		fmt.Fprintf(stderr, "sluice load: --costs: %v\n", err)
+		return 2
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:8080"
+		if cfg.Target != loadgen.TargetHTTP {
+			cfg.Addr = "127.0.0.1:8081"
+		}
+	}
+	if getenv("GOGC") == "" && *gcPercent > 0 {
+		debug.SetGCPercent(*gcPercent)
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "sluice load: --cpuprofile: %v\n", err)
+			return 2
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "sluice load: --cpuprofile: %v\n", err)
+			return 2
+		}
+		defer pprof.StopCPUProfile()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	rep, err := loadgen.Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice load: %v\n", err)
+		return 2
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	} else {
+		rep.Text(stdout)
+	}
+	if rep.Errors > 0 || (rep.Overshoot != nil && rep.Overshoot.Total > 0) {
+		return 1
+	}
+	return 0
+}

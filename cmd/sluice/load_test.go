@@ -1,0 +1,50 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/daemon"
+)
+
+func TestLoadCommand(t *testing.T) {
+	d, err := daemon.Start(context.Background(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d.Shutdown(ctx)
+	}()
+	// The built-in policy's demo rule admits 5 per minute per client.
+	var out, errOut bytes.Buffer
+	args := []string{"load", "--addr", d.HTTPAddr(), "--resource", "/api/v1/demo", "--keys", "2",
+		"--concurrency", "2", "--requests", "30", "--duration", "20s", "--expect-limit", "5", "--window", "1m", "--json"}
+	if code := run(args, &out, &errOut, noEnv); code != 0 {
+		t.Fatalf("exit %d: %s %s", code, out.String(), errOut.String())
+	}
+	var rep struct {
+		Requests, Allowed, Denied, Errors int64
+		Overshoot                         struct{ Total, Windows int64 }
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if rep.Requests != 30 || rep.Errors != 0 || rep.Allowed < 10 || rep.Allowed > 10*rep.Overshoot.Windows || rep.Overshoot.Total != 0 {
+		t.Errorf("report %+v: want 30 requests, 10 allowed per window, no overshoot", rep)
+	}
+	out.Reset()
+	if code := run([]string{"load", "--target", "grpc", "--addr", d.GRPCAddr(), "--requests", "10", "--concurrency", "1"}, &out, &errOut, noEnv); code != 0 || !strings.Contains(out.String(), "p99") {
+		t.Errorf("grpc text report: exit %d: %s %s", code, out.String(), errOut.String())
+	}
+	for _, bad := range [][]string{{"load", "--costs", "x"}, {"load", "--target", "smtp"}, {"load", "extra"}} {
+		if code := run(bad, &out, &errOut, noEnv); code != 2 {
+			t.Errorf("run(%q) = %d, want 2", bad, code)
+		}
+	}
+}

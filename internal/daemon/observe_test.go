@@ -1,0 +1,248 @@
+package daemon_test
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/internal/events"
+)
+
+// scrape reads /metrics and returns every sample by its series, such as
+// `sluice_checks_total{api="check",outcome="allowed"}`.
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("metrics line %q: %v", line, err)
+		}
+		out[line[:i]] = v
+	}
+	return out
+}
+
+func TestMetricsMove(t *testing.T) {
+	td := start(t, policyText()+`envoy:
+  - domain: edge
+    descriptors:
+      - key: remote_address
+        rate_limit: { unit: minute, requests_per_unit: 1 }
+`)
+	before := scrape(t, td.base+"/metrics")
+	for range 4 { // per-client admits 3: the 3rd is near the limit, the 4th denied
+		td.check(t, `{"client_id":"m1","resource":"/api/limited"}`)
+	}
+	td.check(t, `{"client_id":"m1","resource":"/api/shadow"}`)
+	td.check(t, `{"client_id":"m1","resource":"/api/shadow"}`) // shadow-denied
+	td.check(t, `{"client_id":"banned","resource":"/api/limited"}`)
+	td.check(t, `{"client_id":"vip","resource":"/api/limited"}`)
+	td.check(t, `{"resource":"/api/limited"}`) // invalid
+	post(t, td.base+"/api/v1/batch-check", `{"client_id":"m2","mode":"all_or_nothing","checks":[{"resource":"/batch/a"},{"resource":"/batch/b"}]}`)
+	rls := rlsv3.NewRateLimitServiceClient(dial(t, td.GRPCAddr()))
+	for range 2 {
+		if _, err := rls.ShouldRateLimit(ctx(t), &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}}}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := td.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	after := scrape(t, td.base+"/metrics")
+
+	moved := map[string]float64{
+		`sluice_decisions_total{result="allowed",rule="per-client",source="store"}`:          3,
+		`sluice_decisions_total{result="denied",rule="per-client",source="store"}`:           1,
+		`sluice_decisions_total{result="shadow_denied",rule="shadowed",source="store"}`:      1,
+		`sluice_decisions_total{result="denied",rule="deny_list",source="deny_list"}`:        1,
+		`sluice_decisions_total{result="allowed",rule="allow_list",source="allow_list"}`:     1,
+		`sluice_decisions_total{result="allowed",rule="batch-a",source="store"}`:             1,
+		`sluice_decisions_total{result="allowed",rule="edge.remote_address",source="store"}`: 1,
+		`sluice_decisions_total{result="denied",rule="edge.remote_address",source="store"}`:  1,
+		`sluice_near_limit_total{rule="per-client"}`:                                         1,
+		`sluice_checks_total{api="check",outcome="allowed"}`:                                 6,
+		`sluice_checks_total{api="check",outcome="denied"}`:                                  2,
+		`sluice_checks_total{api="check",outcome="invalid"}`:                                 0, // refused by the HTTP decoder, before the engine
+		`sluice_checks_total{api="batch",outcome="allowed"}`:                                 1,
+		`sluice_checks_total{api="envoy",outcome="allowed"}`:                                 1,
+		`sluice_checks_total{api="envoy",outcome="denied"}`:                                  1,
+		`sluice_check_duration_seconds_count{api="check"}`:                                   8,
+		`sluice_check_duration_seconds_count{api="envoy"}`:                                   2,
+		`sluice_config_reloads_total{result="success"}`:                                      1,
+		`sluice_config_reload_duration_seconds_count`:                                        1,
+		`sluice_events_total{type="rate_limit_exceeded"}`:                                    3,
+		`sluice_events_total{type="rate_limit_config_updated"}`:                              1,
+	}
+	for series, want := range moved {
+		if got := after[series] - before[series]; got != want {
+			t.Errorf("%s moved by %v, want %v", series, got, want)
+		}
+	}
+	// Single requests go to Store.Check, several of one check to CheckAll.
+	for _, op := range []string{"check", "check_all"} {
+		s := `sluice_store_call_duration_seconds_count{op="` + op + `"}`
+		if after[s] <= before[s] {
+			t.Errorf("%s did not move", s)
+		}
+	}
+	if after[`sluice_check_duration_seconds_bucket{api="check",le="1"}`] < 7 {
+		t.Errorf("check latency buckets did not move")
+	}
+	if _, ok := after[`sluice_check_duration_seconds_bucket{api="check",le="1e-05"}`]; !ok {
+		t.Errorf("check latency has no 10µs bucket")
+	}
+	for _, s := range []string{`sluice_breaker_state`, `sluice_hot_keys`, `sluice_config_last_reload_successful`} {
+		if _, ok := after[s]; !ok {
+			t.Errorf("series %s missing", s)
+		}
+	}
+	var version bool
+	for s, v := range after {
+		if strings.HasPrefix(s, `sluice_config_info{version=`) && v == 1 {
+			version = true
+		}
+	}
+	if !version {
+		t.Errorf("sluice_config_info missing")
+	}
+}
+
+func TestEventsEndpoint(t *testing.T) {
+	td := start(t, policyText())
+	for range 5 {
+		td.check(t, `{"client_id":"e1","resource":"/api/limited"}`)
+	}
+	r := get(t, td.base+"/api/v1/events?type=rate_limit_exceeded")
+	evs, _ := r.body["events"].([]any)
+	if r.status != 200 || len(evs) != 2 {
+		t.Fatalf("events: %d %s, want 2 rate_limit_exceeded", r.status, r.raw)
+	}
+	ev := evs[0].(map[string]any)
+	if ev["client_id"] != "e1" || ev["rule"] != "per-client" || ev["severity"] != "warning" || ev["resource"] != "/api/limited" {
+		t.Errorf("event = %v", ev)
+	}
+	for _, bad := range []string{"limit=0", "limit=x", "limit=100000"} {
+		if r := get(t, td.base+"/api/v1/events?"+bad); r.status != 400 || r.str("field") != "limit" {
+			t.Errorf("%s: %d %s, want 400 naming limit", bad, r.status, r.raw)
+		}
+	}
+
+	// A reload that changes the allow and deny lists reports each change.
+	text := strings.Replace(policyText(), "allow:\n  - client: vip\n", "allow:\n  - client: vip2\n  - ip: 10.0.0.0/8\n", 1)
+	if err := os.WriteFile(td.path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := td.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	r = get(t, td.base+"/api/v1/events?limit=10")
+	got := map[string]string{}
+	for _, e := range r.body["events"].([]any) {
+		m := e.(map[string]any)
+		k := m["type"].(string) + " " + str(m["identity"])
+		if _, seen := got[k]; !seen { // newest first
+			got[k] = str(m["previous_version"])
+		}
+	}
+	for _, want := range []string{"rate_limit_allow_list_added client:vip2", "rate_limit_allow_list_added ip:10.0.0.0/8", "rate_limit_allow_list_removed client:vip"} {
+		if _, ok := got[want]; !ok {
+			t.Errorf("no event %q in %v", want, got)
+		}
+	}
+	if got["rate_limit_config_updated "] == "" {
+		t.Errorf("config update event without previous_version: %v", got)
+	}
+	// An invalid file is reported too.
+	os.WriteFile(td.path, []byte("version: 1\nrules: [oops"), 0o644)
+	td.Reload()
+	r = get(t, td.base+"/api/v1/events?type=rate_limit_config_rejected")
+	if evs, _ := r.body["events"].([]any); len(evs) != 1 {
+		t.Errorf("rejected config: %s", r.raw)
+	}
+}
+
+func str(v any) string { s, _ := v.(string); return s }
+
+// lockedBuffer is an io.Writer safe for concurrent use.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestLogsNoLinePerAllowedCheck(t *testing.T) {
+	var buf lockedBuffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	td := start(t, policyText(), func(c *daemon.Config) { c.Logger = log })
+	base := strings.Count(buf.String(), "\n")
+	for range 3 {
+		td.check(t, `{"client_id":"l1","resource":"/api/limited"}`)
+	}
+	if n := strings.Count(buf.String(), "\n") - base; n != 0 {
+		t.Errorf("3 allowed checks logged %d lines at info, want 0:\n%s", n, buf.String())
+	}
+	td.check(t, `{"client_id":"l1","resource":"/api/limited"}`)
+	if !strings.Contains(buf.String(), `"event":"rate_limit_exceeded"`) {
+		t.Errorf("denial not logged as an audit event:\n%s", buf.String())
+	}
+}
+
+func TestDebugListener(t *testing.T) {
+	if _, err := daemon.Start(context.Background(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", DebugAddr: "0.0.0.0:0"}); err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Errorf("non-loopback debug address: %v, want refused", err)
+	}
+	td := start(t, "", func(c *daemon.Config) { c.DebugAddr = "127.0.0.1:0" })
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/cmdline", "/metrics"} {
+		resp, err := http.Get("http://" + td.DebugAddr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: %d", path, resp.StatusCode)
+		}
+	}
+	// The API listener does not serve pprof.
+	if r := get(t, td.base+"/debug/pprof/"); r.status != 404 {
+		t.Errorf("pprof on the API listener: %d, want 404", r.status)
+	}
+}
+
+var _ events.Sink = (*events.Ring)(nil)

@@ -1,0 +1,230 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/events"
+	"github.com/sluicehq/sluice/internal/metrics"
+	"github.com/sluicehq/sluice/store"
+)
+
+// This file holds what the engine reports of its decisions: metrics
+// (Config.Metrics) and audit events (Config.Events). Both are optional and
+// cost nothing when absent.
+
+// observing reports whether the engine reports anything.
+func (e *Engine) observing() bool { return e.metrics != nil || e.events != nil }
+
+// observeCheck records one check c decided as res (or failed with err),
+// which started at start.
+func (e *Engine) observeCheck(api metrics.API, start time.Time, c *Check, res *Result, err error) {
+	if !e.observing() {
+		return
+	}
+	if err != nil {
+		e.metrics.Check(api, errOutcome(err), time.Since(start))
+		return
+	}
+	e.observeResult(c, res)
+	e.metrics.Check(api, outcome(res), time.Since(start))
+}
+
+// observeBatch records a batch of checks decided as out (or failed with
+// err), which started at start.
+func (e *Engine) observeBatch(start time.Time, checks []Check, out []Result, err error) {
+	if !e.observing() {
+		return
+	}
+	if err != nil {
+		e.metrics.Check(metrics.APIBatch, errOutcome(err), time.Since(start))
+		return
+	}
+	o := metrics.OutcomeAllowed
+	for i := range out {
+		e.observeResult(&checks[i], &out[i])
+		if oi := outcome(&out[i]); oi > o {
+			o = oi
+		}
+	}
+	e.metrics.Check(metrics.APIBatch, o, time.Since(start))
+}
+
+func outcome(res *Result) metrics.Outcome {
+	switch {
+	case res.Allowed:
+		return metrics.OutcomeAllowed
+	case res.Unavailable:
+		return metrics.OutcomeUnavailable
+	}
+	return metrics.OutcomeDenied
+}
+
+func errOutcome(err error) metrics.Outcome {
+	if errors.Is(err, ErrInvalidCheck) {
+		return metrics.OutcomeInvalid
+	}
+	return metrics.OutcomeError
+}
+
+// ruleResult returns the metric result of rr.
+func metricResult(rr *RuleResult) metrics.Result {
+	switch {
+	case rr.Allowed:
+		return metrics.Allowed
+	case rr.Shadow:
+		return metrics.ShadowDenied
+	}
+	return metrics.Denied
+}
+
+// observeResult counts the decisions of res and emits the denial events.
+func (e *Engine) observeResult(c *Check, res *Result) {
+	if len(res.Rules) == 0 {
+		rule := res.Deciding.Rule
+		if rule == "" {
+			rule = "none"
+		}
+		e.metrics.Decision(rule, metricResult(&res.Deciding), res.Deciding.Source.String())
+	}
+	for i := range res.Rules {
+		rr := &res.Rules[i]
+		e.metrics.Decision(rr.Rule, metricResult(rr), rr.Source.String())
+		if res.Allowed && rr.Allowed && !rr.Shadow && rr.Cost > 0 {
+			e.metrics.NearLimit(rr.Rule, rr.Limit, rr.Remaining)
+		}
+	}
+	if e.events == nil || res.Allowed || res.Unavailable || res.Source == SourceIdempotent {
+		return
+	}
+	d := &res.Deciding
+	e.events.Denied(e.clock(c), &events.Denial{Rule: d.Rule, Tier: d.Tier, Source: d.Source.String(),
+		ClientID: c.ClientID, User: c.User, IP: c.IP, APIKey: c.APIKey, Resource: c.Resource,
+		Limit: d.Limit, RetryAfter: d.RetryAfter})
+}
+
+// observeDescriptor records the decision of one Envoy limit in domain.
+func (e *Engine) observeDescriptor(domain string, it *item, st *DescriptorStatus) {
+	if !e.observing() {
+		return
+	}
+	r := metrics.Allowed
+	if blocking(it.dec) && it.source != SourceFailOpen {
+		r = metrics.Denied
+		if st.Shadow {
+			r = metrics.ShadowDenied
+		}
+	}
+	e.metrics.Decision(st.Rule, r, it.source.String())
+	if r == metrics.Allowed && !st.Shadow {
+		e.metrics.NearLimit(st.Rule, st.Limit, st.Remaining)
+	}
+	if r == metrics.Denied && e.events != nil {
+		e.events.Denied(e.now(), &events.Denial{Rule: st.Rule, Key: it.key, Domain: domain,
+			Source: it.source.String(), Limit: st.Limit, RetryAfter: st.DurationUntilReset})
+	}
+}
+
+// observeEnvoy records one ShouldRateLimit call.
+func (e *Engine) observeEnvoy(start time.Time, overLimit *bool, err *error) {
+	if e.metrics == nil {
+		return
+	}
+	o := metrics.OutcomeAllowed
+	switch {
+	case *err != nil:
+		o = errOutcome(*err)
+	case *overLimit:
+		o = metrics.OutcomeDenied
+	}
+	e.metrics.Check(metrics.APIEnvoy, o, time.Since(start))
+}
+
+// observeStore returns s reporting the duration and errors of its calls
+// to m; s itself when m is nil. The optional methods the engine looks for
+// (CheckAllOnce, Accepts) are kept.
+func observeStore(s Store, m *metrics.Metrics) Store {
+	if m == nil {
+		return s
+	}
+	o := observedStore{s: s, m: m}
+	if is, ok := s.(IdempotentStore); ok {
+		return &observedIdemStore{observedStore: o, is: is}
+	}
+	return &o
+}
+
+// observedStore is a Store that times the calls of the store it wraps.
+type observedStore struct {
+	s Store
+	m *metrics.Metrics
+}
+
+func (o *observedStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	start := time.Now()
+	err := o.s.Check(ctx, reqs, out)
+	o.m.StoreCall(metrics.OpCheck, time.Since(start), err)
+	return err
+}
+
+func (o *observedStore) CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	start := time.Now()
+	err := o.s.CheckAll(ctx, reqs, out)
+	o.m.StoreCall(metrics.OpCheckAll, time.Since(start), err)
+	return err
+}
+
+func (o *observedStore) Reset(ctx context.Context, keys ...string) error {
+	start := time.Now()
+	err := o.s.Reset(ctx, keys...)
+	o.m.StoreCall(metrics.OpReset, time.Since(start), err)
+	return err
+}
+
+// CheckSourced forwards to the wrapped store when it reports decision
+// sources (SourcedStore: internal/guard), timing the call; otherwise it is
+// Check or CheckAll with every source SourceStore.
+func (o *observedStore) CheckSourced(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision, src []Source) error {
+	ss, ok := o.s.(SourcedStore)
+	if !ok {
+		for i := range src {
+			src[i] = SourceStore
+		}
+		if all {
+			return o.CheckAll(ctx, reqs, out)
+		}
+		return o.Check(ctx, reqs, out)
+	}
+	op := metrics.OpCheck
+	if all {
+		op = metrics.OpCheckAll
+	}
+	start := time.Now()
+	err := ss.CheckSourced(ctx, all, reqs, out, src)
+	o.m.StoreCall(op, time.Since(start), err)
+	return err
+}
+
+// Accepts forwards to the wrapped store when it can tell.
+func (o *observedStore) Accepts(p *algorithm.Params) error {
+	if a, ok := o.s.(interface{ Accepts(*algorithm.Params) error }); ok {
+		return a.Accepts(p)
+	}
+	return nil
+}
+
+// observedIdemStore is an observedStore of an IdempotentStore.
+type observedIdemStore struct {
+	observedStore
+	is IdempotentStore
+}
+
+func (o *observedIdemStore) CheckAllOnce(ctx context.Context, key string, ttl time.Duration, reqs []store.Request, out []sluice.Decision) (bool, error) {
+	start := time.Now()
+	replayed, err := o.is.CheckAllOnce(ctx, key, ttl, reqs, out)
+	o.m.StoreCall(metrics.OpCheckAllOnce, time.Since(start), err)
+	return replayed, err
+}

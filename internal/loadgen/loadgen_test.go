@@ -1,0 +1,162 @@
+package loadgen_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/internal/loadgen"
+)
+
+// testPolicy limits each client (and each Envoy descriptor value in
+// domain "load") to 20 per minute in fixed windows.
+const testPolicy = `version: 1
+rules:
+  - id: per-client
+    match: { resource: "/api/*" }
+    dimension: client
+    algorithm: fixed_window
+    limit: 20
+    window: 1m
+envoy:
+  - domain: load
+    descriptors:
+      - key: client_id
+        rate_limit: { unit: minute, requests_per_unit: 20 }
+`
+
+// start runs a daemon on free loopback ports and stops it when the test ends.
+func start(t *testing.T) *daemon.Daemon {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(path, []byte(testPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d, err := daemon.Start(ctx, daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", ConfigPath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d.Shutdown(ctx)
+	})
+	return d
+}
+
+func TestRunAgainstDaemon(t *testing.T) {
+	d := start(t)
+	for _, tt := range []struct {
+		target string
+		addr   string
+		batch  int
+	}{
+		{loadgen.TargetHTTP, d.HTTPAddr(), 0},
+		{loadgen.TargetGRPC, d.GRPCAddr(), 0},
+		{loadgen.TargetEnvoy, d.GRPCAddr(), 0},
+		{loadgen.TargetHTTP, d.HTTPAddr(), 4},
+		{loadgen.TargetGRPC, d.GRPCAddr(), 4},
+	} {
+		name := tt.target
+		if tt.batch > 0 {
+			name += "-batch"
+		}
+		t.Run(name, func(t *testing.T) {
+			// Each subtest has its own keys, so that counts start at zero.
+			prefix := name + "-"
+			const requests, keys, limit = 200, 3, 20
+			rep, err := loadgen.Run(context.Background(), loadgen.Config{
+				Target: tt.target, Addr: tt.addr, Concurrency: 4, Requests: requests, Duration: 30 * time.Second,
+				Keys: keys, KeyPrefix: prefix, Domain: "load", Batch: tt.batch,
+				ExpectLimit: limit, Window: time.Minute,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Errors != 0 || rep.Requests != requests {
+				t.Fatalf("requests %d errors %d (%v), want %d and 0", rep.Requests, rep.Errors, rep.ErrorSamples, requests)
+			}
+			if rep.Overshoot == nil || rep.Overshoot.Total != 0 {
+				t.Errorf("overshoot = %+v, want none", rep.Overshoot)
+			}
+			// In one window exactly the limit is admitted per key; a run
+			// across a minute boundary may admit up to twice that.
+			per := int64(max(tt.batch, 1))
+			most := keys * limit * rep.Overshoot.Windows
+			if rep.AdmittedCost < keys*limit || rep.AdmittedCost > most {
+				t.Errorf("admitted %d units, want %d to %d", rep.AdmittedCost, keys*limit, most)
+			}
+			if rep.Allowed*per != rep.AdmittedCost || rep.Denied != requests-rep.Allowed {
+				t.Errorf("allowed %d denied %d admitted %d: inconsistent", rep.Allowed, rep.Denied, rep.AdmittedCost)
+			}
+			if rep.Latency.P50 <= 0 || rep.Latency.P50 > rep.Latency.P99 || rep.Latency.P99 > rep.Latency.Max {
+				t.Errorf("latency %+v: want 0 < p50 <= p99 <= max", rep.Latency)
+			}
+			var b strings.Builder
+			rep.Text(&b)
+			for _, want := range []string{"allowed", "p99", "overshoot"} {
+				if !strings.Contains(b.String(), want) {
+					t.Errorf("text report lacks %q:\n%s", want, b.String())
+				}
+			}
+		})
+	}
+}
+
+func TestFixedRateAndZipf(t *testing.T) {
+	if testing.Short() {
+		t.Skip("timed run")
+	}
+	d := start(t)
+	rep, err := loadgen.Run(context.Background(), loadgen.Config{
+		Target: loadgen.TargetGRPC, Addr: d.GRPCAddr(), Concurrency: 4, Rate: 400, Duration: time.Second,
+		Keys: 1000, Zipf: true, KeyPrefix: "zipf-", Costs: []loadgen.Cost{{1, 9}, {5, 1}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 400/s for 1s: generous bounds for a loaded machine.
+	if rep.Requests < 200 || rep.Requests > 420 || rep.Errors != 0 {
+		t.Errorf("fixed rate 400/s for 1s: %d requests, %d errors", rep.Requests, rep.Errors)
+	}
+	// Zipf concentrates on the first keys: key 0's limit of 20 is hit.
+	if rep.Denied == 0 {
+		t.Errorf("zipf run: no denial, want the hottest keys limited")
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, cfg := range []loadgen.Config{
+		{Addr: ""},
+		{Addr: "127.0.0.1:1", Target: "smtp"},
+		{Addr: "127.0.0.1:1", Concurrency: -1},
+		{Addr: "127.0.0.1:1", Duration: 2 * time.Hour},
+		{Addr: "127.0.0.1:1", Zipf: true, ZipfS: 0.5},
+		{Addr: "127.0.0.1:1", Target: loadgen.TargetEnvoy, Batch: 3},
+	} {
+		if _, err := loadgen.Run(context.Background(), cfg); err == nil {
+			t.Errorf("Run(%+v): no error", cfg)
+		}
+	}
+}
+
+func TestParseCosts(t *testing.T) {
+	got, err := loadgen.ParseCosts("1:90, 5:9,10:1")
+	if err != nil || len(got) != 3 || got[1] != (loadgen.Cost{Cost: 5, Weight: 9}) {
+		t.Errorf("ParseCosts = %v, %v", got, err)
+	}
+	if got, err := loadgen.ParseCosts("7"); err != nil || len(got) != 1 || got[0] != (loadgen.Cost{Cost: 7, Weight: 1}) {
+		t.Errorf("ParseCosts(7) = %v, %v", got, err)
+	}
+	for _, bad := range []string{"", "x", "1:0", "-1", "1:y"} {
+		if _, err := loadgen.ParseCosts(bad); err == nil {
+			t.Errorf("ParseCosts(%q): no error", bad)
+		}
+	}
+}

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Runs the load runs of docs/PERFORMANCE.md: `sluice load` against
+# `sluice serve --config examples/load.yaml` and against the no-op reference
+# server (internal/loadgen/noop), interleaved, and prints one line per run
+# with the server's CPU time per request, then the engine's own latency
+# from /metrics.
+#
+#   scripts/load-runs.sh                       # memory store
+#   STORE=redis scripts/load-runs.sh           # a redis-server of its own on PORT+20
+#   STORE=redis://127.0.0.1:6390 scripts/load-runs.sh
+#
+# With a Redis store it also prints the Redis commands per check of each
+# Sluice run, from INFO commandstats before and after (P-09).
+#
+# Environment: STORE (default memory://), DURATION (10s), CONCURRENCY (64),
+# KEYS (1000), TARGETS ("http grpc envoy"), BATCH (10; 0 skips the batch
+# runs), PORT (base port, default 18180: sluice on PORT and PORT+1, the
+# reference on PORT+10 and PORT+11). Loopback only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STORE=${STORE:-memory://}
+DURATION=${DURATION:-10s}
+CONCURRENCY=${CONCURRENCY:-64}
+KEYS=${KEYS:-1000}
+TARGETS=${TARGETS:-http grpc envoy}
+BATCH=${BATCH:-10}
+PORT=${PORT:-18180}
+mkdir -p bin
+go build -o bin/sluice ./cmd/sluice
+go build -o bin/noop ./internal/loadgen/noop
+out=$(mktemp -d)
+RP=""
+if [ "$STORE" = redis ]; then
+  redis-server --port $((PORT+20)) --bind 127.0.0.1 --save '' --appendonly no >"$out/redis.log" 2>&1 &
+  RP=$!
+  STORE=redis://127.0.0.1:$((PORT+20))
+  for _ in $(seq 50); do redis-cli -p $((PORT+20)) ping >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+redis_calls() { # total commands executed, excluding INFO itself
+  redis-cli -u "$STORE" info commandstats | awk -F'[:=,]' '/^cmdstat_/ && $1 != "cmdstat_info" {n += $3} END {print n+0}'
+}
+bin/sluice serve --config examples/load.yaml --store "$STORE" --log-level warn \
+  --http-addr 127.0.0.1:$PORT --grpc-addr 127.0.0.1:$((PORT+1)) 2>"$out/serve.log" &
+SP=$!
+bin/noop --http-addr 127.0.0.1:$((PORT+10)) --grpc-addr 127.0.0.1:$((PORT+11)) 2>"$out/noop.log" &
+NP=$!
+trap 'kill $SP $NP $RP 2>/dev/null; wait $SP $NP $RP 2>/dev/null; rm -rf "$out"' EXIT
+sleep 1
+kill -0 $SP $NP || { cat "$out"/*.log; exit 1; }
+cpu() { awk '{print $14+$15}' /proc/$1/stat; }  # clock ticks
+tck=$(getconf CLK_TCK)
+run() { # name pid target addr [extra flags]
+  local name=$1 pid=$2 t=$3 a=$4; shift 4
+  local c0; c0=$(cpu $pid)
+  local r0=0; case "$STORE:$name" in redis*:sluice*) r0=$(redis_calls);; esac
+  bin/sluice load --target $t --addr $a --duration $DURATION --concurrency $CONCURRENCY \
+    --keys $KEYS --domain load --json "$@" >"$out/$name.json" || true
+  local c1; c1=$(cpu $pid)
+  local r1=0; case "$STORE:$name" in redis*:sluice*) r1=$(redis_calls);; esac
+  python3 - "$out/$name.json" "$name" $(( c1 - c0 )) $tck $(( r1 - r0 )) <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); l = r["latency_ms"]
+cpu_us = int(sys.argv[3]) * 1e6 / int(sys.argv[4]) / max(r["requests"], 1)
+redis = int(sys.argv[5])
+extra = "  redis cmds/check %.2f" % (redis / max(r["checks"], 1)) if redis else ""
+print("%-20s %7.0f req/s %8.0f checks/s  p50 %5.2f  p90 %5.2f  p99 %5.2f  p999 %6.2f  max %6.1f ms  allowed %d denied %d errors %d  server cpu %.1f us/req%s"
+      % (sys.argv[2], r["throughput"], r["check_throughput"], l["p50"], l["p90"], l["p99"], l["p999"], l["max"],
+         r["allowed"], r["denied"], r["errors"], cpu_us, extra))
+PY
+}
+echo "store $(echo "$STORE" | sed 's|//[^@]*@|//|'), $CONCURRENCY callers, $KEYS keys, $DURATION per run; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+for t in $TARGETS; do
+  p=$((PORT+1)); np=$((PORT+11))
+  if [ "$t" = http ]; then p=$PORT; np=$((PORT+10)); fi
+  run "sluice-$t" $SP $t 127.0.0.1:$p
+  run "reference-$t" $NP $t 127.0.0.1:$np
+done
+if [ "$BATCH" -gt 1 ]; then
+  run "sluice-http-batch$BATCH" $SP http 127.0.0.1:$PORT --batch $BATCH
+  run "sluice-grpc-batch$BATCH" $SP grpc 127.0.0.1:$((PORT+1)) --batch $BATCH
+fi
+curl -s http://127.0.0.1:$PORT/metrics >"$out/metrics.txt"
+python3 - "$out/metrics.txt" <<'PY'
+import re, sys
+fams = {}
+for line in open(sys.argv[1]):
+    m = re.match(r'(sluice_(?:check|store_call)_duration_seconds)_bucket\{(.*)\} (\S+)', line)
+    if m:
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        le = labels.pop("le")
+        key = m.group(1) + " " + ",".join("%s=%s" % kv for kv in sorted(labels.items()))
+        fams.setdefault(key, []).append((float("inf") if le == "+Inf" else float(le), float(m.group(3))))
+for key, b in sorted(fams.items()):
+    b.sort(); n = b[-1][1]
+    if n == 0:
+        continue
+    q = lambda p: next(le for le, c in b if c >= p * n)
+    print("%-58s count %8d  p50 <= %g us  p99 <= %g us  p999 <= %g us" % (key, n, q(.5) * 1e6, q(.99) * 1e6, q(.999) * 1e6))
+PY
+grep -E '^process_resident_memory_bytes' "$out/metrics.txt" || true
