@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -38,9 +39,35 @@ func guardStore(ctx context.Context, rawURL string, st engine.Store, closer func
 	}
 	if err := st.Check(ctx, reqs, make([]sluice.Decision, len(reqs))); err != nil {
 		log.Warn("the store did not answer the warm-up; checks follow their failure modes until it does", "err", err)
+	} else {
+		// Then concurrently, so that the client opens all its pipelined
+		// connections now rather than under the first burst of checks.
+		var wg sync.WaitGroup
+		for i := range 64 {
+			wg.Go(func() {
+				for j := range 4 {
+					r := [1]store.Request{reqs[(i+j)%len(reqs)]}
+					var out [1]sluice.Decision
+					st.Check(ctx, r[:], out[:])
+				}
+			})
+		}
+		wg.Wait()
 	}
 	if cfg.Observer == nil {
 		cfg.Observer = guardMetrics{m}
+	}
+	if user := cfg.OnBreakerChange; true {
+		cfg.OnBreakerChange = func(from, to guard.BreakerState) {
+			level := slog.LevelWarn
+			if to == guard.BreakerClosed {
+				level = slog.LevelInfo
+			}
+			log.Log(context.Background(), level, "store circuit breaker "+to.String(), "from", from.String())
+			if user != nil {
+				user(from, to)
+			}
+		}
 	}
 	g, err := guard.New(st, cfg)
 	if err != nil {
