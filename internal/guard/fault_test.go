@@ -465,43 +465,61 @@ func TestRedisToxics(t *testing.T) {
 	}
 }
 
-// TestRedisPaused freezes the redis-server process (SIGSTOP, then SIGCONT
-// a second later): a Redis that accepts connections and reads nothing, as
-// under DEBUG SLEEP or a stalled host. Checks keep their deadline.
+// TestRedisPaused pauses Redis for a second under load, two ways: DEBUG
+// SLEEP (the server runs a command that blocks it) and SIGSTOP then SIGCONT
+// (a frozen process or stalled host, which accepts connections and reads
+// nothing). Checks keep their deadline.
 func TestRedisPaused(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow: pauses Redis under load")
 	}
-	srv := redistest.Start(t)
-	st := newRedisStore(t, srv.Addr)
-	eng, g := newFaultEngine(t, st, faultPolicy, guard.Config{Deadline: 5 * time.Millisecond, Breaker: faultBreaker})
-	warmUp(t, eng)
-	l := startLoad(eng, 4, time.Millisecond, mixed)
-	time.Sleep(300 * time.Millisecond)
-	from := time.Now()
-	if err := srv.Process().Signal(syscall.SIGSTOP); err != nil {
-		l.stop()
-		t.Fatal(err)
-	}
-	time.Sleep(time.Second)
-	srv.Process().Signal(syscall.SIGCONT)
-	to := time.Now()
-	for deadline := time.Now().Add(10 * time.Second); g.BreakerState() != guard.BreakerClosed && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(300 * time.Millisecond)
-	ss := l.stop()
-	in := between(ss, from, to)
-	p50, p99, worst := latencies(in)
-	by := verifyFailureModes(t, "paused", in)
-	healthy := between(ss, l.start, from)
-	_, hp99, _ := latencies(healthy)
-	t.Logf("Redis paused 1s: %d checks, p50 %s p99 %s max %s (healthy p99 %s); breaker opened %d time(s); %v", len(in), p50, p99, worst, hp99, g.Stats().BreakerOpened, by)
-	if limit := faultLimit(healthy); p99 > limit {
-		t.Errorf("p99 %s while Redis is paused, want at most %s (5ms deadline, 20ms margin, twice the healthy p99)", p99, limit)
-	}
-	if !eventuallyClosed(eng, g) {
-		t.Errorf("breaker %s after Redis resumed", g.BreakerState())
+	for _, tc := range []struct {
+		name  string
+		pause func(srv *redistest.Server) error
+	}{
+		{"DEBUG SLEEP", func(srv *redistest.Server) error {
+			_, err := srv.Do("DEBUG", "SLEEP", "1") // returns when the server wakes
+			return err
+		}},
+		{"SIGSTOP", func(srv *redistest.Server) error {
+			if err := srv.Process().Signal(syscall.SIGSTOP); err != nil {
+				return err
+			}
+			time.Sleep(time.Second)
+			return srv.Process().Signal(syscall.SIGCONT)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			st := newRedisStore(t, srv.Addr)
+			eng, g := newFaultEngine(t, st, faultPolicy, guard.Config{Deadline: 5 * time.Millisecond, Breaker: faultBreaker})
+			warmUp(t, eng)
+			l := startLoad(eng, 4, time.Millisecond, mixed)
+			time.Sleep(300 * time.Millisecond)
+			from := time.Now()
+			if err := tc.pause(srv); err != nil {
+				l.stop()
+				t.Fatal(err)
+			}
+			to := time.Now()
+			for deadline := time.Now().Add(10 * time.Second); g.BreakerState() != guard.BreakerClosed && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(300 * time.Millisecond)
+			ss := l.stop()
+			in := between(ss, from, to)
+			p50, p99, worst := latencies(in)
+			by := verifyFailureModes(t, "paused", in)
+			healthy := between(ss, l.start, from)
+			_, hp99, _ := latencies(healthy)
+			t.Logf("Redis paused 1s (%s): %d checks, p50 %s p99 %s max %s (healthy p99 %s); breaker opened %d time(s); %v", tc.name, len(in), p50, p99, worst, hp99, g.Stats().BreakerOpened, by)
+			if limit := faultLimit(healthy); p99 > limit {
+				t.Errorf("p99 %s while Redis is paused, want at most %s (5ms deadline, 20ms margin, twice the healthy p99)", p99, limit)
+			}
+			if !eventuallyClosed(eng, g) {
+				t.Errorf("breaker %s after Redis resumed", g.BreakerState())
+			}
+		})
 	}
 }
 
