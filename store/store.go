@@ -20,8 +20,11 @@
 package store
 
 import (
+	"errors"
+	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
 )
 
@@ -36,4 +39,30 @@ type Request struct {
 	Cost int64
 	// Now is the instant of the check; zero means the store's clock.
 	Now time.Time
+}
+
+// ErrLogTooLarge reports a sliding window log whose limit is above a store's
+// maximum number of log entries per key. Errors wrapping it also wrap
+// sluice.ErrInvalidLimit.
+var ErrLogTooLarge = errors.New("sluice: sliding window log too large for the store")
+
+// CheckParams reports whether a store whose sliding window logs hold at most
+// maxLog entries per key can decide requests with p: nil when it can, an
+// error wrapping sluice.ErrInvalidLimit otherwise (no params, an unknown
+// algorithm, params not made by algorithm.Compile, or a sliding window log
+// above maxLog, which also wraps ErrLogTooLarge). Stores call it from their
+// Accepts method.
+func CheckParams(p *algorithm.Params, maxLog int64) error {
+	switch {
+	case p == nil:
+		return fmt.Errorf("%w: no params", sluice.ErrInvalidLimit)
+	case p.Algorithm == 0 || p.Algorithm > sluice.GCRA:
+		return fmt.Errorf("%w: algorithm: %w: %s", sluice.ErrInvalidLimit, sluice.ErrUnknownAlgorithm, p.Algorithm)
+	case p.Algorithm == sluice.SlidingWindowLog && p.Limit > maxLog:
+		return fmt.Errorf("%w: %w: limit %d is above the store's maximum of %d log entries per key; use sliding_window_counter, which needs constant memory, or raise MaxLogEntries",
+			sluice.ErrInvalidLimit, ErrLogTooLarge, p.Limit, maxLog)
+	case p.Window <= 0 || p.Quantum <= 0:
+		return fmt.Errorf("%w: params not compiled (window %d, quantum %d)", sluice.ErrInvalidLimit, p.Window, p.Quantum)
+	}
+	return nil
 }

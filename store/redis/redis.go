@@ -138,7 +138,7 @@ var (
 	// ErrLogTooLarge reports a sliding window log whose limit is above the
 	// store's Config.MaxLogEntries. Errors wrapping it also wrap
 	// sluice.ErrInvalidLimit.
-	ErrLogTooLarge = errors.New("sluice: sliding window log too large for the redis store")
+	ErrLogTooLarge = store.ErrLogTooLarge
 	// ErrShortOutput reports an output slice shorter than the requests.
 	ErrShortOutput = errors.New("sluice: output shorter than requests")
 )
@@ -318,18 +318,7 @@ func (s *Store) MaxLogEntries() int64 { return s.maxLog }
 // algorithm, or a sliding window log above MaxLogEntries, wrapping
 // ErrLogTooLarge).
 func (s *Store) Accepts(p *algorithm.Params) error {
-	switch {
-	case p == nil:
-		return fmt.Errorf("%w: no params", sluice.ErrInvalidLimit)
-	case p.Algorithm == 0 || p.Algorithm > sluice.GCRA:
-		return fmt.Errorf("%w: algorithm: %w: %s", sluice.ErrInvalidLimit, sluice.ErrUnknownAlgorithm, p.Algorithm)
-	case p.Algorithm == sluice.SlidingWindowLog && p.Limit > s.maxLog:
-		return fmt.Errorf("%w: %w: limit %d is above the store's maximum of %d log entries per key; use sliding_window_counter, which needs constant memory, or raise MaxLogEntries",
-			sluice.ErrInvalidLimit, ErrLogTooLarge, p.Limit, s.maxLog)
-	case p.Window <= 0 || p.Quantum <= 0:
-		return fmt.Errorf("%w: params not compiled (window %d, quantum %d)", sluice.ErrInvalidLimit, p.Window, p.Quantum)
-	}
-	return nil
+	return store.CheckParams(p, s.maxLog)
 }
 
 // Script modes of check.lua.

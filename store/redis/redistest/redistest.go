@@ -206,11 +206,24 @@ func (s *Server) Restart() error {
 	if err != nil {
 		return fmt.Errorf("redistest: restart: %w", err)
 	}
-	if err := s.launch(bin); err != nil {
-		return err
+	// The port was free while the server ran; once it is down, another
+	// process picking a free port (a parallel test) may hold it for a
+	// moment, and the new server exits at once. Try again a few times.
+	for try := 1; ; try++ {
+		if err := s.launch(bin); err != nil {
+			return err
+		}
+		err := s.waitPing(startTimeout)
+		if err == nil || try == restartTries {
+			return err
+		}
+		s.Kill()
+		time.Sleep(100 * time.Millisecond)
 	}
-	return s.waitPing(startTimeout)
 }
+
+// restartTries bounds the attempts of Restart.
+const restartTries = 20
 
 // waitPing waits until the server answers PING.
 func (s *Server) waitPing(timeout time.Duration) error {
