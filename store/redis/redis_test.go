@@ -178,30 +178,11 @@ func TestCluster(t *testing.T) {
 		}
 	})
 	t.Run("Exactness", func(t *testing.T) {
-		stores := []*Store{open(t), open(t), open(t), open(t)}
+		stores := []storetest.Store{open(t), open(t), open(t), open(t)}
 		for _, a := range sluice.Algorithms {
 			p := compile(t, sluice.Limit{Algorithm: a, Limit: 100, Window: time.Hour})
 			key := "rl:exact:{user=" + a.String() + "}"
-			var admitted atomic.Int64
-			var wg sync.WaitGroup
-			for _, s := range stores {
-				for range 32 {
-					wg.Go(func() {
-						out := make([]sluice.Decision, 1)
-						for range 4 {
-							if err := s.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1, Now: t0}}, out); err != nil {
-								t.Error(err)
-								return
-							}
-							if out[0].Allowed {
-								admitted.Add(1)
-							}
-						}
-					})
-				}
-			}
-			wg.Wait()
-			if got := admitted.Load(); got != 100 {
+			if got := storetest.Admitted(t, stores, key, p, 32, 4); got != 100 {
 				t.Errorf("%s: 4 clients x 32 goroutines admitted %d of 512, want exactly 100", a, got)
 			}
 		}
@@ -364,7 +345,7 @@ func TestOneEvalshaPerCheck(t *testing.T) {
 func TestExactnessAcrossClients(t *testing.T) {
 	srv := redistest.Start(t)
 	const clients, goroutines, each, limit = 4, 32, 8, 300
-	stores := make([]*Store, clients)
+	stores := make([]storetest.Store, clients)
 	for i := range stores {
 		stores[i] = newStore(t, Config{Addrs: []string{srv.Addr}})
 	}
@@ -372,28 +353,7 @@ func TestExactnessAcrossClients(t *testing.T) {
 		t.Run(a.String(), func(t *testing.T) {
 			p := compile(t, sluice.Limit{Algorithm: a, Limit: limit, Window: time.Hour})
 			key := "rl:exact:{k}:" + a.String()
-			var admitted atomic.Int64
-			var wg sync.WaitGroup
-			for _, s := range stores {
-				for range goroutines {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						out := make([]sluice.Decision, 1)
-						for range each {
-							if err := s.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1, Now: t0}}, out); err != nil {
-								t.Error(err)
-								return
-							}
-							if out[0].Allowed {
-								admitted.Add(1)
-							}
-						}
-					}()
-				}
-			}
-			wg.Wait()
-			if got := admitted.Load(); got != limit {
+			if got := storetest.Admitted(t, stores, key, p, goroutines, each); got != limit {
 				t.Errorf("admitted %d of %d, want exactly %d", got, clients*goroutines*each, limit)
 			}
 		})

@@ -416,16 +416,26 @@ func testConcurrent(t *testing.T, s Store, key keyFunc) {
 	const goroutines, each, limit = 16, 10, 37
 	for _, a := range sluice.Algorithms {
 		p := compile(t, sluice.Limit{Algorithm: a, Limit: limit, Window: time.Hour})
-		k := key(t, a.String())
-		var admitted atomic.Int64
-		var wg sync.WaitGroup
+		if got := Admitted(t, []Store{s}, key(t, a.String()), p, goroutines, each); got != limit {
+			t.Errorf("%s: admitted %d of %d, want exactly %d", a, got, goroutines*each, limit)
+		}
+	}
+}
+
+// Admitted races goroutines callers on each of stores, each checking key
+// each times with cost 1 at T0, and returns how many checks were admitted.
+// A store error fails t. The exactness tests of the stores use it.
+func Admitted(t testing.TB, stores []Store, key string, p *algorithm.Params, goroutines, each int) int64 {
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for _, s := range stores {
 		for range goroutines {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				out := make([]sluice.Decision, 1)
 				for range each {
-					if err := s.Check(context.Background(), []store.Request{{Key: k, Params: p, Cost: 1, Now: T0}}, out); err != nil {
+					if err := s.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1, Now: T0}}, out); err != nil {
 						t.Error(err)
 						return
 					}
@@ -435,9 +445,7 @@ func testConcurrent(t *testing.T, s Store, key keyFunc) {
 				}
 			}()
 		}
-		wg.Wait()
-		if got := admitted.Load(); got != limit {
-			t.Errorf("%s: admitted %d of %d, want exactly %d", a, got, goroutines*each, limit)
-		}
 	}
+	wg.Wait()
+	return admitted.Load()
 }
