@@ -327,8 +327,11 @@ func (cr *checkRequest) toCheck(prefix string, c *engine.Check) error {
 // decodeCheck decodes and validates the body of POST /api/v1/check.
 func decodeCheck(data []byte, c *engine.Check) error {
 	var cr checkRequest
-	if err := decodeStrict(data, &cr); err != nil {
-		return err
+	if !decodeCheckFast(data, &cr) {
+		cr = checkRequest{}
+		if err := decodeStrict(data, &cr); err != nil {
+			return err
+		}
 	}
 	return cr.toCheck("", c)
 }
