@@ -285,36 +285,47 @@ func deniedWithBatch(res *engine.Result) bool {
 	return true
 }
 
-// setHeaders sets the rate-limit headers of a check's answer.
+// setHeaders sets the rate-limit headers of a check's answer. The values
+// share one backing array, so that an answer costs one allocation for
+// them rather than one per header.
 func setHeaders(hdr http.Header, res *engine.Result, now time.Time) {
 	d := &res.Deciding
-	hdr["X-Ratelimit-Decision-Source"] = []string{res.Source.String()}
+	vals := make([]string, 0, 13)
+	one := func(v string) []string {
+		vals = append(vals, v)
+		n := len(vals)
+		return vals[n-1 : n : n]
+	}
+	hdr["X-Ratelimit-Decision-Source"] = one(res.Source.String())
 	if d.Rule == "" {
 		return
 	}
-	var nb [20]byte
-	num := func(v int64) []string { return []string{string(strconv.AppendInt(nb[:0], v, 10))} }
+	var nb [64]byte
+	num := func(v int64) []string { return one(string(strconv.AppendInt(nb[:0], v, 10))) }
 	hdr["X-Ratelimit-Limit"] = num(d.Limit)
 	hdr["X-Ratelimit-Remaining"] = num(d.Remaining)
 	hdr["X-Ratelimit-Reset"] = num(resetAt(now, d.ResetAfter))
-	hdr["X-Ratelimit-Policy"] = []string{d.Rule}
+	hdr["X-Ratelimit-Policy"] = one(d.Rule)
 	if t := callerTier(res); t != "" {
-		hdr["X-Ratelimit-Tier"] = []string{t}
+		hdr["X-Ratelimit-Tier"] = one(t)
 	}
 	state := usageState(res.Allowed, d.Limit, d.Remaining)
-	hdr["X-Ratelimit-State"] = []string{state}
+	hdr["X-Ratelimit-State"] = one(state)
 	if state == "warning" {
 		used := (d.Limit - d.Remaining) * 100 / d.Limit
-		hdr["X-Ratelimit-Warning"] = []string{strconv.FormatInt(used, 10) + "% of the limit used"}
+		hdr["X-Ratelimit-Warning"] = one(strconv.FormatInt(used, 10) + "% of the limit used")
 	}
 	if res.ShadowDenied {
-		hdr["X-Ratelimit-Shadow-Denied"] = []string{"true"}
+		hdr["X-Ratelimit-Shadow-Denied"] = one("true")
 	}
 	// IETF draft-ietf-httpapi-ratelimit-headers: structured-field items
 	// naming the policy, with its quota and the remaining quota and reset.
 	name := sfString(d.Rule)
-	hdr["Ratelimit-Policy"] = []string{name + ";q=" + strconv.FormatInt(d.Limit, 10)}
-	hdr["Ratelimit"] = []string{name + ";r=" + strconv.FormatInt(d.Remaining, 10) + ";t=" + strconv.FormatInt(ceilSeconds(d.ResetAfter), 10)}
+	b := append(append(nb[:0], name...), ";q="...)
+	hdr["Ratelimit-Policy"] = one(string(strconv.AppendInt(b, d.Limit, 10)))
+	b = append(append(nb[:0], name...), ";r="...)
+	b = append(strconv.AppendInt(b, d.Remaining, 10), ";t="...)
+	hdr["Ratelimit"] = one(string(strconv.AppendInt(b, ceilSeconds(d.ResetAfter), 10)))
 	if !res.Allowed && d.RetryAfter > 0 {
 		hdr["Retry-After"] = num(ceilSeconds(d.RetryAfter))
 		hdr["Retry-After-Ms"] = num(ceilMillis(d.RetryAfter))
