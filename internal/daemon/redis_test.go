@@ -1,12 +1,7 @@
 package daemon_test
 
 import (
-	"bytes"
-	"io"
-	"net/http"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,30 +30,7 @@ func TestRedisSharedAcrossDaemons(t *testing.T) {
 			// the default 5ms (the guard would then fail open).
 			withRedis := func(c *daemon.Config) { c.StoreURL = storeURL; c.Guard.Deadline = time.Second }
 			ds := []*testDaemon{start(t, policy, withRedis), start(t, policy, withRedis)}
-			var allowed atomic.Int64
-			var wg sync.WaitGroup
-			tr := &http.Transport{MaxIdleConnsPerHost: 16}
-			defer tr.CloseIdleConnections()
-			c := &http.Client{Transport: tr}
-			sem := make(chan struct{}, 16)
-			for i := range 150 {
-				wg.Go(func() {
-					sem <- struct{}{}
-					defer func() { <-sem }()
-					resp, err := c.Post(ds[i%2].base+"/api/v1/check", "application/json", bytes.NewReader([]byte(`{"client_id":"shared","resource":"/api/limited"}`)))
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode == 200 {
-						allowed.Add(1)
-					}
-				})
-			}
-			wg.Wait()
-			if got := allowed.Load(); got != 60 {
+			if got := admitConcurrently(t, ds, "shared", 150, 16); got != 60 {
 				t.Errorf("two daemons admitted %d of 150, want exactly 60", got)
 			}
 			if got := ds[1].remaining(t, "shared", "/api/limited", "per-client"); got != 0 {

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/storetest"
 )
 
 // t0 is the instant most tests start at.
@@ -62,30 +63,6 @@ func limitsUnderTest() []sluice.Limit {
 	return ls
 }
 
-// model decides requests with the pure algorithm functions, keeping the
-// state of each key in a plain map: what the store must agree with.
-type model struct {
-	states map[string]algorithm.State
-	logs   map[string][]int64
-}
-
-func newModel() *model {
-	return &model{states: map[string]algorithm.State{}, logs: map[string][]int64{}}
-}
-
-func (m *model) decide(r store.Request) sluice.Decision {
-	now := r.Now.UnixMicro()
-	if r.Params.Algorithm == sluice.SlidingWindowLog {
-		log := append([]int64(nil), m.logs[r.Key]...)
-		nl, d := algorithm.ApplyLog(r.Params, log, now, r.Cost)
-		m.logs[r.Key] = append([]int64(nil), nl...)
-		return d
-	}
-	ns, d := algorithm.Apply(r.Params, m.states[r.Key], now, r.Cost)
-	m.states[r.Key] = ns
-	return d
-}
-
 // TestMatchesAlgorithm checks that the store decides a random sequence of
 // requests on a few keys exactly as the pure functions do.
 func TestMatchesAlgorithm(t *testing.T) {
@@ -93,13 +70,13 @@ func TestMatchesAlgorithm(t *testing.T) {
 		t.Run(l.Algorithm.String(), func(t *testing.T) {
 			p := compile(t, l)
 			s := newStore(t, Config{MaxKeys: 100})
-			m := newModel()
+			m := storetest.NewModel()
 			rng := rand.New(rand.NewPCG(7, uint64(l.Algorithm)))
 			at := t0
 			for i := range 5000 {
 				at = at.Add(time.Duration(rng.IntN(3000)) * time.Millisecond)
 				r := store.Request{Key: fmt.Sprintf("k%d", rng.IntN(5)), Params: p, Cost: int64(rng.IntN(4)), Now: at}
-				want := m.decide(r)
+				want := m.Decide(r)
 				got := decide(t, s, r.Key, p, r.Cost, at)
 				if got != want {
 					t.Fatalf("request %d (%s cost %d at +%s): got %+v, want %+v", i, r.Key, r.Cost, at.Sub(t0), got, want)
@@ -117,10 +94,10 @@ func TestConcurrentOneKey(t *testing.T) {
 		t.Run(l.Algorithm.String(), func(t *testing.T) {
 			p := compile(t, l)
 			// What the algorithm admits of goroutines x each requests at t0.
-			m := newModel()
+			m := storetest.NewModel()
 			var want int64
 			for range goroutines * each {
-				if m.decide(store.Request{Key: "k", Params: p, Cost: 1, Now: t0}).Allowed {
+				if m.Decide(store.Request{Key: "k", Params: p, Cost: 1, Now: t0}).Allowed {
 					want++
 				}
 			}

@@ -416,26 +416,7 @@ func exactChild(t *testing.T, addr, key string, goroutines, each int, limit int6
 	}
 	s := newStore(t, Config{Addrs: []string{addr}})
 	p := compile(t, sluice.Limit{Algorithm: a, Limit: limit, Window: time.Hour})
-	var admitted atomic.Int64
-	var wg sync.WaitGroup
-	for range goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			out := make([]sluice.Decision, 1)
-			for range each {
-				if err := s.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1, Now: t0}}, out); err != nil {
-					t.Error(err)
-					return
-				}
-				if out[0].Allowed {
-					admitted.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	fmt.Printf("admitted=%d\n", admitted.Load())
+	fmt.Printf("admitted=%d\n", storetest.Admitted(t, []storetest.Store{s}, key, p, goroutines, each))
 }
 
 func testCheckAllOnce(t *testing.T, s1, s2 *Store) {
