@@ -9,6 +9,13 @@
 // percentiles, and counts the cost admitted per key, so that it can report
 // the overshoot over a limit the caller knows (Config.ExpectLimit).
 //
+// The gRPC and Envoy targets go through a lean HTTP/2 client of the
+// package's own (see h2Conn) unless Config.GRPCClient asks for grpc-go's:
+// on a small machine a load generator that costs as much CPU per call as
+// the server it measures halves what it can show. The lean client does not
+// reconnect: when the server closes the connection, the rest of the run's
+// calls fail and are counted as errors.
+//
 // In fixed-rate mode each caller sends on its own schedule and latency is
 // measured from the instant a request was due, not from when it was sent,
 // so a stalled server shows in the percentiles (no coordinated omission).
@@ -46,6 +53,14 @@ const (
 	TargetGRPC = "grpc"
 	// TargetEnvoy calls envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit.
 	TargetEnvoy = "envoy"
+)
+
+// The gRPC clients.
+const (
+	// ClientH2 is the load generator's lean HTTP/2 client (see h2Conn).
+	ClientH2 = "h2"
+	// ClientGRPCGo is grpc-go's client.
+	ClientGRPCGo = "grpc-go"
 )
 
 // Bounds on a run.
@@ -136,6 +151,10 @@ type Config struct {
 	// Conns is the number of gRPC connections the callers share; zero
 	// means 2.
 	Conns int
+	// GRPCClient is the client of the gRPC and Envoy targets: ClientH2
+	// (the default, a lean HTTP/2 client of the load generator's own) or
+	// ClientGRPCGo (grpc-go's, which costs several times the CPU per call).
+	GRPCClient string
 	// Timeout bounds each request; zero means 1s.
 	Timeout time.Duration
 	// ExpectLimit, when positive, is the cost the server should admit per
@@ -218,6 +237,13 @@ func (c *Config) defaults() error {
 	}
 	if c.Conns == 0 {
 		c.Conns = 2
+	}
+	switch c.GRPCClient {
+	case "":
+		c.GRPCClient = ClientH2
+	case ClientH2, ClientGRPCGo:
+	default:
+		return fmt.Errorf("loadgen: grpc client %q: want h2 or grpc-go", c.GRPCClient)
 	}
 	if c.Conns < 0 || c.Conns > 64 {
 		return fmt.Errorf("loadgen: conns %d: want 1 to 64", c.Conns)
@@ -386,6 +412,8 @@ type worker struct {
 	envoyReq   *rlsv3.RateLimitRequest
 	envoyEntry *ratelimitv3.RateLimitDescriptor_Entry
 	grpcReq    *sluicev1.CheckRequest
+	batchReq   *sluicev1.BatchCheckRequest
+	h2         *h2Call
 }
 
 // run holds what the workers share.
@@ -638,6 +666,9 @@ func newCaller(cfg *Config, r *run) (caller, func(), error) {
 		return &httpCaller{r: r, url: strings.TrimSuffix(base, "/") + path, client: &http.Client{Transport: tr}},
 			tr.CloseIdleConnections, nil
 	case TargetGRPC, TargetEnvoy:
+		if cfg.GRPCClient == ClientH2 {
+			return newH2Caller(cfg, r)
+		}
 		conns := make([]*grpc.ClientConn, cfg.Conns)
 		closeAll := func() {
 			for _, c := range conns {
@@ -732,27 +763,59 @@ func (g *grpcCaller) call(ctx context.Context, w *worker, key int, cost int64) (
 	cfg := &g.r.cfg
 	c := g.clients[int(g.next.Add(1))%len(g.clients)]
 	if cfg.Batch > 1 {
-		checks := make([]*sluicev1.CheckRequest, cfg.Batch)
-		for i := range checks {
-			checks[i] = &sluicev1.CheckRequest{Resource: cfg.Resource + "/" + strconv.Itoa(i), Cost: &cost}
-		}
-		resp, err := c.BatchCheck(ctx, &sluicev1.BatchCheckRequest{ClientId: g.r.keyNames[key],
-			Mode: sluicev1.BatchMode_BATCH_MODE_ALL_OR_NOTHING, Checks: checks})
+		resp, err := c.BatchCheck(ctx, w.batchRequest(cfg, g.r.keyNames[key], cost))
 		if err != nil {
 			return false, err
 		}
 		return resp.GetAllowed(), nil
 	}
-	if w.grpcReq == nil {
-		w.grpcReq = &sluicev1.CheckRequest{Resource: cfg.Resource, Cost: new(int64)}
-	}
-	w.grpcReq.ClientId = g.r.keyNames[key]
-	*w.grpcReq.Cost = cost
-	resp, err := c.CheckRateLimit(ctx, w.grpcReq)
+	resp, err := c.CheckRateLimit(ctx, w.checkRequest(cfg, g.r.keyNames[key], cost))
 	if err != nil {
 		return false, err
 	}
 	return resp.GetAllowed(), nil
+}
+
+// checkRequest returns w's CheckRequest, set for key and cost. A unary
+// call has marshalled its request when it returns, so one message serves
+// all of w's calls.
+func (w *worker) checkRequest(cfg *Config, key string, cost int64) *sluicev1.CheckRequest {
+	if w.grpcReq == nil {
+		w.grpcReq = &sluicev1.CheckRequest{Resource: cfg.Resource, Cost: new(int64)}
+	}
+	w.grpcReq.ClientId = key
+	*w.grpcReq.Cost = cost
+	return w.grpcReq
+}
+
+// batchRequest returns w's BatchCheckRequest of cfg.Batch checks, set for
+// key and cost.
+func (w *worker) batchRequest(cfg *Config, key string, cost int64) *sluicev1.BatchCheckRequest {
+	if w.batchReq == nil {
+		checks := make([]*sluicev1.CheckRequest, cfg.Batch)
+		for i := range checks {
+			checks[i] = &sluicev1.CheckRequest{Resource: cfg.Resource + "/" + strconv.Itoa(i), Cost: new(int64)}
+		}
+		w.batchReq = &sluicev1.BatchCheckRequest{Mode: sluicev1.BatchMode_BATCH_MODE_ALL_OR_NOTHING, Checks: checks}
+	}
+	w.batchReq.ClientId = key
+	for _, c := range w.batchReq.Checks {
+		*c.Cost = cost
+	}
+	return w.batchReq
+}
+
+// envoyRequest returns w's RateLimitRequest: one descriptor
+// {cfg.DescriptorKey: key}, hits_addend cost.
+func (w *worker) envoyRequest(cfg *Config, key string, cost int64) *rlsv3.RateLimitRequest {
+	if w.envoyReq == nil {
+		w.envoyEntry = &ratelimitv3.RateLimitDescriptor_Entry{Key: cfg.DescriptorKey}
+		w.envoyReq = &rlsv3.RateLimitRequest{Domain: cfg.Domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{w.envoyEntry}}}}
+	}
+	w.envoyEntry.Value = key
+	w.envoyReq.HitsAddend = uint32(cost)
+	return w.envoyReq
 }
 
 type envoyCaller struct {
@@ -764,14 +827,7 @@ type envoyCaller struct {
 func (g *envoyCaller) call(ctx context.Context, w *worker, key int, cost int64) (bool, error) {
 	cfg := &g.r.cfg
 	c := g.clients[int(g.next.Add(1))%len(g.clients)]
-	if w.envoyReq == nil {
-		w.envoyEntry = &ratelimitv3.RateLimitDescriptor_Entry{Key: cfg.DescriptorKey}
-		w.envoyReq = &rlsv3.RateLimitRequest{Domain: cfg.Domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{
-			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{w.envoyEntry}}}}
-	}
-	w.envoyEntry.Value = g.r.keyNames[key]
-	w.envoyReq.HitsAddend = uint32(cost)
-	resp, err := c.ShouldRateLimit(ctx, w.envoyReq)
+	resp, err := c.ShouldRateLimit(ctx, w.envoyRequest(cfg, g.r.keyNames[key], cost))
 	if err != nil {
 		return false, err
 	}

@@ -56,16 +56,23 @@ func TestRunAgainstDaemon(t *testing.T) {
 		target string
 		addr   string
 		batch  int
+		client string
 	}{
-		{loadgen.TargetHTTP, d.HTTPAddr(), 0},
-		{loadgen.TargetGRPC, d.GRPCAddr(), 0},
-		{loadgen.TargetEnvoy, d.GRPCAddr(), 0},
-		{loadgen.TargetHTTP, d.HTTPAddr(), 4},
-		{loadgen.TargetGRPC, d.GRPCAddr(), 4},
+		{loadgen.TargetHTTP, d.HTTPAddr(), 0, ""},
+		{loadgen.TargetGRPC, d.GRPCAddr(), 0, ""},
+		{loadgen.TargetEnvoy, d.GRPCAddr(), 0, ""},
+		{loadgen.TargetHTTP, d.HTTPAddr(), 4, ""},
+		{loadgen.TargetGRPC, d.GRPCAddr(), 4, ""},
+		{loadgen.TargetGRPC, d.GRPCAddr(), 0, loadgen.ClientGRPCGo},
+		{loadgen.TargetEnvoy, d.GRPCAddr(), 0, loadgen.ClientGRPCGo},
+		{loadgen.TargetGRPC, d.GRPCAddr(), 4, loadgen.ClientGRPCGo},
 	} {
 		name := tt.target
 		if tt.batch > 0 {
 			name += "-batch"
+		}
+		if tt.client != "" {
+			name += "-" + tt.client
 		}
 		t.Run(name, func(t *testing.T) {
 			// Each subtest has its own keys, so that counts start at zero.
@@ -73,7 +80,7 @@ func TestRunAgainstDaemon(t *testing.T) {
 			const requests, keys, limit = 200, 3, 20
 			rep, err := loadgen.Run(context.Background(), loadgen.Config{
 				Target: tt.target, Addr: tt.addr, Concurrency: 4, Requests: requests, Duration: 30 * time.Second,
-				Keys: keys, KeyPrefix: prefix, Domain: "load", Batch: tt.batch,
+				Keys: keys, KeyPrefix: prefix, Domain: "load", Batch: tt.batch, GRPCClient: tt.client,
 				ExpectLimit: limit, Window: time.Minute,
 			})
 			if err != nil {
@@ -109,6 +116,36 @@ func TestRunAgainstDaemon(t *testing.T) {
 	}
 }
 
+// TestServerGoesAway stops the server in the middle of a run: the calls
+// fail, and the run ends on time.
+func TestServerGoesAway(t *testing.T) {
+	for _, client := range []string{loadgen.ClientH2, loadgen.ClientGRPCGo} {
+		t.Run(client, func(t *testing.T) {
+			d := start(t)
+			go func() {
+				time.Sleep(300 * time.Millisecond)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				d.Shutdown(ctx)
+			}()
+			began := time.Now()
+			rep, err := loadgen.Run(context.Background(), loadgen.Config{
+				Target: loadgen.TargetEnvoy, Addr: d.GRPCAddr(), Concurrency: 8, Duration: 1500 * time.Millisecond,
+				Keys: 1000, KeyPrefix: "away-", Domain: "load", GRPCClient: client, Timeout: 200 * time.Millisecond,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if took := time.Since(began); took > 5*time.Second {
+				t.Errorf("run took %s, want about 1.5s", took)
+			}
+			if rep.Allowed == 0 || rep.Errors == 0 {
+				t.Errorf("allowed %d errors %d: want both before and after the shutdown", rep.Allowed, rep.Errors)
+			}
+		})
+	}
+}
+
 func TestFixedRateAndZipf(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timed run")
@@ -139,6 +176,7 @@ func TestConfigErrors(t *testing.T) {
 		{Addr: "127.0.0.1:1", Duration: 2 * time.Hour},
 		{Addr: "127.0.0.1:1", Zipf: true, ZipfS: 0.5},
 		{Addr: "127.0.0.1:1", Target: loadgen.TargetEnvoy, Batch: 3},
+		{Addr: "127.0.0.1:1", Target: loadgen.TargetGRPC, GRPCClient: "curl"},
 	} {
 		if _, err := loadgen.Run(context.Background(), cfg); err == nil {
 			t.Errorf("Run(%+v): no error", cfg)
