@@ -34,8 +34,8 @@ import (
 // The frame layer is golang.org/x/net/http2's Framer and HPACK codec; this
 // type keeps the streams, the flow-control windows and the gRPC framing.
 type h2Conn struct {
-	nc     net.Conn
-	fr     *http2.Framer
+	nc net.Conn
+	fr *http2.Framer
 	// The request header blocks: first adds the headers to the server's
 	// HPACK table, every later request refers to them there.
 	first, header []byte
