@@ -13,7 +13,7 @@ import (
 // guardFlagNames are the flags guardFlags defines; each has a SLUICE_*
 // environment variable (upper case, '-' as '_').
 var guardFlagNames = []string{
-	"store-deadline", "store-max-in-flight",
+	"store-deadline", "store-max-in-flight", "store-gatherers",
 	"breaker", "breaker-window", "breaker-min-requests", "breaker-failure-ratio", "breaker-open-timeout", "breaker-probes",
 	"over-limit-cache", "over-limit-cache-keys",
 	"hot-keys", "hot-key-threshold", "hot-key-sync-interval", "hot-key-window", "hot-key-max",
@@ -38,6 +38,7 @@ func redisFlags(fs *flag.FlagSet) func() daemon.RedisOptions {
 func guardFlags(fs *flag.FlagSet) func() guard.Config {
 	deadline := fs.Duration("store-deadline", guard.DefaultDeadline, "deadline of every Redis call of a check; a client's shorter deadline wins")
 	inflight := fs.Int("store-max-in-flight", guard.DefaultMaxInFlight, "Redis calls in flight at most, those whose checks already gave up at the deadline included")
+	gatherers := fs.Int("store-gatherers", guard.DefaultGatherers, "Redis calls of gathered checks in flight at once: checks that arrive meanwhile wait and go in the next call together; negative: a call per check")
 	breaker := fs.Bool("breaker", true, "circuit breaker around the Redis store")
 	bWindow := fs.Duration("breaker-window", guard.DefaultBreakerWindow, "rolling window over which the breaker measures the failure ratio")
 	bMin := fs.Uint("breaker-min-requests", guard.DefaultBreakerMinRequests, "calls the window must hold before the breaker may open")
@@ -55,6 +56,7 @@ func guardFlags(fs *flag.FlagSet) func() guard.Config {
 		return guard.Config{
 			Deadline:    *deadline,
 			MaxInFlight: *inflight,
+			Gatherers:   *gatherers,
 			Breaker: guard.BreakerConfig{Disabled: !*breaker, Window: *bWindow, MinRequests: uint32(min(*bMin, 1<<31)),
 				FailureRatio: *bRatio, OpenTimeout: *bOpen, Probes: uint32(min(*bProbes, 1<<31))},
 			OverLimit: guard.OverLimitConfig{Disabled: !*olc, MaxKeys: *olcKeys},

@@ -105,3 +105,4 @@ func (g guardMetrics) OverLimitEntries(n int)         { g.m.SetOverLimitCacheEnt
 func (g guardMetrics) HotKeyDetected()                { g.m.HotKeyDetected() }
 func (g guardMetrics) HotKeys(n int)                  { g.m.SetHotKeys(n) }
 func (g guardMetrics) HotKeySync(lag time.Duration)   { g.m.HotKeySync(lag) }
+func (g guardMetrics) Gathered(n int)                 { g.m.StoreGathered(n) }

@@ -2,13 +2,17 @@ package guard
 
 import (
 	"context"
+	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/redis"
+	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
 // BenchmarkGuard measures what the guard adds to a store call, on the
@@ -47,6 +51,35 @@ func BenchmarkGuard(b *testing.B) {
 			}
 		}
 	})
+	// 64 concurrent callers, their store calls gathered (the default) or
+	// one call each.
+	for _, gatherers := range []int{DefaultGatherers, -1} {
+		name := "parallel-64/gathered"
+		if gatherers < 0 {
+			name = "parallel-64/call-each"
+		}
+		b.Run(name, func(b *testing.B) {
+			g := newGuard(b, inner, Config{Deadline: time.Second, Gatherers: gatherers})
+			var next atomic.Int64
+			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				reqs := make([]store.Request, 1)
+				out := make([]sluice.Decision, 1)
+				src := make([]engine.Source, 1)
+				for pb.Next() {
+					reqs[0] = store.Request{Key: keys[next.Add(1)%int64(len(keys))], Params: p, Cost: 1}
+					if err := g.CheckSourced(context.Background(), false, reqs, out, src); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			if st := g.Stats(); st.GatheredCalls > 0 {
+				b.ReportMetric(float64(st.GatheredJobs)/float64(st.GatheredCalls), "checks/call")
+			}
+		})
+	}
 	b.Run("cached", func(b *testing.B) {
 		g := newGuard(b, inner, Config{Deadline: time.Second})
 		tight := params(b, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Hour})
@@ -62,4 +95,51 @@ func BenchmarkGuard(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkGuardRedis is BenchmarkGuard's parallel run on a real
+// redis-server (started by the benchmark, no persistence): 64 callers,
+// their checks gathered (the default) or one store call each. It reports
+// checks/s and the mean checks per gathered call.
+func BenchmarkGuardRedis(b *testing.B) {
+	srv := redistest.Start(b)
+	p := params(b, sluice.Limit{Algorithm: sluice.GCRA, Limit: 1 << 30, Window: time.Second})
+	keys := make([]string, 10_000)
+	for i := range keys {
+		keys[i] = "rl:bench:{" + strconv.Itoa(i) + "}"
+	}
+	for _, gatherers := range []int{DefaultGatherers, -1} {
+		name := "parallel-64/gathered"
+		if gatherers < 0 {
+			name = "parallel-64/call-each"
+		}
+		b.Run(name, func(b *testing.B) {
+			st, err := redis.New(redis.Config{Addrs: []string{srv.Addr}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			g := newGuard(b, st, Config{Deadline: time.Second, Gatherers: gatherers})
+			var next atomic.Int64
+			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+			b.ReportAllocs()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				reqs := make([]store.Request, 1)
+				out := make([]sluice.Decision, 1)
+				src := make([]engine.Source, 1)
+				for pb.Next() {
+					reqs[0] = store.Request{Key: keys[next.Add(7919)%int64(len(keys))], Params: p, Cost: 1}
+					if err := g.CheckSourced(context.Background(), false, reqs, out, src); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "checks/s")
+			if st := g.Stats(); st.GatheredCalls > 0 {
+				b.ReportMetric(float64(st.GatheredJobs)/float64(st.GatheredCalls), "checks/call")
+			}
+		})
+	}
 }

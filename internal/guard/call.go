@@ -43,6 +43,7 @@ type job struct {
 	once    engine.IdempotentStore
 	idemKey string
 	ttl     time.Duration
+	ctx     context.Context // the call's, for a gathered check decided alone
 
 	replayed bool
 	err      error
@@ -78,7 +79,7 @@ func putJob(j *job) {
 	}
 	clear(j.reqs[:cap(j.reqs)])
 	clear(j.keys[:cap(j.keys)])
-	j.once = nil
+	j.once, j.ctx = nil, nil
 	jobPool.Put(j)
 }
 
@@ -100,6 +101,12 @@ func (g *Guard) exec(ctx context.Context, j *job) {
 // recycles it when the caller gave up.
 func (g *Guard) runJob(ctx context.Context, j *job) {
 	g.exec(ctx, j)
+	g.finish(j)
+}
+
+// finish hands j back to its caller, or recycles it when the caller gave
+// up.
+func (g *Guard) finish(j *job) {
 	g.inflight.Add(-1)
 	if !j.state.CompareAndSwap(jobRunning, jobFinished) {
 		putJob(j) // abandoned: nobody waits for it
@@ -137,7 +144,12 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 	started := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, g.deadline)
 	g.stats.storeCalls.Add(1)
-	go g.runJob(cctx, j)
+	if j.op == opCheck && g.gather.max > 0 {
+		j.ctx = cctx
+		g.gatherJob(j)
+	} else {
+		go g.runJob(cctx, j)
+	}
 	var err error
 	select {
 	case <-j.done:
@@ -174,4 +186,130 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		done(breakerOutcome(ctx, err))
 	}
 	return err
+}
+
+// DefaultGatherers is Config.Gatherers when it is zero.
+const DefaultGatherers = 2
+
+// MaxGathered is the most requests one gathered store call decides.
+const MaxGathered = 256
+
+// gatherer holds the checks waiting for a store call (see
+// Config.Gatherers).
+type gatherer struct {
+	mu      sync.Mutex
+	queue   []*job
+	running int // gathering goroutines, at most max
+	max     int
+}
+
+// gatherJob queues j, an opCheck job, and starts a gathering goroutine
+// when fewer than the maximum run: with the store idle, j has a call of its
+// own at once.
+func (g *Guard) gatherJob(j *job) {
+	q := &g.gather
+	q.mu.Lock()
+	q.queue = append(q.queue, j)
+	if q.running < q.max {
+		q.running++
+		q.mu.Unlock()
+		go g.gatherLoop()
+		return
+	}
+	q.mu.Unlock()
+}
+
+// gatherScratch is the scratch space of a gathering goroutine.
+type gatherScratch struct {
+	batch []*job
+	reqs  []store.Request
+	out   []sluice.Decision
+}
+
+var gatherPool = sync.Pool{New: func() any { return new(gatherScratch) }}
+
+// gatherLoop makes store calls of the queued checks until none is left.
+func (g *Guard) gatherLoop() {
+	q := &g.gather
+	sc := gatherPool.Get().(*gatherScratch)
+	batch, reqs, out := sc.batch, sc.reqs, sc.out
+	for {
+		q.mu.Lock()
+		if len(q.queue) == 0 {
+			q.running--
+			q.mu.Unlock()
+			if cap(batch) <= MaxGathered {
+				sc.batch, sc.reqs, sc.out = batch[:0], reqs[:0], out[:0]
+				gatherPool.Put(sc)
+			}
+			return
+		}
+		n, k := 0, 0
+		for k < len(q.queue) && (k == 0 || n+len(q.queue[k].reqs) <= MaxGathered) {
+			n += len(q.queue[k].reqs)
+			k++
+		}
+		batch = append(batch[:0], q.queue[:k]...)
+		rest := copy(q.queue, q.queue[k:])
+		clear(q.queue[rest:])
+		q.queue = q.queue[:rest]
+		q.mu.Unlock()
+		reqs, out = g.execGathered(batch, reqs, out)
+		clear(batch)
+	}
+}
+
+// execGathered decides the checks of batch in one store call and hands
+// each job back. A job whose caller gave up before the call is not sent:
+// its caller has answered already, so it must not be charged. reqs and out
+// are scratch space, returned for reuse.
+func (g *Guard) execGathered(batch []*job, reqs []store.Request, out []sluice.Decision) ([]store.Request, []sluice.Decision) {
+	live := batch[:0]
+	for _, j := range batch {
+		if j.state.Load() == jobAbandoned {
+			g.finish(j)
+			continue
+		}
+		live = append(live, j)
+	}
+	if len(live) == 0 {
+		return reqs, out
+	}
+	g.stats.gatheredCalls.Add(1)
+	g.stats.gatheredJobs.Add(int64(len(live)))
+	g.obs.Gathered(len(live))
+	if len(live) == 1 {
+		// Alone: the call's own context, as without gathering.
+		j := live[0]
+		g.exec(j.ctx, j)
+		g.finish(j)
+		return reqs, out
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.deadline)
+	defer cancel()
+	reqs = reqs[:0]
+	for _, j := range live {
+		reqs = append(reqs, j.reqs...)
+	}
+	out = grow(out, len(reqs))
+	err := g.inner.Check(ctx, reqs, out)
+	if err != nil && !errors.Is(err, sluice.ErrStoreUnavailable) {
+		// One invalid request fails the whole call: decide each job on
+		// its own, so that the error is only its own.
+		for _, j := range live {
+			g.exec(ctx, j)
+			g.finish(j)
+		}
+	} else {
+		off := 0
+		for _, j := range live {
+			n := len(j.reqs)
+			copy(j.out, out[off:off+n])
+			j.err = err
+			off += n
+			g.finish(j)
+		}
+	}
+	clear(reqs) // drop the references to keys and params
+	return reqs[:0], out
 }

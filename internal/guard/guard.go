@@ -90,6 +90,14 @@ type Config struct {
 	// gave up at the deadline included; beyond it calls fail at once
 	// (ErrTooManyInFlight). Zero means DefaultMaxInFlight.
 	MaxInFlight int
+	// Gatherers is the number of store calls of gathered checks in flight
+	// at once. Checks (Store.Check) that arrive while that many calls are
+	// with the store wait, and the next call takes them all (up to
+	// MaxGathered requests): under load, one call decides many checks, and
+	// a Redis store sends their scripts in one write. Zero means
+	// DefaultGatherers; a negative number gives every check a call of its
+	// own.
+	Gatherers int
 	// OnBreakerChange, when set, is called on every change of the
 	// breaker's state, synchronously, while the breaker's lock is held: it
 	// must return quickly and must not call the guard.
@@ -120,6 +128,9 @@ type Observer interface {
 	// HotKeySync is called after every successful sync of the hot keys'
 	// leases, with the time since the previous one.
 	HotKeySync(lag time.Duration)
+	// Gathered is called after every store call of gathered checks (see
+	// Config.Gatherers), with the number of checks it decided.
+	Gathered(n int)
 }
 
 // nopObserver is the Observer of a guard configured without one.
@@ -132,6 +143,7 @@ func (nopObserver) OverLimitEntries(int)           {}
 func (nopObserver) HotKeyDetected()                {}
 func (nopObserver) HotKeys(int)                    {}
 func (nopObserver) HotKeySync(time.Duration)       {}
+func (nopObserver) Gathered(int)                   {}
 
 // Guard wraps a store with a deadline, a circuit breaker, an over-limit
 // cache and a hot-key tier. Create it with New; stop it with Close.
@@ -148,9 +160,11 @@ type Guard struct {
 
 	maxInFlight int64
 	inflight    atomic.Int64 // store calls in flight, abandoned ones included
+	gather      gatherer
 
 	stats struct {
 		storeCalls, storeErrors, refused atomic.Int64
+		gatheredCalls, gatheredJobs      atomic.Int64
 		overLimitHits, hotAdmits         atomic.Int64
 		hotDenies, syncs, syncErrors     atomic.Int64
 		opened, closed                   atomic.Int64
@@ -180,6 +194,10 @@ func New(inner Store, cfg Config) (*Guard, error) {
 	}
 	if cfg.MaxInFlight < 0 {
 		return nil, fmt.Errorf("guard: config: max in flight must not be negative, got %d", cfg.MaxInFlight)
+	}
+	g.gather.max = cfg.Gatherers
+	if g.gather.max == 0 {
+		g.gather.max = DefaultGatherers
 	}
 	g.maxInFlight = int64(cfg.MaxInFlight)
 	if g.maxInFlight == 0 {
@@ -462,7 +480,7 @@ func (g *Guard) putScratch(s *scratch) {
 func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision) error {
 	sent := g.now()
 	op := opCheck
-	if all {
+	if all && len(reqs) > 1 { // one request decides alike either way
 		op = opCheckAll
 	}
 	err := g.run(ctx, g.newJob(op, reqs, len(reqs)), out)
@@ -490,6 +508,10 @@ func grow[T any](b []T, n int) []T {
 type Stats struct {
 	// StoreCalls counts calls made to the store (checks, leases, resets).
 	StoreCalls int64
+	// GatheredCalls counts the store calls that decided gathered checks
+	// (see Config.Gatherers), and GatheredJobs the checks they decided:
+	// their ratio is the mean number of checks per call.
+	GatheredCalls, GatheredJobs int64
 	// StoreErrors counts store calls that failed (down, past the
 	// deadline).
 	StoreErrors int64
@@ -520,6 +542,8 @@ func (g *Guard) Stats() Stats {
 	s := Stats{
 		StoreCalls:     g.stats.storeCalls.Load(),
 		StoreErrors:    g.stats.storeErrors.Load(),
+		GatheredCalls:  g.stats.gatheredCalls.Load(),
+		GatheredJobs:   g.stats.gatheredJobs.Load(),
 		BreakerRefused: g.stats.refused.Load(),
 		OverLimitHits:  g.stats.overLimitHits.Load(),
 		HotAdmits:      g.stats.hotAdmits.Load(),

@@ -225,6 +225,7 @@ type Metrics struct {
 	hotKeysDetected    prometheus.Counter
 	hotKeySyncLag      prometheus.Histogram
 	hotKeySyncs        prometheus.Counter
+	storeGathered      prometheus.Histogram
 
 	configInfo     *prometheus.GaugeVec // version
 	reloadOK       prometheus.Gauge
@@ -343,6 +344,9 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		[]float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5})
 	m.hotKeySyncs = counter("sluice_hot_key_syncs_total",
 		"Batched syncs of hot keys' local counts to the store.")
+	m.storeGathered = hist("sluice_store_gathered_checks",
+		"Checks decided by one store call of gathered checks (concurrent checks that waited for a call together).",
+		[]float64{1, 2, 4, 8, 16, 32, 64, 128, 256})
 
 	m.configInfo = gaugeVec(m, &cs, "sluice_config_info",
 		"The configuration in force: 1 for its version, which is a label.", "version")
@@ -521,6 +525,14 @@ func (m *Metrics) HotKeySync(lag time.Duration) {
 	}
 	m.hotKeySyncs.Inc()
 	m.hotKeySyncLag.Observe(lag.Seconds())
+}
+
+// StoreGathered records one store call that decided n gathered checks.
+func (m *Metrics) StoreGathered(n int) {
+	if m == nil {
+		return
+	}
+	m.storeGathered.Observe(float64(n))
 }
 
 // ConfigApplied records a configuration applied at t with version, after a

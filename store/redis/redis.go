@@ -352,7 +352,7 @@ func (s *Store) Check(ctx context.Context, reqs []store.Request, out []sluice.De
 	if len(reqs) == 1 && reqs[0].Params.Algorithm != sluice.SlidingWindowLog {
 		return s.checkOne(ctx, &reqs[0], &out[0])
 	}
-	groups := s.split(reqs, modeEach, "")
+	groups := s.splitEach(reqs)
 	res, err := s.exec(ctx, groups)
 	if err != nil {
 		return err
@@ -670,6 +670,41 @@ func (s *Store) split(reqs []store.Request, mode, ttlMS string) []*group {
 		g.idx = append(g.idx, i)
 		g.keys = append(g.keys, k)
 		g.args = appendArgs(g.args, &reqs[i])
+	}
+	return groups
+}
+
+// splitEach groups reqs for Check: one call of check1.lua for every
+// request but those of sliding window logs, which go to check.lua grouped
+// as split does. exec sends the calls together, so that on one connection
+// they are one write, and Redis runs each in the order of reqs (two
+// requests of one key share an algorithm, so they go the same way).
+// check1.lua costs Redis about half of what check.lua does per key.
+func (s *Store) splitEach(reqs []store.Request) []*group {
+	groups := make([]*group, 0, len(reqs))
+	var logs []int
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Params.Algorithm == sluice.SlidingWindowLog {
+			logs = append(logs, i)
+			continue
+		}
+		groups = append(groups, &group{script: check1Script, idx: []int{i},
+			keys: []string{redisKey(s.prefix, r.Key, s.maxKey)},
+			args: appendArgs(append(make([]string, 0, 9), s.marginMS), r)})
+	}
+	if len(logs) == 0 {
+		return groups
+	}
+	sub := make([]store.Request, len(logs))
+	for j, i := range logs {
+		sub[j] = reqs[i]
+	}
+	for _, g := range s.split(sub, modeEach, "") {
+		for j, k := range g.idx {
+			g.idx[j] = logs[k]
+		}
+		groups = append(groups, g)
 	}
 	return groups
 }

@@ -1,0 +1,127 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/memory"
+)
+
+// gateStore holds its first Check until open is closed, so that the
+// checks that arrive meanwhile queue in the guard and are gathered.
+type gateStore struct {
+	*memory.Store
+	open  chan struct{}
+	first atomic.Bool
+	sizes chan int // the number of requests of every Check
+}
+
+func (s *gateStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	if s.first.CompareAndSwap(false, true) {
+		<-s.open
+	}
+	s.sizes <- len(reqs)
+	return s.Store.Check(ctx, reqs, out)
+}
+
+// TestGatheredChecks sends 30 concurrent checks of one key with a limit
+// of 10 while the store holds the first: the others are decided together
+// in later calls, exactly 10 are admitted, and one invalid check among
+// them fails alone.
+func TestGatheredChecks(t *testing.T) {
+	s := &gateStore{Store: newMemory(t, nil), open: make(chan struct{}), sizes: make(chan int, 100)}
+	g := newGuard(t, s, Config{Deadline: 10 * time.Second, Gatherers: 1,
+		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour})
+
+	var admitted, denied, invalid atomic.Int64
+	var wg sync.WaitGroup
+	run := func(cost int64) {
+		d, _, err := check1(context.Background(), g, "k", p, cost)
+		switch {
+		case errors.Is(err, sluice.ErrInvalidCost):
+			invalid.Add(1)
+		case err != nil:
+			t.Error(err)
+		case d.Allowed:
+			admitted.Add(1)
+		default:
+			denied.Add(1)
+		}
+	}
+	wg.Go(func() { run(1) }) // held by the store
+	for g.Stats().GatheredCalls == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	for i := range 30 {
+		cost := int64(1)
+		if i == 7 {
+			cost = -1
+		}
+		wg.Go(func() { run(cost) })
+	}
+	// Let the 30 queue behind the held call, then open it.
+	deadline := time.Now().Add(5 * time.Second)
+	for queued(g) < 30 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	close(s.open)
+	wg.Wait()
+	close(s.sizes)
+
+	if admitted.Load() != 10 || denied.Load() != 20 || invalid.Load() != 1 {
+		t.Errorf("admitted %d denied %d invalid %d, want 10, 20 and 1", admitted.Load(), denied.Load(), invalid.Load())
+	}
+	largest := 0
+	for n := range s.sizes {
+		largest = max(largest, n)
+	}
+	if largest < 29 {
+		t.Errorf("largest store call decided %d checks, want the 29 valid queued ones at once", largest)
+	}
+	st := g.Stats()
+	if st.GatheredJobs != 31 || st.GatheredCalls < 2 {
+		t.Errorf("gathered %d checks in %d calls, want 31 in at least 2", st.GatheredJobs, st.GatheredCalls)
+	}
+}
+
+// queued returns the number of checks waiting for a gathered call.
+func queued(g *Guard) int {
+	g.gather.mu.Lock()
+	defer g.gather.mu.Unlock()
+	return len(g.gather.queue)
+}
+
+// TestGatheredCheckAbandoned: a check whose caller gave up while it was
+// queued is not sent to the store, so it charges nothing.
+func TestGatheredCheckAbandoned(t *testing.T) {
+	s := &gateStore{Store: newMemory(t, nil), open: make(chan struct{}), sizes: make(chan int, 100)}
+	g := newGuard(t, s, Config{Deadline: 20 * time.Millisecond, Gatherers: 1,
+		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour})
+	var wg sync.WaitGroup
+	wg.Go(func() { check1(context.Background(), g, "held", p, 1) })
+	for g.Stats().GatheredCalls == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if _, _, err := check1(context.Background(), g, "late", p, 1); !errors.Is(err, sluice.ErrStoreUnavailable) {
+		t.Fatalf("queued behind a held call past the deadline: err = %v", err)
+	}
+	close(s.open)
+	wg.Wait()
+	// Give the gatherer time to see the abandoned check.
+	time.Sleep(50 * time.Millisecond)
+	out := make([]sluice.Decision, 1)
+	if err := s.Store.Check(context.Background(), []store.Request{{Key: "late", Params: p, Cost: 0}}, out); err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Remaining != 10 {
+		t.Errorf("remaining of the abandoned check's key = %d, want 10 (not charged)", out[0].Remaining)
+	}
+}
