@@ -14,7 +14,7 @@
 #
 # Environment: STORE (default memory://), DURATION (10s), CONCURRENCY (64),
 # KEYS (1000), TARGETS ("http grpc envoy"), BATCH (10; 0 skips the batch
-# runs), PORT (base port, default 18180: sluice on PORT and PORT+1, the
+# runs), GRPC_CLIENT (h2, the load generator's own; grpc-go), PORT (base port, default 18180: sluice on PORT and PORT+1, the
 # reference on PORT+10 and PORT+11). Loopback only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,7 @@ KEYS=${KEYS:-1000}
 TARGETS=${TARGETS:-http grpc envoy}
 BATCH=${BATCH:-10}
 PORT=${PORT:-18180}
+GRPC_CLIENT=${GRPC_CLIENT:-h2}
 mkdir -p bin
 go build -o bin/sluice ./cmd/sluice
 go build -o bin/noop ./internal/loadgen/noop
@@ -54,7 +55,7 @@ run() { # name pid target addr [extra flags]
   local c0; c0=$(cpu $pid)
   local r0=0; case "$STORE:$name" in redis*:sluice*) r0=$(redis_calls);; esac
   bin/sluice load --target $t --addr $a --duration $DURATION --concurrency $CONCURRENCY \
-    --keys $KEYS --domain load --json "$@" >"$out/$name.json" || true
+    --keys $KEYS --domain load --grpc-client $GRPC_CLIENT --json "$@" >"$out/$name.json" || true
   local c1; c1=$(cpu $pid)
   local r1=0; case "$STORE:$name" in redis*:sluice*) r1=$(redis_calls);; esac
   python3 - "$out/$name.json" "$name" $(( c1 - c0 )) $tck $(( r1 - r0 )) <<'PY'
@@ -68,7 +69,7 @@ print("%-20s %7.0f req/s %8.0f checks/s  p50 %5.2f  p90 %5.2f  p99 %5.2f  p999 %
          r["allowed"], r["denied"], r["errors"], cpu_us, extra))
 PY
 }
-echo "store $(echo "$STORE" | sed 's|//[^@]*@|//|'), $CONCURRENCY callers, $KEYS keys, $DURATION per run; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "store $(echo "$STORE" | sed 's|//[^@]*@|//|'), gRPC client $GRPC_CLIENT, $CONCURRENCY callers, $KEYS keys, $DURATION per run; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for t in $TARGETS; do
   p=$((PORT+1)); np=$((PORT+11))
   if [ "$t" = http ]; then p=$PORT; np=$((PORT+10)); fi
@@ -97,4 +98,8 @@ for key, b in sorted(fams.items()):
     q = lambda p: next(le for le, c in b if c >= p * n)
     print("%-58s count %8d  p50 <= %g us  p99 <= %g us  p999 <= %g us" % (key, n, q(.5) * 1e6, q(.99) * 1e6, q(.999) * 1e6))
 PY
+# Decisions by source over all the runs: anything but "store" was not
+# decided by the store (fail_open past the deadline, for instance).
+awk -F'[{}]' '/^sluice_decisions_total/ { match($2, /source="[^"]*"/); src = substr($2, RSTART+8, RLENGTH-9); split($3, v, " "); n[src] += v[1] }
+  END { printf "decisions by source:"; for (s in n) printf " %s %d", s, n[s]; print "" }' "$out/metrics.txt"
 grep -E '^process_resident_memory_bytes' "$out/metrics.txt" || true
