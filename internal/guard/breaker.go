@@ -114,7 +114,7 @@ func (c BreakerConfig) settings() (*gobreaker.Settings, error) {
 		ReadyToTrip: func(n gobreaker.Counts) bool {
 			return n.Requests >= minReq && float64(n.TotalFailures) >= ratio*float64(n.Requests)
 		},
-		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) },
+		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) || errors.Is(err, errNotSent) },
 	}, nil
 }
 

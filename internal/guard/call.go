@@ -47,6 +47,7 @@ type job struct {
 
 	replayed bool
 	err      error
+	sent     atomic.Bool   // the store call has begun
 	done     chan struct{} // receives one value when the call returns
 	// state is jobRunning, then jobFinished (set by the job) or
 	// jobAbandoned (set by its caller), whichever comes first.
@@ -69,6 +70,7 @@ func (g *Guard) newJob(op uint8, reqs []store.Request, n int) *job {
 	j.out = grow(j.out, n)
 	j.keys = j.keys[:0]
 	j.once, j.idemKey, j.ttl, j.replayed, j.err = nil, "", 0, false, nil
+	j.sent.Store(false)
 	j.state.Store(jobRunning)
 	return j
 }
@@ -85,6 +87,7 @@ func putJob(j *job) {
 
 // exec runs j against the store.
 func (g *Guard) exec(ctx context.Context, j *job) {
+	j.sent.Store(true)
 	switch j.op {
 	case opCheck:
 		j.err = g.inner.Check(ctx, j.reqs, j.out)
@@ -142,6 +145,7 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		return err
 	}
 	started := time.Now()
+	notSent := false
 	cctx, cancel := context.WithTimeout(ctx, g.deadline)
 	g.stats.storeCalls.Add(1)
 	if j.op == opCheck && g.gather.max > 0 {
@@ -160,10 +164,12 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		}
 		putJob(j)
 	case <-cctx.Done():
+		sent := j.sent.Load() // before the job may be recycled
 		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
 			// The job finishes on its own (its context is cancelled
 			// below) and recycles itself.
 			err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, cctx.Err())
+			notSent = !sent
 		} else {
 			<-j.done // it finished at the same instant
 			err = j.err
@@ -183,7 +189,11 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 	}
 	g.obs.StoreCall(time.Since(started), err)
 	if done != nil {
-		done(breakerOutcome(ctx, err))
+		if notSent && err != nil {
+			done(errNotSent)
+		} else {
+			done(breakerOutcome(ctx, err))
+		}
 	}
 	return err
 }
@@ -274,6 +284,9 @@ func (g *Guard) execGathered(batch []*job, reqs []store.Request, out []sluice.De
 	}
 	if len(live) == 0 {
 		return reqs, out
+	}
+	for _, j := range live {
+		j.sent.Store(true)
 	}
 	g.stats.gatheredCalls.Add(1)
 	g.stats.gatheredJobs.Add(int64(len(live)))

@@ -125,3 +125,30 @@ func TestGatheredCheckAbandoned(t *testing.T) {
 		t.Errorf("remaining of the abandoned check's key = %d, want 10 (not charged)", out[0].Remaining)
 	}
 }
+
+// TestQueuedTimeoutsKeepBreakerClosed: checks whose deadline passes while
+// they wait behind a held call are answered as unavailable, but do not
+// count against the store for the breaker; the held call, which did reach
+// the store, does.
+func TestQueuedTimeoutsKeepBreakerClosed(t *testing.T) {
+	s := &gateStore{Store: newMemory(t, nil), open: make(chan struct{}), sizes: make(chan int, 100)}
+	g := newGuard(t, s, Config{Deadline: 5 * time.Millisecond, Gatherers: 1,
+		Breaker:   BreakerConfig{MinRequests: 5, FailureRatio: 0.5, Window: time.Minute},
+		OverLimit: OverLimitConfig{Disabled: true}})
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1000, Window: time.Hour})
+	var wg sync.WaitGroup
+	wg.Go(func() { check1(context.Background(), g, "held", p, 1) })
+	for g.Stats().GatheredCalls == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	for i := range 50 {
+		if _, _, err := check1(context.Background(), g, "queued", p, 1); !errors.Is(err, sluice.ErrStoreUnavailable) {
+			t.Fatalf("check %d queued behind a held call: err = %v", i, err)
+		}
+	}
+	if st := g.BreakerState(); st != BreakerClosed {
+		t.Errorf("breaker %s after 50 checks timed out in the queue, want closed", st)
+	}
+	close(s.open)
+	wg.Wait()
+}

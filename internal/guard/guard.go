@@ -301,6 +301,11 @@ func (g *Guard) Ready(ctx context.Context) error {
 // errCallerGone marks, for the breaker, a call cut short by its caller.
 var errCallerGone = errors.New("guard: caller gone")
 
+// errNotSent marks, for the breaker, a check whose deadline passed while
+// it waited for a gathered call: the server's own congestion, which says
+// nothing of the store's health.
+var errNotSent = errors.New("guard: deadline passed before the call was sent")
+
 // breakerOutcome returns what the breaker is told of a call that ended
 // with err: nil (a success) for an answer or an error about the request
 // itself, errCallerGone when the caller cancelled, err otherwise.
