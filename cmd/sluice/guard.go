@@ -14,7 +14,7 @@ import (
 // environment variable (upper case, '-' as '_').
 var guardFlagNames = []string{
 	"store-deadline", "store-max-in-flight", "store-gatherers",
-	"breaker", "breaker-window", "breaker-min-requests", "breaker-failure-ratio", "breaker-open-timeout", "breaker-probes",
+	"breaker", "breaker-window", "breaker-min-requests", "breaker-failure-ratio", "breaker-open-timeout", "breaker-probes", "breaker-sustain",
 	"over-limit-cache", "over-limit-cache-keys",
 	"hot-keys", "hot-key-threshold", "hot-key-sync-interval", "hot-key-window", "hot-key-max",
 	"redis-dial-timeout", "redis-write-timeout", "redis-keepalive", "redis-conns-per-node",
@@ -45,6 +45,7 @@ func guardFlags(fs *flag.FlagSet) func() guard.Config {
 	bRatio := fs.Float64("breaker-failure-ratio", guard.DefaultBreakerFailureRatio, "failure ratio in the window at or above which the breaker opens")
 	bOpen := fs.Duration("breaker-open-timeout", guard.DefaultBreakerOpenTimeout, "how long the breaker stays open before it lets probes through")
 	bProbes := fs.Uint("breaker-probes", guard.DefaultBreakerProbes, "probe calls let through half-open, and consecutive successes that close the breaker")
+	bSustain := fs.Duration("breaker-sustain", guard.DefaultBreakerSustain, "how long the failure ratio must hold before the breaker opens (a stall of the server itself must not open it); negative: at once")
 	olc := fs.Bool("over-limit-cache", true, "answer keys denied until a known instant in process until then")
 	olcKeys := fs.Int("over-limit-cache-keys", guard.DefaultOverLimitMaxKeys, "keys the over-limit cache remembers at most")
 	hot := fs.Bool("hot-keys", false, "decide hot keys in process from leases synced with Redis")
@@ -58,7 +59,7 @@ func guardFlags(fs *flag.FlagSet) func() guard.Config {
 			MaxInFlight: *inflight,
 			Gatherers:   *gatherers,
 			Breaker: guard.BreakerConfig{Disabled: !*breaker, Window: *bWindow, MinRequests: uint32(min(*bMin, 1<<31)),
-				FailureRatio: *bRatio, OpenTimeout: *bOpen, Probes: uint32(min(*bProbes, 1<<31))},
+				FailureRatio: *bRatio, OpenTimeout: *bOpen, Probes: uint32(min(*bProbes, 1<<31)), Sustain: *bSustain},
 			OverLimit: guard.OverLimitConfig{Disabled: !*olc, MaxKeys: *olcKeys},
 			HotKeys: guard.HotKeyConfig{Enabled: *hot, Threshold: *hotRate, SyncInterval: *hotSync,
 				Window: *hotWindow, MaxKeys: *hotMax},

@@ -30,7 +30,7 @@ func TestRedisDownOverHTTP(t *testing.T) {
 	td := start(t, failurePolicy, func(c *daemon.Config) {
 		c.StoreURL = "redis://" + srv.Addr
 		c.Guard = guard.Config{Deadline: 50 * time.Millisecond,
-			Breaker: guard.BreakerConfig{MinRequests: 5, OpenTimeout: time.Second, Probes: 1}}
+			Breaker: guard.BreakerConfig{MinRequests: 5, OpenTimeout: time.Second, Probes: 1, Sustain: -1}}
 	})
 	client := "c"
 	source := func(resource string) (int, string) {

@@ -39,6 +39,7 @@ const (
 	DefaultBreakerFailureRatio = 0.5
 	DefaultBreakerOpenTimeout  = 500 * time.Millisecond
 	DefaultBreakerProbes       = 3
+	DefaultBreakerSustain      = 250 * time.Millisecond
 )
 
 // BreakerConfig configures the circuit breaker. The zero value is the
@@ -72,6 +73,13 @@ type BreakerConfig struct {
 	// means DefaultBreakerProbes. One failure while half-open opens it
 	// again.
 	Probes uint32
+	// Sustain is how long the failure ratio must hold, from the first
+	// failure that met it, before the breaker opens: a stall of the server
+	// itself (a collection, a burst at a cold start) fails the calls in
+	// flight at once, and must not take the store out of service for a
+	// whole OpenTimeout. Zero means DefaultBreakerSustain; negative opens
+	// at the first failure that meets the ratio.
+	Sustain time.Duration
 }
 
 // settings returns the gobreaker settings of c, nil when disabled.
@@ -104,15 +112,36 @@ func (c BreakerConfig) settings() (*gobreaker.Settings, error) {
 	if bucket <= 0 {
 		bucket = c.Window
 	}
-	minReq, ratio := c.MinRequests, c.FailureRatio
+	if c.Sustain == 0 {
+		c.Sustain = DefaultBreakerSustain
+	}
+	minReq, ratio, sustain := c.MinRequests, c.FailureRatio, c.Sustain
+	var since time.Time // when the counts began to meet the ratio; zero when they do not
 	return &gobreaker.Settings{
 		Name:         "store",
 		MaxRequests:  c.Probes,
 		Interval:     c.Window,
 		BucketPeriod: bucket,
 		Timeout:      c.OpenTimeout,
+		// gobreaker calls ReadyToTrip on each failure while closed, with
+		// its lock held, so since needs no lock of its own.
 		ReadyToTrip: func(n gobreaker.Counts) bool {
-			return n.Requests >= minReq && float64(n.TotalFailures) >= ratio*float64(n.Requests)
+			if n.Requests < minReq || float64(n.TotalFailures) < ratio*float64(n.Requests) {
+				since = time.Time{}
+				return false
+			}
+			if sustain < 0 {
+				return true
+			}
+			now := time.Now()
+			if since.IsZero() {
+				since = now
+			}
+			if now.Sub(since) < sustain {
+				return false
+			}
+			since = time.Time{}
+			return true
 		},
 		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) || errors.Is(err, errNotSent) },
 	}, nil

@@ -133,7 +133,7 @@ func TestGatheredCheckAbandoned(t *testing.T) {
 func TestQueuedTimeoutsKeepBreakerClosed(t *testing.T) {
 	s := &gateStore{Store: newMemory(t, nil), open: make(chan struct{}), sizes: make(chan int, 100)}
 	g := newGuard(t, s, Config{Deadline: 5 * time.Millisecond, Gatherers: 1,
-		Breaker:   BreakerConfig{MinRequests: 5, FailureRatio: 0.5, Window: time.Minute},
+		Breaker:   BreakerConfig{MinRequests: 5, FailureRatio: 0.5, Window: time.Minute, Sustain: -1},
 		OverLimit: OverLimitConfig{Disabled: true}})
 	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1000, Window: time.Hour})
 	var wg sync.WaitGroup

@@ -97,7 +97,7 @@ func TestBreaker(t *testing.T) {
 	g := newGuard(t, f, Config{
 		Observer: obs,
 		Deadline: time.Second,
-		Breaker:  BreakerConfig{Window: time.Minute, MinRequests: 10, FailureRatio: 0.5, OpenTimeout: 100 * time.Millisecond, Probes: 2},
+		Breaker:  BreakerConfig{Window: time.Minute, MinRequests: 10, FailureRatio: 0.5, OpenTimeout: 100 * time.Millisecond, Probes: 2, Sustain: -1},
 		OnBreakerChange: func(from, to BreakerState) {
 			mu.Lock()
 			changes = append(changes, from.String()+">"+to.String())
@@ -410,4 +410,41 @@ func TestBadConfig(t *testing.T) {
 	if _, err := New(nil, Config{}); err == nil {
 		t.Error("New(nil): no error")
 	}
+}
+
+// TestBreakerSustain: failures that meet the ratio for less than Sustain
+// (a stall of the server) leave the breaker closed; failures that go on
+// open it once Sustain has passed.
+func TestBreakerSustain(t *testing.T) {
+	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
+	g := newGuard(t, f, Config{Deadline: time.Second, OverLimit: OverLimitConfig{Disabled: true},
+		Breaker: BreakerConfig{Window: time.Minute, MinRequests: 10, FailureRatio: 0.5, Sustain: 150 * time.Millisecond}})
+	p := params(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 1 << 30, Window: time.Second})
+	ctx := context.Background()
+	// A short stall: 50 failures within a few milliseconds, then health.
+	f.SetDown(true)
+	for range 50 {
+		check1(ctx, g, "k", p, 1)
+	}
+	f.SetDown(false)
+	for range 200 {
+		if _, _, err := check1(ctx, g, "k", p, 1); err != nil {
+			t.Fatalf("healthy again: %v", err)
+		}
+	}
+	if st := g.BreakerState(); st != BreakerClosed {
+		t.Fatalf("breaker %s after a short burst of failures, want closed", st)
+	}
+	// An outage: failures go on, and the breaker opens after Sustain.
+	f.SetDown(true)
+	start := time.Now()
+	for g.BreakerState() == BreakerClosed && time.Since(start) < 5*time.Second {
+		check1(ctx, g, "k", p, 1)
+		time.Sleep(time.Millisecond)
+	}
+	took := time.Since(start)
+	if g.BreakerState() != BreakerOpen || took < 150*time.Millisecond {
+		t.Errorf("breaker %s %s into the outage, want open after at least 150ms", g.BreakerState(), took)
+	}
+	t.Logf("opened %s into the outage", took.Round(time.Millisecond))
 }
