@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis"
@@ -53,33 +54,7 @@ func BenchmarkGuard(b *testing.B) {
 	})
 	// 64 concurrent callers, their store calls gathered (the default) or
 	// one call each.
-	for _, gatherers := range []int{DefaultGatherers, -1} {
-		name := "parallel-64/gathered"
-		if gatherers < 0 {
-			name = "parallel-64/call-each"
-		}
-		b.Run(name, func(b *testing.B) {
-			g := newGuard(b, inner, Config{Deadline: time.Second, Gatherers: gatherers})
-			var next atomic.Int64
-			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
-			b.ReportAllocs()
-			b.RunParallel(func(pb *testing.PB) {
-				reqs := make([]store.Request, 1)
-				out := make([]sluice.Decision, 1)
-				src := make([]engine.Source, 1)
-				for pb.Next() {
-					reqs[0] = store.Request{Key: keys[next.Add(1)%int64(len(keys))], Params: p, Cost: 1}
-					if err := g.CheckSourced(context.Background(), false, reqs, out, src); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-			if st := g.Stats(); st.GatheredCalls > 0 {
-				b.ReportMetric(float64(st.GatheredJobs)/float64(st.GatheredCalls), "checks/call")
-			}
-		})
-	}
+	benchParallel64(b, func(b *testing.B) Store { return inner }, keys, p)
 	b.Run("cached", func(b *testing.B) {
 		g := newGuard(b, inner, Config{Deadline: time.Second})
 		tight := params(b, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Hour})
@@ -108,18 +83,29 @@ func BenchmarkGuardRedis(b *testing.B) {
 	for i := range keys {
 		keys[i] = "rl:bench:{" + strconv.Itoa(i) + "}"
 	}
+	benchParallel64(b, func(b *testing.B) Store {
+		st, err := redis.New(redis.Config{Addrs: []string{srv.Addr}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { st.Close() })
+		return st
+	}, keys, p)
+}
+
+// benchParallel64 runs 64 concurrent callers checking keys (with a
+// stride, so that concurrent checks rarely share one) through a guard on
+// the store newStore returns, their checks gathered (the default) and one
+// store call each, and reports checks/s and the mean checks per gathered
+// call.
+func benchParallel64(b *testing.B, newStore func(*testing.B) Store, keys []string, p *algorithm.Params) {
 	for _, gatherers := range []int{DefaultGatherers, -1} {
 		name := "parallel-64/gathered"
 		if gatherers < 0 {
 			name = "parallel-64/call-each"
 		}
 		b.Run(name, func(b *testing.B) {
-			st, err := redis.New(redis.Config{Addrs: []string{srv.Addr}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer st.Close()
-			g := newGuard(b, st, Config{Deadline: time.Second, Gatherers: gatherers})
+			g := newGuard(b, newStore(b), Config{Deadline: time.Second, Gatherers: gatherers})
 			var next atomic.Int64
 			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
 			b.ReportAllocs()
