@@ -681,17 +681,34 @@ func (s *Store) split(reqs []store.Request, mode, ttlMS string) []*group {
 // requests of one key share an algorithm, so they go the same way).
 // check1.lua costs Redis about half of what check.lua does per key.
 func (s *Store) splitEach(reqs []store.Request) []*group {
+	n := 0
+	for i := range reqs {
+		if reqs[i].Params.Algorithm != sluice.SlidingWindowLog {
+			n++
+		}
+	}
+	// One allocation each for the groups and their indexes, keys and
+	// arguments, whatever the number of requests.
 	groups := make([]*group, 0, len(reqs))
+	gs := make([]group, n)
+	idx := make([]int, n)
+	keys := make([]string, n)
+	args := make([]string, 0, 9*n)
 	var logs []int
+	j := 0
 	for i := range reqs {
 		r := &reqs[i]
 		if r.Params.Algorithm == sluice.SlidingWindowLog {
 			logs = append(logs, i)
 			continue
 		}
-		groups = append(groups, &group{script: check1Script, idx: []int{i},
-			keys: []string{redisKey(s.prefix, r.Key, s.maxKey)},
-			args: appendArgs(append(make([]string, 0, 9), s.marginMS), r)})
+		idx[j] = i
+		keys[j] = redisKey(s.prefix, r.Key, s.maxKey)
+		from := len(args)
+		args = appendArgs(append(args, s.marginMS), r)
+		gs[j] = group{script: check1Script, idx: idx[j : j+1 : j+1], keys: keys[j : j+1 : j+1], args: args[from:len(args):len(args)]}
+		groups = append(groups, &gs[j])
+		j++
 	}
 	if len(logs) == 0 {
 		return groups
