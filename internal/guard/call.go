@@ -43,7 +43,6 @@ type job struct {
 	once    engine.IdempotentStore
 	idemKey string
 	ttl     time.Duration
-	ctx     context.Context // the call's, for a gathered check decided alone
 
 	replayed bool
 	err      error
@@ -81,7 +80,7 @@ func putJob(j *job) {
 	}
 	clear(j.reqs[:cap(j.reqs)])
 	clear(j.keys[:cap(j.keys)])
-	j.once, j.ctx = nil, nil
+	j.once = nil
 	jobPool.Put(j)
 }
 
@@ -146,15 +145,50 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 	}
 	started := time.Now()
 	notSent := false
-	cctx, cancel := context.WithTimeout(ctx, g.deadline)
 	g.stats.storeCalls.Add(1)
+	// The caller stops waiting at the deadline (stop) or when its own
+	// context ends (gone), whichever comes first.
+	var (
+		stop   <-chan time.Time
+		gone   <-chan struct{}
+		cause  func() error
+		cancel = func() {}
+	)
 	if j.op == opCheck && g.gather.max > 0 {
-		j.ctx = cctx
+		// A gathered call has a context of its own, so the caller needs
+		// only a timer, taken from a pool: no context per check.
+		d := g.deadline
+		if dl, ok := ctx.Deadline(); ok {
+			d = min(d, time.Until(dl))
+		}
+		t := getTimer(d)
+		defer putTimer(t)
+		stop, gone, cause = t.C, ctx.Done(), ctx.Err
 		g.gatherJob(j)
 	} else {
+		cctx, c := context.WithTimeout(ctx, g.deadline)
+		gone, cause, cancel = cctx.Done(), cctx.Err, c
 		go g.runJob(cctx, j)
 	}
 	var err error
+	abandon := func(why error) {
+		sent := j.sent.Load() // before the job may be recycled
+		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
+			// The job finishes on its own (its context is cancelled
+			// below, or ends at the gathered call's deadline) and
+			// recycles itself.
+			err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, why)
+			notSent = !sent
+			return
+		}
+		<-j.done // it finished at the same instant
+		err = j.err
+		copy(out, j.out)
+		if len(replayed) > 0 {
+			*replayed[0] = j.replayed
+		}
+		putJob(j)
+	}
 	select {
 	case <-j.done:
 		err = j.err
@@ -163,22 +197,10 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 			*replayed[0] = j.replayed
 		}
 		putJob(j)
-	case <-cctx.Done():
-		sent := j.sent.Load() // before the job may be recycled
-		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
-			// The job finishes on its own (its context is cancelled
-			// below) and recycles itself.
-			err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, cctx.Err())
-			notSent = !sent
-		} else {
-			<-j.done // it finished at the same instant
-			err = j.err
-			copy(out, j.out)
-			if len(replayed) > 0 {
-				*replayed[0] = j.replayed
-			}
-			putJob(j)
-		}
+	case <-stop:
+		abandon(context.DeadlineExceeded)
+	case <-gone:
+		abandon(cause())
 	}
 	cancel()
 	if err != nil {
@@ -291,15 +313,13 @@ func (g *Guard) execGathered(batch []*job, reqs []store.Request, out []sluice.De
 	g.stats.gatheredCalls.Add(1)
 	g.stats.gatheredJobs.Add(int64(len(live)))
 	g.obs.Gathered(len(live))
-	if len(live) == 1 {
-		// Alone: the call's own context, as without gathering.
-		j := live[0]
-		g.exec(j.ctx, j)
-		g.finish(j)
-		return reqs, out
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.deadline)
 	defer cancel()
+	if len(live) == 1 {
+		g.exec(ctx, live[0])
+		g.finish(live[0])
+		return reqs, out
+	}
 	reqs = reqs[:0]
 	for _, j := range live {
 		reqs = append(reqs, j.reqs...)
@@ -325,4 +345,23 @@ func (g *Guard) execGathered(batch []*job, reqs []store.Request, out []sluice.De
 	}
 	clear(reqs) // drop the references to keys and params
 	return reqs[:0], out
+}
+
+// timerPool holds stopped timers for the callers of gathered checks.
+var timerPool sync.Pool
+
+// getTimer returns a timer that fires after d.
+func getTimer(d time.Duration) *time.Timer {
+	if t, ok := timerPool.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+// putTimer stops t and pools it. Since Go 1.23 a stopped timer's channel
+// holds no stale value, so the next Reset starts clean.
+func putTimer(t *time.Timer) {
+	t.Stop()
+	timerPool.Put(t)
 }
