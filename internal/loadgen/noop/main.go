@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"runtime/debug"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -53,7 +54,10 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	g := grpc.NewServer()
+	// The transport settings of sluice serve (internal/daemon), so that
+	// the ratio to this server is what deciding costs, not tuning.
+	g := grpc.NewServer(grpc.NumStreamWorkers(uint32(max(128, 32*runtime.GOMAXPROCS(0)))),
+		grpc.InitialWindowSize(1<<20), grpc.InitialConnWindowSize(1<<20))
 	rlsv3.RegisterRateLimitServiceServer(g, envoy{})
 	sluicev1.RegisterRateLimiterServer(g, limiter{})
 	go g.Serve(ln)
