@@ -128,3 +128,19 @@ type Result struct {
 	// Source says what decided the check as a whole.
 	Source Source
 }
+
+// CallerTier returns the caller's tier as the check applied it: the tier
+// of the deciding rule's limit or, when that rule does not depend on tiers,
+// of the first other rule whose limit came from a tier; "" when no rule's
+// did. Every API reports this one.
+func (r *Result) CallerTier() string {
+	if r.Deciding.Tier != "" {
+		return r.Deciding.Tier
+	}
+	for i := range r.Rules {
+		if r.Rules[i].Tier != "" {
+			return r.Rules[i].Tier
+		}
+	}
+	return ""
+}

@@ -329,7 +329,7 @@ func (s *Server) response(res *engine.Result) *sluicev1.CheckResponse {
 		RetryAfter:   ceilDiv(retry, time.Second),
 		RetryAfterMs: ceilDiv(retry, time.Millisecond),
 		Rule:         d.Rule,
-		Tier:         callerTier(res),
+		Tier:         res.CallerTier(),
 		Source:       res.Source.String(),
 		Cost:         d.Cost,
 		ShadowDenied: res.ShadowDenied,
@@ -341,22 +341,6 @@ func (s *Server) response(res *engine.Result) *sluicev1.CheckResponse {
 		resp.Rules[i] = ruleStatus(&res.Rules[i], now)
 	}
 	return resp
-}
-
-// callerTier returns the caller's tier as the check applied it: the tier of
-// the deciding rule's limit or, when that rule does not depend on tiers,
-// of the first other rule whose limit came from a tier; "" when no rule's
-// did. The HTTP API reports the same.
-func callerTier(res *engine.Result) string {
-	if res.Deciding.Tier != "" {
-		return res.Deciding.Tier
-	}
-	for i := range res.Rules {
-		if res.Rules[i].Tier != "" {
-			return res.Rules[i].Tier
-		}
-	}
-	return ""
 }
 
 func ruleStatus(r *engine.RuleResult, now time.Time) *sluicev1.RuleStatus {

@@ -247,22 +247,6 @@ func resetAt(now time.Time, d time.Duration) int64 {
 	return s
 }
 
-// callerTier returns the caller's tier as the check applied it: the tier of
-// the deciding rule's limit or, when that rule does not depend on tiers,
-// of the first other rule whose limit came from a tier; "" when no rule's
-// did.
-func callerTier(res *engine.Result) string {
-	if res.Deciding.Tier != "" {
-		return res.Deciding.Tier
-	}
-	for i := range res.Rules {
-		if res.Rules[i].Tier != "" {
-			return res.Rules[i].Tier
-		}
-	}
-	return ""
-}
-
 // deniedWithBatch reports a check denied only because another check of its
 // all_or_nothing batch was: every one of its enforcing rules allowed it, or
 // another check's identity is deny-listed (the engine then reports the
@@ -306,7 +290,7 @@ func setHeaders(hdr http.Header, res *engine.Result, now time.Time) {
 	hdr["X-Ratelimit-Remaining"] = num(d.Remaining)
 	hdr["X-Ratelimit-Reset"] = num(resetAt(now, d.ResetAfter))
 	hdr["X-Ratelimit-Policy"] = one(d.Rule)
-	if t := callerTier(res); t != "" {
+	if t := res.CallerTier(); t != "" {
 		hdr["X-Ratelimit-Tier"] = one(t)
 	}
 	state := usageState(res.Allowed, d.Limit, d.Remaining)
@@ -387,7 +371,7 @@ func appendResult(b []byte, res *engine.Result, status int, now time.Time, resou
 	b = append(b, `,"rule":`...)
 	b = appendString(b, d.Rule)
 	b = append(b, `,"tier":`...)
-	b = appendString(b, callerTier(res))
+	b = appendString(b, res.CallerTier())
 	b = append(b, `,"source":`...)
 	b = appendString(b, res.Source.String())
 	b = append(b, `,"cost":`...)
