@@ -833,15 +833,7 @@ func (s *Store) checkOne(ctx context.Context, r *store.Request, out *sluice.Deci
 	if v[0] > 0 {
 		s.reportCorrupt(int(v[0]), []string{key})
 	}
-	q := time.Duration(r.Params.Quantum) * time.Microsecond
-	*out = sluice.Decision{
-		Allowed:    v[2] == 1,
-		Reason:     sluice.Reason(v[3]),
-		Limit:      r.Params.Limit,
-		Remaining:  v[4],
-		ResetAfter: time.Duration(v[5]) * q,
-		RetryAfter: time.Duration(v[6]) * q,
-	}
+	*out = decision(r.Params, v[2:])
 	return nil
 }
 
@@ -857,17 +849,22 @@ func (s *Store) reportCorrupt(n int, keys []string) {
 // fill converts a script reply for the requests idx into decisions.
 func (s *Store) fill(reqs []store.Request, out []sluice.Decision, idx []int, vals []int64) {
 	for j, i := range idx {
-		v := vals[2+5*j : 7+5*j]
-		p := reqs[i].Params
-		q := time.Duration(p.Quantum) * time.Microsecond
-		out[i] = sluice.Decision{
-			Allowed:    v[0] == 1,
-			Reason:     sluice.Reason(v[1]),
-			Limit:      p.Limit,
-			Remaining:  v[2],
-			ResetAfter: time.Duration(v[3]) * q,
-			RetryAfter: time.Duration(v[4]) * q,
-		}
+		out[i] = decision(reqs[i].Params, vals[2+5*j:7+5*j])
+	}
+}
+
+// decision returns the decision of a request with params p from the five
+// values a script answers for it: allowed (0/1), reason, remaining, reset
+// after and retry after (in quanta).
+func decision(p *algorithm.Params, v []int64) sluice.Decision {
+	q := time.Duration(p.Quantum) * time.Microsecond
+	return sluice.Decision{
+		Allowed:    v[0] == 1,
+		Reason:     sluice.Reason(v[1]),
+		Limit:      p.Limit,
+		Remaining:  v[2],
+		ResetAfter: time.Duration(v[3]) * q,
+		RetryAfter: time.Duration(v[4]) * q,
 	}
 }
 
