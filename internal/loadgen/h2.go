@@ -468,11 +468,5 @@ func (h *h2Caller) call(ctx context.Context, w *worker, key int, cost int64) (bo
 	if cfg.Target != TargetEnvoy {
 		return v == 1, nil // allowed
 	}
-	switch rlsv3.RateLimitResponse_Code(v) {
-	case rlsv3.RateLimitResponse_OK:
-		return true, nil
-	case rlsv3.RateLimitResponse_OVER_LIMIT:
-		return false, nil
-	}
-	return false, fmt.Errorf("envoy: overall code %s", rlsv3.RateLimitResponse_Code(v))
+	return envoyVerdict(rlsv3.RateLimitResponse_Code(v))
 }

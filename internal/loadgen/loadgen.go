@@ -831,11 +831,17 @@ func (g *envoyCaller) call(ctx context.Context, w *worker, key int, cost int64) 
 	if err != nil {
 		return false, err
 	}
-	switch resp.GetOverallCode() {
+	return envoyVerdict(resp.GetOverallCode())
+}
+
+// envoyVerdict returns whether Envoy's overall code admits the request:
+// OK does, OVER_LIMIT does not, anything else is an error.
+func envoyVerdict(code rlsv3.RateLimitResponse_Code) (bool, error) {
+	switch code {
 	case rlsv3.RateLimitResponse_OK:
 		return true, nil
 	case rlsv3.RateLimitResponse_OVER_LIMIT:
 		return false, nil
 	}
-	return false, fmt.Errorf("envoy: overall code %s", resp.GetOverallCode())
+	return false, fmt.Errorf("envoy: overall code %s", code)
 }
