@@ -307,21 +307,19 @@ func (g *Guard) execGathered(batch []*job, reqs []store.Request, out []sluice.De
 	if len(live) == 0 {
 		return reqs, out
 	}
-	for _, j := range live {
-		j.sent.Store(true)
-	}
 	g.stats.gatheredCalls.Add(1)
 	g.stats.gatheredJobs.Add(int64(len(live)))
 	g.obs.Gathered(len(live))
 	ctx, cancel := context.WithTimeout(context.Background(), g.deadline)
 	defer cancel()
 	if len(live) == 1 {
-		g.exec(ctx, live[0])
+		g.exec(ctx, live[0]) // marks it sent
 		g.finish(live[0])
 		return reqs, out
 	}
 	reqs = reqs[:0]
 	for _, j := range live {
+		j.sent.Store(true)
 		reqs = append(reqs, j.reqs...)
 	}
 	out = grow(out, len(reqs))
