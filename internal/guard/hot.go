@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -263,9 +264,7 @@ func (t *hotTier) promoteKey(r *store.Request) *hotKey {
 	// threshold rate.
 	hk.demand.Store(int64(math.Ceil(float64(t.promote) * float64(t.interval) / float64(t.window))))
 	m := make(map[string]*hotKey, 1+len(mapOrNil(old)))
-	for k, v := range mapOrNil(old) {
-		m[k] = v
-	}
+	maps.Copy(m, mapOrNil(old))
 	m[r.Key] = hk
 	t.keys.Store(&m)
 	t.obs.HotKeyDetected()
@@ -288,10 +287,7 @@ func (t *hotTier) forget(keys []string) {
 	if old == nil {
 		return
 	}
-	m := make(map[string]*hotKey, len(*old))
-	for k, v := range *old {
-		m[k] = v
-	}
+	m := maps.Clone(*old)
 	for _, k := range keys {
 		delete(m, k)
 	}
