@@ -114,14 +114,14 @@ func BenchmarkRedis(b *testing.B) {
 }
 
 // redisBenchmarkCeiling runs redis-benchmark -P 16 with 64 connections,
-// calling Sluice's script for one check (check1.lua: GCRA, one key of
+// calling Sluice's script for one check (checkeach.lua: GCRA, one key of
 // 10,000, the server's clock) with EVALSHA, and reports its requests per second as checks/s.
 func redisBenchmarkCeiling(b *testing.B, srv *redistest.Server) {
 	bin, err := exec.LookPath("redis-benchmark")
 	if err != nil {
 		b.Skip("redis-benchmark not installed")
 	}
-	script, err := os.ReadFile("../store/redis/check1.lua")
+	script, err := os.ReadFile("../store/redis/checkeach.lua")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -153,7 +153,8 @@ func ceilingArgs(port int, sha string, n int) []string {
 	return []string{"-h", "127.0.0.1", "-p", strconv.Itoa(port), "-P", "16", "-c", "64", "-n", strconv.Itoa(n), "-r", strconv.Itoa(redisKeys), "--csv",
 		"EVALSHA", sha, "1", "rl:bench:{user=__rand_int__}",
 		"1000", // expiry margin
-		"6", strconv.Itoa(redisLimit), strconv.Itoa(redisLimit), "1000000", "1", "0", "1", "-1"}
+		"1", "6", strconv.Itoa(redisLimit), strconv.Itoa(redisLimit), "1000000", "1", "0", // one parameter set: GCRA
+		"1", "1", "-1"} // the check: set 1, cost 1, Redis' clock
 }
 
 // newGoRedis returns a go-redis client for the server, with its default
@@ -180,7 +181,7 @@ func benchReferenceRedis(b *testing.B) {
 	b.Run("sluice-script-on-go-redis/parallel-64", func(b *testing.B) {
 		srv := redistest.Start(b)
 		c := newGoRedis(b, srv.Addr)
-		script, err := os.ReadFile("../store/redis/check1.lua")
+		script, err := os.ReadFile("../store/redis/checkeach.lua")
 		if err != nil {
 			b.Fatal(err)
 		}

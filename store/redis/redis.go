@@ -84,17 +84,17 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-// The scripts. check1.lua decides a single check of every algorithm but
-// the sliding window log (the common call, kept lean); check.lua decides
-// everything else.
+// The scripts. checkeach.lua decides independent checks of every algorithm
+// but the sliding window log (the common call, kept lean); check.lua
+// decides everything else.
 var (
 	//go:embed check.lua
 	checkSource string
-	//go:embed check1.lua
-	check1Source string
+	//go:embed checkeach.lua
+	checkEachSource string
 
-	checkScript  = newScript(checkSource)
-	check1Script = newScript(check1Source)
+	checkScript     = newScript(checkSource)
+	checkEachScript = newScript(checkEachSource)
 )
 
 // script is a Lua script and its SHA-1.
@@ -674,41 +674,48 @@ func (s *Store) split(reqs []store.Request, mode, ttlMS string) []*group {
 	return groups
 }
 
-// splitEach groups reqs for Check: one call of check1.lua for every
-// request but those of sliding window logs, which go to check.lua grouped
-// as split does. exec sends the calls together, so that on one connection
-// they are one write, and Redis runs each in the order of reqs (two
-// requests of one key share an algorithm, so they go the same way).
-// check1.lua costs Redis about half of what check.lua does per key.
+// splitEach groups reqs for Check: the requests of every algorithm but the
+// sliding window log go to checkeach.lua, one call for a standalone server
+// and one per slot on a cluster; those of sliding window logs go to
+// check.lua, grouped as split does. exec sends the calls together, so that
+// on one connection they are one write. Within a call Redis decides the
+// requests in the order of reqs, and two requests of one key share an
+// algorithm, so they go the same way and the second sees the first.
 func (s *Store) splitEach(reqs []store.Request) []*group {
-	n := 0
-	for i := range reqs {
-		if reqs[i].Params.Algorithm != sluice.SlidingWindowLog {
-			n++
-		}
-	}
-	// One allocation each for the groups and their indexes, keys and
-	// arguments, whatever the number of requests.
-	groups := make([]*group, 0, len(reqs))
-	gs := make([]group, n)
-	idx := make([]int, n)
-	keys := make([]string, n)
-	args := make([]string, 0, 9*n)
-	var logs []int
-	j := 0
+	var (
+		groups []*group
+		logs   []int
+		one    *group // standalone: the one checkeach.lua call
+		bySlot map[uint16]*group
+	)
 	for i := range reqs {
 		r := &reqs[i]
 		if r.Params.Algorithm == sluice.SlidingWindowLog {
 			logs = append(logs, i)
 			continue
 		}
-		idx[j] = i
-		keys[j] = redisKey(s.prefix, r.Key, s.maxKey)
-		from := len(args)
-		args = appendArgs(append(args, s.marginMS), r)
-		gs[j] = group{script: check1Script, idx: idx[j : j+1 : j+1], keys: keys[j : j+1 : j+1], args: args[from:len(args):len(args)]}
-		groups = append(groups, &gs[j])
-		j++
+		g := one
+		k := redisKey(s.prefix, r.Key, s.maxKey)
+		if s.cluster {
+			if bySlot == nil {
+				bySlot = map[uint16]*group{}
+			}
+			sl := slotOf(k)
+			if g = bySlot[sl]; g == nil {
+				g = &group{script: checkEachScript}
+				bySlot[sl] = g
+				groups = append(groups, g)
+			}
+		} else if g == nil {
+			g = &group{script: checkEachScript, idx: make([]int, 0, len(reqs)), keys: make([]string, 0, len(reqs))}
+			one = g
+			groups = append(groups, g)
+		}
+		g.idx = append(g.idx, i)
+		g.keys = append(g.keys, k)
+	}
+	for _, g := range groups {
+		g.args = s.eachArgs(reqs, g.idx)
 	}
 	if len(logs) == 0 {
 		return groups
@@ -726,16 +733,60 @@ func (s *Store) splitEach(reqs []store.Request) []*group {
 	return groups
 }
 
-// appendArgs appends the 8 script arguments of r.
-func appendArgs(args []string, r *store.Request) []string {
-	p := r.Params
+// eachArgs returns the arguments of a checkeach.lua call on the requests
+// idx of reqs: the expiry margin, the parameter sets the requests use
+// (each once), then a set, a cost and an instant per request.
+func (s *Store) eachArgs(reqs []store.Request, idx []int) []string {
+	var (
+		sets  []*algorithm.Params
+		which = make([]int, len(idx))
+		index map[algorithm.Params]int // past 8 sets
+	)
+	for j, i := range idx {
+		p := reqs[i].Params
+		n := -1
+		if index != nil {
+			if k, ok := index[*p]; ok {
+				n = k
+			}
+		} else {
+			for k, q := range sets {
+				if q == p || *q == *p {
+					n = k
+					break
+				}
+			}
+		}
+		if n < 0 {
+			n = len(sets)
+			sets = append(sets, p)
+			if index != nil {
+				index[*p] = n
+			} else if len(sets) > 8 {
+				index = make(map[algorithm.Params]int, 2*len(sets))
+				for k, q := range sets {
+					index[*q] = k
+				}
+			}
+		}
+		which[j] = n + 1
+	}
+	args := make([]string, 0, 2+6*len(sets)+3*len(idx))
+	args = append(args, s.marginMS, strconv.Itoa(len(sets)))
+	for _, p := range sets {
+		args = appendParams(args, p)
+	}
+	for j, i := range idx {
+		args = appendCheck(args, which[j], &reqs[i])
+	}
+	return args
+}
+
+// appendParams appends the 6 checkeach.lua arguments of a parameter set.
+func appendParams(args []string, p *algorithm.Params) []string {
 	deny := "0"
 	if p.DenyAll {
 		deny = "1"
-	}
-	now := "-1"
-	if !r.Now.IsZero() {
-		now = strconv.FormatInt(r.Now.UnixMicro(), 10)
 	}
 	return append(args,
 		strconv.Itoa(int(p.Algorithm)),
@@ -744,9 +795,28 @@ func appendArgs(args []string, r *store.Request) []string {
 		strconv.FormatInt(p.Window, 10),
 		strconv.FormatInt(p.Quantum, 10),
 		deny,
-		strconv.FormatInt(r.Cost, 10),
-		now,
 	)
+}
+
+// appendCheck appends the 3 checkeach.lua arguments of r, which uses
+// parameter set n.
+func appendCheck(args []string, n int, r *store.Request) []string {
+	return append(args, strconv.Itoa(n), strconv.FormatInt(r.Cost, 10), instant(r))
+}
+
+// appendArgs appends the 8 check.lua arguments of r: its parameter set,
+// cost and instant.
+func appendArgs(args []string, r *store.Request) []string {
+	return append(appendParams(args, r.Params), strconv.FormatInt(r.Cost, 10), instant(r))
+}
+
+// instant is the script argument of r.Now: µs since the epoch, or -1 for
+// Redis' own clock.
+func instant(r *store.Request) string {
+	if r.Now.IsZero() {
+		return "-1"
+	}
+	return strconv.FormatInt(r.Now.UnixMicro(), 10)
 }
 
 // exec runs one script call per group, concurrently (pipelined per node),
@@ -806,16 +876,16 @@ func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
 }
 
 // checkOne decides a single request of every algorithm but the sliding
-// window log with check1.lua: the path of most checks, kept free of the
+// window log with checkeach.lua: the path of most checks, kept free of the
 // batch bookkeeping.
 func (s *Store) checkOne(ctx context.Context, r *store.Request, out *sluice.Decision) error {
 	c := s.client
 	key := redisKey(s.prefix, r.Key, s.maxKey)
-	var argv [9]string
-	args := appendArgs(append(argv[:0], s.marginMS), r)
-	res := c.Do(ctx, c.B().Evalsha().Sha1(check1Script.sha).Numkeys(1).Key(key).Arg(args...).Build())
+	var argv [11]string
+	args := appendCheck(appendParams(append(argv[:0], s.marginMS, "1"), r.Params), 1, r)
+	res := c.Do(ctx, c.B().Evalsha().Sha1(checkEachScript.sha).Numkeys(1).Key(key).Arg(args...).Build())
 	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
-		res = c.Do(ctx, c.B().Eval().Script(check1Script.src).Numkeys(1).Key(key).Arg(args...).Build())
+		res = c.Do(ctx, c.B().Eval().Script(checkEachScript.src).Numkeys(1).Key(key).Arg(args...).Build())
 	}
 	arr, err := res.ToArray()
 	if err != nil {

@@ -127,6 +127,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("Random", func(t *testing.T) { testRandom(t, newStore(t), key) })
 	t.Run("DenyAll", func(t *testing.T) { testDenyAll(t, newStore(t), key) })
 	t.Run("CheckDuplicateKeys", func(t *testing.T) { testCheckDuplicates(t, newStore(t), key) })
+	t.Run("CheckMixed", func(t *testing.T) { testCheckMixed(t, newStore(t), key) })
 	t.Run("CheckAll", func(t *testing.T) { testCheckAll(t, newStore(t), key) })
 	t.Run("CheckAllRandom", func(t *testing.T) { testCheckAllRandom(t, newStore(t), key) })
 	t.Run("Reset", func(t *testing.T) { testReset(t, newStore(t), key) })
@@ -246,6 +247,51 @@ func testCheckDuplicates(t *testing.T, s Store, key keyFunc) {
 		for i, r := range reqs {
 			if want := m.Decide(r); out[i] != want {
 				t.Errorf("%s request %d: got %+v, want %+v", a, i, out[i], want)
+			}
+		}
+	}
+}
+
+// testCheckMixed compares random batches of Check (fixed seed) with the
+// model: every limit of Limits (each also as an equal copy of its own),
+// deny-all limits, costs from 0 to above the capacity, keys that repeat
+// within a batch, and a clock that moves on between batches.
+func testCheckMixed(t *testing.T, s Store, key keyFunc) {
+	var params []*algorithm.Params
+	for _, l := range Limits() {
+		p := compile(t, l)
+		dup := *p
+		params = append(params, p, &dup)
+	}
+	params = append(params, compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Window: time.Second, DenyAll: true}))
+	keys := make([]string, len(params)/2+1)
+	for i := range keys {
+		keys[i] = key(t, fmt.Sprintf("k%d", i))
+	}
+	m := NewModel()
+	rng := rand.New(rand.NewPCG(5, 8))
+	at := T0
+	for b := range 80 {
+		at = at.Add(time.Duration(rng.Int64N(200_000)) * time.Microsecond)
+		reqs := make([]store.Request, 1+rng.IntN(60))
+		for i := range reqs {
+			// A key keeps one limit (its algorithm decides the format of
+			// its state): key k uses limit k or its copy; the last key,
+			// the deny-all limit.
+			k := rng.IntN(len(keys))
+			p := params[len(params)-1]
+			if k < len(keys)-1 {
+				p = params[2*k+rng.IntN(2)]
+			}
+			reqs[i] = store.Request{Key: keys[k], Params: p, Cost: rng.Int64N(p.Burst + 2), Now: at}
+		}
+		out := make([]sluice.Decision, len(reqs))
+		if err := s.Check(context.Background(), reqs, out); err != nil {
+			t.Fatalf("batch %d: %v", b, err)
+		}
+		for i, r := range reqs {
+			if want := m.Decide(r); out[i] != want {
+				t.Fatalf("batch %d request %d (%s, %s cost %d): got %+v, want %+v", b, i, r.Key, r.Params.Algorithm, r.Cost, out[i], want)
 			}
 		}
 	}
