@@ -51,16 +51,28 @@ type h2Conn struct {
 	streams map[uint32]*h2Call
 	sendWin int64 // connection-level window of the server, for our DATA
 	err     error
+	stopped bool // the run is over: no new call starts (h2Caller.loop)
 }
 
 // h2Call is one call in flight; a worker reuses its own.
 type h2Call struct {
-	done   chan struct{} // receives one value when the call ends
+	done   chan struct{} // receives one value when the call ends (no then)
 	resp   []byte        // the reply's DATA, gRPC framing included
 	status int           // grpc-status; -1 until the trailers arrive
 	msg    string        // grpc-message
 	err    error
 	req    []byte // the request's gRPC frame, reused
+
+	// then, when set, is called instead of sending on done, by the
+	// goroutine that ended the call (h2Caller.loop).
+	then     func(*h2Call)
+	deadline time.Time
+	// The request, for then.
+	w    *worker
+	conn *h2Conn
+	key  int
+	cost int64
+	due  time.Time
 }
 
 func newH2Call() *h2Call { return &h2Call{done: make(chan struct{}, 1)} }
@@ -181,65 +193,51 @@ func (c *h2Conn) fail(err error) {
 	if c.err == nil {
 		c.err = err
 	}
-	for id, call := range c.streams {
-		delete(c.streams, id)
-		call.err = c.err
-		call.done <- struct{}{}
-	}
+	err = c.err
+	ended := c.take(func(uint32, *h2Call) bool { return true })
 	c.cond.Broadcast()
 	c.mu.Unlock()
+	for _, call := range ended {
+		call.err = err
+		complete(call)
+	}
 }
+
+// take removes from streams the calls keep selects and returns them; c.mu
+// is held. Whoever removes a call from streams ends it.
+func (c *h2Conn) take(keep func(uint32, *h2Call) bool) []*h2Call {
+	var ended []*h2Call
+	for id, call := range c.streams {
+		if keep(id, call) {
+			delete(c.streams, id)
+			ended = append(ended, call)
+		}
+	}
+	return ended
+}
+
+// complete hands an ended call to its caller.
+func complete(call *h2Call) {
+	if call.then != nil {
+		call.then(call)
+		return
+	}
+	call.done <- struct{}{}
+}
+
+// errStopped refuses the calls of a run that is over.
+var errStopped = errors.New("http2: the run is over")
 
 // call sends msg as one unary call and waits for the reply; it returns the
 // reply's field 1 as a varint (0 when absent).
 func (c *h2Conn) call(ctx context.Context, call *h2Call, msg proto.Message) (uint64, error) {
-	req, err := proto.MarshalOptions{}.MarshalAppend(append(call.req[:0], 0, 0, 0, 0, 0), msg)
+	if err := call.marshal(msg); err != nil {
+		return 0, err
+	}
+	id, err := c.send(call, true)
 	if err != nil {
 		return 0, err
 	}
-	binary.BigEndian.PutUint32(req[1:5], uint32(len(req)-5))
-	call.req = req
-	call.resp, call.status, call.msg, call.err = call.resp[:0], -1, "", nil
-
-	// Take the connection's window for the request's DATA.
-	c.mu.Lock()
-	for c.err == nil && c.sendWin < int64(len(req)) {
-		c.cond.Wait()
-	}
-	if c.err != nil {
-		err := c.err
-		c.mu.Unlock()
-		return 0, err
-	}
-	c.sendWin -= int64(len(req))
-	c.mu.Unlock()
-
-	// Queue the HEADERS and DATA frames for the writer.
-	c.wmu.Lock()
-	id := c.nextID
-	c.nextID += 2
-	if id > 1<<31-1 {
-		c.wmu.Unlock()
-		return 0, errors.New("http2: stream ids exhausted")
-	}
-	c.mu.Lock()
-	if c.err != nil {
-		err := c.err
-		c.mu.Unlock()
-		c.wmu.Unlock()
-		return 0, err
-	}
-	c.streams[id] = call
-	c.mu.Unlock()
-	block := c.header
-	if id == 1 {
-		block = c.first
-	}
-	c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true})
-	c.fr.WriteData(id, true, req)
-	c.wmu.Unlock()
-	c.flush()
-
 	select {
 	case <-call.done:
 	case <-ctx.Done():
@@ -254,6 +252,23 @@ func (c *h2Conn) call(ctx context.Context, call *h2Call, msg proto.Message) (uin
 		c.write(func() { c.fr.WriteRSTStream(id, http2.ErrCodeCancel) })
 		return 0, ctx.Err()
 	}
+	return call.result()
+}
+
+// marshal makes msg call's request and readies call for its reply.
+func (call *h2Call) marshal(msg proto.Message) error {
+	req, err := proto.MarshalOptions{}.MarshalAppend(append(call.req[:0], 0, 0, 0, 0, 0), msg)
+	if err != nil {
+		return err
+	}
+	binary.BigEndian.PutUint32(req[1:5], uint32(len(req)-5))
+	call.req = req
+	call.resp, call.status, call.msg, call.err = call.resp[:0], -1, "", nil
+	return nil
+}
+
+// result returns the field 1 of call's reply, or why it has none.
+func (call *h2Call) result() (uint64, error) {
 	if call.err != nil {
 		return 0, call.err
 	}
@@ -262,6 +277,64 @@ func (c *h2Conn) call(ctx context.Context, call *h2Call, msg proto.Message) (uin
 	}
 	return field1(call.resp)
 }
+
+// send queues call's request (marshalled) for the writer and returns its
+// stream id. When the server's window is too small for it, send waits
+// for a WINDOW_UPDATE if wait is set, and fails otherwise.
+func (c *h2Conn) send(call *h2Call, wait bool) (uint32, error) {
+	req := call.req
+	// Take the connection's window for the request's DATA.
+	c.mu.Lock()
+	for wait && c.err == nil && c.sendWin < int64(len(req)) {
+		c.cond.Wait()
+	}
+	switch {
+	case c.err != nil:
+		err := c.err
+		c.mu.Unlock()
+		return 0, err
+	case c.sendWin < int64(len(req)):
+		c.mu.Unlock()
+		return 0, errWindow
+	}
+	c.sendWin -= int64(len(req))
+	c.mu.Unlock()
+
+	// Queue the HEADERS and DATA frames for the writer.
+	c.wmu.Lock()
+	id := c.nextID
+	c.nextID += 2
+	if id > 1<<31-1 {
+		c.wmu.Unlock()
+		return 0, errors.New("http2: stream ids exhausted")
+	}
+	c.mu.Lock()
+	err := c.err
+	if err == nil && c.stopped && call.then != nil {
+		err = errStopped
+	}
+	if err != nil {
+		c.sendWin += int64(len(req))
+		c.mu.Unlock()
+		c.wmu.Unlock()
+		return 0, err
+	}
+	c.streams[id] = call
+	c.mu.Unlock()
+	block := c.header
+	if id == 1 {
+		block = c.first
+	}
+	c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true})
+	c.fr.WriteData(id, true, req)
+	c.wmu.Unlock()
+	c.flush()
+	return id, nil
+}
+
+// errWindow is send's error when the server's window is too small and
+// send may not wait.
+var errWindow = errors.New("http2: the server's flow-control window is full")
 
 // field1 reads the varint field 1 of the first gRPC message in b.
 func field1(b []byte) (uint64, error) {
@@ -328,7 +401,7 @@ func (c *h2Conn) readLoop() {
 				if call.err == nil && call.status < 0 {
 					call.err = errors.New("http2: reply without grpc-status")
 				}
-				call.done <- struct{}{}
+				complete(call)
 			}
 		case *http2.DataFrame:
 			if f.Length > 0 {
@@ -345,10 +418,13 @@ func (c *h2Conn) readLoop() {
 			}
 			if f.StreamEnded() && call != nil {
 				c.mu.Lock()
+				_, ours := c.streams[f.StreamID] // not ended meanwhile by a sweeper
 				delete(c.streams, f.StreamID)
 				c.mu.Unlock()
-				call.err = errors.New("http2: reply without trailers")
-				call.done <- struct{}{}
+				if ours {
+					call.err = errors.New("http2: reply without trailers")
+					complete(call)
+				}
 			}
 		case *http2.RSTStreamFrame:
 			c.mu.Lock()
@@ -357,7 +433,7 @@ func (c *h2Conn) readLoop() {
 			c.mu.Unlock()
 			if call != nil {
 				call.err = fmt.Errorf("http2: stream reset: %v", f.ErrCode)
-				call.done <- struct{}{}
+				complete(call)
 			}
 		case *http2.SettingsFrame:
 			if !f.IsAck() {
@@ -383,15 +459,13 @@ func (c *h2Conn) readLoop() {
 			if c.err == nil {
 				c.err = err
 			}
-			for id, call := range c.streams {
-				if id > f.LastStreamID {
-					delete(c.streams, id)
-					call.err = err
-					call.done <- struct{}{}
-				}
-			}
+			ended := c.take(func(id uint32, _ *h2Call) bool { return id > f.LastStreamID })
 			c.cond.Broadcast()
 			c.mu.Unlock()
+			for _, call := range ended {
+				call.err = err
+				complete(call)
+			}
 		}
 	}
 }
@@ -447,26 +521,154 @@ func newH2Caller(cfg *Config, r *run) (caller, func(), error) {
 }
 
 func (h *h2Caller) call(ctx context.Context, w *worker, key int, cost int64) (bool, error) {
-	cfg := &h.r.cfg
 	c := h.conns[int(h.next.Add(1))%len(h.conns)]
 	if w.h2 == nil {
 		w.h2 = newH2Call()
 	}
-	var msg proto.Message
+	return h.verdict(c.call(ctx, w.h2, h.message(w, key, cost)))
+}
+
+// message returns w's request for key with cost.
+func (h *h2Caller) message(w *worker, key int, cost int64) proto.Message {
+	cfg := &h.r.cfg
 	switch {
 	case cfg.Target == TargetEnvoy:
-		msg = w.envoyRequest(cfg, h.r.keyNames[key], cost)
+		return w.envoyRequest(cfg, h.r.keyNames[key], cost)
 	case cfg.Batch > 1:
-		msg = w.batchRequest(cfg, h.r.keyNames[key], cost)
-	default:
-		msg = w.checkRequest(cfg, h.r.keyNames[key], cost)
+		return w.batchRequest(cfg, h.r.keyNames[key], cost)
 	}
-	v, err := c.call(ctx, w.h2, msg)
+	return w.checkRequest(cfg, h.r.keyNames[key], cost)
+}
+
+// verdict turns a reply's field 1 into the request's verdict.
+func (h *h2Caller) verdict(v uint64, err error) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if cfg.Target != TargetEnvoy {
+	if h.r.cfg.Target != TargetEnvoy {
 		return v == 1, nil // allowed
 	}
 	return envoyVerdict(rlsv3.RateLimitResponse_Code(v))
+}
+
+// loop runs the closed-loop callers of workers until ctx ends or the
+// request budget is spent, without a goroutine each, as wrk does: the
+// goroutine that reads a reply records it and sends the caller's next
+// request at once. Caller i keeps connection i mod Conns. A sweeper per
+// connection ends the calls that outlive the request timeout. A caller
+// whose request cannot be sent (its connection failed) stops, and the run
+// ends early when every caller has stopped.
+func (h *h2Caller) loop(ctx context.Context, workers []*worker, start time.Time) {
+	end, ok := ctx.Deadline()
+	if !ok {
+		end = start.Add(h.r.cfg.Duration)
+	}
+	var wg sync.WaitGroup
+	var then func(*h2Call)
+	then = func(call *h2Call) {
+		allowed, err := h.verdict(call.result())
+		if err != nil && (ctx.Err() != nil || !time.Now().Before(end)) {
+			wg.Done() // the run ended during the call
+			return
+		}
+		h.r.record(call.w, call.key, call.cost, call.due, allowed, err)
+		if errors.Is(err, context.DeadlineExceeded) {
+			// The reader may still hold the abandoned call: go on with
+			// a new one.
+			call = &h2Call{done: call.done, then: then, w: call.w, conn: call.conn}
+		}
+		h.issue(ctx, &wg, call)
+	}
+	for i, w := range workers {
+		call := newH2Call()
+		call.then, call.w, call.conn = then, w, h.conns[i%len(h.conns)]
+		wg.Add(1)
+		h.issue(ctx, &wg, call)
+	}
+	sweep := make(chan struct{})
+	var sweepers sync.WaitGroup
+	for _, c := range h.conns {
+		sweepers.Go(func() { c.sweep(h.r.cfg.Timeout, sweep) })
+	}
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-ctx.Done():
+	case <-finished: // the request budget is spent
+	}
+	close(sweep)
+	sweepers.Wait()
+	// The calls still in flight end uncounted; none starts any more.
+	for _, c := range h.conns {
+		c.mu.Lock()
+		c.stopped = true
+		ended := c.take(func(uint32, *h2Call) bool { return true })
+		c.mu.Unlock()
+		for range ended {
+			wg.Done()
+		}
+	}
+	<-finished
+}
+
+// issue sends call's caller's next request, or ends the caller (wg.Done)
+// when the run is over or the request cannot be sent.
+func (h *h2Caller) issue(ctx context.Context, wg *sync.WaitGroup, call *h2Call) {
+	r := h.r
+	if ctx.Err() != nil || (r.cfg.Requests > 0 && r.issued.Add(1) > r.cfg.Requests) {
+		wg.Done()
+		return
+	}
+	call.key, call.cost = r.pickKey(call.w), r.pickCost(call.w)
+	call.due = time.Now()
+	call.deadline = call.due.Add(r.cfg.Timeout)
+	err := call.marshal(h.message(call.w, call.key, call.cost))
+	if err == nil {
+		_, err = call.conn.send(call, false)
+		if errors.Is(err, errWindow) {
+			// Rare: wait for the server's window on a goroutine of its
+			// own, not on the reader that will receive it.
+			go func() {
+				if _, err := call.conn.send(call, true); err != nil {
+					h.refused(ctx, wg, call, err)
+				}
+			}()
+			return
+		}
+	}
+	if err != nil {
+		h.refused(ctx, wg, call, err)
+	}
+}
+
+// refused ends the caller of call, whose request could not be sent,
+// counting the error unless the run is over.
+func (h *h2Caller) refused(ctx context.Context, wg *sync.WaitGroup, call *h2Call, err error) {
+	if ctx.Err() == nil && !errors.Is(err, errStopped) {
+		h.r.record(call.w, call.key, call.cost, call.due, false, err)
+	}
+	wg.Done()
+}
+
+// sweep ends, with context.DeadlineExceeded, the calls on c that outlive
+// timeout, until stop is closed.
+func (c *h2Conn) sweep(timeout time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(min(max(timeout/8, time.Millisecond), 100*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			c.mu.Lock()
+			ended := c.take(func(_ uint32, call *h2Call) bool { return now.After(call.deadline) })
+			c.mu.Unlock()
+			for _, call := range ended {
+				// The stream's id is not kept; the server's answer, if
+				// it comes, finds no call and is dropped.
+				call.err = context.DeadlineExceeded
+				complete(call)
+			}
+		}
+	}
 }

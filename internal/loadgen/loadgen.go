@@ -449,17 +449,23 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	workers := make([]*worker, cfg.Concurrency)
-	var wg sync.WaitGroup
-	start := time.Now()
 	for i := range workers {
 		w := &worker{rng: rand.New(rand.NewPCG(cfg.Seed, uint64(i)))}
 		if cfg.Zipf {
 			w.zipf = rand.NewZipf(w.rng, cfg.ZipfS, 1, uint64(cfg.Keys-1))
 		}
 		workers[i] = w
-		wg.Go(func() { r.work(ctx, cl, w, i, start) })
 	}
-	wg.Wait()
+	start := time.Now()
+	if h, ok := cl.(*h2Caller); ok && cfg.Rate == 0 {
+		h.loop(ctx, workers, start)
+	} else {
+		var wg sync.WaitGroup
+		for i, w := range workers {
+			wg.Go(func() { r.work(ctx, cl, w, i, start) })
+		}
+		wg.Wait()
+	}
 	elapsed := time.Since(start)
 	return r.report(workers, elapsed, start), nil
 }
@@ -503,25 +509,31 @@ func (r *run) work(ctx context.Context, cl caller, w *worker, idx int, start tim
 		if err != nil && (ctx.Err() != nil || !time.Now().Before(end)) {
 			return // the run ended during the call: not an error of the server
 		}
-		w.hist.record(time.Since(due))
-		r.touched[key].Store(true)
-		switch {
-		case err != nil:
-			w.errs++
-			if len(w.errMsgs) < 5 {
-				w.errMsgs = append(w.errMsgs, err.Error())
-			}
-		case allowed:
-			w.allowed++
-			if cost == 0 && r.cfg.Target == TargetEnvoy {
-				cost = 1 // Envoy's hits_addend 0 means 1
-			}
-			units := cost * int64(max(r.cfg.Batch, 1))
-			w.admitted += units
-			r.perKey[key].Add(units)
-		default:
-			w.denied++
+		r.record(w, key, cost, due, allowed, err)
+	}
+}
+
+// record counts the answer to one request of w for key with cost, sent
+// at due.
+func (r *run) record(w *worker, key int, cost int64, due time.Time, allowed bool, err error) {
+	w.hist.record(time.Since(due))
+	r.touched[key].Store(true)
+	switch {
+	case err != nil:
+		w.errs++
+		if len(w.errMsgs) < 5 {
+			w.errMsgs = append(w.errMsgs, err.Error())
 		}
+	case allowed:
+		w.allowed++
+		if cost == 0 && r.cfg.Target == TargetEnvoy {
+			cost = 1 // Envoy's hits_addend 0 means 1
+		}
+		units := cost * int64(max(r.cfg.Batch, 1))
+		w.admitted += units
+		r.perKey[key].Add(units)
+	default:
+		w.denied++
 	}
 }
 
