@@ -46,12 +46,26 @@ type job struct {
 
 	replayed bool
 	err      error
-	sent     atomic.Bool   // the store call has begun
-	done     chan struct{} // receives one value when the call returns
+	sent     atomic.Bool // the store call has begun
+	// done receives one value: doneFinished when the call returns in time,
+	// or, for a gathered check, why the sweeper gave up on it.
+	done chan uint8
 	// state is jobRunning, then jobFinished (set by the job) or
-	// jobAbandoned (set by its caller), whichever comes first.
+	// jobAbandoned (set by its caller, or by the sweeper for a gathered
+	// check), whichever comes first.
 	state atomic.Int32
+
+	// A gathered check's caller and when it stops waiting (see sweep).
+	ctx     context.Context
+	expires time.Time
 }
+
+// The values a job's done channel receives.
+const (
+	doneFinished uint8 = iota // the call returned: err and out are the caller's
+	doneGaveUp                // the sweeper gave up on it after it was sent
+	doneGaveUpUnsent          // the sweeper gave up on it before it was sent
+)
 
 const (
 	jobRunning int32 = iota
@@ -59,7 +73,7 @@ const (
 	jobAbandoned
 )
 
-var jobPool = sync.Pool{New: func() any { return &job{done: make(chan struct{}, 1)} }}
+var jobPool = sync.Pool{New: func() any { return &job{done: make(chan uint8, 1)} }}
 
 // newJob returns a job of op on copies of reqs, with room for n decisions.
 func (g *Guard) newJob(op uint8, reqs []store.Request, n int) *job {
@@ -80,7 +94,7 @@ func putJob(j *job) {
 	}
 	clear(j.reqs[:cap(j.reqs)])
 	clear(j.keys[:cap(j.keys)])
-	j.once = nil
+	j.once, j.ctx = nil, nil
 	jobPool.Put(j)
 }
 
@@ -114,14 +128,14 @@ func (g *Guard) finish(j *job) {
 		putJob(j) // abandoned: nobody waits for it
 		return
 	}
-	j.done <- struct{}{}
+	j.done <- doneFinished
 }
 
 // run runs j under the breaker and the deadline and, when it returns in
 // time, copies its decisions to out (and its replayed flag to
 // replayed[0]). It consumes j. The caller waits at most until the
 // deadline (its own, or the guard's), plus the scheduling delay of one
-// goroutine waking up.
+// goroutine waking up and, for a gathered check, the sweeper's period.
 func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed ...*bool) error {
 	var done func(error)
 	if g.cb != nil {
@@ -146,63 +160,31 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 	started := time.Now()
 	notSent := false
 	g.stats.storeCalls.Add(1)
-	// The caller stops waiting at the deadline (stop) or when its own
-	// context ends (gone), whichever comes first.
-	var (
-		stop   <-chan time.Time
-		gone   <-chan struct{}
-		cause  func() error
-		cancel = func() {}
-	)
-	if j.op == opCheck && g.gather.max > 0 {
-		// A gathered call has a context of its own, so the caller needs
-		// only a timer, taken from a pool: no context per check.
-		d := g.deadline
-		if dl, ok := ctx.Deadline(); ok {
-			d = min(d, time.Until(dl))
-		}
-		t := getTimer(d)
-		defer putTimer(t)
-		stop, gone, cause = t.C, ctx.Done(), ctx.Err
-		g.gatherJob(j)
-	} else {
-		cctx, c := context.WithTimeout(ctx, g.deadline)
-		gone, cause, cancel = cctx.Done(), cctx.Err, c
-		go g.runJob(cctx, j)
-	}
 	var err error
-	abandon := func(why error) {
-		sent := j.sent.Load() // before the job may be recycled
-		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
-			// The job finishes on its own (its context is cancelled
-			// below, or ends at the gathered call's deadline) and
-			// recycles itself.
+	if j.op == opCheck && g.gather.max > 0 {
+		// A gathered check waits on its job alone; the sweeper ends the
+		// wait at the deadline or when ctx ends, whichever comes first.
+		j.ctx, j.expires = ctx, started.Add(g.deadline)
+		if dl, ok := ctx.Deadline(); ok && dl.Before(j.expires) {
+			j.expires = dl
+		}
+		g.gatherJob(j)
+		switch v := <-j.done; v {
+		case doneFinished:
+			err = j.err
+			copy(out, j.out)
+			putJob(j)
+		default: // the job is no longer ours: it recycles itself
+			why := ctx.Err()
+			if why == nil {
+				why = context.DeadlineExceeded
+			}
 			err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, why)
-			notSent = !sent
-			return
+			notSent = v == doneGaveUpUnsent
 		}
-		<-j.done // it finished at the same instant
-		err = j.err
-		copy(out, j.out)
-		if len(replayed) > 0 {
-			*replayed[0] = j.replayed
-		}
-		putJob(j)
+	} else {
+		err, notSent = g.await(ctx, j, out, replayed...)
 	}
-	select {
-	case <-j.done:
-		err = j.err
-		copy(out, j.out)
-		if len(replayed) > 0 {
-			*replayed[0] = j.replayed
-		}
-		putJob(j)
-	case <-stop:
-		abandon(context.DeadlineExceeded)
-	case <-gone:
-		abandon(cause())
-	}
-	cancel()
 	if err != nil {
 		g.stats.storeErrors.Add(1)
 		if !errors.Is(err, sluice.ErrStoreUnavailable) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
@@ -220,6 +202,35 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 	return err
 }
 
+// await runs j, a job that is not a gathered check, on a goroutine of its
+// own, and waits for it until the deadline or until ctx ends, whichever
+// comes first. On time, it copies j's decisions to out (and its replayed
+// flag to replayed[0]) and recycles j; otherwise it leaves j to recycle
+// itself and reports whether j was sent.
+func (g *Guard) await(ctx context.Context, j *job, out []sluice.Decision, replayed ...*bool) (err error, notSent bool) {
+	cctx, cancel := context.WithTimeout(ctx, g.deadline)
+	defer cancel()
+	go g.runJob(cctx, j)
+	select {
+	case <-j.done:
+	case <-cctx.Done():
+		sent := j.sent.Load() // before the job may be recycled
+		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
+			// The job finishes on its own (its context is cancelled
+			// when await returns) and recycles itself.
+			return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, cctx.Err()), !sent
+		}
+		<-j.done // it finished at the same instant
+	}
+	err = j.err
+	copy(out, j.out)
+	if len(replayed) > 0 {
+		*replayed[0] = j.replayed
+	}
+	putJob(j)
+	return err, false
+}
+
 // DefaultGatherers is Config.Gatherers when it is zero.
 const DefaultGatherers = 2
 
@@ -227,35 +238,94 @@ const DefaultGatherers = 2
 const MaxGathered = 256
 
 // gatherer holds the checks waiting for a store call (see
-// Config.Gatherers).
+// Config.Gatherers). Every job in queue or in an active batch is running
+// or abandoned, never recycled: a job is recycled only once out of both,
+// so the sweeper, which works under mu, never sees a job in its next life.
 type gatherer struct {
-	mu      sync.Mutex
-	queue   []*job
-	running int // gathering goroutines, at most max
-	max     int
+	mu       sync.Mutex
+	queue    []*job
+	active   [][]*job // the batches of the store calls in flight
+	running  int      // gathering goroutines, at most max
+	max      int
+	sweeping bool // a sweeper runs
 }
 
 // gatherJob queues j, an opCheck job, and starts a gathering goroutine
 // when fewer than the maximum run: with the store idle, j has a call of its
-// own at once.
+// own at once. It starts the sweeper when none runs.
 func (g *Guard) gatherJob(j *job) {
 	q := &g.gather
 	q.mu.Lock()
 	q.queue = append(q.queue, j)
-	if q.running < q.max {
+	sweep := !q.sweeping
+	q.sweeping = true
+	gather := q.running < q.max
+	if gather {
 		q.running++
-		q.mu.Unlock()
-		go g.gatherLoop()
-		return
 	}
 	q.mu.Unlock()
+	if sweep {
+		go g.sweep()
+	}
+	if gather {
+		go g.gatherLoop()
+	}
+}
+
+// sweepEvery is how often the sweeper looks for gathered checks whose
+// caller stops waiting: a caller waits at most this much past its
+// deadline, plus scheduling delays.
+func (g *Guard) sweepEvery() time.Duration {
+	return min(max(g.deadline/8, 250*time.Microsecond), 5*time.Millisecond)
+}
+
+// sweep ends the wait of the callers of gathered checks whose deadline
+// passed or whose context ended, until no check is queued or in flight.
+// Their jobs are marked abandoned: a queued one is not sent, and each
+// recycles itself when its call returns. One timer for all the waiting
+// callers costs less than one per check.
+func (g *Guard) sweep() {
+	q := &g.gather
+	t := time.NewTicker(g.sweepEvery())
+	defer t.Stop()
+	for now := range t.C {
+		q.mu.Lock()
+		if len(q.queue) == 0 && len(q.active) == 0 {
+			q.sweeping = false
+			q.mu.Unlock()
+			return
+		}
+		giveUp(q.queue, now)
+		for _, b := range q.active {
+			giveUp(b, now)
+		}
+		q.mu.Unlock()
+	}
+}
+
+// giveUp tells the callers of the jobs of js that are past their deadline,
+// or whose context ended, that they may stop waiting. The gatherer's mu
+// is held.
+func giveUp(js []*job, now time.Time) {
+	for _, j := range js {
+		if j.state.Load() != jobRunning || (now.Before(j.expires) && j.ctx.Err() == nil) {
+			continue
+		}
+		v := doneGaveUp
+		if !j.sent.Load() {
+			v = doneGaveUpUnsent
+		}
+		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
+			j.done <- v
+		}
+	}
 }
 
 // gatherScratch is the scratch space of a gathering goroutine.
 type gatherScratch struct {
-	batch []*job
-	reqs  []store.Request
-	out   []sluice.Decision
+	batch, live []*job
+	reqs        []store.Request
+	out         []sluice.Decision
 }
 
 var gatherPool = sync.Pool{New: func() any { return new(gatherScratch) }}
@@ -264,14 +334,12 @@ var gatherPool = sync.Pool{New: func() any { return new(gatherScratch) }}
 func (g *Guard) gatherLoop() {
 	q := &g.gather
 	sc := gatherPool.Get().(*gatherScratch)
-	batch, reqs, out := sc.batch, sc.reqs, sc.out
 	for {
 		q.mu.Lock()
 		if len(q.queue) == 0 {
 			q.running--
 			q.mu.Unlock()
-			if cap(batch) <= MaxGathered {
-				sc.batch, sc.reqs, sc.out = batch[:0], reqs[:0], out[:0]
+			if cap(sc.batch) <= MaxGathered {
 				gatherPool.Put(sc)
 			}
 			return
@@ -281,85 +349,75 @@ func (g *Guard) gatherLoop() {
 			n += len(q.queue[k].reqs)
 			k++
 		}
-		batch = append(batch[:0], q.queue[:k]...)
+		sc.batch = append(sc.batch[:0], q.queue[:k]...)
 		rest := copy(q.queue, q.queue[k:])
 		clear(q.queue[rest:])
 		q.queue = q.queue[:rest]
+		q.active = append(q.active, sc.batch)
 		q.mu.Unlock()
-		reqs, out = g.execGathered(batch, reqs, out)
-		clear(batch)
+		g.execGathered(sc)
+		clear(sc.batch)
 	}
 }
 
-// execGathered decides the checks of batch in one store call and hands
-// each job back. A job whose caller gave up before the call is not sent:
-// its caller has answered already, so it must not be charged. reqs and out
-// are scratch space, returned for reuse.
-func (g *Guard) execGathered(batch []*job, reqs []store.Request, out []sluice.Decision) ([]store.Request, []sluice.Decision) {
-	live := batch[:0]
-	for _, j := range batch {
-		if j.state.Load() == jobAbandoned {
-			g.finish(j)
-			continue
-		}
-		live = append(live, j)
-	}
-	if len(live) == 0 {
-		return reqs, out
-	}
-	g.stats.gatheredCalls.Add(1)
-	g.stats.gatheredJobs.Add(int64(len(live)))
-	g.obs.Gathered(len(live))
-	ctx, cancel := context.WithTimeout(context.Background(), g.deadline)
-	defer cancel()
-	if len(live) == 1 {
-		g.exec(ctx, live[0]) // marks it sent
-		g.finish(live[0])
-		return reqs, out
-	}
-	reqs = reqs[:0]
-	for _, j := range live {
-		j.sent.Store(true)
-		reqs = append(reqs, j.reqs...)
-	}
-	out = grow(out, len(reqs))
-	err := g.inner.Check(ctx, reqs, out)
-	if err != nil && !errors.Is(err, sluice.ErrStoreUnavailable) {
-		// One invalid request fails the whole call: decide each job on
-		// its own, so that the error is only its own.
-		for _, j := range live {
-			g.exec(ctx, j)
-			g.finish(j)
-		}
-	} else {
-		off := 0
-		for _, j := range live {
-			n := len(j.reqs)
-			copy(j.out, out[off:off+n])
-			j.err = err
-			off += n
-			g.finish(j)
+// execGathered decides the checks of sc.batch, an active batch, in one
+// store call and hands each job back. A job whose caller gave up before
+// the call is not sent: its caller has answered already, so it must not be
+// charged. The batch leaves the active ones before any of its jobs is
+// handed back or recycled.
+func (g *Guard) execGathered(sc *gatherScratch) {
+	sc.live = sc.live[:0]
+	sc.reqs = sc.reqs[:0]
+	for _, j := range sc.batch {
+		if j.state.Load() != jobAbandoned {
+			j.sent.Store(true)
+			sc.live = append(sc.live, j)
+			sc.reqs = append(sc.reqs, j.reqs...)
 		}
 	}
-	clear(reqs) // drop the references to keys and params
-	return reqs[:0], out
-}
-
-// timerPool holds stopped timers for the callers of gathered checks.
-var timerPool sync.Pool
-
-// getTimer returns a timer that fires after d.
-func getTimer(d time.Duration) *time.Timer {
-	if t, ok := timerPool.Get().(*time.Timer); ok {
-		t.Reset(d)
-		return t
+	var err error
+	if len(sc.live) > 0 {
+		g.stats.gatheredCalls.Add(1)
+		g.stats.gatheredJobs.Add(int64(len(sc.live)))
+		g.obs.Gathered(len(sc.live))
+		ctx, cancel := context.WithTimeout(context.Background(), g.deadline)
+		if len(sc.live) == 1 {
+			j := sc.live[0]
+			j.err = g.inner.Check(ctx, j.reqs, j.out)
+		} else {
+			sc.out = grow(sc.out, len(sc.reqs))
+			err = g.inner.Check(ctx, sc.reqs, sc.out)
+			if err != nil && !errors.Is(err, sluice.ErrStoreUnavailable) {
+				// One invalid request fails the whole call: decide each
+				// job on its own, so that the error is only its own.
+				for _, j := range sc.live {
+					j.err = g.inner.Check(ctx, j.reqs, j.out)
+				}
+			} else {
+				off := 0
+				for _, j := range sc.live {
+					n := len(j.reqs)
+					copy(j.out, sc.out[off:off+n])
+					j.err = err
+					off += n
+				}
+			}
+		}
+		cancel()
+		clear(sc.reqs) // drop the references to keys and params
 	}
-	return time.NewTimer(d)
-}
-
-// putTimer stops t and pools it. Since Go 1.23 a stopped timer's channel
-// holds no stale value, so the next Reset starts clean.
-func putTimer(t *time.Timer) {
-	t.Stop()
-	timerPool.Put(t)
+	q := &g.gather
+	q.mu.Lock()
+	for i, b := range q.active {
+		if &b[0] == &sc.batch[0] {
+			last := len(q.active) - 1
+			q.active[i], q.active[last] = q.active[last], nil
+			q.active = q.active[:last]
+			break
+		}
+	}
+	q.mu.Unlock()
+	for _, j := range sc.batch {
+		g.finish(j) // hands a live job back; recycles an abandoned one
+	}
 }

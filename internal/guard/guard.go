@@ -32,9 +32,10 @@
 // reach the store, through the deadline and the breaker.
 //
 // A Guard is safe for concurrent use. It owns one background goroutine
-// when the hot-key tier is on, which Close stops, and one goroutine per
-// store call in flight, which ends when the store returns. It never
-// closes the store it wraps.
+// when the hot-key tier is on, which Close stops; one goroutine per store
+// call in flight (for gathered checks, per gathering call), which ends
+// when the store returns; and, while gathered checks wait, a sweeper that
+// ends their wait at their deadline. It never closes the store it wraps.
 package guard
 
 import (
