@@ -62,9 +62,9 @@ type job struct {
 
 // The values a job's done channel receives.
 const (
-	doneFinished uint8 = iota // the call returned: err and out are the caller's
-	doneGaveUp                // the sweeper gave up on it after it was sent
-	doneGaveUpUnsent          // the sweeper gave up on it before it was sent
+	doneFinished     uint8 = iota // the call returned: err and out are the caller's
+	doneGaveUp                    // the sweeper gave up on it after it was sent
+	doneGaveUpUnsent              // the sweeper gave up on it before it was sent
 )
 
 const (
