@@ -1076,10 +1076,11 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		}
 	}
 	p := e.policy.Load()
-	limits := make([]*policy.EnvoyLimit, len(descs))
+	var lbuf [4]*policy.EnvoyLimit // the common case, without an allocation
+	limits := lbuf[:0]
 	var replaced map[string]bool
 	for i := range descs {
-		limits[i] = p.EnvoyLimit(domain, descs[i].Entries)
+		limits = append(limits, p.EnvoyLimit(domain, descs[i].Entries))
 		if l := limits[i]; l != nil && len(l.Replaces) > 0 {
 			if replaced == nil {
 				replaced = map[string]bool{}
@@ -1091,8 +1092,10 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 	}
 	statuses = make([]DescriptorStatus, len(descs))
 	type ref struct{ desc, item int }
-	var refs []ref
-	var items []item
+	var rbuf [4]ref
+	refs := rbuf[:0]
+	s := e.getScratch()
+	defer e.putScratch(s)
 	for i, l := range limits {
 		if l == nil || (l.Name != "" && replaced[l.Name]) {
 			continue
@@ -1108,17 +1111,14 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		if hits == 0 {
 			hits = 1
 		}
-		key := string(l.AppendKey(nil, descs[i].Entries))
-		items = append(items, item{params: &l.Limit.Params[PriorityNormal], mode: policy.FailOpen,
-			shadow: l.Shadow, cost: int64(hits), key: key, limit: l.Limit})
-		refs = append(refs, ref{i, len(items) - 1})
+		s.keys = l.AppendKey(s.keys[:0], descs[i].Entries)
+		s.items = append(s.items, item{params: &l.Limit.Params[PriorityNormal], mode: policy.FailOpen,
+			shadow: l.Shadow, cost: int64(hits), key: string(s.keys), limit: l.Limit})
+		refs = append(refs, ref{i, len(s.items) - 1})
 	}
-	if len(items) == 0 {
+	if len(s.items) == 0 {
 		return statuses, false, nil
 	}
-	s := e.getScratch()
-	defer e.putScratch(s)
-	s.items = append(s.items, items...)
 	e.run(ctx, s, time.Time{}, true)
 	for _, r := range refs {
 		it := &s.items[r.item]

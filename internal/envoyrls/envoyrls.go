@@ -176,21 +176,46 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if len(statuses) != len(descs) {
 		return nil, status.Errorf(codes.Internal, "envoyrls: %d statuses for %d descriptors", len(statuses), len(descs))
 	}
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(statuses)),
+	var resp *rlsv3.RateLimitResponse
+	if len(statuses) == 1 {
+		// The common answer, in one allocation.
+		b := new(oneStatus)
+		b.st[0] = b.status.fill(&statuses[0])
+		b.resp.Statuses = b.st[:]
+		resp = &b.resp
+	} else {
+		resp = &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(statuses))}
+		for i := range statuses {
+			resp.Statuses[i] = new(statusBlock).fill(&statuses[i])
+		}
 	}
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	if over {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-	}
-	for i := range statuses {
-		resp.Statuses[i] = descriptorStatus(&statuses[i])
 	}
 	return resp, nil
 }
 
-func descriptorStatus(st *engine.DescriptorStatus) *rlsv3.RateLimitResponse_DescriptorStatus {
-	ds := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+// oneStatus is a response with one descriptor status, allocated at once.
+type oneStatus struct {
+	resp   rlsv3.RateLimitResponse
+	st     [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	status statusBlock
+}
+
+// statusBlock is a descriptor status and the messages it points to,
+// allocated at once.
+type statusBlock struct {
+	ds    rlsv3.RateLimitResponse_DescriptorStatus
+	limit rlsv3.RateLimitResponse_RateLimit
+	reset durationpb.Duration
+	mult  wrapperspb.UInt32Value
+}
+
+// fill makes b's status that of st and returns it.
+func (b *statusBlock) fill(st *engine.DescriptorStatus) *rlsv3.RateLimitResponse_DescriptorStatus {
+	ds := &b.ds
+	ds.Code = rlsv3.RateLimitResponse_OK
 	if st.OverLimit {
 		ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
@@ -203,16 +228,16 @@ func descriptorStatus(st *engine.DescriptorStatus) *rlsv3.RateLimitResponse_Desc
 		return ds
 	}
 	unit, mult := envoyUnit(st.Unit)
-	ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
-		Name:            st.Rule,
-		RequestsPerUnit: clampU32(st.Limit),
-		Unit:            unit,
-	}
+	b.limit.Name, b.limit.RequestsPerUnit, b.limit.Unit = st.Rule, clampU32(st.Limit), unit
 	if mult > 1 {
-		ds.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(mult)
+		b.mult.Value = mult
+		b.limit.UnitMultiplier = &b.mult
 	}
+	ds.CurrentLimit = &b.limit
 	ds.LimitRemaining = clampU32(st.Remaining)
-	ds.DurationUntilReset = durationpb.New(st.DurationUntilReset)
+	ns := st.DurationUntilReset.Nanoseconds()
+	b.reset.Seconds, b.reset.Nanos = ns/1e9, int32(ns%1e9)
+	ds.DurationUntilReset = &b.reset
 	return ds
 }
 
