@@ -14,7 +14,10 @@
 #
 # Environment: STORE (default memory://), DURATION (10s), CONCURRENCY (64),
 # KEYS (1000), TARGETS ("http grpc envoy"), BATCH (10; 0 skips the batch
-# runs), GRPC_CLIENT (h2, the load generator's own; grpc-go), PORT (base port, default 18180: sluice on PORT and PORT+1, the
+# runs), GRPC_CLIENT (h2, the load generator's own; grpc-go), THREADS (the load
+# generator's --threads on the gRPC and Envoy targets, default 1; 0: one per core),
+# SERVER_PROCS (GOMAXPROCS of both servers; empty: Go's default, one per core),
+# PORT (base port, default 18180: sluice on PORT and PORT+1, the
 # reference on PORT+10 and PORT+11). Loopback only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +29,8 @@ TARGETS=${TARGETS:-http grpc envoy}
 BATCH=${BATCH:-10}
 PORT=${PORT:-18180}
 GRPC_CLIENT=${GRPC_CLIENT:-h2}
+THREADS=${THREADS:-1}
+SERVER_PROCS=${SERVER_PROCS:-}
 mkdir -p bin
 go build -o bin/sluice ./cmd/sluice
 go build -o bin/noop ./internal/loadgen/noop
@@ -40,10 +45,11 @@ fi
 redis_calls() { # total commands executed, excluding INFO itself
   redis-cli -u "$STORE" info commandstats | awk -F'[:=,]' '/^cmdstat_/ && $1 != "cmdstat_info" {n += $3} END {print n+0}'
 }
-bin/sluice serve --config examples/load.yaml --store "$STORE" --log-level warn \
+procs=(); [ -n "$SERVER_PROCS" ] && procs=(GOMAXPROCS="$SERVER_PROCS")
+env "${procs[@]}" bin/sluice serve --config examples/load.yaml --store "$STORE" --log-level warn \
   --http-addr 127.0.0.1:$PORT --grpc-addr 127.0.0.1:$((PORT+1)) 2>"$out/serve.log" &
 SP=$!
-bin/noop --http-addr 127.0.0.1:$((PORT+10)) --grpc-addr 127.0.0.1:$((PORT+11)) 2>"$out/noop.log" &
+env "${procs[@]}" bin/noop --http-addr 127.0.0.1:$((PORT+10)) --grpc-addr 127.0.0.1:$((PORT+11)) 2>"$out/noop.log" &
 NP=$!
 trap 'kill $SP $NP $RP 2>/dev/null; wait $SP $NP $RP 2>/dev/null; rm -rf "$out"' EXIT
 sleep 1
@@ -54,8 +60,9 @@ run() { # name pid target addr [extra flags]
   local name=$1 pid=$2 t=$3 a=$4; shift 4
   local c0; c0=$(cpu $pid)
   local r0=0; case "$STORE:$name" in redis*:sluice*) r0=$(redis_calls);; esac
+  local threads=0; [ "$t" != http ] && threads=$THREADS
   bin/sluice load --target $t --addr $a --duration $DURATION --concurrency $CONCURRENCY \
-    --keys $KEYS --domain load --grpc-client $GRPC_CLIENT --json "$@" >"$out/$name.json" || true
+    --keys $KEYS --domain load --grpc-client $GRPC_CLIENT --threads $threads --json "$@" >"$out/$name.json" || true
   local c1; c1=$(cpu $pid)
   local r1=0; case "$STORE:$name" in redis*:sluice*) r1=$(redis_calls);; esac
   python3 - "$out/$name.json" "$name" $(( c1 - c0 )) $tck $(( r1 - r0 )) <<'PY'
@@ -69,7 +76,7 @@ print("%-20s %7.0f req/s %8.0f checks/s  p50 %5.2f  p90 %5.2f  p99 %5.2f  p999 %
          r["allowed"], r["denied"], r["errors"], cpu_us, extra))
 PY
 }
-echo "store $(echo "$STORE" | sed 's|//[^@]*@|//|'), gRPC client $GRPC_CLIENT, $CONCURRENCY callers, $KEYS keys, $DURATION per run; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "store $(echo "$STORE" | sed 's|//[^@]*@|//|'), gRPC client $GRPC_CLIENT ($THREADS threads), servers' GOMAXPROCS ${SERVER_PROCS:-default}, $CONCURRENCY callers, $KEYS keys, $DURATION per run; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for t in $TARGETS; do
   p=$((PORT+1)); np=$((PORT+11))
   if [ "$t" = http ]; then p=$PORT; np=$((PORT+10)); fi

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
 	"time"
@@ -60,6 +61,7 @@ Flags:
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the key and cost draws")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file")
+	threads := fs.Int("threads", 0, "OS threads running the load generator's Go code (GOMAXPROCS); 0: Go's default, one per core. Beside the server on one machine, 1 leaves it the other cores: over gRPC in a closed loop one thread drives every caller")
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set (the generator's own CPU per request falls by about a quarter at 400)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -78,6 +80,13 @@ Flags:
 		if cfg.Target != loadgen.TargetHTTP {
 			cfg.Addr = "127.0.0.1:8081"
 		}
+	}
+	if *threads < 0 {
+		fmt.Fprintf(stderr, "sluice load: --threads: %d is negative\n", *threads)
+		return 2
+	}
+	if *threads > 0 {
+		runtime.GOMAXPROCS(*threads)
 	}
 	if getenv("GOGC") == "" && *gcPercent > 0 {
 		debug.SetGCPercent(*gcPercent)

@@ -42,7 +42,7 @@ func TestLoadCommand(t *testing.T) {
 	if code := run([]string{"load", "--target", "grpc", "--addr", d.GRPCAddr(), "--requests", "10", "--concurrency", "1"}, &out, &errOut, noEnv); code != 0 || !strings.Contains(out.String(), "p99") {
 		t.Errorf("grpc text report: exit %d: %s %s", code, out.String(), errOut.String())
 	}
-	for _, bad := range [][]string{{"load", "--costs", "x"}, {"load", "--target", "smtp"}, {"load", "extra"}} {
+	for _, bad := range [][]string{{"load", "--costs", "x"}, {"load", "--target", "smtp"}, {"load", "extra"}, {"load", "--threads", "-1"}} {
 		if code := run(bad, &out, &errOut, noEnv); code != 2 {
 			t.Errorf("run(%q) = %d, want 2", bad, code)
 		}
