@@ -285,7 +285,7 @@ func (c *h2Conn) send(call *h2Call, wait bool) (uint32, error) {
 	req := call.req
 	// Take the connection's window for the request's DATA.
 	c.mu.Lock()
-	for wait && c.err == nil && c.sendWin < int64(len(req)) {
+	for wait && c.err == nil && !(c.stopped && call.then != nil) && c.sendWin < int64(len(req)) {
 		c.cond.Wait()
 	}
 	switch {
@@ -293,6 +293,9 @@ func (c *h2Conn) send(call *h2Call, wait bool) (uint32, error) {
 		err := c.err
 		c.mu.Unlock()
 		return 0, err
+	case c.stopped && call.then != nil:
+		c.mu.Unlock()
+		return 0, errStopped
 	case c.sendWin < int64(len(req)):
 		c.mu.Unlock()
 		return 0, errWindow
@@ -603,6 +606,7 @@ func (h *h2Caller) loop(ctx context.Context, workers []*worker, start time.Time)
 		c.mu.Lock()
 		c.stopped = true
 		ended := c.take(func(uint32, *h2Call) bool { return true })
+		c.cond.Broadcast() // a caller waiting for the server's window stops
 		c.mu.Unlock()
 		for range ended {
 			wg.Done()
