@@ -356,7 +356,8 @@ func (g *Guard) gatherLoop() {
 		q.active = append(q.active, sc.batch)
 		q.mu.Unlock()
 		g.execGathered(sc)
-		clear(sc.batch)
+		clear(sc.batch) // the jobs are recycled
+		clear(sc.live)
 	}
 }
 
