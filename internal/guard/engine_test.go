@@ -66,8 +66,11 @@ rules:
 		t.Errorf("no check of a key checked 2000 times was decided by the hot-key tier")
 	}
 	t.Logf("%d of 2000 checks decided by the hot-key tier", hot)
-	if obs.olc.Load() != 2 || obs.entries.Load() != 1 || obs.detected.Load() != 1 || obs.hot.Load() != 1 || obs.syncs.Load() == 0 {
-		t.Errorf("observer: %d over-limit hits (want 2), %d keys detected (want 1), %d hot (want 1), %d syncs",
+	// The key may be detected more than once: on a loaded machine (the
+	// race detector, other test packages) a detection window can see it
+	// checked too few times, and it leaves the tier until the next.
+	if obs.olc.Load() != 2 || obs.entries.Load() != 1 || obs.detected.Load() < 1 || obs.hot.Load() != 1 || obs.syncs.Load() == 0 {
+		t.Errorf("observer: %d over-limit hits (want 2), %d keys detected (want at least 1), %d hot (want 1), %d syncs",
 			obs.olc.Load(), obs.detected.Load(), obs.hot.Load(), obs.syncs.Load())
 	}
 
