@@ -95,7 +95,7 @@ type Config struct {
 	// at once. Checks (Store.Check) that arrive while that many calls are
 	// with the store wait, and the next call takes them all (up to
 	// MaxGathered requests): under load, one call decides many checks, and
-	// a Redis store sends their scripts in one write. Zero means
+	// a Redis store decides them in one script call per node. Zero means
 	// DefaultGatherers; a negative number gives every check a call of its
 	// own.
 	Gatherers int

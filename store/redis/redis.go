@@ -3,8 +3,11 @@
 //
 // # One round trip, one atomic step
 //
-// Every call is decided by one Lua script (check.lua, embedded) that holds
-// all six algorithms, ported integer for integer from package algorithm.
+// Every call is decided by Lua scripts (embedded) that hold the
+// algorithms, ported integer for integer from package algorithm:
+// check.lua holds all six and decides batches, all-or-nothing checks and
+// idempotency records; checkeach.lua decides independent checks of the
+// five three-integer algorithms, one or many per call.
 // The script is called with EVALSHA; after a SCRIPT FLUSH or a restart the
 // server answers NOSCRIPT and the call is sent once more with EVAL, which
 // loads it again. A batch of requests whose keys live on one node is one
