@@ -55,8 +55,9 @@ type job struct {
 	// check), whichever comes first.
 	state atomic.Int32
 
-	// A gathered check's caller and when it stops waiting (see sweep).
-	ctx     context.Context
+	// When a gathered check's caller stops waiting (see sweep): at
+	// expires, or when gone (its context's Done) is closed.
+	gone    <-chan struct{}
 	expires time.Time
 }
 
@@ -94,7 +95,7 @@ func putJob(j *job) {
 	}
 	clear(j.reqs[:cap(j.reqs)])
 	clear(j.keys[:cap(j.keys)])
-	j.once, j.ctx = nil, nil
+	j.once, j.gone = nil, nil
 	jobPool.Put(j)
 }
 
@@ -164,7 +165,7 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 	if j.op == opCheck && g.gather.max > 0 {
 		// A gathered check waits on its job alone; the sweeper ends the
 		// wait at the deadline or when ctx ends, whichever comes first.
-		j.ctx, j.expires = ctx, started.Add(g.deadline)
+		j.gone, j.expires = ctx.Done(), started.Add(g.deadline)
 		if dl, ok := ctx.Deadline(); ok && dl.Before(j.expires) {
 			j.expires = dl
 		}
@@ -308,7 +309,7 @@ func (g *Guard) sweep() {
 // is held.
 func giveUp(js []*job, now time.Time) {
 	for _, j := range js {
-		if j.state.Load() != jobRunning || (now.Before(j.expires) && j.ctx.Err() == nil) {
+		if j.state.Load() != jobRunning || (now.Before(j.expires) && !closed(j.gone)) {
 			continue
 		}
 		v := doneGaveUp
@@ -318,6 +319,17 @@ func giveUp(js []*job, now time.Time) {
 		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
 			j.done <- v
 		}
+	}
+}
+
+// closed reports whether c is closed; a nil c (a context that never ends)
+// never is.
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
