@@ -380,44 +380,23 @@ func (g *Guard) gatherLoop() {
 // handed back or recycled.
 func (g *Guard) execGathered(sc *gatherScratch) {
 	sc.live = sc.live[:0]
-	sc.reqs = sc.reqs[:0]
 	for _, j := range sc.batch {
 		if j.state.Load() != jobAbandoned {
 			j.sent.Store(true)
 			sc.live = append(sc.live, j)
-			sc.reqs = append(sc.reqs, j.reqs...)
 		}
 	}
-	var err error
 	if len(sc.live) > 0 {
 		g.stats.gatheredCalls.Add(1)
 		g.stats.gatheredJobs.Add(int64(len(sc.live)))
 		g.obs.Gathered(len(sc.live))
 		ctx, cancel := context.WithTimeout(context.Background(), g.deadline)
 		if len(sc.live) == 1 {
-			j := sc.live[0]
-			j.err = g.inner.Check(ctx, j.reqs, j.out)
+			g.exec(ctx, sc.live[0])
 		} else {
-			sc.out = grow(sc.out, len(sc.reqs))
-			err = g.inner.Check(ctx, sc.reqs, sc.out)
-			if err != nil && !errors.Is(err, sluice.ErrStoreUnavailable) {
-				// One invalid request fails the whole call: decide each
-				// job on its own, so that the error is only its own.
-				for _, j := range sc.live {
-					j.err = g.inner.Check(ctx, j.reqs, j.out)
-				}
-			} else {
-				off := 0
-				for _, j := range sc.live {
-					n := len(j.reqs)
-					copy(j.out, sc.out[off:off+n])
-					j.err = err
-					off += n
-				}
-			}
+			g.checkGathered(ctx, sc)
 		}
 		cancel()
-		clear(sc.reqs) // drop the references to keys and params
 	}
 	q := &g.gather
 	q.mu.Lock()
@@ -432,5 +411,31 @@ func (g *Guard) execGathered(sc *gatherScratch) {
 	q.mu.Unlock()
 	for _, j := range sc.batch {
 		g.finish(j) // hands a live job back; recycles an abandoned one
+	}
+}
+
+// checkGathered decides the jobs of sc.live, several, in one store call.
+func (g *Guard) checkGathered(ctx context.Context, sc *gatherScratch) {
+	sc.reqs = sc.reqs[:0]
+	for _, j := range sc.live {
+		sc.reqs = append(sc.reqs, j.reqs...)
+	}
+	sc.out = grow(sc.out, len(sc.reqs))
+	err := g.inner.Check(ctx, sc.reqs, sc.out)
+	clear(sc.reqs) // drop the references to keys and params
+	if err != nil && !errors.Is(err, sluice.ErrStoreUnavailable) {
+		// One invalid request fails the whole call: decide each job on
+		// its own, so that the error is only its own.
+		for _, j := range sc.live {
+			g.exec(ctx, j)
+		}
+		return
+	}
+	off := 0
+	for _, j := range sc.live {
+		n := len(j.reqs)
+		copy(j.out, sc.out[off:off+n])
+		j.err = err
+		off += n
 	}
 }

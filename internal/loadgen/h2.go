@@ -528,7 +528,11 @@ func (h *h2Caller) call(ctx context.Context, w *worker, key int, cost int64) (bo
 	if w.h2 == nil {
 		w.h2 = newH2Call()
 	}
-	return h.verdict(c.call(ctx, w.h2, h.message(w, key, cost)))
+	v, err := c.call(ctx, w.h2, h.message(w, key, cost))
+	if err != nil && ctx.Err() != nil {
+		w.h2 = nil // the reader may still hold the abandoned call
+	}
+	return h.verdict(v, err)
 }
 
 // message returns w's request for key with cost.
@@ -578,13 +582,12 @@ func (h *h2Caller) loop(ctx context.Context, workers []*worker, start time.Time)
 		if errors.Is(err, context.DeadlineExceeded) {
 			// The reader may still hold the abandoned call: go on with
 			// a new one.
-			call = &h2Call{done: call.done, then: then, w: call.w, conn: call.conn}
+			call = &h2Call{then: then, w: call.w, conn: call.conn}
 		}
 		h.issue(ctx, &wg, call)
 	}
 	for i, w := range workers {
-		call := newH2Call()
-		call.then, call.w, call.conn = then, w, h.conns[i%len(h.conns)]
+		call := &h2Call{then: then, w: w, conn: h.conns[i%len(h.conns)]}
 		wg.Add(1)
 		h.issue(ctx, &wg, call)
 	}

@@ -13,8 +13,9 @@
 // package's own (see h2Conn) unless Config.GRPCClient asks for grpc-go's:
 // on a small machine a load generator that costs as much CPU per call as
 // the server it measures halves what it can show. The lean client does not
-// reconnect: when the server closes the connection, the rest of the run's
-// calls fail and are counted as errors.
+// reconnect: when the server closes the connection, the calls on it fail
+// and are counted as errors; in a closed loop their callers then stop, and
+// the run ends when every caller has.
 //
 // In fixed-rate mode each caller sends on its own schedule and latency is
 // measured from the instant a request was due, not from when it was sent,
