@@ -1,8 +1,8 @@
 // Package redistest starts real redis-server processes for tests: a
 // standalone server, or a Redis Cluster of three or more masters, optionally
-// with replicas. Every server listens on 127.0.0.1 on a free port (never
-// 6379), keeps its files in t.TempDir(), persists nothing, and is stopped by
-// t.Cleanup.
+// with replicas. Every server listens on 127.0.0.1 on a free port below the
+// system's ephemeral range (never 6379), keeps its files in t.TempDir(),
+// persists nothing, and is stopped by t.Cleanup.
 //
 // The package needs redis-server and redis-cli on PATH. When they are
 // missing the test fails with a message naming the package to install
@@ -133,10 +133,19 @@ func start(t testing.TB, extra []string) *Server {
 }
 
 // freePort returns a port p such that p and p+10000 (the cluster bus) are
-// both free now. It avoids the standard ports.
+// both free now. Both lie below the system's ephemeral port range where it
+// leaves room (and above the standard ports of Redis, PostgreSQL and NATS):
+// a client that keeps dialing a killed server's port from an ephemeral port
+// could otherwise connect to itself on that very port (TCP simultaneous
+// open), or hold it as its own end of a connection, and the server could
+// not come back.
 func freePort() (int, error) {
+	lo, n := 10000, ephemeralLow()-10000-10000
+	if n < 1000 { // no room below the range: take any
+		lo, n = 20000, 30000
+	}
 	for i := 0; i < 100; i++ {
-		p := 20000 + rand.IntN(30000)
+		p := lo + rand.IntN(n)
 		l1, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 		if err != nil {
 			continue
@@ -150,6 +159,24 @@ func freePort() (int, error) {
 		return p, nil
 	}
 	return 0, errors.New("no free port pair found")
+}
+
+// ephemeralLow returns the first port of the system's ephemeral range: from
+// Linux's ip_local_port_range, or IANA's 49152 elsewhere.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 49152
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 49152
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 49152
+	}
+	return lo
 }
 
 // launch starts the process; the server's lock need not be held.
@@ -214,10 +241,13 @@ func (s *Server) Restart() error {
 			return err
 		}
 		err := s.waitPing(startTimeout)
-		if err == nil || try == restartTries {
+		if err == nil {
+			return nil
+		}
+		s.Kill() // stopped again, as Restart found it
+		if try == restartTries {
 			return err
 		}
-		s.Kill()
 		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -44,3 +44,22 @@ func TestStartCluster(t *testing.T) {
 		t.Fatalf("CLUSTER INFO: %v\n%s", err, info)
 	}
 }
+
+// TestFreePortBelowEphemeralRange checks that a server's port and its
+// cluster bus port lie below the ephemeral range, where a client dialing a
+// killed server cannot take the port as its own end.
+func TestFreePortBelowEphemeralRange(t *testing.T) {
+	low := ephemeralLow()
+	if low-20000 < 1000 {
+		t.Skipf("ephemeral range starts at %d: no room below it", low)
+	}
+	for range 50 {
+		p, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p < 10000 || p+10000 >= low {
+			t.Fatalf("port %d (bus %d) is not in [10000, %d)", p, p+10000, low)
+		}
+	}
+}
