@@ -707,10 +707,15 @@ func TestConcurrentChecksExact(t *testing.T) {
 
 // admitConcurrently sends n checks of client on /api/limited, spread in
 // turn over ds, at most par at a time, and returns how many were admitted.
+// The test fails when an admission was not the store's (a failure mode
+// applied): the count would not be the limit's.
 func admitConcurrently(t *testing.T, ds []*testDaemon, client string, n, par int) int64 {
 	t.Helper()
-	var allowed atomic.Int64
-	var wg sync.WaitGroup
+	var (
+		mu      sync.Mutex
+		sources = map[string]int{}
+		wg      sync.WaitGroup
+	)
 	tr := &http.Transport{MaxIdleConnsPerHost: par}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr}
@@ -725,13 +730,29 @@ func admitConcurrently(t *testing.T, ds []*testDaemon, client string, n, par int
 				t.Error(err)
 				return
 			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				allowed.Add(1)
+			var got struct {
+				Source string `json:"source"`
 			}
+			err = json.NewDecoder(resp.Body).Decode(&got)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				return
+			}
+			if err != nil {
+				t.Errorf("admitted check: %v", err)
+			}
+			mu.Lock()
+			sources[got.Source]++
+			mu.Unlock()
 		})
 	}
 	wg.Wait()
-	return allowed.Load()
+	allowed := 0
+	for src, k := range sources {
+		allowed += k
+		if src != "store" {
+			t.Errorf("%d checks admitted by %q, not by the store", k, src)
+		}
+	}
+	return int64(allowed)
 }

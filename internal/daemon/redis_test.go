@@ -1,6 +1,7 @@
 package daemon_test
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +29,13 @@ func TestRedisSharedAcrossDaemons(t *testing.T) {
 			// A long store deadline: this test is about exact counts, and
 			// under -race on a busy machine a call may take longer than
 			// the default 5ms (the guard would then fail open).
-			withRedis := func(c *daemon.Config) { c.StoreURL = storeURL; c.Guard.Deadline = time.Second }
+			// Warnings (a failed warm-up, the breaker) go to the test's
+			// output: they say why a check did not reach the store.
+			withRedis := func(c *daemon.Config) {
+				c.StoreURL = storeURL
+				c.Guard.Deadline = 5 * time.Second
+				c.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+			}
 			ds := []*testDaemon{start(t, policy, withRedis), start(t, policy, withRedis)}
 			if got := admitConcurrently(t, ds, "shared", 150, 16); got != 60 {
 				t.Errorf("two daemons admitted %d of 150, want exactly 60", got)
