@@ -37,6 +37,12 @@ func TestRedisSharedAcrossDaemons(t *testing.T) {
 				c.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 			}
 			ds := []*testDaemon{start(t, policy, withRedis), start(t, policy, withRedis)}
+			// The burst starts once each daemon's store answers a read of
+			// the key: a cluster just formed may still refuse a slot for
+			// a moment, and a refused check fails open.
+			for _, d := range ds {
+				waitStoreAnswers(t, d, "shared", "/api/limited")
+			}
 			if got := admitConcurrently(t, ds, "shared", 150, 16); got != 60 {
 				t.Errorf("two daemons admitted %d of 150, want exactly 60", got)
 			}
@@ -57,5 +63,24 @@ func TestRedisURLErrors(t *testing.T) {
 		if strings.Contains(err.Error(), "secret") {
 			t.Errorf("error shows the password: %v", err)
 		}
+	}
+}
+
+// waitStoreAnswers waits, up to 10 s, until td's store answers a read of
+// clientID's limits on resource (GET /api/v1/status, which charges
+// nothing).
+func waitStoreAnswers(t *testing.T, td *testDaemon, clientID, resource string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r := get(t, td.base+"/api/v1/status/"+clientID+"?resource="+resource)
+		if r.status == 200 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the store did not answer a status read in 10 s: %d %s", r.status, r.raw)
+		}
+		t.Logf("status read: %d %s; trying again", r.status, r.raw)
+		time.Sleep(50 * time.Millisecond)
 	}
 }
