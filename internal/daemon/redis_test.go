@@ -37,9 +37,9 @@ func TestRedisSharedAcrossDaemons(t *testing.T) {
 				c.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 			}
 			ds := []*testDaemon{start(t, policy, withRedis), start(t, policy, withRedis)}
-			// The burst starts once each daemon's store answers a read of
-			// the key: a cluster just formed may still refuse a slot for
-			// a moment, and a refused check fails open.
+			// The burst starts once each daemon's store has answered a
+			// read of the key: the counts then test the sharing, not the
+			// store's first moments (a check it refuses fails open).
 			for _, d := range ds {
 				waitStoreAnswers(t, d, "shared", "/api/limited")
 			}
