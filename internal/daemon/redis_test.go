@@ -71,16 +71,11 @@ func TestRedisURLErrors(t *testing.T) {
 // nothing).
 func waitStoreAnswers(t *testing.T, td *testDaemon, clientID, resource string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		r := get(t, td.base+"/api/v1/status/"+clientID+"?resource="+resource)
-		if r.status == 200 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the store did not answer a status read in 10 s: %d %s", r.status, r.raw)
-		}
-		t.Logf("status read: %d %s; trying again", r.status, r.raw)
-		time.Sleep(50 * time.Millisecond)
+	var last *response
+	if _, ok := waitFor(10*time.Second, func() bool {
+		last = get(t, td.base+"/api/v1/status/"+clientID+"?resource="+resource)
+		return last.status == 200
+	}); !ok {
+		t.Fatalf("the store did not answer a status read in 10 s: %d %s", last.status, last.raw)
 	}
 }
