@@ -1007,8 +1007,13 @@ func (e *Engine) Reset(ctx context.Context, c *Check) error {
 // Descriptor is one Envoy rate-limit descriptor: an ordered list of
 // key/value entries, with an optional per-descriptor hits addend.
 type Descriptor struct {
-	Entries    []DescriptorEntry
-	HitsAddend uint64 // 0: use the request's addend
+	Entries []DescriptorEntry
+	// HitsAddend is what the descriptor is charged, in place of the
+	// request's addend, when HitsSet is true; 0 then decides it without
+	// consuming anything. It is ignored when HitsSet is false.
+	HitsAddend uint64
+	// HitsSet reports that the descriptor carries its own HitsAddend.
+	HitsSet bool
 }
 
 // DescriptorEntry is one key/value pair of a Descriptor.
@@ -1035,8 +1040,9 @@ type DescriptorStatus struct {
 }
 
 // ShouldRateLimit decides Envoy descriptors for domain, each charged
-// hitsAddend (0 means 1) unless the descriptor has its own. overLimit is true
-// when any descriptor is over its limit.
+// hitsAddend (0 means 1) unless the descriptor sets its own (HitsSet),
+// which may be 0: the descriptor is then decided without being charged.
+// overLimit is true when any descriptor is over its limit.
 //
 // The descriptors are matched as envoyproxy/ratelimit does (see
 // policy.Policy.EnvoyLimit), `replaces` drops the limits it names, and the
@@ -1104,12 +1110,9 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 			statuses[i] = DescriptorStatus{Remaining: math.MaxUint32, Rule: l.FullKey}
 			continue
 		}
-		hits := descs[i].HitsAddend
-		if hits == 0 {
-			hits = hitsAddend
-		}
-		if hits == 0 {
-			hits = 1
+		hits := max(hitsAddend, 1)
+		if descs[i].HitsSet {
+			hits = descs[i].HitsAddend
 		}
 		s.keys = l.AppendKey(s.keys[:0], descs[i].Entries)
 		s.items = append(s.items, item{params: &l.Limit.Params[PriorityNormal], mode: policy.FailOpen,

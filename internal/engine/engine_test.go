@@ -561,6 +561,35 @@ func TestShouldRateLimit(t *testing.T) {
 	}
 }
 
+// TestShouldRateLimitDescriptorHits checks that a descriptor's own addend,
+// when set, replaces the request's, and that a set 0 charges nothing.
+func TestShouldRateLimitDescriptorHits(t *testing.T) {
+	e, _ := newEngine(t, envoyConfig)
+	ctx := context.Background()
+	for i, tt := range []struct {
+		set           bool
+		descHits      uint64
+		requestHits   uint64
+		wantRemaining int64
+	}{
+		{true, 0, 2, 3},
+		{true, 0, 0, 3},
+		{true, 2, 0, 1},
+		{false, 5, 0, 0}, // unset: its HitsAddend is ignored, the request's 0 means 1
+		{true, 0, 1, 0},
+	} {
+		d := desc("remote_address", "10.1.0.1")
+		d.HitsAddend, d.HitsSet = tt.descHits, tt.set
+		st, over, err := e.ShouldRateLimit(ctx, "edge", []Descriptor{d}, tt.requestHits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if over || st[0].Remaining != tt.wantRemaining {
+			t.Errorf("call %d (%+v): got remaining %d over %v, want %d and not over", i+1, tt, st[0].Remaining, over, tt.wantRemaining)
+		}
+	}
+}
+
 func FuzzShouldRateLimit(f *testing.F) {
 	f.Add("edge", "remote_address\x0010.0.0.1", uint64(1))
 	f.Add("edge", "key_1\x00value_1\x01user\x00bk\x02key_2\x00value_2\x01user\x00bk", uint64(3))

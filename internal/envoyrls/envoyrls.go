@@ -154,10 +154,9 @@ func Descriptors(req *rlsv3.RateLimitRequest) ([]engine.Descriptor, error) {
 			if h.GetValue() > MaxHits {
 				return nil, invalid("descriptors[%d].hits_addend: %d is above the maximum %d", i, h.GetValue(), MaxHits)
 			}
-			// An explicit 0 means "check without consuming"; the engine
-			// reads 0 as "use the request's addend", so it cannot be
-			// passed through, and Envoy itself never sends it.
-			descs[i].HitsAddend = h.GetValue()
+			// Set, it replaces the request's addend; 0 decides the
+			// descriptor without charging it.
+			descs[i].HitsAddend, descs[i].HitsSet = h.GetValue(), true
 		}
 	}
 	return descs, nil
