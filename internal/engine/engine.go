@@ -1014,6 +1014,19 @@ type Descriptor struct {
 	HitsAddend uint64
 	// HitsSet reports that the descriptor carries its own HitsAddend.
 	HitsSet bool
+	// Limit, when set, is the limit the descriptor asks for in place of
+	// the configured one (Envoy's limit override).
+	Limit LimitOverride
+}
+
+// LimitOverride is an Envoy descriptor's limit override: RequestsPerUnit
+// per Unit, counted on fixed windows. The zero value is no override.
+type LimitOverride struct {
+	// RequestsPerUnit is the limit, 1 to math.MaxUint32.
+	RequestsPerUnit int64
+	// Unit is the window, such as a minute, or 30 seconds for a unit of a
+	// second with a multiplier of 30; at most sluice.MaxWindow.
+	Unit time.Duration
 }
 
 // DescriptorEntry is one key/value pair of a Descriptor.
@@ -1045,7 +1058,9 @@ type DescriptorStatus struct {
 // overLimit is true when any descriptor is over its limit.
 //
 // The descriptors are matched as envoyproxy/ratelimit does (see
-// policy.Policy.EnvoyLimit), `replaces` drops the limits it names, and the
+// policy.Policy.EnvoyLimit), a descriptor's limit override replaces what
+// it matched in a domain of the policy (see policy.Policy.EnvoyOverride),
+// `replaces` drops the limits it names, and the
 // limits that remain are decided like the rules of one check: the
 // non-shadow ones in one CheckAll (a request over one limit consumes none
 // of the others), then the shadow ones. Store failures fail open.
@@ -1072,6 +1087,14 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		if len(d.Entries) == 0 {
 			return nil, false, &FieldError{Field: "descriptors[" + strconv.Itoa(i) + "].entries", Reason: "must not be empty"}
 		}
+		if o := d.Limit; o != (LimitOverride{}) {
+			if o.RequestsPerUnit < 1 || o.RequestsPerUnit > math.MaxUint32 {
+				return nil, false, &FieldError{Field: "descriptors[" + strconv.Itoa(i) + "].limit.requests_per_unit", Reason: "must be between 1 and " + strconv.Itoa(math.MaxUint32)}
+			}
+			if o.Unit <= 0 || o.Unit > sluice.MaxWindow {
+				return nil, false, &FieldError{Field: "descriptors[" + strconv.Itoa(i) + "].limit.unit", Reason: "must be a window longer than 0 and at most " + sluice.MaxWindow.String()}
+			}
+		}
 		for j, en := range d.Entries {
 			if en.Key == "" {
 				return nil, false, &FieldError{Field: "descriptors[" + strconv.Itoa(i) + "].entries[" + strconv.Itoa(j) + "].key", Reason: "is required"}
@@ -1086,7 +1109,15 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 	limits := lbuf[:0]
 	var replaced map[string]bool
 	for i := range descs {
-		limits = append(limits, p.EnvoyLimit(domain, descs[i].Entries))
+		if o := descs[i].Limit; o.Unit != 0 {
+			l, err := p.EnvoyOverride(domain, o.RequestsPerUnit, o.Unit)
+			if err != nil {
+				return nil, false, &FieldError{Field: "descriptors[" + strconv.Itoa(i) + "].limit", Reason: err.Error()}
+			}
+			limits = append(limits, l)
+		} else {
+			limits = append(limits, p.EnvoyLimit(domain, descs[i].Entries))
+		}
 		if l := limits[i]; l != nil && len(l.Replaces) > 0 {
 			if replaced == nil {
 				replaced = map[string]bool{}

@@ -552,6 +552,8 @@ func TestShouldRateLimit(t *testing.T) {
 		{"edge", []Descriptor{{}}, 1, "descriptors[0].entries"},
 		{"edge", []Descriptor{desc("", "b")}, 1, "descriptors[0].entries[0].key"},
 		{"edge", []Descriptor{desc("a", "b")}, math.MaxUint64, "hits_addend"},
+		{"edge", []Descriptor{{Entries: desc("a", "b").Entries, Limit: LimitOverride{Unit: time.Minute}}}, 1, "descriptors[0].limit.requests_per_unit"},
+		{"edge", []Descriptor{{Entries: desc("a", "b").Entries, Limit: LimitOverride{RequestsPerUnit: 1}}}, 1, "descriptors[0].limit.unit"},
 	} {
 		_, _, err := e.ShouldRateLimit(ctx, tc.domain, tc.ds, tc.hits)
 		var fe *FieldError

@@ -15,7 +15,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -158,8 +160,51 @@ func Descriptors(req *rlsv3.RateLimitRequest) ([]engine.Descriptor, error) {
 			// descriptor without charging it.
 			descs[i].HitsAddend, descs[i].HitsSet = h.GetValue(), true
 		}
+		if o := d.GetLimit(); o != nil {
+			lim, err := limitOverride(o)
+			if err != nil {
+				return nil, invalid("descriptors[%d].limit.%v", i, err)
+			}
+			descs[i].Limit = lim
+		}
 	}
 	return descs, nil
+}
+
+// limitOverride converts a descriptor's limit override; an error starts
+// with the name of the field it is about.
+func limitOverride(o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) (engine.LimitOverride, error) {
+	var unit time.Duration
+	switch o.GetUnit() {
+	case typev3.RateLimitUnit_SECOND:
+		unit = time.Second
+	case typev3.RateLimitUnit_MINUTE:
+		unit = time.Minute
+	case typev3.RateLimitUnit_HOUR:
+		unit = time.Hour
+	case typev3.RateLimitUnit_DAY:
+		unit = 24 * time.Hour
+	case typev3.RateLimitUnit_MONTH:
+		unit = 30 * 24 * time.Hour
+	case typev3.RateLimitUnit_YEAR:
+		unit = 365 * 24 * time.Hour
+	default:
+		return engine.LimitOverride{}, fmt.Errorf("unit: %v is not a unit (want SECOND, MINUTE, HOUR, DAY, MONTH or YEAR)", o.GetUnit())
+	}
+	if o.GetRequestsPerUnit() == 0 {
+		return engine.LimitOverride{}, errors.New("requests_per_unit: must be at least 1")
+	}
+	mult := uint32(1)
+	if m := o.GetUnitMultiplier(); m != nil {
+		mult = m.GetValue()
+		if mult == 0 {
+			return engine.LimitOverride{}, errors.New("unit_multiplier: must be at least 1")
+		}
+		if time.Duration(mult) > sluice.MaxWindow/unit {
+			return engine.LimitOverride{}, fmt.Errorf("unit_multiplier: %d times %v is longer than %v", mult, o.GetUnit(), sluice.MaxWindow)
+		}
+	}
+	return engine.LimitOverride{RequestsPerUnit: int64(o.GetRequestsPerUnit()), Unit: time.Duration(mult) * unit}, nil
 }
 
 // ShouldRateLimit implements rlsv3.RateLimitServiceServer.

@@ -408,12 +408,18 @@ func (d *decoder) compile(spec limitSpec, st *settings, fm FailureMode, instance
 			l.Local[pr] = lp
 		}
 	}
-	p0 := &l.Params[0]
-	l.Tag = algorithmAbbrev[base.Algorithm] + "." + p0.WindowDuration().String()
-	if p0.Quantum != 1 {
-		l.Tag += fmt.Sprintf(".q%d", p0.Quantum)
-	}
+	l.Tag = layoutTag(base.Algorithm, &l.Params[0])
 	return l
+}
+
+// layoutTag returns the tag of store keys for state of algorithm alg
+// counted as p says (see key.go).
+func layoutTag(alg sluice.Algorithm, p *algorithm.Params) string {
+	tag := algorithmAbbrev[alg] + "." + p.WindowDuration().String()
+	if p.Quantum != 1 {
+		tag += fmt.Sprintf(".q%d", p.Quantum)
+	}
+	return tag
 }
 
 // scale multiplies the limit and burst of l by m, rounding down, at least 1.

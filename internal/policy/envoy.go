@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -50,7 +52,23 @@ type EnvoyLimit struct {
 type envoyDomain struct {
 	name string
 	root envoyNode
+
+	// overrides caches the limits compiled for descriptors' limit
+	// overrides (see EnvoyOverride): read without a lock, replaced by a
+	// copy under mu when an override is first seen.
+	overrides atomic.Pointer[map[envoyOverride]*EnvoyLimit]
+	mu        sync.Mutex
 }
+
+// envoyOverride is a descriptor's limit override: requests per window.
+type envoyOverride struct {
+	requests int64
+	window   time.Duration
+}
+
+// MaxEnvoyOverrides bounds the limit overrides compiled and kept per Envoy
+// domain; an override beyond them is compiled at each request.
+const MaxEnvoyOverrides = 1024
 
 // envoyNode is one level of nested descriptors.
 type envoyNode struct {
@@ -135,6 +153,85 @@ func (p *Policy) EnvoyLimit(domain string, entries []DescriptorEntry) *EnvoyLimi
 		n = &next.children
 	}
 	return nil
+}
+
+// EnvoyOverride returns the limit an Envoy descriptor asks for with its
+// limit override, requestsPerUnit per window counted on fixed windows, in
+// place of the configured one; nil when the policy has no such domain, as
+// in envoyproxy/ratelimit. requestsPerUnit is 1 to math.MaxUint32, and
+// window at most sluice.MaxWindow; an error says which is wrong, or that
+// the limit cannot be counted exactly.
+//
+// The limit has no name and replaces nothing; its FullKey is the domain
+// followed by ".limit_override". Its store key (see AppendKey) is apart
+// from those of configured limits and, as theirs, holds the window but not
+// the requests per unit: a descriptor whose override changes keeps its
+// count. Compiled limits are kept with the policy, up to
+// MaxEnvoyOverrides per domain. It is safe for concurrent use.
+func (p *Policy) EnvoyOverride(domain string, requestsPerUnit int64, window time.Duration) (*EnvoyLimit, error) {
+	dom := p.envoy[domain]
+	if dom == nil {
+		return nil, nil
+	}
+	k := envoyOverride{requestsPerUnit, window}
+	if m := dom.overrides.Load(); m != nil {
+		if l := (*m)[k]; l != nil {
+			return l, nil
+		}
+	}
+	l, err := dom.compileOverride(k)
+	if err != nil {
+		return nil, err
+	}
+	dom.mu.Lock()
+	defer dom.mu.Unlock()
+	old := dom.overrides.Load()
+	if old != nil {
+		if cached := (*old)[k]; cached != nil {
+			return cached, nil
+		}
+		if len(*old) >= MaxEnvoyOverrides {
+			return l, nil
+		}
+	}
+	m := make(map[envoyOverride]*EnvoyLimit, 1+lenOf(old))
+	if old != nil {
+		for ok, ol := range *old {
+			m[ok] = ol
+		}
+	}
+	m[k] = l
+	dom.overrides.Store(&m)
+	return l, nil
+}
+
+func lenOf(m *map[envoyOverride]*EnvoyLimit) int {
+	if m == nil {
+		return 0
+	}
+	return len(*m)
+}
+
+// compileOverride compiles the limit of override k in dom.
+func (dom *envoyDomain) compileOverride(k envoyOverride) (*EnvoyLimit, error) {
+	switch {
+	case k.requests < 1 || k.requests > math.MaxUint32:
+		return nil, fmt.Errorf("requests_per_unit: must be between 1 and %d, got %d", uint32(math.MaxUint32), k.requests)
+	case k.window <= 0 || k.window > sluice.MaxWindow:
+		return nil, fmt.Errorf("unit: the window must be longer than 0 and at most %s, got %s", sluice.MaxWindow, k.window)
+	}
+	params, err := algorithm.Compile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: k.requests, Window: k.window})
+	if err != nil {
+		return nil, err
+	}
+	lim := &Limit{Spec: sluice.Limit{Algorithm: sluice.FixedWindow, Limit: k.requests, Window: k.window}}
+	for pr := range lim.Params {
+		lim.Params[pr] = params
+	}
+	lim.Tag = layoutTag(sluice.FixedWindow, &params)
+	return &EnvoyLimit{Domain: dom.name, FullKey: dom.name + ".limit_override", Unit: k.window,
+		RequestsPerUnit: k.requests, Limit: lim,
+		keyPrefix: "rl:envoy:" + string(appendEscaped(nil, dom.name)) + ":override." + lim.Tag + ":"}, nil
 }
 
 // limits appends the compiled limits under n to out.

@@ -21,7 +21,11 @@ package policy
 //	rl:envoy:<domain>:<tag>:{<key>=<value>:<key>=<value>...}
 //
 // so that every distinct value of a descriptor entry has its own counter,
-// as in envoyproxy/ratelimit.
+// as in envoyproxy/ratelimit. A descriptor's limit override counts on
+//
+//	rl:envoy:<domain>:override.<tag>:{<key>=<value>...}
+//
+// apart from the configured limit of the same entries.
 
 // AppendKey appends the store key of r under l for q to dst and returns
 // the extended slice; ok is false when q lacks a value the rule's dimension

@@ -545,6 +545,54 @@ func entries(kv ...string) []DescriptorEntry {
 	return out
 }
 
+// TestEnvoyOverride checks the limits of descriptors' limit overrides:
+// compiled once per domain, counted apart from the configured limits, and
+// looked up again without allocating.
+func TestEnvoyOverride(t *testing.T) {
+	p := mustParse(t, envoyFiles["example8"])
+	l, err := p.EnvoyOverride("example8", 3, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprintf("%s %d/%s", l.FullKey, l.RequestsPerUnit, l.Unit); got != "example8.limit_override 3/1m0s" {
+		t.Errorf("got %q, want %q", got, "example8.limit_override 3/1m0s")
+	}
+	if l.Limit.Spec.Algorithm != sluice.FixedWindow || l.Shadow || l.Name != "" {
+		t.Errorf("got %+v, want a fixed window, not shadow, without a name", l)
+	}
+	if again, _ := p.EnvoyOverride("example8", 3, time.Minute); again != l {
+		t.Errorf("the same override compiled twice")
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = p.EnvoyOverride("example8", 3, time.Minute) }); n != 0 {
+		t.Errorf("EnvoyOverride of a known override: %v allocations, want 0", n)
+	}
+	configured := p.EnvoyLimit("example8", entries("key1", "zzz"))
+	e := entries("key1", "zzz")
+	if got, want := string(l.AppendKey(nil, e)), "rl:envoy:example8:override.fw.1m0s:{key1=zzz}"; got != want {
+		t.Errorf("key: got %q, want %q", got, want)
+	}
+	if string(configured.AppendKey(nil, e)) == string(l.AppendKey(nil, e)) {
+		t.Errorf("an override counts on the configured limit's key")
+	}
+	if l, err := p.EnvoyOverride("unknown-domain", 3, time.Minute); l != nil || err != nil {
+		t.Errorf("unknown domain: got %v, %v, want no limit", l, err)
+	}
+	for _, bad := range []struct {
+		rpu    int64
+		window time.Duration
+	}{{0, time.Minute}, {1 << 32, time.Minute}, {1, 0}, {1, 2 * 365 * 24 * time.Hour}, {1<<32 - 1, 365 * 24 * time.Hour}} {
+		if _, err := p.EnvoyOverride("example8", bad.rpu, bad.window); err == nil {
+			t.Errorf("%d per %s: no error", bad.rpu, bad.window)
+		}
+	}
+	// Beyond the cache, overrides are still decided.
+	for i := int64(1); i <= MaxEnvoyOverrides+1; i++ {
+		if l, err := p.EnvoyOverride("example8", i, time.Second); err != nil || l.RequestsPerUnit != i {
+			t.Fatalf("override %d per second: got %v, %v", i, l, err)
+		}
+	}
+}
+
 func TestEnvoyLimit(t *testing.T) {
 	pols := map[string]*Policy{}
 	for dom, src := range envoyFiles {
