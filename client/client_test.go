@@ -2,11 +2,13 @@ package client_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,6 +112,48 @@ func TestMiddleware(t *testing.T) {
 	}
 	if resp := get(""); resp.StatusCode != 400 {
 		t.Errorf("no identity: %d, want 400", resp.StatusCode)
+	}
+}
+
+// TestMiddlewareRefusesBadInput checks that a request the server refuses
+// as bad input is answered 400 and never reaches the handler: a refusal is
+// not the server being unreachable, and letting it through would let an end
+// user skip every limit by sending bad input.
+func TestMiddlewareRefusesBadInput(t *testing.T) {
+	c := startServer(t)
+	for _, tt := range []struct {
+		name, path, idemKey string
+	}{
+		{"control character in the path", "/api/v1/demo%0a", ""},
+		{"path over 2048 bytes", "/api/v1/demo/" + strings.Repeat("x", 2100), ""},
+		{"path over the server's body limit", "/api/v1/demo/" + strings.Repeat("x", 70000), ""},
+		{"idempotency key over 256 bytes", "/api/v1/demo", strings.Repeat("k", 300)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			served := 0
+			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served++ })
+			h := client.Middleware(c, func(r *http.Request) client.Identity {
+				return client.Identity{ClientID: "mallory-" + tt.name}
+			}, next)
+			for i := range 20 {
+				req := httptest.NewRequest(http.MethodGet, tt.path, nil)
+				if tt.idemKey != "" {
+					req.Header.Set("X-Idempotency-Key", tt.idemKey)
+				}
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				var body struct {
+					Error string `json:"error"`
+				}
+				if rec.Code != http.StatusBadRequest || rec.Header().Get("Content-Type") != "application/json" ||
+					json.Unmarshal(rec.Body.Bytes(), &body) != nil || body.Error != "invalid_request" {
+					t.Fatalf("request %d: %d %q %s; want 400 invalid_request in JSON", i+1, rec.Code, rec.Header().Get("Content-Type"), rec.Body)
+				}
+			}
+			if served != 0 {
+				t.Errorf("handler reached %d times of 20, want 0", served)
+			}
+		})
 	}
 }
 

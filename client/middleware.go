@@ -1,6 +1,8 @@
 package client
 
 import (
+	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 )
@@ -20,9 +22,11 @@ type Identity struct {
 // identity the identity function gives, sets the rate-limit headers of the
 // answer on the response, and answers 429 (or 503) with the server's JSON
 // body when the request is denied. A request whose identity has no
-// ClientID is refused with 400. When the server cannot be reached the
-// request goes through, unless the client's Config.FailClosed is set (then
-// 503).
+// ClientID, or that the server refuses as bad input (ErrInvalidRequest:
+// say a control character in the path, or a path over 2048 bytes), is
+// refused with 400 and a JSON error body; it never reaches next. When the
+// server cannot be reached, or answers with another error, the request goes
+// through, unless the client's Config.FailClosed is set (then 503).
 func Middleware(c *Client, identity func(*http.Request) Identity, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := identity(r)
@@ -44,6 +48,11 @@ func Middleware(c *Client, identity func(*http.Request) Identity, next http.Hand
 		}
 		d, err := c.Check(r.Context(), req)
 		if err != nil {
+			var apiErr *APIError
+			if errors.As(err, &apiErr) && errors.Is(err, ErrInvalidRequest) {
+				writeJSON(w, http.StatusBadRequest, invalidRequestBody(apiErr))
+				return
+			}
 			if c.failClosed {
 				writeJSON(w, http.StatusServiceUnavailable, []byte(`{"error":"unavailable","error_description":"the rate limiter cannot be reached"}`))
 				return
@@ -61,6 +70,23 @@ func Middleware(c *Client, identity func(*http.Request) Identity, next http.Hand
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// invalidRequestBody returns the middleware's 400 body for a check the
+// server refused as bad input: the server's field and description for a
+// 400; for a 413, whose body was the check's and not the end user's, a
+// description of its own.
+func invalidRequestBody(e *APIError) []byte {
+	body := struct {
+		Code        string `json:"error"`
+		Field       string `json:"field,omitempty"`
+		Description string `json:"error_description"`
+	}{"invalid_request", e.Field, e.Description}
+	if e.Status == http.StatusRequestEntityTooLarge {
+		body.Field, body.Description = "", "the request is too large to be rate limited"
+	}
+	b, _ := json.Marshal(body) // strings only: cannot fail
+	return b
 }
 
 func writeJSON(w http.ResponseWriter, status int, body []byte) {
