@@ -133,13 +133,10 @@ func TestMiddlewareRefusesBadInput(t *testing.T) {
 			served := 0
 			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served++ })
 			h := client.Middleware(c, func(r *http.Request) client.Identity {
-				return client.Identity{ClientID: "mallory-" + tt.name}
+				return client.Identity{ClientID: "mallory-" + tt.name, IdempotencyKey: tt.idemKey}
 			}, next)
 			for i := range 20 {
 				req := httptest.NewRequest(http.MethodGet, tt.path, nil)
-				if tt.idemKey != "" {
-					req.Header.Set("X-Idempotency-Key", tt.idemKey)
-				}
 				rec := httptest.NewRecorder()
 				h.ServeHTTP(rec, req)
 				var body struct {
@@ -152,6 +149,45 @@ func TestMiddlewareRefusesBadInput(t *testing.T) {
 			}
 			if served != 0 {
 				t.Errorf("handler reached %d times of 20, want 0", served)
+			}
+		})
+	}
+}
+
+// TestMiddlewareIdempotencyKey checks that the middleware sends the
+// idempotency key the identity function gives, and never the end user's
+// X-Idempotency-Key header: one fixed key in that header would replay the
+// first allowed decision for free while the handler runs every time.
+func TestMiddlewareIdempotencyKey(t *testing.T) {
+	c := startServer(t)
+	for _, tt := range []struct {
+		name    string
+		key     string // the identity's IdempotencyKey
+		header  string // the end user's X-Idempotency-Key
+		allowed int    // of 10 requests to the demo rule (5 per minute)
+	}{
+		{"header ignored", "", "same", 5},
+		{"identity's key", "order-42", "", 10},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+			h := client.Middleware(c, func(r *http.Request) client.Identity {
+				return client.Identity{ClientID: "dave-" + tt.name, IdempotencyKey: tt.key}
+			}, next)
+			allowed := 0
+			for range 10 {
+				req := httptest.NewRequest(http.MethodGet, "/api/v1/demo", nil)
+				if tt.header != "" {
+					req.Header.Set("X-Idempotency-Key", tt.header)
+				}
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				if rec.Code == http.StatusOK {
+					allowed++
+				}
+			}
+			if allowed != tt.allowed {
+				t.Errorf("allowed %d of 10, want %d", allowed, tt.allowed)
 			}
 		})
 	}

@@ -16,6 +16,13 @@ type Identity struct {
 	Cost *int64
 	// Priority is "high", "normal" or "low"; empty means normal.
 	Priority string
+	// IdempotencyKey, when set, makes a repeat of the key by the same
+	// ClientID within 5 minutes answer the first decision again and charge
+	// nothing (see CheckRequest.IdempotencyKey). Middleware never takes it
+	// from the request by itself: a key the end user chooses would let them
+	// replay one allowed decision for free, so set it only from a value the
+	// application trusts, such as one it issued for the operation.
+	IdempotencyKey string
 }
 
 // Middleware rate-limits next: it asks c about every request, with the
@@ -37,8 +44,7 @@ func Middleware(c *Client, identity func(*http.Request) Identity, next http.Hand
 		req := CheckRequest{
 			ClientID: id.ClientID, User: id.User, IP: id.IP, APIKey: id.APIKey,
 			Resource: id.Resource, Method: id.Method, Operation: id.Operation,
-			Cost: id.Cost, Priority: id.Priority,
-			IdempotencyKey: r.Header.Get("X-Idempotency-Key"),
+			Cost: id.Cost, Priority: id.Priority, IdempotencyKey: id.IdempotencyKey,
 		}
 		if req.Resource == "" {
 			req.Resource = r.URL.Path
