@@ -217,7 +217,7 @@ func (d *decoder) duration(n *yaml.Node, what string) (time.Duration, bool) {
 	return v, true
 }
 
-// strings decodes a string or a list of strings.
+// strings decodes a string or a non-empty list of strings.
 func (d *decoder) strings(n *yaml.Node, what string) []string {
 	n = resolve(n)
 	if n == nil {
@@ -236,6 +236,10 @@ func (d *decoder) strings(n *yaml.Node, what string) []string {
 	}
 	if n.Kind != yaml.SequenceNode {
 		d.errorf(n, "%s: want a string or a list of strings, got %s", what, kindName(n))
+		return nil
+	}
+	if len(n.Content) == 0 {
+		d.errorf(n, "%s: must not be an empty list (leave the key out to match everything)", what)
 		return nil
 	}
 	out := make([]string, 0, len(n.Content))
