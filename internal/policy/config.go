@@ -773,6 +773,15 @@ func (d *decoder) identities(n *yaml.Node, what string, set *identitySet) {
 					d.errorf(f.v, "%s.ip: %q is not an address or CIDR prefix", w, s)
 					continue
 				}
+				if pfx.Addr().Is4In6() {
+					// Checks' addresses are unmapped before matching, so a
+					// mapped prefix is kept as the IPv4 prefix it covers.
+					if pfx.Bits() < 96 {
+						d.errorf(f.v, "%s.ip: %q is an IPv4-mapped prefix shorter than /96 (write the IPv4 prefix, or an IPv6 prefix without ::ffff:)", w, s)
+						continue
+					}
+					pfx = netip.PrefixFrom(pfx.Addr().Unmap(), pfx.Bits()-96)
+				}
 				set.prefixes = append(set.prefixes, pfx.Masked())
 				continue
 			}

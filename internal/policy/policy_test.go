@@ -263,6 +263,7 @@ deny:
   - ip: 203.0.113.7
   - client: internal-but-banned
   - user: internal
+  - ip: ::ffff:198.51.100.0/120
 `)
 	tests := []struct {
 		req           Request
@@ -276,6 +277,10 @@ deny:
 		{Request{ClientID: "x", IP: "203.0.113.7"}, false, true},
 		{Request{ClientID: "x", IP: "not-an-ip"}, false, false},
 		{Request{ClientID: "x", User: "internal"}, false, true},
+		// An IPv4-mapped prefix is its IPv4 prefix (198.51.100.0/24).
+		{Request{ClientID: "x", IP: "198.51.100.9"}, false, true},
+		{Request{ClientID: "x", IP: "::ffff:198.51.100.9"}, false, true},
+		{Request{ClientID: "x", IP: "198.51.101.9"}, false, false},
 	}
 	for _, tt := range tests {
 		if got := p.Allowed(&tt.req); got != tt.allowed {
@@ -309,6 +314,7 @@ func TestValidationErrors(t *testing.T) {
 		{"bad failure mode", "version: 1\nrules:\n  - {id: a, limit: 1, window: 1s, failure_mode: shrug}\n", `unknown failure mode "shrug"`},
 		{"override of unknown rule", "version: 1\nassignments:\n  - {client: c, limits: {nope: {limit: 1}}}\n", `unknown rule id "nope"`},
 		{"bad expiry", "version: 1\nassignments:\n  - {client: c, expires_at: tomorrow}\n", "want an RFC 3339 time"},
+		{"mapped prefix shorter than /96", "version: 1\ndeny:\n  - ip: ::ffff:0.0.0.0/95\n", `test.yaml:3:9: deny[0].ip: "::ffff:0.0.0.0/95" is an IPv4-mapped prefix shorter than /96`},
 		{"bad cidr", "version: 1\nallow:\n  - ip: 10.0.0.0/99\n", "is not an address or CIDR prefix"},
 		{"duplicate key", "version: 1\nversion: 1\n", `duplicate key "version"`},
 		{"not a mapping", "- a\n- b\n", "test.yaml:1:1: the file must be a mapping"},
