@@ -382,6 +382,24 @@ func TestAliasBomb(t *testing.T) {
 	}
 }
 
+// TestAliasedMatchListsAreBudgeted checks that the patterns of an aliased
+// match list count towards the work budget: 600 rules aliasing one list of
+// 5000 resource patterns stand for 3,000,000 patterns.
+func TestAliasedMatchListsAreBudgeted(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("version: 1\nrules:\n  - id: r0\n    limit: 1\n    window: 1s\n    match:\n      resource: &p\n")
+	for i := range 5000 {
+		fmt.Fprintf(&b, "        - /a/%d\n", i)
+	}
+	for i := 1; i < 600; i++ {
+		fmt.Fprintf(&b, "  - {id: r%d, limit: 1, window: 1s, match: {resource: *p}}\n", i)
+	}
+	_, err := Parse("aliases.yaml", []byte(b.String()))
+	if err == nil || !strings.Contains(err.Error(), "too large") {
+		t.Fatalf("Parse of 600 rules aliasing 5000 patterns: got %v, want an error saying it is too large", err)
+	}
+}
+
 func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "sluice.yaml")

@@ -242,6 +242,9 @@ func (d *decoder) strings(n *yaml.Node, what string) []string {
 		d.errorf(n, "%s: must not be an empty list (leave the key out to match everything)", what)
 		return nil
 	}
+	if !d.spend(n, len(n.Content)+1) {
+		return nil
+	}
 	out := make([]string, 0, len(n.Content))
 	for _, c := range n.Content {
 		s, ok := d.str(c, what)
