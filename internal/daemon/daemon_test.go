@@ -292,7 +292,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 		// not decided either.
 		{"/api/v1/batch-check", `{"client_id":"c1","mode":"best_effort","checks":[{"resource":"/api/limited"},{"resource":"/api/limited","cost":-2}]}`, "checks[1].cost"},
 		{"/api/v1/batch-check", "{\"client_id\":\"c1\",\"checks\":[{\"resource\":\"/api/limited\"},{\"resource\":\"/api/limited\",\"ip\":\"\xfe\"}]}", "checks[1].ip"},
-		{"/api/v1/batch-check", `{"checks":[{"resource":"/api/limited"}]}`, "client_id"},
+		{"/api/v1/batch-check", `{"checks":[{"resource":"/api/limited"}]}`, "checks[0].client_id"},
+		{"/api/v1/batch-check", `{"checks":[{"client_id":"c1","resource":"/api/limited"},{"resource":"/api/limited"}]}`, "checks[1].client_id"},
+		{"/api/v1/batch-check", `{"client_id":"c1","checks":[{"resource":"/api/limited"},{"resource":"/api/limited","cost":1.5}]}`, "checks[1].cost"},
 	} {
 		r := post(t, td.base+tt.path, tt.body)
 		if r.status != 400 || r.str("error") != "invalid_request" || r.str("field") != tt.field {

@@ -100,7 +100,7 @@ func decodeStrict(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return jsonFieldErr(err)
+		return jsonFieldErr(data, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return fieldErr("body", "unexpected data after the JSON object")
@@ -108,13 +108,21 @@ func decodeStrict(data []byte, v any) error {
 	return nil
 }
 
-// jsonFieldErr turns an encoding/json error into a *engine.FieldError.
-func jsonFieldErr(err error) error {
+// jsonFieldErr turns an encoding/json error decoding data into a
+// *engine.FieldError. A value of the wrong type is named by its path in
+// data, with the index of a batch's check (encoding/json names
+// "checks.cost" for "checks[2].cost").
+func jsonFieldErr(data []byte, err error) error {
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &te):
 		field := te.Field
+		if te.Offset > 0 && te.Offset <= int64(len(data)) {
+			// te.Offset is just past the value, or past the opening
+			// brace or bracket of an object or array.
+			field = fieldAt(data, int(te.Offset)-1)
+		}
 		if field == "" {
 			field = "body"
 		}
@@ -146,9 +154,7 @@ func jsonKind(k string) string {
 }
 
 // fieldAtInvalidUTF8 returns the path of the value that holds the first
-// invalid UTF-8 byte of data, such as "resource" or "checks[2].user"; a
-// bad byte in an object key names the object, and one outside any value
-// "body". It runs only on the error path.
+// invalid UTF-8 byte of data (see fieldAt).
 func fieldAtInvalidUTF8(data []byte) string {
 	bad := 0
 	for bad < len(data) {
@@ -158,6 +164,14 @@ func fieldAtInvalidUTF8(data []byte) string {
 		}
 		bad += size
 	}
+	return fieldAt(data, bad)
+}
+
+// fieldAt returns the path of the value of JSON document data that holds
+// the byte at offset bad, such as "resource" or "checks[2].user"; a byte
+// in an object key names the object, and one outside any value "body". It
+// runs only on the error path.
+func fieldAt(data []byte, bad int) string {
 	// frame is one open object (its current key) or array (the index of
 	// its current element).
 	type frame struct {
@@ -259,7 +273,7 @@ func truncate(s string) string {
 // control characters.
 func checkIdent(field, s string) error {
 	limit := MaxIdentifierBytes
-	if strings.HasSuffix(field, "resource") {
+	if field == "resource" {
 		limit = MaxResourceBytes
 	}
 	if len(s) > limit {
@@ -276,9 +290,9 @@ func checkIdent(field, s string) error {
 	return nil
 }
 
-// toCheck validates cr and fills c; prefix names the item in a batch
-// ("checks[2]."), empty for a single check.
-func (cr *checkRequest) toCheck(prefix string, c *engine.Check) error {
+// toCheck validates cr and fills c. Its errors name the field as in a
+// single check; see inBatch for the checks of a batch.
+func (cr *checkRequest) toCheck(c *engine.Check) error {
 	idents := [...]struct {
 		name string
 		val  string
@@ -288,12 +302,12 @@ func (cr *checkRequest) toCheck(prefix string, c *engine.Check) error {
 		{"api_key", cr.APIKey}, {"method", cr.Method},
 	}
 	for _, id := range idents {
-		if err := checkIdent(prefix+id.name, id.val); err != nil {
+		if err := checkIdent(id.name, id.val); err != nil {
 			return err
 		}
 	}
 	if cr.ClientID == "" {
-		return fieldErr(prefix+"client_id", "required")
+		return fieldErr("client_id", "required")
 	}
 	cost := int64(1)
 	if cr.Cost != nil {
@@ -301,11 +315,11 @@ func (cr *checkRequest) toCheck(prefix string, c *engine.Check) error {
 	}
 	switch {
 	case cost < 0:
-		return fieldErr(prefix+"cost", "must not be negative, got %d", cost)
+		return fieldErr("cost", "must not be negative, got %d", cost)
 	case cost > MaxCost:
-		return fieldErr(prefix+"cost", "%d is above the maximum %d", cost, MaxCost)
+		return fieldErr("cost", "%d is above the maximum %d", cost, MaxCost)
 	}
-	prio, err := parsePriority(prefix+"priority", cr.Priority)
+	prio, err := parsePriority("priority", cr.Priority)
 	if err != nil {
 		return err
 	}
@@ -333,7 +347,7 @@ func decodeCheck(data []byte, c *engine.Check) error {
 			return err
 		}
 	}
-	return cr.toCheck("", c)
+	return cr.toCheck(c)
 }
 
 // decodeBatch decodes and validates the body of POST /api/v1/batch-check.
@@ -373,13 +387,23 @@ func decodeBatch(data []byte) ([]engine.Check, engine.BatchMode, error) {
 		if cr.Priority == "" {
 			cr.Priority = br.Priority
 		}
-		prefix := fmt.Sprintf("checks[%d].", i)
 		if cr.ClientID == "" {
-			return nil, 0, fieldErr("client_id", "required (in the batch or in every check)")
+			return nil, 0, inBatch(i, fieldErr("client_id", "required (in the batch or in every check)"))
 		}
-		if err := cr.toCheck(prefix, &checks[i]); err != nil {
-			return nil, 0, err
+		if err := cr.toCheck(&checks[i]); err != nil {
+			return nil, 0, inBatch(i, err)
 		}
 	}
 	return checks, mode, nil
+}
+
+// inBatch returns err, an error of the i-th check of a batch, with its
+// field named with the check's index ("checks[2].cost"). The name is built
+// here, on the error path, not for every check.
+func inBatch(i int, err error) error {
+	var fe *engine.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	return &engine.FieldError{Field: "checks[" + strconv.Itoa(i) + "]." + fe.Field, Reason: fe.Reason}
 }
