@@ -262,7 +262,9 @@ func ApplyLog(p *Params, log []int64, now, cost int64) ([]int64, sluice.Decision
 
 // ExpiresAt returns the instant, in microseconds since the Unix epoch, from
 // which s is equivalent to the zero State under p, so a store may forget
-// it. For the sliding window log, pass the newest entry of the log in s.A.
+// it. When p.ExpiryLimit is set, s is then also equivalent to the zero
+// State under every Params that shares it (see ShareState). For the sliding
+// window log, pass the newest entry of the log in s.A.
 func ExpiresAt(p *Params, s State) int64 {
 	var q int64 // in quanta
 	switch p.Algorithm {
@@ -270,8 +272,9 @@ func ExpiresAt(p *Params, s State) int64 {
 		if s.A <= 0 {
 			return 0
 		}
-		q = s.B + ceilDiv(s.A, p.Limit)
+		q = s.B + ceilDiv(s.A, p.expiryRate())
 	case sluice.GCRA:
+		// TAT is an instant, past which the debt is zero at any rate.
 		q = s.A
 		if s.B > 0 {
 			q++

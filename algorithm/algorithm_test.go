@@ -301,6 +301,57 @@ func TestExpiresAt(t *testing.T) {
 	}
 }
 
+// TestExpiresAtSharedState checks that a state written by one of several
+// Params sharing it (a rule's priority variants, 0.8x, 1x and 1.2x) is
+// forgotten only once it decides as a key never seen for every one of
+// them: 9 units at normal priority and one at high leave a token bucket 10
+// units in debt, which the low refill of 8/s takes 1.25 s to restore, not
+// the 0.83 s of the high one.
+func TestExpiresAtSharedState(t *testing.T) {
+	for _, a := range sluice.Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			ps := []Params{
+				MustCompile(sluice.Limit{Algorithm: a, Limit: 8, Window: time.Second}),
+				MustCompile(sluice.Limit{Algorithm: a, Limit: 10, Window: time.Second}),
+				MustCompile(sluice.Limit{Algorithm: a, Limit: 12, Window: time.Second}),
+			}
+			ShareState(ps)
+			low, normal, high := &ps[0], &ps[1], &ps[2]
+			for _, p := range ps {
+				if p.ExpiryLimit != 8 {
+					t.Fatalf("ShareState: ExpiryLimit %d, want 8", p.ExpiryLimit)
+				}
+			}
+			r := runner{p: *normal}
+			r.apply(t0, 9)
+			r.p = *high
+			if d := r.apply(t0, 1); !d.Allowed {
+				t.Fatalf("high priority after normal: %+v", d)
+			}
+			s := r.s
+			if a == sluice.SlidingWindowLog {
+				s = State{A: r.log[len(r.log)-1]}
+			}
+			exp := ExpiresAt(high, s)
+			if a == sluice.TokenBucket || a == sluice.LeakyBucket {
+				// 10 units of debt at the low refill of 8/s.
+				if want := t0 + 10*sec/8; exp != want {
+					t.Errorf("ExpiresAt = t0%+dµs, want t0%+dµs", exp-t0, want-t0)
+				}
+			}
+			for _, p := range []*Params{low, normal, high} {
+				withState, forgotten := r, runner{p: *p}
+				withState.p = *p
+				withState.log = append([]int64(nil), r.log...)
+				got, want := withState.apply(exp, p.Burst), forgotten.apply(exp, p.Burst)
+				if got != want {
+					t.Errorf("limit %d at ExpiresAt (t0%+dµs): got %+v, want %+v as for a key never seen", p.Limit, exp-t0, got, want)
+				}
+			}
+		})
+	}
+}
+
 // randomTrace returns n requests with random gaps and costs, in
 // microseconds after t0.
 func randomTrace(rng *rand.Rand, n int, maxGap, maxCost int64) (at, cost []int64) {

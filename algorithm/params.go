@@ -32,6 +32,38 @@ type Params struct {
 	Quantum int64
 	// DenyAll is set for a limit that refuses everything.
 	DenyAll bool
+	// ExpiryLimit is the slowest refill, in units per window, among the
+	// Params that decide the same state, such as the priority variants of
+	// one rule (see ShareState). ExpiresAt lets a bucket's debt drain at
+	// this rate, so that a store forgets the state only once every one of
+	// them would decide it as a key never seen. Zero, or a value above
+	// Limit, means Limit. Compile leaves it zero.
+	ExpiryLimit int64
+}
+
+// ShareState prepares ps, Params of one algorithm, window and quantum, to
+// decide the same state: it sets the ExpiryLimit of each to the smallest
+// Limit among them. Deny-all Params write no state and are left out.
+func ShareState(ps []Params) {
+	var slowest int64
+	for i := range ps {
+		if l := ps[i].Limit; !ps[i].DenyAll && l > 0 && (slowest == 0 || l < slowest) {
+			slowest = l
+		}
+	}
+	for i := range ps {
+		ps[i].ExpiryLimit = slowest
+	}
+}
+
+// expiryRate returns the refill, in scaled units per quantum, at which
+// ExpiresAt drains a bucket: the smaller of Limit and a positive
+// ExpiryLimit.
+func (p *Params) expiryRate() int64 {
+	if p.ExpiryLimit > 0 && p.ExpiryLimit < p.Limit {
+		return p.ExpiryLimit
+	}
+	return p.Limit
 }
 
 // Compile validates l and returns its Params. The errors wrap

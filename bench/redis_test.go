@@ -155,7 +155,7 @@ func ceilingArgs(port int, sha string, n int) []string {
 		// The expiry margin, one parameter set (GCRA), then the check:
 		// set 1, cost 1, Redis' clock.
 		"1000",
-		"1", "6", strconv.Itoa(redisLimit), strconv.Itoa(redisLimit), "1000000", "1", "0",
+		"1", "6", strconv.Itoa(redisLimit), strconv.Itoa(redisLimit), "1000000", "1", "0", "0",
 		"1", "1", "-1"}
 }
 

@@ -408,6 +408,11 @@ func (d *decoder) compile(spec limitSpec, st *settings, fm FailureMode, instance
 			l.Local[pr] = lp
 		}
 	}
+	// The variants count on one state: it expires at the slowest refill.
+	algorithm.ShareState(l.Params[:])
+	if fm == FailLocal {
+		algorithm.ShareState(l.Local[:])
+	}
 	l.Tag = layoutTag(base.Algorithm, &l.Params[0])
 	return l
 }

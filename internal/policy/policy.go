@@ -179,12 +179,13 @@ type Limit struct {
 	Spec sluice.Limit
 	// Params holds the compiled limit per Priority: normal as configured,
 	// high and low scaled by the priority multipliers. All three share
-	// one algorithm, window and quantum, so they may share state.
+	// one algorithm, window and quantum, so they may share state; their
+	// ExpiryLimit is the smallest of their limits (algorithm.ShareState).
 	Params [numPriorities]algorithm.Params
 	// Local holds, per Priority, the share of the limit an instance
 	// enforces on its own when the rule's failure mode is local and the
 	// store cannot answer: the limit divided by expected_instances,
-	// rounded up.
+	// rounded up. Its variants share state as those of Params do.
 	Local [numPriorities]algorithm.Params
 	// Tag identifies the state layout (algorithm, window, quantum) in
 	// store keys, so that a key never changes algorithm or quantum.

@@ -247,6 +247,19 @@ func TestDefaultCostAndPriorityMultipliers(t *testing.T) {
 	if got := [3]int64{r.Base.Params[0].Limit, r.Base.Params[1].Limit, r.Base.Params[2].Limit}; got != [3]int64{10, 12, 8} {
 		t.Errorf("default priority variants: got %v, want [10 12 8]", got)
 	}
+	// The variants share one state, which expires at the slowest refill.
+	for pr, p := range r.Base.Params {
+		if p.ExpiryLimit != 8 {
+			t.Errorf("%s-priority variant: ExpiryLimit %d, want 8, the low limit", Priority(pr), p.ExpiryLimit)
+		}
+	}
+	// So do the local shares: 5, 6 and 4 of 10, 12 and 8 on two instances.
+	p = mustParse(t, "version: 1\nrules:\n  - {id: r, limit: 10, window: 1s, failure_mode: local, expected_instances: 2}\n")
+	for pr, lp := range p.Rules[0].Base.Local {
+		if lp.ExpiryLimit != 4 {
+			t.Errorf("%s-priority local share: limit %d, ExpiryLimit %d, want 4", Priority(pr), lp.Limit, lp.ExpiryLimit)
+		}
+	}
 	if r.FailureMode != FailOpen || r.Base.Spec.Algorithm != DefaultAlgorithm {
 		t.Errorf("defaults: failure mode %s, algorithm %s", r.FailureMode, r.Base.Spec.Algorithm)
 	}

@@ -252,6 +252,39 @@ func TestReclaimsExpiredState(t *testing.T) {
 	}
 }
 
+// TestKeepsStateSharedByPriorities checks that a key decided with several
+// Params sharing its state (a rule's priority variants) is not reclaimed
+// while any of them still sees it as used: 9 units at normal priority and
+// one at high take 1 s to restore at the normal refill, and the key must
+// not be swept at the 0.83 s of the high one.
+func TestKeepsStateSharedByPriorities(t *testing.T) {
+	for _, a := range sluice.Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			ps := []algorithm.Params{
+				*compile(t, sluice.Limit{Algorithm: a, Limit: 8, Window: time.Second}),
+				*compile(t, sluice.Limit{Algorithm: a, Limit: 10, Window: time.Second}),
+				*compile(t, sluice.Limit{Algorithm: a, Limit: 12, Window: time.Second}),
+			}
+			algorithm.ShareState(ps)
+			normal, high := &ps[1], &ps[2]
+			s := newStore(t, Config{MaxKeys: 8, Shards: 1})
+			decide(t, s, "k", normal, 9, t0)
+			decide(t, s, "k", high, 1, t0)
+			later := t0.Add(900 * time.Millisecond)
+			decide(t, s, "other", normal, 1, later) // an insertion sweeps the expired tail
+
+			// What the algorithm decides on the state kept.
+			m := storetest.NewModel()
+			m.Decide(store.Request{Key: "k", Params: normal, Cost: 9, Now: t0})
+			m.Decide(store.Request{Key: "k", Params: high, Cost: 1, Now: t0})
+			want := m.Decide(store.Request{Key: "k", Params: normal, Cost: 10, Now: later})
+			if got := decide(t, s, "k", normal, 10, later); got != want {
+				t.Errorf("normal priority, cost 10 at +900ms: got %+v, want %+v", got, want)
+			}
+		})
+	}
+}
+
 func TestCheckAll(t *testing.T) {
 	p := compile(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 5, Window: time.Hour})
 	s := newStore(t, Config{})

@@ -12,8 +12,9 @@
 --              all or nothing and write nothing)
 -- ARGV[2]      the expiry margin in milliseconds
 -- ARGV[3]      the record's time to live in milliseconds (mode 2)
--- ARGV[4..]    8 per request: algorithm, limit, burst, window, quantum,
---              deny all (0/1), cost, now (µs since the epoch; -1: Redis TIME)
+-- ARGV[4..]    9 per request: algorithm, limit, burst, window, quantum,
+--              deny all (0/1), expiry limit (algorithm.Params.ExpiryLimit;
+--              0: the limit), cost, now (µs since the epoch; -1: Redis TIME)
 --
 -- Reply: {corrupt keys reset, replayed (0/1), then 5 per request: allowed
 -- (0/1), reason, remaining, reset after (quanta), retry after (quanta)}.
@@ -209,13 +210,13 @@ local function apply(alg, N, K, W, a, b, c, t, cost)
 end
 
 -- expires_at is algorithm.ExpiresAt in quanta (nil: the state is the zero
--- state).
-local function expires_at(alg, N, W, a, b, c)
+-- state); E is the expiry limit.
+local function expires_at(alg, E, W, a, b, c)
   if alg == TOKEN or alg == LEAKY then
     if a <= 0 then
       return nil
     end
-    return b + cdiv(a, N)
+    return b + cdiv(a, E)
   elseif alg == GCRA then
     if b > 0 then
       return a + 1
@@ -330,7 +331,7 @@ end
 
 local reqs = {}
 for i = 1, n do
-  local o = 3 + (i - 1) * 8
+  local o = 3 + (i - 1) * 9
   reqs[i] = {
     alg = tonumber(ARGV[o + 1]),
     N = tonumber(ARGV[o + 2]),
@@ -338,9 +339,13 @@ for i = 1, n do
     W = tonumber(ARGV[o + 4]),
     Q = tonumber(ARGV[o + 5]),
     deny = ARGV[o + 6] == '1',
-    cost = tonumber(ARGV[o + 7]),
-    now = tonumber(ARGV[o + 8]),
+    E = tonumber(ARGV[o + 7]),
+    cost = tonumber(ARGV[o + 8]),
+    now = tonumber(ARGV[o + 9]),
   }
+  if reqs[i].E == 0 then
+    reqs[i].E = reqs[i].N
+  end
 end
 
 -- decide decides request i against the working state; it returns the
@@ -400,7 +405,7 @@ local function commit()
         w.pend = {}
       else
         local r = w.r
-        local exp = expires_at(r.alg, r.N, r.W, w[1], w[2], w[3])
+        local exp = expires_at(r.alg, r.E, r.W, w[1], w[2], w[3])
         if exp then
           redis.call('SET', key, '1:' .. int(w[1]) .. ':' .. int(w[2]) .. ':' .. int(w[3]), 'PX', ttl(exp, r.Q, r.nowus))
         else

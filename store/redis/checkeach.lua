@@ -9,8 +9,9 @@
 --
 -- KEYS[i]  the state key of check i; a key that appears twice sees the
 --          effect of its first check
--- ARGV     expiry margin (ms), the number of parameter sets P, then 6 per
---          set: algorithm, limit, burst, window, quantum, deny all (0/1);
+-- ARGV     expiry margin (ms), the number of parameter sets P, then 7 per
+--          set: algorithm, limit, burst, window, quantum, deny all (0/1),
+--          expiry limit (algorithm.Params.ExpiryLimit; 0: the limit);
 --          then 3 per check: its parameter set (1 to P), cost, now (µs
 --          since the epoch; -1: Redis TIME)
 --
@@ -107,8 +108,10 @@ local function decide(key, ps, cost, now)
         exp = exp + 1
       end
     else
+      -- the state is gone once drained at the slowest refill sharing it
+      local E = ps[7]
       na, nb, nc = nxt, max(b, t), 0
-      exp = nb + idiv(na + N - 1, N)
+      exp = nb + idiv(na + E - 1, E)
     end
   elseif alg == 3 then
     local start = idiv(t, W) * W
@@ -190,12 +193,16 @@ end
 
 local sets = {}
 for s = 1, tonumber(ARGV[2]) do
-  local o = 2 + 6 * (s - 1)
-  sets[s] = { tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4]),
-    tonumber(ARGV[o + 5]), ARGV[o + 6] == '1' }
+  local o = 2 + 7 * (s - 1)
+  local N, E = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 7])
+  if E == 0 then
+    E = N
+  end
+  sets[s] = { tonumber(ARGV[o + 1]), N, tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4]),
+    tonumber(ARGV[o + 5]), ARGV[o + 6] == '1', E }
 end
 local reply, n = { 0, 0 }, 2
-local o = 2 + 6 * #sets
+local o = 2 + 7 * #sets
 for i = 1, #KEYS do
   local a, r, rem, reset, retry = decide(KEYS[i], sets[tonumber(ARGV[o + 1])], tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]))
   reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4], reply[n + 5] = a, r, rem, reset, retry

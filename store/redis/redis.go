@@ -650,7 +650,7 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 func (s *Store) split(reqs []store.Request, mode, ttlMS string) []*group {
 	head := []string{mode, s.marginMS, ttlMS}
 	if !s.cluster {
-		g := &group{script: checkScript, idx: make([]int, len(reqs)), keys: make([]string, len(reqs)), args: make([]string, 0, 3+8*len(reqs))}
+		g := &group{script: checkScript, idx: make([]int, len(reqs)), keys: make([]string, len(reqs)), args: make([]string, 0, 3+9*len(reqs))}
 		g.args = append(g.args, head...)
 		for i := range reqs {
 			g.idx[i] = i
@@ -774,7 +774,7 @@ func (s *Store) eachArgs(reqs []store.Request, idx []int) []string {
 		}
 		which[j] = n + 1
 	}
-	args := make([]string, 0, 2+6*len(sets)+3*len(idx))
+	args := make([]string, 0, 2+7*len(sets)+3*len(idx))
 	args = append(args, s.marginMS, strconv.Itoa(len(sets)))
 	for _, p := range sets {
 		args = appendParams(args, p)
@@ -785,11 +785,15 @@ func (s *Store) eachArgs(reqs []store.Request, idx []int) []string {
 	return args
 }
 
-// appendParams appends the 6 checkeach.lua arguments of a parameter set.
+// appendParams appends the 7 checkeach.lua arguments of a parameter set.
 func appendParams(args []string, p *algorithm.Params) []string {
 	deny := "0"
 	if p.DenyAll {
 		deny = "1"
+	}
+	expiry := "0" // the limit
+	if p.ExpiryLimit > 0 && p.ExpiryLimit < p.Limit {
+		expiry = strconv.FormatInt(p.ExpiryLimit, 10)
 	}
 	return append(args,
 		strconv.Itoa(int(p.Algorithm)),
@@ -798,6 +802,7 @@ func appendParams(args []string, p *algorithm.Params) []string {
 		strconv.FormatInt(p.Window, 10),
 		strconv.FormatInt(p.Quantum, 10),
 		deny,
+		expiry,
 	)
 }
 
@@ -807,7 +812,7 @@ func appendCheck(args []string, n int, r *store.Request) []string {
 	return append(args, strconv.Itoa(n), strconv.FormatInt(r.Cost, 10), instant(r))
 }
 
-// appendArgs appends the 8 check.lua arguments of r: its parameter set,
+// appendArgs appends the 9 check.lua arguments of r: its parameter set,
 // cost and instant.
 func appendArgs(args []string, r *store.Request) []string {
 	return append(appendParams(args, r.Params), strconv.FormatInt(r.Cost, 10), instant(r))
@@ -884,7 +889,7 @@ func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
 func (s *Store) checkOne(ctx context.Context, r *store.Request, out *sluice.Decision) error {
 	c := s.client
 	key := redisKey(s.prefix, r.Key, s.maxKey)
-	var argv [11]string
+	var argv [12]string
 	args := appendCheck(appendParams(append(argv[:0], s.marginMS, "1"), r.Params), 1, r)
 	res := c.Do(ctx, c.B().Evalsha().Sha1(checkEachScript.sha).Numkeys(1).Key(key).Arg(args...).Build())
 	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {

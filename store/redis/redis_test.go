@@ -590,6 +590,67 @@ func TestExpiry(t *testing.T) {
 	}
 }
 
+// TestExpiryOfStateSharedByPriorities checks that a key decided with
+// several Params sharing its state (a rule's priority variants) lives until
+// every one of them sees it restored, on both scripts: 10 units at normal
+// priority (10/s) and one at high (12/s) leave 11 units of debt, which the
+// normal refill takes 1.1 s to restore, not the 0.92 s of the high one.
+func TestExpiryOfStateSharedByPriorities(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}, ExpiryMargin: time.Millisecond})
+	for _, a := range []sluice.Algorithm{sluice.TokenBucket, sluice.LeakyBucket} {
+		ps := []algorithm.Params{
+			*compile(t, sluice.Limit{Algorithm: a, Limit: 10, Window: time.Second}),
+			*compile(t, sluice.Limit{Algorithm: a, Limit: 12, Window: time.Second}),
+		}
+		algorithm.ShareState(ps)
+		normal, high := &ps[0], &ps[1]
+		// Check (checkeach.lua) on one key, CheckAll (check.lua) on another,
+		// at instants of the real clock, so that the keys expire in real
+		// time as the decisions say.
+		each, all := "rl:prio:"+a.String()+":{each}", "rl:prio:"+a.String()+":{all}"
+		checkAll := func(r store.Request) sluice.Decision {
+			t.Helper()
+			out := make([]sluice.Decision, 1)
+			if err := s.CheckAll(context.Background(), []store.Request{r}, out); err != nil {
+				t.Fatalf("CheckAll(%s): %v", r.Key, err)
+			}
+			return out[0]
+		}
+		start := time.Now()
+		for _, d := range []sluice.Decision{
+			check(t, s, store.Request{Key: each, Params: normal, Cost: 10, Now: start}),
+			check(t, s, store.Request{Key: each, Params: high, Cost: 1, Now: start}),
+			checkAll(store.Request{Key: all, Params: normal, Cost: 10, Now: start}),
+			checkAll(store.Request{Key: all, Params: high, Cost: 1, Now: start}),
+		} {
+			if !d.Allowed {
+				t.Fatalf("%s: a normal burst and one unit at high priority: %+v", a, d)
+			}
+		}
+		for _, k := range []string{each, all} {
+			pttl, err := srv.Do("PTTL", k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// 1,100 ms and the margin, less the time the calls took.
+			if got, _ := strconv.ParseInt(pttl, 10, 64); got < 1101-time.Since(start).Milliseconds() {
+				t.Errorf("%s %s: PTTL %d ms, want the 1,100 ms of the normal refill", a, k, got)
+			}
+		}
+		// By the algorithm, at +0.96 s the normal priority still owes 1.4
+		// units: Remaining 8, a cost of 10 denied.
+		later := start.Add(960 * time.Millisecond)
+		time.Sleep(time.Until(later))
+		if d := check(t, s, store.Request{Key: each, Params: normal, Cost: 10, Now: later}); d.Allowed {
+			t.Errorf("%s: Check at normal priority, cost 10, 0.96 s after 11 units were used: admitted %+v", a, d)
+		}
+		if d := checkAll(store.Request{Key: all, Params: normal, Cost: 10, Now: later}); d.Allowed {
+			t.Errorf("%s: CheckAll at normal priority, cost 10, 0.96 s after 11 units were used: admitted %+v", a, d)
+		}
+	}
+}
+
 // TestUnavailable checks that a dead or slow Redis gives a prompt error
 // wrapping sluice.ErrStoreUnavailable.
 func TestUnavailable(t *testing.T) {
