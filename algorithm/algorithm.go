@@ -81,7 +81,7 @@ func drain(debt, elapsed, rate int64) int64 {
 func bucketDecide(p *Params, debt, cost int64) (int64, sluice.Decision) {
 	capacity := p.Burst * p.Window
 	next := debt + cost*p.Window
-	if next > capacity {
+	if cost > 0 && next > capacity {
 		return debt, sluice.Decision{
 			Reason:     sluice.ReasonLimited,
 			Limit:      p.Limit,
@@ -93,7 +93,7 @@ func bucketDecide(p *Params, debt, cost int64) (int64, sluice.Decision) {
 	return next, sluice.Decision{
 		Allowed:    true,
 		Limit:      p.Limit,
-		Remaining:  (capacity - next) / p.Window,
+		Remaining:  max(capacity-next, 0) / p.Window,
 		ResetAfter: p.dur(ceilDiv(next, p.Limit)),
 	}
 }
@@ -131,16 +131,16 @@ func fixedWindow(p *Params, s State, t, cost int64) (State, sluice.Decision) {
 	}
 	end := start + p.Window
 	d := sluice.Decision{Limit: p.Limit}
-	if count+cost > p.Limit {
+	if cost > 0 && count+cost > p.Limit {
 		d.Reason = sluice.ReasonLimited
-		d.Remaining = p.Limit - count
+		d.Remaining = max(p.Limit-count, 0)
 		d.ResetAfter = p.dur(end - t)
 		d.RetryAfter = p.dur(end - t)
 		return s, d
 	}
 	d.Allowed = true
 	count += cost
-	d.Remaining = p.Limit - count
+	d.Remaining = max(p.Limit-count, 0)
 	if count > 0 {
 		d.ResetAfter = p.dur(end - t)
 	}
@@ -170,7 +170,7 @@ func slidingCounter(p *Params, s State, t, cost int64) (State, sluice.Decision) 
 	weighted := prev*(w-e) + cur*w
 	room := p.Limit*w - weighted
 	d := sluice.Decision{Limit: p.Limit}
-	if (cur+cost)*w > p.Limit*w-prev*(w-e) {
+	if cost > 0 && (cur+cost)*w > p.Limit*w-prev*(w-e) {
 		d.Reason = sluice.ReasonLimited
 		d.Remaining = max(room/w, 0)
 		d.ResetAfter = p.dur(counterReset(w, e, cur, prev))
@@ -179,7 +179,7 @@ func slidingCounter(p *Params, s State, t, cost int64) (State, sluice.Decision) 
 	}
 	d.Allowed = true
 	cur += cost
-	d.Remaining = (room - cost*w) / w
+	d.Remaining = max(room-cost*w, 0) / w
 	d.ResetAfter = p.dur(counterReset(w, e, cur, prev))
 	if cost == 0 {
 		return s, d
@@ -230,7 +230,7 @@ func ApplyLog(p *Params, log []int64, now, cost int64) ([]int64, sluice.Decision
 	live := log[k:]
 	n := int64(len(live))
 	d := sluice.Decision{Limit: p.Limit}
-	if n+cost > p.Limit {
+	if cost > 0 && n+cost > p.Limit {
 		d.Reason = sluice.ReasonLimited
 		d.Remaining = max(p.Limit-n, 0)
 		d.ResetAfter = p.dur(live[len(live)-1] + p.Window - t)
@@ -239,7 +239,7 @@ func ApplyLog(p *Params, log []int64, now, cost int64) ([]int64, sluice.Decision
 		return live, d
 	}
 	d.Allowed = true
-	d.Remaining = p.Limit - n - cost
+	d.Remaining = max(p.Limit-n-cost, 0)
 	if cost == 0 {
 		if n > 0 {
 			d.ResetAfter = p.dur(live[n-1] + p.Window - t)

@@ -352,6 +352,31 @@ func TestExpiresAtSharedState(t *testing.T) {
 	}
 }
 
+// TestOverfullState checks a state that holds more than the limit allows,
+// which Params sharing it (a rule's priority variants) leave behind: 12
+// units admitted at 12 per minute, then decided at 10 per minute. A request
+// of positive cost is denied and a read allowed, both with Remaining 0,
+// never negative.
+func TestOverfullState(t *testing.T) {
+	for _, a := range sluice.Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			high := MustCompile(sluice.Limit{Algorithm: a, Limit: 12, Window: time.Minute})
+			normal := MustCompile(sluice.Limit{Algorithm: a, Limit: 10, Window: time.Minute})
+			r := runner{p: high}
+			if d := r.apply(t0, 12); !d.Allowed {
+				t.Fatalf("12 at the higher limit: %+v", d)
+			}
+			r.p = normal
+			if d := r.apply(t0+sec, 1); d.Allowed || d.Remaining != 0 || d.RetryAfter <= 0 {
+				t.Errorf("cost 1 at the lower limit: got %+v, want denied, Remaining 0, a RetryAfter", d)
+			}
+			if d := r.apply(t0+sec, 0); !d.Allowed || d.Remaining != 0 || d.ResetAfter <= 0 {
+				t.Errorf("cost 0 at the lower limit: got %+v, want allowed, Remaining 0, a ResetAfter", d)
+			}
+		})
+	}
+}
+
 // randomTrace returns n requests with random gaps and costs, in
 // microseconds after t0.
 func randomTrace(rng *rand.Rand, n int, maxGap, maxCost int64) (at, cost []int64) {

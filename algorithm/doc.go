@@ -57,6 +57,12 @@
 // sluice.ReasonCostExceedsCapacity and a RetryAfter of 0, not with an endless
 // wait. A deny-all limit denies everything with sluice.ReasonDenyAll.
 //
+// A state may hold more than the limit allows when it was written under
+// other Params that share it (a rule's priority variants, see ShareState),
+// or under a higher limit since lowered. Decided under the lower limit, it
+// denies every request of positive cost and reports Remaining 0 until
+// enough has drained or the window has passed; a read is still allowed.
+//
 // # State
 //
 // State is three integers, A, B and C, whose zero value is the state of a key
@@ -73,8 +79,8 @@
 // by W (so that a refill of N units per W quanta is N scaled units per
 // quantum, an integer); s.B = the instant of the last update. The bucket
 // refills continuously: the debt falls by N per quantum elapsed, to zero at
-// the least. A request of cost c is admitted when debt + c·W <= K·W, and
-// then adds c·W to the debt. Remaining = floor((K·W - debt) / W);
+// the least. A request of cost c > 0 is admitted when debt + c·W <= K·W,
+// and then adds c·W to the debt. Remaining = floor(max(K·W - debt, 0) / W);
 // ResetAfter = ceil(debt / N) quanta; RetryAfter = ceil((debt + c·W - K·W) /
 // N) quanta.
 //
@@ -89,10 +95,10 @@
 //
 // Fixed window. s.A = the start of the current window, aligned to the epoch
 // (t - t mod W), s.B = the units admitted in it; a new window starts from 0.
-// A request is admitted when s.B + c <= N. Remaining = N - s.B; RetryAfter
-// and, once anything was admitted, ResetAfter are the time to the end of the
-// window. Up to 2N can pass around a window boundary: use a sliding window
-// where that matters.
+// A request is admitted when s.B + c <= N. Remaining = max(N - s.B, 0);
+// RetryAfter and, once anything was admitted, ResetAfter are the time to the
+// end of the window. Up to 2N can pass around a window boundary: use a
+// sliding window where that matters.
 //
 // Sliding window log. The state is the log of admission instants, one entry
 // per unit of cost, oldest first (ApplyLog). The window is (t - W, t]: an

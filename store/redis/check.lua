@@ -108,10 +108,10 @@ end
 local function bucket_decide(N, K, W, debt, cost)
   local capacity = K * W
   local nxt = debt + cost * W
-  if nxt > capacity then
+  if cost > 0 and nxt > capacity then
     return debt, 0, LIMITED, idiv(max(capacity - debt, 0), W), cdiv(debt, N), cdiv(nxt - capacity, N)
   end
-  return nxt, 1, ALLOWED, idiv(capacity - nxt, W), cdiv(nxt, N), 0
+  return nxt, 1, ALLOWED, idiv(max(capacity - nxt, 0), W), cdiv(nxt, N), 0
 end
 
 -- drain is algorithm.drain.
@@ -175,15 +175,15 @@ local function apply(alg, N, K, W, a, b, c, t, cost)
       end
     end
     local e = start + W
-    if count + cost > N then
-      return a, b, c, 0, LIMITED, N - count, e - t, e - t
+    if cost > 0 and count + cost > N then
+      return a, b, c, 0, LIMITED, max(N - count, 0), e - t, e - t
     end
     count = count + cost
     local reset = 0
     if count > 0 then
       reset = e - t
     end
-    return start, count, 0, 1, ALLOWED, N - count, reset, 0
+    return start, count, 0, 1, ALLOWED, max(N - count, 0), reset, 0
   elseif alg == COUNTER then
     local w = W
     local start = t - imod(t, w)
@@ -200,11 +200,11 @@ local function apply(alg, N, K, W, a, b, c, t, cost)
     local e = max(t - start, 0)
     local weighted = prev * (w - e) + cur * w
     local room = N * w - weighted
-    if (cur + cost) * w > N * w - prev * (w - e) then
+    if cost > 0 and (cur + cost) * w > N * w - prev * (w - e) then
       return a, b, c, 0, LIMITED, max(idiv(room, w), 0), counter_reset(w, e, cur, prev), counter_retry(N, w, e, cur, prev, cost)
     end
     cur = cur + cost
-    return start, cur, prev, 1, ALLOWED, idiv(room - cost * w, w), counter_reset(w, e, cur, prev), 0
+    return start, cur, prev, 1, ALLOWED, idiv(max(room - cost * w, 0), w), counter_reset(w, e, cur, prev), 0
   end
   return a, b, c, 0, LIMITED, 0, 0, 0
 end
@@ -306,7 +306,7 @@ local function apply_log(key, r, t)
   local N, W, cost = r.N, r.W, r.cost
   local w = log_open(key, t, W)
   local n = w.live
-  if n + cost > N then
+  if cost > 0 and n + cost > N then
     local newest = log_at(key, w, n - 1)
     local oldest = log_at(key, w, n + cost - N - 1)
     return 0, LIMITED, max(N - n, 0), newest + W - t, oldest + W - t
@@ -316,7 +316,7 @@ local function apply_log(key, r, t)
     if n > 0 then
       reset = log_at(key, w, n - 1) + W - t
     end
-    return 1, ALLOWED, N - n - cost, reset, 0
+    return 1, ALLOWED, max(N - n, 0), reset, 0
   end
   local newest = t
   if n > 0 then

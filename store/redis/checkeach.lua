@@ -93,10 +93,10 @@ local function decide(key, ps, cost, now)
       end
     end
     local nxt = debt + cost * W
-    if nxt > cap then
+    if cost > 0 and nxt > cap then
       return 0, 1, idiv(max(cap - debt, 0), W), idiv(debt + N - 1, N), idiv(nxt - cap + N - 1, N)
     end
-    rem, reset = idiv(cap - nxt, W), idiv(nxt + N - 1, N)
+    rem, reset = idiv(max(cap - nxt, 0), W), idiv(nxt + N - 1, N)
     if cost == 0 then
       return 1, 0, rem, reset, 0
     end
@@ -123,18 +123,18 @@ local function decide(key, ps, cost, now)
       end
     end
     local e = start + W
-    if count + cost > N then
-      return 0, 1, N - count, e - t, e - t
+    if cost > 0 and count + cost > N then
+      return 0, 1, max(N - count, 0), e - t, e - t
     end
     count = count + cost
     reset = 0
     if count > 0 then
       reset = e - t
     end
+    rem = max(N - count, 0)
     if cost == 0 then
-      return 1, 0, N - count, reset, 0
+      return 1, 0, rem, reset, 0
     end
-    rem = N - count
     na, nb, nc = start, count, 0
     exp = start + W
   elseif alg == 5 then
@@ -152,7 +152,7 @@ local function decide(key, ps, cost, now)
     end
     local e = max(t - start, 0)
     local room = N * w - (prev * (w - e) + cur * w)
-    if (cur + cost) * w > N * w - prev * (w - e) then
+    if cost > 0 and (cur + cost) * w > N * w - prev * (w - e) then
       local rs = 0
       if cur > 0 then
         rs = 2 * w - e
@@ -169,7 +169,7 @@ local function decide(key, ps, cost, now)
       return 0, 1, max(idiv(room, w), 0), rs, rt
     end
     cur = cur + cost
-    rem = idiv(room - cost * w, w)
+    rem = idiv(max(room - cost * w, 0), w)
     if cur > 0 then
       reset = 2 * w - e
     elseif prev > 0 then

@@ -130,6 +130,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("CheckMixed", func(t *testing.T) { testCheckMixed(t, newStore(t), key) })
 	t.Run("CheckAll", func(t *testing.T) { testCheckAll(t, newStore(t), key) })
 	t.Run("CheckAllRandom", func(t *testing.T) { testCheckAllRandom(t, newStore(t), key) })
+	t.Run("SharedState", func(t *testing.T) { testSharedState(t, newStore(t), key) })
 	t.Run("Reset", func(t *testing.T) { testReset(t, newStore(t), key) })
 	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, newStore(t), key) })
 	t.Run("BadInput", func(t *testing.T) { testBadInput(t, newStore(t), key) })
@@ -387,6 +388,61 @@ func testCheckAllRandom(t *testing.T, s Store, key keyFunc) {
 				t.Fatalf("round %d request %d (%s cost %d): got %+v, want %+v", round, i, reqs[i].Params.Algorithm, reqs[i].Cost, out[i], want[i])
 			}
 		}
+	}
+}
+
+// testSharedState decides keys with several Params sharing their state, as
+// a rule's priority variants do (8, 10 and 12 per window, see
+// algorithm.ShareState), through Check and CheckAll: first 12 units at the
+// highest limit, then a request and reads at the others, then random
+// requests (fixed seed). A state holding more than a limit allows reports
+// Remaining 0, never less, and a read is always allowed.
+func testSharedState(t *testing.T, s Store, key keyFunc) {
+	for _, a := range sluice.Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			ps := []algorithm.Params{
+				*compile(t, sluice.Limit{Algorithm: a, Limit: 8, Window: time.Second}),
+				*compile(t, sluice.Limit{Algorithm: a, Limit: 10, Window: time.Second}),
+				*compile(t, sluice.Limit{Algorithm: a, Limit: 12, Window: time.Second}),
+			}
+			algorithm.ShareState(ps)
+			m := NewModel()
+			keys := []string{key(t, "a"), key(t, "b")}
+			decide := func(i int, r store.Request, all bool) {
+				t.Helper()
+				out := make([]sluice.Decision, 1)
+				var want sluice.Decision
+				var err error
+				if all {
+					err = s.CheckAll(context.Background(), []store.Request{r}, out)
+					want = m.DecideAll([]store.Request{r})[0]
+				} else {
+					err = s.Check(context.Background(), []store.Request{r}, out)
+					want = m.Decide(r)
+				}
+				if err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+				if got := out[0]; got != want || got.Remaining < 0 || (r.Cost == 0 && !got.Allowed) {
+					t.Fatalf("request %d (limit %d, cost %d at +%s, all %v): got %+v, want %+v", i, r.Params.Limit, r.Cost, r.Now.Sub(T0), all, got, want)
+				}
+			}
+			for i, k := range keys {
+				all := i == 1
+				decide(0, store.Request{Key: k, Params: &ps[2], Cost: 12, Now: T0}, all)
+				decide(1, store.Request{Key: k, Params: &ps[1], Cost: 1, Now: T0}, all)
+				decide(2, store.Request{Key: k, Params: &ps[1], Cost: 0, Now: T0}, all)
+				decide(3, store.Request{Key: k, Params: &ps[0], Cost: 0, Now: T0}, all)
+			}
+			rng := rand.New(rand.NewPCG(3, uint64(a)))
+			at := T0
+			for i := range 200 {
+				at = at.Add(time.Duration(rng.Int64N(100_000)) * time.Microsecond)
+				p := &ps[rng.IntN(len(ps))]
+				r := store.Request{Key: keys[rng.IntN(len(keys))], Params: p, Cost: rng.Int64N(p.Burst + 2), Now: at}
+				decide(4+i, r, rng.IntN(2) == 0)
+			}
+		})
 	}
 }
 
