@@ -5,10 +5,12 @@ import (
 	"encoding/hex"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // maxTagLength is the longest hash tag a hashed key keeps as is; a longer
-// tag is itself replaced by its hash, so keys sharing it still share a slot.
+// tag is replaced by the short tag of its slot (slotTag), so the hashed key
+// stays on the slot of the keys sharing the tag.
 const maxTagLength = 64
 
 // redisKey returns the Redis key of the store key k: the prefix followed by
@@ -17,6 +19,8 @@ const maxTagLength = 64
 // keys of its identity) followed by the SHA-256 of the full key:
 //
 //	<prefix>{<tag>}#<sha256 of prefix+k, hex>
+//
+// A tag over maxTagLength bytes is replaced by the short tag of its slot.
 //
 // Keys are binary-safe in Redis, so no other escaping is needed: two
 // distinct keys map to distinct Redis keys, except that a key could be
@@ -34,8 +38,7 @@ func redisKey(prefix, k string, maxLen int) string {
 	case !ok:
 		return prefix + "#" + h
 	case len(tag) > maxTagLength:
-		ts := sha256.Sum256([]byte(tag))
-		return prefix + "{#" + hex.EncodeToString(ts[:16]) + "}#" + h
+		tag = slotTag()[crc16(tag)&16383]
 	}
 	return prefix + "{" + tag + "}#" + h
 }
@@ -79,9 +82,12 @@ func crc16(s string) uint16 {
 	return crc
 }
 
+// slotTag returns the table of slotTags, built on the first call.
+var slotTag = sync.OnceValue(slotTags)
+
 // slotTags returns, for each of the 16384 slots, a short string whose hash
-// tag lands on that slot, so that an idempotency record can be placed on
-// the slot of the keys it covers.
+// tag lands on that slot, so that a key (an idempotency record, a hashed
+// key with a long tag) can be placed on the slot of other keys.
 func slotTags() []string {
 	tags := make([]string, 16384)
 	left := len(tags)

@@ -76,7 +76,6 @@ import (
 	"math/bits"
 	"net"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -229,9 +228,6 @@ type Store struct {
 	onCorrupt func(int)
 	corrupt   atomic.Uint64
 	closed    atomic.Bool
-
-	tagsOnce sync.Once
-	tags     []string // slot tags, for idempotency records on a cluster
 }
 
 // New connects to Redis as cfg says and returns the store. It fails when
@@ -465,8 +461,7 @@ func (s *Store) CheckAllOnce(ctx context.Context, key string, ttl time.Duration,
 	groups := s.split(reqs, modeOnce, ttlMS)
 	if len(groups) == 1 {
 		g := groups[0]
-		s.tagsOnce.Do(func() { s.tags = slotTags() })
-		tag := s.tags[slotOf(g.keys[0])]
+		tag := slotTag()[slotOf(g.keys[0])]
 		g.keys = append(g.keys, redisKey(s.prefix, "{"+tag+"}:"+key, s.maxKey))
 		return s.once(ctx, reqs, out, groups)
 	}

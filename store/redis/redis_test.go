@@ -732,6 +732,25 @@ func TestRedisKey(t *testing.T) {
 	}
 }
 
+// TestHashedKeyWithLongTagKeepsItsSlot checks that a key too long to be
+// written as is, whose hash tag is too long to be kept (a long user id, an
+// e-mail address), stays on the slot of its identity's short keys, so that
+// a batch of that identity stays one script call on one slot.
+func TestHashedKeyWithLongTagKeepsItsSlot(t *testing.T) {
+	for _, n := range []int{maxTagLength + 1, 70, 200, 450} {
+		user := strings.Repeat("u", n-len("user="))
+		short := "rl:orders:tb.1m0s:{user=" + user + "}:endpoint=/api"
+		long := "rl:orders:tb.1m0s:{user=" + user + "}:endpoint=/api/" + strings.Repeat("x", 600)
+		ks, kl := redisKey("", short, DefaultMaxKeyLength), redisKey("", long, DefaultMaxKeyLength)
+		if ks != short || len(kl) > 128 {
+			t.Errorf("tag of %d bytes: redisKey(short) = %q, redisKey(long) = %q", n, ks, kl)
+		}
+		if slotOf(ks) != slotOf(kl) {
+			t.Errorf("tag of %d bytes: keys of one identity on different slots: %q on %d, %q on %d", n, ks, slotOf(ks), kl, slotOf(kl))
+		}
+	}
+}
+
 func TestParseURL(t *testing.T) {
 	cases := []struct {
 		in      string
