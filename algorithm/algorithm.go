@@ -1,6 +1,7 @@
 package algorithm
 
 import (
+	"math"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -86,15 +87,15 @@ func bucketDecide(p *Params, debt, cost int64) (int64, sluice.Decision) {
 			Reason:     sluice.ReasonLimited,
 			Limit:      p.Limit,
 			Remaining:  max(capacity-debt, 0) / p.Window,
-			ResetAfter: p.dur(ceilDiv(debt, p.Limit)),
-			RetryAfter: p.dur(ceilDiv(next-capacity, p.Limit)),
+			ResetAfter: p.Duration(ceilDiv(debt, p.Limit)),
+			RetryAfter: p.Duration(ceilDiv(next-capacity, p.Limit)),
 		}
 	}
 	return next, sluice.Decision{
 		Allowed:    true,
 		Limit:      p.Limit,
 		Remaining:  max(capacity-next, 0) / p.Window,
-		ResetAfter: p.dur(ceilDiv(next, p.Limit)),
+		ResetAfter: p.Duration(ceilDiv(next, p.Limit)),
 	}
 }
 
@@ -134,15 +135,15 @@ func fixedWindow(p *Params, s State, t, cost int64) (State, sluice.Decision) {
 	if cost > 0 && count+cost > p.Limit {
 		d.Reason = sluice.ReasonLimited
 		d.Remaining = max(p.Limit-count, 0)
-		d.ResetAfter = p.dur(end - t)
-		d.RetryAfter = p.dur(end - t)
+		d.ResetAfter = p.Duration(end - t)
+		d.RetryAfter = p.Duration(end - t)
 		return s, d
 	}
 	d.Allowed = true
 	count += cost
 	d.Remaining = max(p.Limit-count, 0)
 	if count > 0 {
-		d.ResetAfter = p.dur(end - t)
+		d.ResetAfter = p.Duration(end - t)
 	}
 	if cost == 0 {
 		return s, d
@@ -173,14 +174,14 @@ func slidingCounter(p *Params, s State, t, cost int64) (State, sluice.Decision) 
 	if cost > 0 && (cur+cost)*w > p.Limit*w-prev*(w-e) {
 		d.Reason = sluice.ReasonLimited
 		d.Remaining = max(room/w, 0)
-		d.ResetAfter = p.dur(counterReset(w, e, cur, prev))
-		d.RetryAfter = p.dur(counterRetry(p.Limit, w, e, cur, prev, cost))
+		d.ResetAfter = p.Duration(counterReset(w, e, cur, prev))
+		d.RetryAfter = p.Duration(counterRetry(p.Limit, w, e, cur, prev, cost))
 		return s, d
 	}
 	d.Allowed = true
 	cur += cost
 	d.Remaining = max(room-cost*w, 0) / w
-	d.ResetAfter = p.dur(counterReset(w, e, cur, prev))
+	d.ResetAfter = p.Duration(counterReset(w, e, cur, prev))
 	if cost == 0 {
 		return s, d
 	}
@@ -233,16 +234,16 @@ func ApplyLog(p *Params, log []int64, now, cost int64) ([]int64, sluice.Decision
 	if cost > 0 && n+cost > p.Limit {
 		d.Reason = sluice.ReasonLimited
 		d.Remaining = max(p.Limit-n, 0)
-		d.ResetAfter = p.dur(live[len(live)-1] + p.Window - t)
+		d.ResetAfter = p.Duration(live[len(live)-1] + p.Window - t)
 		// The oldest n+cost-limit entries must leave the window.
-		d.RetryAfter = p.dur(live[n+cost-p.Limit-1] + p.Window - t)
+		d.RetryAfter = p.Duration(live[n+cost-p.Limit-1] + p.Window - t)
 		return live, d
 	}
 	d.Allowed = true
 	d.Remaining = max(p.Limit-n-cost, 0)
 	if cost == 0 {
 		if n > 0 {
-			d.ResetAfter = p.dur(live[n-1] + p.Window - t)
+			d.ResetAfter = p.Duration(live[n-1] + p.Window - t)
 		}
 		return live, d
 	}
@@ -256,7 +257,7 @@ func ApplyLog(p *Params, log []int64, now, cost int64) ([]int64, sluice.Decision
 	for range cost {
 		log = append(log, newest)
 	}
-	d.ResetAfter = p.dur(newest + p.Window - t)
+	d.ResetAfter = p.Duration(newest + p.Window - t)
 	return log, d
 }
 
@@ -299,8 +300,16 @@ func ExpiresAt(p *Params, s State) int64 {
 	return q * p.Quantum
 }
 
-// dur converts q quanta to a duration.
-func (p *Params) dur(q int64) time.Duration {
+// Duration converts q quanta of p to a time.Duration, saturating at the
+// largest Duration (about 292 years): a bucket whose burst is many times its
+// limit can take longer than that to restore.
+func (p *Params) Duration(q int64) time.Duration {
+	if q < 1<<33 { // within range at every quantum up to a second
+		return time.Duration(q*p.Quantum) * time.Microsecond
+	}
+	if q > math.MaxInt64/int64(time.Microsecond)/p.Quantum {
+		return math.MaxInt64
+	}
 	return time.Duration(q*p.Quantum) * time.Microsecond
 }
 

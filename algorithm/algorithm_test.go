@@ -377,6 +377,32 @@ func TestOverfullState(t *testing.T) {
 	}
 }
 
+// TestDurationsSaturate checks a bucket that takes longer than the largest
+// time.Duration to restore: 1 per day with a burst of 200,000, about 547
+// years. Its ResetAfter and RetryAfter saturate at the largest Duration,
+// never wrapping around to negative, and shorter ones stay exact.
+func TestDurationsSaturate(t *testing.T) {
+	const maxDuration = time.Duration(1<<63 - 1)
+	for _, a := range []sluice.Algorithm{sluice.TokenBucket, sluice.LeakyBucket, sluice.GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			p, err := Compile(sluice.Limit{Algorithm: a, Limit: 1, Window: 24 * time.Hour, Burst: 200_000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := runner{p: p}
+			if d := r.apply(t0, 200_000); !d.Allowed || d.ResetAfter != maxDuration {
+				t.Errorf("the whole burst: got %+v, want allowed, ResetAfter %v", d, maxDuration)
+			}
+			if d := r.apply(t0, 200_000); d.Allowed || d.ResetAfter != maxDuration || d.RetryAfter != maxDuration {
+				t.Errorf("the whole burst again: got %+v, want denied, ResetAfter and RetryAfter %v", d, maxDuration)
+			}
+			if d := r.apply(t0, 1); d.Allowed || d.RetryAfter != 24*time.Hour {
+				t.Errorf("one more: got %+v, want denied, RetryAfter 24h", d)
+			}
+		})
+	}
+}
+
 // randomTrace returns n requests with random gaps and costs, in
 // microseconds after t0.
 func randomTrace(rng *rand.Rand, n int, maxGap, maxCost int64) (at, cost []int64) {

@@ -45,7 +45,10 @@
 //     would be admitted if nothing else arrived; 0 when allowed.
 //
 // Durations are whole quanta, rounded up where rounding matters: a client
-// that waits RetryAfter is admitted.
+// that waits RetryAfter is admitted. A duration longer than the largest
+// time.Duration (about 292 years) is reported as that largest Duration; only
+// a bucket whose burst is far above its limit (1 per day with a burst of
+// 200,000 takes 547 years to restore) comes near it.
 //
 // # Cost
 //

@@ -930,14 +930,13 @@ func (s *Store) fill(reqs []store.Request, out []sluice.Decision, idx []int, val
 // values a script answers for it: allowed (0/1), reason, remaining, reset
 // after and retry after (in quanta).
 func decision(p *algorithm.Params, v []int64) sluice.Decision {
-	q := time.Duration(p.Quantum) * time.Microsecond
 	return sluice.Decision{
 		Allowed:    v[0] == 1,
 		Reason:     sluice.Reason(v[1]),
 		Limit:      p.Limit,
 		Remaining:  v[2],
-		ResetAfter: time.Duration(v[3]) * q,
-		RetryAfter: time.Duration(v[4]) * q,
+		ResetAfter: p.Duration(v[3]),
+		RetryAfter: p.Duration(v[4]),
 	}
 }
 

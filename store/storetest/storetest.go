@@ -34,7 +34,9 @@ var T0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // Limits returns the limits the suite runs for each algorithm: a plain one,
 // a burst different from the limit (which the window algorithms ignore), a
-// limit of 1, and a window long enough to need a coarser quantum.
+// limit of 1, a window long enough to need a coarser quantum, a very short
+// window, and a burst so far above the limit that a bucket takes longer
+// than the largest time.Duration to restore.
 func Limits() []sluice.Limit {
 	var ls []sluice.Limit
 	for _, a := range sluice.Algorithms {
@@ -44,6 +46,7 @@ func Limits() []sluice.Limit {
 			sluice.Limit{Algorithm: a, Limit: 1, Window: 300 * time.Millisecond},
 			sluice.Limit{Algorithm: a, Limit: 1000, Window: 300 * 24 * time.Hour, Burst: 3},
 			sluice.Limit{Algorithm: a, Limit: 7, Window: 1500 * time.Microsecond},
+			sluice.Limit{Algorithm: a, Limit: 1, Window: 24 * time.Hour, Burst: 200_000},
 		)
 	}
 	return ls
@@ -169,7 +172,7 @@ type step struct {
 
 // testSequences runs hand-written sequences: a burst to exhaustion, cost 0
 // reads, a cost above the capacity, refill, a clock that goes back, and a
-// long pause.
+// long pause. No duration is ever negative.
 func testSequences(t *testing.T, s Store, key keyFunc) {
 	for _, l := range Limits() {
 		t.Run(limitName(l), func(t *testing.T) {
@@ -186,7 +189,7 @@ func testSequences(t *testing.T, s Store, key keyFunc) {
 				at = at.Add(st.dt)
 				r := store.Request{Key: k, Params: p, Cost: max(st.cost, 0), Now: at}
 				want := m.Decide(r)
-				if got := check(t, s, r); got != want {
+				if got := check(t, s, r); got != want || got.ResetAfter < 0 || got.RetryAfter < 0 {
 					t.Fatalf("step %d (cost %d at +%s): got %+v, want %+v", i, r.Cost, at.Sub(T0), got, want)
 				}
 			}
