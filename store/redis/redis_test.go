@@ -772,6 +772,11 @@ func TestParseURL(t *testing.T) {
 		{in: "redis://h/x", wantErr: "database"},
 		{in: "memcache://h", wantErr: "scheme"},
 		{in: "redis://:secret@h:1/", addrs: []string{"h:1"}, pass: "secret"},
+		// IPv6 addresses, in brackets, with and without a port.
+		{in: "redis://[::1]/0", addrs: []string{"[::1]:6379"}},
+		{in: "redis://[::1]:6380", addrs: []string{"[::1]:6380"}},
+		{in: "redis-cluster://[fd00::1],[fd00::2]:7000", addrs: []string{"[fd00::1]:6379", "[fd00::2]:7000"}},
+		{in: "redis://[]", wantErr: "empty host"},
 	}
 	for _, c := range cases {
 		cfg, err := ParseURL(c.in)

@@ -17,8 +17,9 @@ import (
 //	                                              seeds of a Redis Cluster
 //	rediss-cluster://...                          the same over TLS
 //
-// The port defaults to 6379. A cluster has no database number. Its errors
-// name what is wrong and never contain the password.
+// The port defaults to 6379; an IPv6 address goes in brackets, with or
+// without a port ([::1], [::1]:6380). A cluster has no database number. Its
+// errors name what is wrong and never contain the password.
 func ParseURL(raw string) (Config, error) {
 	var cfg Config
 	scheme, rest, ok := strings.Cut(raw, "://")
@@ -63,6 +64,9 @@ func ParseURL(raw string) (Config, error) {
 		host, port, err := net.SplitHostPort(h)
 		if err != nil {
 			host, port = h, "6379"
+			if len(h) >= 2 && h[0] == '[' && h[len(h)-1] == ']' {
+				host = h[1 : len(h)-1] // an IPv6 address without a port
+			}
 		}
 		if host == "" {
 			return cfg, fmt.Errorf("redis: URL: empty host in %q", h)
