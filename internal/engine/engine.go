@@ -63,6 +63,18 @@ func (e *FieldError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Re
 // Unwrap makes errors.Is(err, ErrInvalidCheck) hold.
 func (e *FieldError) Unwrap() error { return ErrInvalidCheck }
 
+// InBatch returns err, an error of the i-th check of a batch, with its
+// field named with the check's index ("checks[2].cost"); other errors are
+// returned as they are. Decoders call it on the error path, so that a
+// batch's checks are validated without building names.
+func InBatch(i int, err error) error {
+	var fe *FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	return &FieldError{Field: "checks[" + strconv.Itoa(i) + "]." + fe.Field, Reason: fe.Reason}
+}
+
 // Bounds on the fields of a check.
 const (
 	// MaxIdentifierLen bounds client_id, user, ip, api_key, method,

@@ -147,17 +147,17 @@ type identity struct {
 	clientID, resource, operation, user, ip, apiKey, method string
 }
 
-func (id *identity) check(prefix string, c *engine.Check) error {
+func (id *identity) check(c *engine.Check) error {
 	for _, f := range [...]struct{ name, val string }{
 		{"client_id", id.clientID}, {"resource", id.resource}, {"operation", id.operation},
 		{"user", id.user}, {"ip", id.ip}, {"api_key", id.apiKey}, {"method", id.method},
 	} {
-		if err := checkIdent(prefix+f.name, f.val); err != nil {
+		if err := checkIdent(f.name, f.val); err != nil {
 			return err
 		}
 	}
 	if id.clientID == "" {
-		return fieldErr(prefix+"client_id", "required")
+		return fieldErr("client_id", "required")
 	}
 	*c = engine.Check{
 		ClientID: id.clientID, Resource: id.resource, Operation: id.operation,
@@ -166,13 +166,14 @@ func (id *identity) check(prefix string, c *engine.Check) error {
 	return nil
 }
 
-// toCheck validates r and fills c.
-func toCheck(prefix string, r *sluicev1.CheckRequest, c *engine.Check) error {
+// toCheck validates r and fills c. Its errors name the fields of r alone;
+// a batch adds the check's index with engine.InBatch.
+func toCheck(r *sluicev1.CheckRequest, c *engine.Check) error {
 	id := identity{r.GetClientId(), r.GetResource(), r.GetOperation(), r.GetUser(), r.GetIp(), r.GetApiKey(), r.GetMethod()}
-	if err := id.check(prefix, c); err != nil {
+	if err := id.check(c); err != nil {
 		return err
 	}
-	if err := checkIdent(prefix+"idempotency_key", r.GetIdempotencyKey()); err != nil {
+	if err := checkIdent("idempotency_key", r.GetIdempotencyKey()); err != nil {
 		return err
 	}
 	cost := int64(1)
@@ -181,11 +182,11 @@ func toCheck(prefix string, r *sluicev1.CheckRequest, c *engine.Check) error {
 	}
 	switch {
 	case cost < 0:
-		return fieldErr(prefix+"cost", "must not be negative, got %d", cost)
+		return fieldErr("cost", "must not be negative, got %d", cost)
 	case cost > MaxCost:
-		return fieldErr(prefix+"cost", "%d is above the maximum %d", cost, MaxCost)
+		return fieldErr("cost", "%d is above the maximum %d", cost, MaxCost)
 	}
-	p, err := priority(prefix+"priority", r.GetPriority())
+	p, err := priority("priority", r.GetPriority())
 	if err != nil {
 		return err
 	}
@@ -199,7 +200,7 @@ func (s *Server) CheckRateLimit(ctx context.Context, req *sluicev1.CheckRequest)
 		return nil, err
 	}
 	var c engine.Check
-	if err := toCheck("", req, &c); err != nil {
+	if err := toCheck(req, &c); err != nil {
 		return nil, toStatus(err)
 	}
 	res, err := s.eng.Check(ctx, &c)
@@ -248,8 +249,8 @@ func (s *Server) BatchCheck(ctx context.Context, req *sluicev1.BatchCheckRequest
 		if r.Priority == sluicev1.Priority_PRIORITY_UNSPECIFIED {
 			r.Priority = req.GetPriority()
 		}
-		if err := toCheck(fmt.Sprintf("checks[%d].", i), r, &checks[i]); err != nil {
-			return nil, toStatus(err)
+		if err := toCheck(r, &checks[i]); err != nil {
+			return nil, toStatus(engine.InBatch(i, err))
 		}
 	}
 	results, err := s.eng.BatchCheck(ctx, checks, mode)
@@ -283,7 +284,7 @@ func (s *Server) GetRemainingQuota(ctx context.Context, req *sluicev1.QuotaReque
 	}
 	id := identity{req.GetClientId(), req.GetResource(), req.GetOperation(), req.GetUser(), req.GetIp(), req.GetApiKey(), req.GetMethod()}
 	var c engine.Check
-	if err := id.check("", &c); err != nil {
+	if err := id.check(&c); err != nil {
 		return nil, toStatus(err)
 	}
 	rules, err := s.eng.Status(ctx, &c)
@@ -305,7 +306,7 @@ func (s *Server) ResetLimit(ctx context.Context, req *sluicev1.ResetRequest) (*s
 	}
 	id := identity{req.GetClientId(), req.GetResource(), req.GetOperation(), req.GetUser(), req.GetIp(), req.GetApiKey(), req.GetMethod()}
 	var c engine.Check
-	if err := id.check("", &c); err != nil {
+	if err := id.check(&c); err != nil {
 		return nil, toStatus(err)
 	}
 	if err := s.eng.Reset(ctx, &c); err != nil {

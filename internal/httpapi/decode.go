@@ -388,22 +388,11 @@ func decodeBatch(data []byte) ([]engine.Check, engine.BatchMode, error) {
 			cr.Priority = br.Priority
 		}
 		if cr.ClientID == "" {
-			return nil, 0, inBatch(i, fieldErr("client_id", "required (in the batch or in every check)"))
+			return nil, 0, engine.InBatch(i, fieldErr("client_id", "required (in the batch or in every check)"))
 		}
 		if err := cr.toCheck(&checks[i]); err != nil {
-			return nil, 0, inBatch(i, err)
+			return nil, 0, engine.InBatch(i, err)
 		}
 	}
 	return checks, mode, nil
-}
-
-// inBatch returns err, an error of the i-th check of a batch, with its
-// field named with the check's index ("checks[2].cost"). The name is built
-// here, on the error path, not for every check.
-func inBatch(i int, err error) error {
-	var fe *engine.FieldError
-	if !errors.As(err, &fe) {
-		return err
-	}
-	return &engine.FieldError{Field: "checks[" + strconv.Itoa(i) + "]." + fe.Field, Reason: fe.Reason}
 }
