@@ -46,7 +46,10 @@ type job struct {
 
 	replayed bool
 	err      error
-	sent     atomic.Bool // the store call has begun
+	// sent is set when the store call begins or, for a gathered check,
+	// when a gathering goroutine takes it into a call, under the
+	// gatherer's mu.
+	sent atomic.Bool
 	// done receives one value: doneFinished when the call returns in time,
 	// or, for a gathered check, why the sweeper gave up on it.
 	done chan uint8
@@ -366,6 +369,16 @@ func (g *Guard) gatherLoop() {
 		clear(q.queue[rest:])
 		q.queue = q.queue[:rest]
 		q.active = append(q.active, sc.batch)
+		// The jobs to send are chosen and marked sent under mu, where the
+		// sweeper gives up on them: a job it reports not sent is never
+		// sent, and one it finds sent is.
+		sc.live = sc.live[:0]
+		for _, j := range sc.batch {
+			if j.state.Load() != jobAbandoned {
+				j.sent.Store(true)
+				sc.live = append(sc.live, j)
+			}
+		}
 		q.mu.Unlock()
 		g.execGathered(sc)
 		clear(sc.batch) // the jobs are recycled
@@ -373,19 +386,13 @@ func (g *Guard) gatherLoop() {
 	}
 }
 
-// execGathered decides the checks of sc.batch, an active batch, in one
-// store call and hands each job back. A job whose caller gave up before
-// the call is not sent: its caller has answered already, so it must not be
+// execGathered decides the checks of sc.live, the jobs of sc.batch (an
+// active batch) chosen to be sent, in one store call and hands each job
+// of the batch back. A job whose caller gave up before the batch was taken
+// is not in sc.live: its caller has answered already, so it must not be
 // charged. The batch leaves the active ones before any of its jobs is
 // handed back or recycled.
 func (g *Guard) execGathered(sc *gatherScratch) {
-	sc.live = sc.live[:0]
-	for _, j := range sc.batch {
-		if j.state.Load() != jobAbandoned {
-			j.sent.Store(true)
-			sc.live = append(sc.live, j)
-		}
-	}
 	if len(sc.live) > 0 {
 		g.stats.gatheredCalls.Add(1)
 		g.stats.gatheredJobs.Add(int64(len(sc.live)))

@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -151,4 +152,91 @@ func TestQueuedTimeoutsKeepBreakerClosed(t *testing.T) {
 	}
 	close(s.open)
 	wg.Wait()
+}
+
+// seenStore holds its first Check until open is closed and records the
+// key of every request that reaches it.
+type seenStore struct {
+	*memory.Store
+	open  chan struct{}
+	first atomic.Bool
+	mu    sync.Mutex
+	seen  map[string]bool
+}
+
+func (s *seenStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	if s.first.CompareAndSwap(false, true) {
+		<-s.open
+	}
+	s.mu.Lock()
+	for _, r := range reqs {
+		s.seen[r.Key] = true
+	}
+	s.mu.Unlock()
+	return s.Store.Check(ctx, reqs, out)
+}
+
+// TestGatheredCheckReportedUnsentIsNotSent: the sweeper gives up on
+// gathered checks while a gathering goroutine takes them into a call. A
+// check whose caller is told it was not sent (excluded from the breaker,
+// charging nothing) must not reach the store. Each round queues a full
+// batch behind a held call and releases the call around the instant the
+// batch's deadline passes, so that the sweeper and the gatherer meet; the
+// rounds stop after a few seconds.
+func TestGatheredCheckReportedUnsentIsNotSent(t *testing.T) {
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1 << 30, Window: time.Hour})
+	unsent, charged := 0, 0
+	stop := time.Now().Add(3 * time.Second)
+	for round := 0; time.Now().Before(stop) && charged == 0; round++ {
+		s := &seenStore{Store: newMemory(t, nil), open: make(chan struct{}), seen: map[string]bool{}}
+		g, err := New(s, Config{Deadline: 2 * time.Millisecond, Gatherers: 1,
+			Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { check1(context.Background(), g, "held", p, 1) })
+		for !s.first.Load() {
+			time.Sleep(50 * time.Microsecond)
+		}
+		// Queue the jobs directly, as run does, all with one expiry and
+		// no context, so that only the deadline ends their wait.
+		expires := time.Now().Add(time.Millisecond)
+		keys := make([]string, MaxGathered)
+		dones := make([]chan uint8, MaxGathered)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("k%d-%d", round, i)
+			j := g.newJob(opCheck, []store.Request{{Key: keys[i], Params: p, Cost: 1}}, 1)
+			g.inflight.Add(1)
+			j.gone, j.expires = nil, expires
+			dones[i] = j.done
+			g.gatherJob(j)
+		}
+		time.Sleep(time.Until(expires) + time.Duration(round%16)*25*time.Microsecond - 200*time.Microsecond)
+		close(s.open)
+		got := make([]uint8, len(dones))
+		for i, done := range dones {
+			got[i] = <-done
+		}
+		wg.Wait()
+		for g.inflight.Load() != 0 { // the batch's call returns
+			time.Sleep(100 * time.Microsecond)
+		}
+		s.mu.Lock()
+		for i, v := range got {
+			if v != doneGaveUpUnsent {
+				continue
+			}
+			unsent++
+			if s.seen[keys[i]] {
+				charged++
+				if charged == 1 {
+					t.Errorf("round %d: check %q reported to its caller as not sent, but the store decided it", round, keys[i])
+				}
+			}
+		}
+		s.mu.Unlock()
+		g.Close()
+	}
+	t.Logf("%d checks reported not sent, %d of them decided by the store", unsent, charged)
 }
