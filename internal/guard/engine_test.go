@@ -94,6 +94,47 @@ rules:
 	}
 }
 
+// TestEnginePrioritiesShareNoCachedDenial: a client's low-priority checks
+// (limit 10 x 0.8 = 8) and normal ones (10) count on one key. A
+// low-priority denial does not deny, from the over-limit cache, the
+// normal-priority checks the store still has room for.
+func TestEnginePrioritiesShareNoCachedDenial(t *testing.T) {
+	pol, err := policy.Parse("t.yaml", []byte(`version: 1
+rules:
+  - { id: r, match: { resource: /r }, algorithm: fixed_window, limit: 10, window: 1h }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGuard(t, newMemory(t, nil), Config{Deadline: time.Second})
+	eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	check := func(pr engine.Priority) engine.Result {
+		t.Helper()
+		r, err := eng.Check(ctx, &engine.Check{ClientID: "c", Resource: "/r", Cost: 1, Priority: pr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for i := range 10 {
+		r := check(engine.PriorityLow)
+		if want := i < 8; r.Allowed != want {
+			t.Fatalf("low-priority check %d: allowed %v from %s, want %v", i, r.Allowed, r.Source, want)
+		}
+	}
+	for i := range 3 {
+		r := check(engine.PriorityNormal)
+		if want := i < 2; r.Allowed != want {
+			t.Errorf("normal-priority check %d with %d of 10 used: allowed %v from %s (retry after %s), want %v",
+				i, 8+i, r.Allowed, r.Source, r.Deciding.RetryAfter.Round(time.Second), want)
+		}
+	}
+}
+
 func fmtBools(b []bool) string {
 	s := make([]string, len(b))
 	for i, v := range b {

@@ -379,6 +379,56 @@ func TestOverLimitCache(t *testing.T) {
 	}
 }
 
+// TestOverLimitCacheKeepsLimitsApart: the priorities (and tiers and
+// overrides) of a rule count on one key with different limits. A denial
+// under one limit is remembered for that limit only: a check of the key
+// under another limit goes to the store, which may admit it.
+func TestOverLimitCacheKeepsLimitsApart(t *testing.T) {
+	clk := &fakeClock{}
+	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC).UnixNano())
+	inner := &guardtest.Faulty{Inner: newMemory(t, clk.now)}
+	twin := newMemory(t, clk.now)
+	g := newGuard(t, inner, Config{Now: clk.now, Deadline: time.Second})
+	low := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 8, Window: time.Minute})
+	high := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 12, Window: time.Minute})
+	ctx := context.Background()
+	tests := []struct {
+		p       *algorithm.Params
+		src     engine.Source
+		allowed bool
+	}{
+		{low, engine.SourceStore, true}, // 1 of 8
+		{low, engine.SourceStore, true},
+		{low, engine.SourceStore, true},
+		{low, engine.SourceStore, true},
+		{low, engine.SourceStore, true},
+		{low, engine.SourceStore, true},
+		{low, engine.SourceStore, true},
+		{low, engine.SourceStore, true},            // 8 of 8
+		{low, engine.SourceStore, false},           // remembered for low
+		{low, engine.SourceOverLimitCache, false},  // answered for low
+		{high, engine.SourceStore, true},           // 9 of 12: not low's denial
+		{high, engine.SourceStore, true},           // 10
+		{low, engine.SourceOverLimitCache, false},  // low's entry stands
+		{high, engine.SourceStore, true},           // 11
+		{high, engine.SourceStore, true},           // 12
+		{high, engine.SourceStore, false},          // remembered for high
+		{high, engine.SourceOverLimitCache, false}, // answered for high
+		{low, engine.SourceStore, false},           // high's denial replaced low's
+	}
+	for i, tt := range tests {
+		d, src, err := check1(ctx, g, "k", tt.p, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := twin.Decide(store.Request{Key: "k", Params: tt.p, Cost: 1})
+		if d.Allowed != tt.allowed || want.Allowed != tt.allowed || src != tt.src {
+			t.Errorf("check %d (limit %d): allowed %v from %s (the store alone: %v), want %v from %s",
+				i, tt.p.Limit, d.Allowed, src, want.Allowed, tt.allowed, tt.src)
+		}
+	}
+}
+
 func TestOverLimitCacheBounded(t *testing.T) {
 	inner := newMemory(t, nil)
 	g := newGuard(t, inner, Config{Deadline: time.Second, OverLimit: OverLimitConfig{MaxKeys: 64}})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -21,10 +22,14 @@ const DefaultOverLimitMaxKeys = 65536
 // (ReasonLimited), the store's contract says the same request would not be
 // admitted before d has passed, whatever else arrives (other requests only
 // consume more). So until sent+d, where sent is the instant the guard
-// sent the request (before the store decided), every request on k of cost
-// at least c is denied in process: decision source over_limit_cache, no
-// store call, nothing consumed. Requests of a smaller cost still go to the
-// store, which may admit them sooner. The cache therefore never denies a
+// sent the request (before the store decided), every request on k with
+// the same params and a cost of at least c is denied in process: decision
+// source over_limit_cache, no store call, nothing consumed. Requests of a
+// smaller cost still go to the store, which may admit them sooner, and so
+// do requests with other params: the priorities, tiers and overrides of a
+// rule count on one key with different limits, and a denial under one
+// says nothing of another (the params are compared by pointer, stable for
+// a compiled policy). The cache therefore never denies a
 // request the store would have admitted, and never admits anything; it
 // can only be stale in one way: a Reset made through another instance is
 // not seen here until the entry expires. For the window algorithms and
@@ -48,6 +53,7 @@ type olcEntry struct {
 	resetAt time.Time // fully restored then, if nothing else arrives
 	cost    int64     // denied at this cost and above
 	limit   int64
+	params  *algorithm.Params // denied under these params only
 }
 
 type olcShard struct {
@@ -85,7 +91,8 @@ func (o *overLimitCache) shard(key string) *olcShard {
 	return &o.shards[maphash.String(o.seed, key)%olcShards]
 }
 
-// lookup returns the cached denial of r at now, if any.
+// lookup returns the cached denial of r at now, if any: one of a request
+// with r's params and at most r's cost.
 func (o *overLimitCache) lookup(r *store.Request, now time.Time) (sluice.Decision, bool) {
 	if o.empty() {
 		return sluice.Decision{}, false
@@ -99,7 +106,7 @@ func (o *overLimitCache) lookup(r *store.Request, now time.Time) (sluice.Decisio
 		ok = false
 	}
 	sh.mu.Unlock()
-	if !ok || r.Cost < e.cost {
+	if !ok || e.params != r.Params || r.Cost < e.cost {
 		return sluice.Decision{}, false
 	}
 	retry := e.until.Sub(now)
@@ -113,11 +120,12 @@ func (o *overLimitCache) remember(r *store.Request, sent time.Time, d *sluice.De
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[r.Key]
-	next := olcEntry{until: until, resetAt: sent.Add(d.ResetAfter), cost: r.Cost, limit: d.Limit}
+	next := olcEntry{until: until, resetAt: sent.Add(d.ResetAfter), cost: r.Cost, limit: d.Limit, params: r.Params}
 	if ok {
-		// Keep what the two denials together say: a smaller cost denied
-		// as long covers both; otherwise the newest wins.
-		if e.cost <= r.Cost && !e.until.Before(until) {
+		// Keep what the two denials together say: under the same params,
+		// a smaller cost denied as long covers both; otherwise the newest
+		// wins.
+		if e.params == r.Params && e.cost <= r.Cost && !e.until.Before(until) {
 			return
 		}
 		sh.m[r.Key] = next
