@@ -372,7 +372,7 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 		}
 		if g.hot != nil {
 			if hk := g.hot.observe(r); hk != nil {
-				d, verdict := hk.take(r.Cost, now)
+				d, verdict := hk.take(r.Params, r.Cost, now)
 				switch verdict {
 				case leaseAdmit:
 					out[i] = d

@@ -57,7 +57,12 @@ const (
 // 2 x SyncInterval (and, for a fixed window, at the end of its window).
 // When the lease is empty the check goes to the store as usual; when the
 // store refused the last top-up (the key is over its limit), checks are
-// denied in process until the next sync.
+// denied in process until the next sync. A lease is taken under the
+// params of the key's latest check and decides only checks under the same
+// params: the priorities, tiers and overrides of a rule count on one key
+// with different limits, so the others go to the store. A lease under
+// other params that still holds units runs out or expires before the key
+// leases under new ones.
 //
 // # Bound
 //
@@ -189,17 +194,20 @@ func (s *sketch) clear() {
 // hotKey is the in-process state of one hot key.
 type hotKey struct {
 	key      string
-	params   atomic.Pointer[algorithm.Params]
-	cap      int64     // the largest lease
-	promoted time.Time // when the key became hot
+	params   atomic.Pointer[algorithm.Params] // of the last check seen
+	promoted time.Time                        // when the key became hot
 
 	demand atomic.Int64 // cost seen since the last sync
 	checks atomic.Int64 // checks seen in the current detection window
 
-	mu        sync.Mutex // guards the fields below
-	avail     int64      // leased units not yet admitted
-	expires   time.Time  // of the lease
-	remaining int64      // the store's remaining after the last lease
+	mu sync.Mutex // guards the fields below
+	// lease is the params the lease was taken under: only checks with
+	// the same params are decided from it (the priorities, tiers and
+	// overrides of a rule share the key with different limits).
+	lease     *algorithm.Params
+	avail     int64     // leased units not yet admitted
+	expires   time.Time // of the lease
+	remaining int64     // the store's remaining after the last lease
 	resetAt   time.Time
 	over      bool      // the store refused the last top-up
 	overUntil time.Time // local denials stop then at the latest
@@ -258,7 +266,7 @@ func (t *hotTier) promoteKey(r *store.Request) *hotKey {
 			return nil
 		}
 	}
-	hk := &hotKey{key: r.Key, cap: t.leaseCap(r.Params), promoted: time.Now()}
+	hk := &hotKey{key: r.Key, promoted: time.Now()}
 	hk.params.Store(r.Params)
 	// Until the first sync has seen an interval of demand, assume the
 	// threshold rate.
@@ -321,11 +329,13 @@ func (t *hotTier) cool() {
 }
 
 // take admits cost from the lease, or denies while the key is over its
-// limit, or passes.
-func (hk *hotKey) take(cost int64, now time.Time) (sluice.Decision, leaseVerdict) {
-	p := hk.params.Load()
+// limit, or passes. A check under params other than the lease's passes.
+func (hk *hotKey) take(p *algorithm.Params, cost int64, now time.Time) (sluice.Decision, leaseVerdict) {
 	hk.mu.Lock()
 	defer hk.mu.Unlock()
+	if p != hk.lease {
+		return sluice.Decision{}, leasePass
+	}
 	if !now.Before(hk.expires) {
 		hk.avail = 0
 	}
@@ -389,13 +399,17 @@ func (g *Guard) syncLoop(ctx context.Context) {
 
 // lease is one top-up request of a sync.
 type lease struct {
-	hk   *hotKey
-	need int64
+	hk     *hotKey
+	params *algorithm.Params
+	need   int64
 }
 
 // sync tops up every hot key's lease in one batched store call (and one
 // more for the keys the store could only partly serve), to 1.5 times the
-// demand of an interval, measured over elapsed since the last sync.
+// demand of an interval, measured over elapsed since the last sync. A
+// lease is taken under the params of the key's last check; a lease under
+// other params that still holds units is left to run out or expire
+// first.
 func (g *Guard) sync(ctx context.Context, elapsed time.Duration) {
 	t := g.hot
 	m := t.keys.Load()
@@ -407,15 +421,22 @@ func (g *Guard) sync(ctx context.Context, elapsed time.Duration) {
 	var leases []lease
 	for _, hk := range *m {
 		demand := float64(hk.demand.Swap(0)) * float64(t.interval) / float64(max(elapsed, time.Millisecond))
-		target := min(hk.cap, int64(math.Ceil(demand*1.5)))
+		p := hk.params.Load()
+		if !t.eligible(p) {
+			continue
+		}
+		target := min(t.leaseCap(p), int64(math.Ceil(demand*1.5)))
 		hk.mu.Lock()
 		if !now.Before(hk.expires) {
 			hk.avail = 0
 		}
 		need := target - hk.avail
+		if hk.lease != p && hk.avail > 0 {
+			need = 0
+		}
 		hk.mu.Unlock()
 		if need > 0 {
-			leases = append(leases, lease{hk, need})
+			leases = append(leases, lease{hk, p, need})
 		}
 	}
 	for round := 0; round < 2 && len(leases) > 0; round++ {
@@ -430,7 +451,7 @@ func (g *Guard) topUp(ctx context.Context, leases []lease) []lease {
 	reqs := make([]store.Request, len(leases))
 	out := make([]sluice.Decision, len(leases))
 	for i, l := range leases {
-		reqs[i] = store.Request{Key: l.hk.key, Params: l.hk.params.Load(), Cost: l.need}
+		reqs[i] = store.Request{Key: l.hk.key, Params: l.params, Cost: l.need}
 	}
 	sent := g.now()
 	g.stats.syncs.Add(1)
@@ -455,6 +476,11 @@ func (g *Guard) topUp(ctx context.Context, leases []lease) []lease {
 		d := &out[i]
 		hk := l.hk
 		hk.mu.Lock()
+		if hk.lease != l.params {
+			// A lease under new params: the units of the old one, if any,
+			// were counted under other params and are dropped.
+			hk.lease, hk.avail, hk.over = l.params, 0, false
+		}
 		hk.remaining = d.Remaining
 		hk.resetAt = sent.Add(d.ResetAfter)
 		if d.Allowed {
@@ -466,7 +492,7 @@ func (g *Guard) topUp(ctx context.Context, leases []lease) []lease {
 			hk.expires = sent.Add(ttl)
 			hk.over = false
 		} else if d.Remaining > 0 && d.Remaining < l.need {
-			again = append(again, lease{hk, d.Remaining})
+			again = append(again, lease{hk, l.params, d.Remaining})
 		} else {
 			hk.over = hk.avail == 0
 			hk.overUntil = sent.Add(leaseIntervals * t.interval)

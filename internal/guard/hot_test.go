@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/internal/guard/guardtest"
+	"github.com/sluicehq/sluice/store"
 )
 
 // hammer checks key with cost 1 from n goroutines for d, and returns the
@@ -129,6 +130,70 @@ func TestHotKeyOvershoot(t *testing.T) {
 				t.Errorf("%d of %d checks reached the store, want at most 25%%", reached, checks)
 			}
 		})
+	}
+}
+
+// TestHotKeyLeaseServesItsOwnLimit: the priorities of a rule count on one
+// key with different limits (480 at low priority, 720 at high here). A hot
+// key's lease is taken under one of them and decides only the checks
+// under the same limit: low-priority checks are not admitted from a lease
+// taken at high priority once their own limit is used up, and a top-up
+// refused at low priority denies no high-priority check.
+func TestHotKeyLeaseServesItsOwnLimit(t *testing.T) {
+	clk := &fakeClock{}
+	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC).UnixNano())
+	mem := newMemory(t, clk.now)
+	g := newGuard(t, mem, Config{Now: clk.now, Deadline: 10 * time.Second, Breaker: BreakerConfig{Disabled: true},
+		OverLimit: OverLimitConfig{Disabled: true},
+		HotKeys:   HotKeyConfig{Enabled: true, SyncInterval: time.Second, Window: time.Second, Threshold: 4}})
+	low := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 480, Window: time.Minute})
+	high := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 720, Window: time.Minute})
+	ctx := context.Background()
+	// 500 units used: over the low-priority limit, under the high one.
+	out := make([]sluice.Decision, 1)
+	if err := mem.Check(ctx, []store.Request{{Key: "k", Params: high, Cost: 500}}, out); err != nil || !out[0].Allowed {
+		t.Fatal(out[0], err)
+	}
+	check := func(p *algorithm.Params) (sluice.Decision, engine.Source) {
+		t.Helper()
+		d, src, err := check1(ctx, g, "k", p, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d, src
+	}
+	lowAdmitted, highDenied, highLeased := 0, 0, 0
+	for range 10 { // 110 high-priority units: 610 of 720
+		check(high)
+		g.sync(ctx, time.Second) // a lease under the last check's limit: high
+		for range 10 {
+			if d, _ := check(low); d.Allowed {
+				lowAdmitted++
+			}
+			d, src := check(high)
+			if !d.Allowed {
+				highDenied++
+			}
+			if src == engine.SourceHotKey {
+				highLeased++
+			}
+		}
+	}
+	if lowAdmitted > 0 || highDenied > 0 {
+		t.Errorf("with 500 to 610 units used: %d low-priority checks admitted (limit 480), %d high-priority ones denied (limit 720)", lowAdmitted, highDenied)
+	}
+	if highLeased == 0 {
+		t.Errorf("no high-priority check was decided from the lease")
+	}
+	// The high lease expires; one taken at low priority is refused.
+	clk.advance(3 * time.Second)
+	check(low)
+	g.sync(ctx, time.Second)
+	if d, _ := check(low); d.Allowed {
+		t.Errorf("low-priority check admitted with 610 of 480 units used")
+	}
+	if d, src := check(high); !d.Allowed {
+		t.Errorf("high-priority check with 610 of 720 units used: denied by %s after a low-priority top-up was refused", src)
 	}
 }
 
