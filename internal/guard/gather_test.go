@@ -194,23 +194,26 @@ func TestGatheredCheckReportedUnsentIsNotSent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var wg sync.WaitGroup
-		wg.Go(func() { check1(context.Background(), g, "held", p, 1) })
+		// Queue the jobs directly, as run does, with no context, so that
+		// only their expiry ends their wait. The first, which the store
+		// holds, never expires.
+		gather := func(key string, expires time.Time) chan uint8 {
+			j := g.newJob(opCheck, []store.Request{{Key: key, Params: p, Cost: 1}}, 1)
+			g.inflight.Add(1)
+			j.gone, j.expires = nil, expires
+			g.gatherJob(j)
+			return j.done
+		}
+		held := gather("held", time.Now().Add(time.Hour))
 		for !s.first.Load() {
 			time.Sleep(50 * time.Microsecond)
 		}
-		// Queue the jobs directly, as run does, all with one expiry and
-		// no context, so that only the deadline ends their wait.
 		expires := time.Now().Add(time.Millisecond)
 		keys := make([]string, MaxGathered)
 		dones := make([]chan uint8, MaxGathered)
 		for i := range keys {
 			keys[i] = fmt.Sprintf("k%d-%d", round, i)
-			j := g.newJob(opCheck, []store.Request{{Key: keys[i], Params: p, Cost: 1}}, 1)
-			g.inflight.Add(1)
-			j.gone, j.expires = nil, expires
-			dones[i] = j.done
-			g.gatherJob(j)
+			dones[i] = gather(keys[i], expires)
 		}
 		time.Sleep(time.Until(expires) + time.Duration(round%16)*25*time.Microsecond - 200*time.Microsecond)
 		close(s.open)
@@ -218,7 +221,9 @@ func TestGatheredCheckReportedUnsentIsNotSent(t *testing.T) {
 		for i, done := range dones {
 			got[i] = <-done
 		}
-		wg.Wait()
+		if v := <-held; v != doneFinished {
+			t.Fatalf("round %d: the held check was given up (%d)", round, v)
+		}
 		for g.inflight.Load() != 0 { // the batch's call returns
 			time.Sleep(100 * time.Microsecond)
 		}
