@@ -328,7 +328,8 @@ type scratch struct {
 	reqs []store.Request
 	out  []sluice.Decision
 	idx  []int
-	hot  []*hotKey // per request: the lease taken from, or nil
+	hot  []*hotKey // per request: the hot key whose lease admitted it, or nil
+	gen  []uint64  // per request admitted from a lease: the lease's gen
 }
 
 // CheckSourced is Check (all false) or CheckAll (all true), and reports in
@@ -350,6 +351,7 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 	defer g.putScratch(s)
 	s.idx = s.idx[:0]
 	s.hot = grow(s.hot, len(reqs))
+	s.gen = grow(s.gen, len(reqs))
 	denied := false
 	local := 0
 	for i := range reqs {
@@ -372,11 +374,11 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 		}
 		if g.hot != nil {
 			if hk := g.hot.observe(r); hk != nil {
-				d, verdict := hk.take(r.Params, r.Cost, now)
+				d, gen, verdict := hk.take(r.Params, r.Cost, now)
 				switch verdict {
 				case leaseAdmit:
 					out[i] = d
-					s.hot[i] = hk
+					s.hot[i], s.gen[i] = hk, gen
 					setSource(src, i, engine.SourceHotKey)
 					local++
 					continue
@@ -462,11 +464,16 @@ func (g *Guard) refuseRest(s *scratch, reqs []store.Request, out []sluice.Decisi
 	}
 }
 
-// giveBack returns to their leases the units taken for reqs.
+// giveBack returns to their leases the units taken for reqs, where the
+// leases are still current.
 func (g *Guard) giveBack(s *scratch, reqs []store.Request) {
+	var now time.Time
 	for i := range reqs {
 		if hk := s.hot[i]; hk != nil {
-			hk.giveBack(reqs[i].Cost)
+			if now.IsZero() {
+				now = g.now()
+			}
+			hk.giveBack(reqs[i].Cost, s.gen[i], now)
 			s.hot[i] = nil
 		}
 	}

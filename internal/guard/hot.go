@@ -204,7 +204,11 @@ type hotKey struct {
 	// lease is the params the lease was taken under: only checks with
 	// the same params are decided from it (the priorities, tiers and
 	// overrides of a rule share the key with different limits).
-	lease     *algorithm.Params
+	lease *algorithm.Params
+	// gen counts the leases: it changes when a lease starts afresh (the
+	// last one expired, or its params change), so that units taken from
+	// one lease are never given back to the next.
+	gen       uint64
 	avail     int64     // leased units not yet admitted
 	expires   time.Time // of the lease
 	remaining int64     // the store's remaining after the last lease
@@ -330,11 +334,12 @@ func (t *hotTier) cool() {
 
 // take admits cost from the lease, or denies while the key is over its
 // limit, or passes. A check under params other than the lease's passes.
-func (hk *hotKey) take(p *algorithm.Params, cost int64, now time.Time) (sluice.Decision, leaseVerdict) {
+// An admitted check's units come from the lease gen.
+func (hk *hotKey) take(p *algorithm.Params, cost int64, now time.Time) (_ sluice.Decision, gen uint64, _ leaseVerdict) {
 	hk.mu.Lock()
 	defer hk.mu.Unlock()
 	if p != hk.lease {
-		return sluice.Decision{}, leasePass
+		return sluice.Decision{}, 0, leasePass
 	}
 	if !now.Before(hk.expires) {
 		hk.avail = 0
@@ -342,20 +347,25 @@ func (hk *hotKey) take(p *algorithm.Params, cost int64, now time.Time) (sluice.D
 	if hk.avail >= cost {
 		hk.avail -= cost
 		return sluice.Decision{Allowed: true, Reason: sluice.ReasonAllowed, Limit: p.Limit,
-			Remaining: min(p.Burst, hk.remaining+hk.avail), ResetAfter: max(0, hk.resetAt.Sub(now))}, leaseAdmit
+			Remaining: min(p.Burst, hk.remaining+hk.avail), ResetAfter: max(0, hk.resetAt.Sub(now))}, hk.gen, leaseAdmit
 	}
 	if hk.over && now.Before(hk.overUntil) {
 		retry := max(time.Millisecond, min(hk.retryAt.Sub(now), hk.overUntil.Sub(now)))
 		return sluice.Decision{Reason: sluice.ReasonLimited, Limit: p.Limit, Remaining: hk.avail,
-			RetryAfter: retry, ResetAfter: max(retry, hk.resetAt.Sub(now))}, leaseDeny
+			RetryAfter: retry, ResetAfter: max(retry, hk.resetAt.Sub(now))}, 0, leaseDeny
 	}
-	return sluice.Decision{}, leasePass
+	return sluice.Decision{}, 0, leasePass
 }
 
-// giveBack returns cost to the lease, unless it has expired since.
-func (hk *hotKey) giveBack(cost int64) {
+// giveBack returns cost, taken from the lease gen, to that lease, unless
+// it has expired at now or another lease has replaced it: units counted
+// in the store for one lease (for a fixed window, in one window) are never
+// admitted from the next.
+func (hk *hotKey) giveBack(cost int64, gen uint64, now time.Time) {
 	hk.mu.Lock()
-	hk.avail += cost
+	if gen == hk.gen && now.Before(hk.expires) {
+		hk.avail += cost
+	}
 	hk.mu.Unlock()
 }
 
@@ -480,6 +490,7 @@ func (g *Guard) topUp(ctx context.Context, leases []lease) []lease {
 			// A lease under new params: the units of the old one, if any,
 			// were counted under other params and are dropped.
 			hk.lease, hk.avail, hk.over = l.params, 0, false
+			hk.gen++
 		}
 		hk.remaining = d.Remaining
 		hk.resetAt = sent.Add(d.ResetAfter)
@@ -487,6 +498,7 @@ func (g *Guard) topUp(ctx context.Context, leases []lease) []lease {
 			ttl := min(leaseIntervals*t.interval, d.ResetAfter)
 			if !sent.Before(hk.expires) {
 				hk.avail = 0
+				hk.gen++ // a new lease, not an extension of the last
 			}
 			hk.avail += l.need
 			hk.expires = sent.Add(ttl)

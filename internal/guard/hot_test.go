@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/internal/guard/guardtest"
 	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/memory"
 )
 
 // hammer checks key with cost 1 from n goroutines for d, and returns the
@@ -194,6 +195,100 @@ func TestHotKeyLeaseServesItsOwnLimit(t *testing.T) {
 	}
 	if d, src := check(high); !d.Allowed {
 		t.Errorf("high-priority check with 610 of 720 units used: denied by %s after a low-priority top-up was refused", src)
+	}
+}
+
+// holdStore holds, once armed, the first Check that carries key hold until
+// release is closed.
+type holdStore struct {
+	*memory.Store
+	hold    string
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *holdStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	for _, r := range reqs {
+		if r.Key == s.hold && s.armed.CompareAndSwap(true, false) {
+			close(s.entered)
+			<-s.release
+		}
+	}
+	return s.Store.Check(ctx, reqs, out)
+}
+
+// TestHotKeyGiveBackKeepsToItsLease: a CheckAll admitted one unit of a hot
+// key from its lease, in one fixed window, and is refused by the store
+// only after a sync has replaced the lease in the next window. The unit
+// was counted in the first window: it is not given back to the new lease,
+// and the key admits no more than its limit in the next window.
+func TestHotKeyGiveBackKeepsToItsLease(t *testing.T) {
+	clk := &fakeClock{}
+	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 59, 0, time.UTC).UnixNano())
+	s := &holdStore{Store: newMemory(t, clk.now), hold: "o", entered: make(chan struct{}), release: make(chan struct{})}
+	g := newGuard(t, s, Config{Now: clk.now, Deadline: 10 * time.Second, Breaker: BreakerConfig{Disabled: true},
+		OverLimit: OverLimitConfig{Disabled: true},
+		HotKeys:   HotKeyConfig{Enabled: true, SyncInterval: time.Second, Window: time.Second, Threshold: 4}})
+	const limit = 600
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: limit, Window: time.Minute})
+	po := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Hour})
+	ctx := context.Background()
+	if d, _, _ := check1(ctx, g, "o", po, 1); !d.Allowed { // o's next check is denied
+		t.Fatal("o denied within its limit")
+	}
+	for range 4 { // h is hot
+		check1(ctx, g, "h", p, 1)
+	}
+	g.sync(ctx, time.Second) // a lease in the window ending at 00:01:00
+	if _, src, _ := check1(ctx, g, "h", p, 1); src != engine.SourceHotKey {
+		t.Fatalf("h decided by %s, want a lease", src)
+	}
+	checkAll := func() {
+		reqs := []store.Request{{Key: "h", Params: p, Cost: 1}, {Key: "o", Params: po, Cost: 1}}
+		out := make([]sluice.Decision, 2)
+		src := make([]engine.Source, 2)
+		if err := g.CheckSourced(ctx, true, reqs, out, src); err != nil {
+			t.Error(err)
+		}
+		if out[0].Allowed || out[1].Allowed || src[0] != engine.SourceHotKey {
+			t.Errorf("CheckAll of h and o: %+v from %v, want both refused, h from its lease", out, src)
+		}
+	}
+	avail := func() int64 {
+		hk := (*g.hot.keys.Load())["h"]
+		hk.mu.Lock()
+		defer hk.mu.Unlock()
+		return hk.avail
+	}
+	// Refused while the lease lasts: the unit goes back to it.
+	before := avail()
+	checkAll()
+	if after := avail(); after != before {
+		t.Errorf("lease of %d units before a refused CheckAll, %d after", before, after)
+	}
+
+	s.armed.Store(true)
+	var wg sync.WaitGroup
+	wg.Go(checkAll)
+	<-s.entered                          // h's unit is taken; o waits in the store
+	clk.advance(1500 * time.Millisecond) // 00:01:00.5
+	g.sync(ctx, time.Second)             // a lease in the next window
+	close(s.release)
+	wg.Wait()
+
+	admitted := 0
+	for range 2 * limit {
+		d, _, err := check1(ctx, g, "h", p, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	if admitted > limit {
+		t.Errorf("fixed window of %d: %d checks admitted in one window", limit, admitted)
 	}
 }
 
