@@ -8,6 +8,8 @@ import (
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/internal/guard/guardtest"
 	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/store/redis"
+	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
 // TestEngineReportsSources runs the engine on a guard: the over-limit
@@ -132,6 +134,67 @@ rules:
 			t.Errorf("normal-priority check %d with %d of 10 used: allowed %v from %s (retry after %s), want %v",
 				i, 8+i, r.Allowed, r.Source, r.Deciding.RetryAfter.Round(time.Second), want)
 		}
+	}
+}
+
+// TestEngineRefusedBatchLeavesNoCachedDenial: an all-or-nothing batch of
+// two checks of one client puts one key twice in a CheckAll. With one unit
+// left, the store decides the second request on the state the first
+// leaves and denies it with a retry-after; the batch consumes nothing. That
+// denial is not remembered: the unit is still there, and the next single
+// check is admitted by the store.
+func TestEngineRefusedBatchLeavesNoCachedDenial(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		newStore func(t *testing.T) Store
+	}{
+		{"memory", func(t *testing.T) Store { return newMemory(t, nil) }},
+		{"redis", func(t *testing.T) Store {
+			srv := redistest.Start(t)
+			st, err := redis.New(redis.Config{Addrs: []string{srv.Addr}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			return st
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pol, err := policy.Parse("t.yaml", []byte(`version: 1
+rules:
+  - { id: r, match: { resource: /r }, algorithm: fixed_window, limit: 10, window: 1h }
+`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := newGuard(t, tc.newStore(t), Config{Deadline: 2 * time.Second})
+			eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			c := engine.Check{ClientID: "c", Resource: "/r", Cost: 1}
+			for range 9 {
+				if r, err := eng.Check(ctx, &c); err != nil || !r.Allowed {
+					t.Fatalf("within the limit: %+v %v", r, err)
+				}
+			}
+			out, err := eng.BatchCheck(ctx, []engine.Check{c, c}, engine.AllOrNothing)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out[0].Allowed || out[1].Allowed {
+				t.Fatalf("batch of 2 with 1 unit left admitted")
+			}
+			r, err := eng.Check(ctx, &c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !r.Allowed || r.Source != engine.SourceStore {
+				t.Errorf("single check with 1 of 10 left after a refused batch: allowed %v from %s (retry after %s), want admitted by the store",
+					r.Allowed, r.Source, r.Deciding.RetryAfter.Round(time.Second))
+			}
+		})
 	}
 }
 

@@ -489,7 +489,10 @@ func (g *Guard) putScratch(s *scratch) {
 }
 
 // direct sends reqs to the store under the breaker and the deadline, and
-// remembers its denials in the over-limit cache.
+// remembers its denials in the over-limit cache. A CheckAll decides a key
+// that appears twice on the state its earlier requests leave, and then
+// keeps nothing: such a denial says nothing of the key's own state, and
+// is not remembered.
 func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision) error {
 	sent := g.now()
 	op := opCheck
@@ -502,12 +505,23 @@ func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out 
 	}
 	for i := range reqs {
 		if d := &out[i]; !d.Allowed && d.Reason == sluice.ReasonLimited && d.RetryAfter > 0 {
-			if r := &reqs[i]; r.Cost > 0 && r.Now.IsZero() {
+			if r := &reqs[i]; r.Cost > 0 && r.Now.IsZero() && (op != opCheckAll || !keyBefore(reqs, i)) {
 				g.olc.remember(r, sent, d)
 			}
 		}
 	}
 	return nil
+}
+
+// keyBefore reports whether the key of reqs[i] is the key of an earlier
+// request of reqs.
+func keyBefore(reqs []store.Request, i int) bool {
+	for j := range i {
+		if reqs[j].Key == reqs[i].Key {
+			return true
+		}
+	}
+	return false
 }
 
 func grow[T any](b []T, n int) []T {
