@@ -275,9 +275,10 @@ func (g *Guard) CheckAll(ctx context.Context, reqs []store.Request, out []sluice
 }
 
 // Reset forgets the keys in the wrapped store, in the over-limit cache and
-// in the hot-key tier. Resets made through other instances sharing the
-// store do not reach this instance's cache: its entries stay until their
-// retry-after passes.
+// in the hot-key tier. A denial brought back after the reset by a check
+// sent before it is not remembered. Resets made through other instances
+// sharing the store do not reach this instance's cache: its entries stay
+// until their retry-after passes.
 func (g *Guard) Reset(ctx context.Context, keys ...string) error {
 	if g.olc != nil {
 		g.olc.forget(keys)
@@ -287,7 +288,11 @@ func (g *Guard) Reset(ctx context.Context, keys ...string) error {
 	}
 	j := g.newJob(opReset, nil, 0)
 	j.keys = append(j.keys, keys...)
-	return g.run(ctx, j, nil)
+	err := g.run(ctx, j, nil)
+	if g.olc != nil {
+		g.olc.reset(keys)
+	}
+	return err
 }
 
 // Ready reports whether the store answers through the guard: an error
@@ -495,6 +500,10 @@ func (g *Guard) putScratch(s *scratch) {
 // is not remembered.
 func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision) error {
 	sent := g.now()
+	var epoch uint64
+	if g.olc != nil {
+		epoch = g.olc.epoch.Load()
+	}
 	op := opCheck
 	if all && len(reqs) > 1 { // one request decides alike either way
 		op = opCheckAll
@@ -506,7 +515,7 @@ func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out 
 	for i := range reqs {
 		if d := &out[i]; !d.Allowed && d.Reason == sluice.ReasonLimited && d.RetryAfter > 0 {
 			if r := &reqs[i]; r.Cost > 0 && r.Now.IsZero() && (op != opCheckAll || !keyBefore(reqs, i)) {
-				g.olc.remember(r, sent, d)
+				g.olc.remember(r, sent, epoch, d)
 			}
 		}
 	}

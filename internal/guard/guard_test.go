@@ -429,6 +429,60 @@ func TestOverLimitCacheKeepsLimitsApart(t *testing.T) {
 	}
 }
 
+// lateStore decides a Check at once but, when hold is set, returns its
+// answer only once release is closed.
+type lateStore struct {
+	*memory.Store
+	hold    atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *lateStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	err := s.Store.Check(ctx, reqs, out)
+	if s.hold.CompareAndSwap(true, false) {
+		close(s.entered)
+		<-s.release
+	}
+	return err
+}
+
+// TestOverLimitCacheResetWithCheckInFlight: a check decided before a reset
+// through this instance brings back its denial after the reset. The denial
+// is not remembered: the first check after the reset reaches the reset
+// store and is admitted.
+func TestOverLimitCacheResetWithCheckInFlight(t *testing.T) {
+	s := &lateStore{Store: newMemory(t, nil), entered: make(chan struct{}), release: make(chan struct{})}
+	g := newGuard(t, s, Config{Deadline: 5 * time.Second, Breaker: BreakerConfig{Disabled: true}})
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Hour})
+	ctx := context.Background()
+	for range 3 {
+		if d, _, err := check1(ctx, g, "k", p, 1); err != nil || !d.Allowed {
+			t.Fatalf("within the limit: %+v %v", d, err)
+		}
+	}
+	s.hold.Store(true)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if d, _, _ := check1(ctx, g, "k", p, 1); d.Allowed {
+			t.Error("4th check admitted")
+		}
+	})
+	<-s.entered // denied by the store; the answer is held
+	if err := g.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	close(s.release)
+	wg.Wait()
+	d, src, err := check1(ctx, g, "k", p, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Allowed || src != engine.SourceStore {
+		t.Errorf("first check after Reset: allowed %v from %s (retry after %s), want admitted by the store", d.Allowed, src, d.RetryAfter.Round(time.Second))
+	}
+}
+
 func TestOverLimitCacheBounded(t *testing.T) {
 	inner := newMemory(t, nil)
 	g := newGuard(t, inner, Config{Deadline: time.Second, OverLimit: OverLimitConfig{MaxKeys: 64}})

@@ -62,10 +62,13 @@ type olcShard struct {
 }
 
 type overLimitCache struct {
-	obs    Observer
-	seed   maphash.Seed
-	per    int // keys per shard
-	n      atomic.Int64
+	obs  Observer
+	seed maphash.Seed
+	per  int // keys per shard
+	n    atomic.Int64
+	// epoch changes after every reset: a denial decided by a call sent in
+	// an earlier epoch may predate the reset, and is not remembered.
+	epoch  atomic.Uint64
 	shards [olcShards]olcShard
 }
 
@@ -113,12 +116,18 @@ func (o *overLimitCache) lookup(r *store.Request, now time.Time) (sluice.Decisio
 	return sluice.Decision{Reason: sluice.ReasonLimited, Limit: e.limit, RetryAfter: retry, ResetAfter: max(retry, e.resetAt.Sub(now))}, true
 }
 
-// remember records that r, sent at sent, was denied with d.
-func (o *overLimitCache) remember(r *store.Request, sent time.Time, d *sluice.Decision) {
+// remember records that r, sent at sent in epoch, was denied with d,
+// unless a reset has ended since. The epoch is compared under the shard's
+// lock, which reset's forget takes after the epoch changes, so that a
+// denial is either not remembered or forgotten by the reset.
+func (o *overLimitCache) remember(r *store.Request, sent time.Time, epoch uint64, d *sluice.Decision) {
 	until := sent.Add(d.RetryAfter)
 	sh := o.shard(r.Key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if o.epoch.Load() != epoch {
+		return
+	}
 	e, ok := sh.m[r.Key]
 	next := olcEntry{until: until, resetAt: sent.Add(d.ResetAfter), cost: r.Cost, limit: d.Limit, params: r.Params}
 	if ok {
@@ -155,6 +164,14 @@ func (o *overLimitCache) evict(sh *olcShard, now time.Time) {
 	}
 	delete(sh.m, victim)
 	o.obs.OverLimitEntries(int(o.n.Add(-1)))
+}
+
+// reset drops keys after the store has reset them: denials of calls sent
+// before are not remembered from now on, and those remembered meanwhile
+// are dropped.
+func (o *overLimitCache) reset(keys []string) {
+	o.epoch.Add(1)
+	o.forget(keys)
 }
 
 // forget drops keys.
