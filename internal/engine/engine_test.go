@@ -350,6 +350,50 @@ rules:
 	}
 }
 
+// TestIdempotencyForgetsFailureModes: with the records kept in process, a
+// check that a rule's failure mode decided (the store did not answer, so
+// nothing was charged there) is not the key's decision. A retry with the
+// same key, once the store answers, is decided and charged by the store.
+func TestIdempotencyForgetsFailureModes(t *testing.T) {
+	e, st := newEngine(t, `
+version: 1
+rules:
+  - {id: open, match: {resource: /open}, limit: 1, window: 1m, algorithm: fixed_window}
+  - {id: closed, match: {resource: /closed}, limit: 1, window: 1m, algorithm: fixed_window, failure_mode: fail_closed}
+  - {id: local, match: {resource: /local}, limit: 4, window: 1m, algorithm: fixed_window, failure_mode: local, expected_instances: 2}
+`)
+	fs := &flakyStore{Store: st}
+	e.store = fs
+	for _, tt := range []struct {
+		resource string
+		down     Source // the source of the check while the store is down
+	}{
+		{"/open", SourceFailOpen},
+		{"/closed", SourceFailClosed},
+		{"/local", SourceLocal},
+	} {
+		c := Check{ClientID: "f", Resource: tt.resource, Cost: 1, IdempotencyKey: "order" + tt.resource}
+		fs.down.Store(true)
+		if r := mustCheck(t, e, c); r.Source != tt.down {
+			t.Errorf("%s with the store down: source %s, want %s", tt.resource, r.Source, tt.down)
+		}
+		fs.down.Store(false)
+		r := mustCheck(t, e, c)
+		if !r.Allowed || r.Source != SourceStore || r.Deciding.Cost != 1 {
+			t.Errorf("%s retried once the store answers: allowed %v from %s, cost %d; want admitted and charged by the store",
+				tt.resource, r.Allowed, r.Source, r.Deciding.Cost)
+		}
+		if r := mustCheck(t, e, c); r.Source != SourceIdempotent {
+			t.Errorf("%s retried again: source %s, want the store's decision replayed", tt.resource, r.Source)
+		}
+	}
+	// The open rule's limit of 1 is used by the retry: another request is
+	// denied.
+	if r := mustCheck(t, e, Check{ClientID: "f", Resource: "/open", Cost: 1}); r.Allowed {
+		t.Errorf("/open: another request admitted after the retry used the limit of 1")
+	}
+}
+
 func TestFailureModes(t *testing.T) {
 	e, st := newEngine(t, `
 version: 1

@@ -33,7 +33,9 @@ func newIdemCache(ttl time.Duration, max int) *idemCache {
 
 // do returns the remembered decision of (client, key) at now, or runs
 // decide, remembers its result and returns it. An error from decide is
-// returned and not remembered.
+// returned and not remembered, and so is a result decided by a failure
+// mode: the store did not answer and charged nothing, so a retry is
+// decided anew.
 func (c *idemCache) do(ctx context.Context, now time.Time, client, key string, decide func() (Result, error)) (Result, error) {
 	k := idemKey{client, key}
 	for {
@@ -69,7 +71,7 @@ func (c *idemCache) do(ctx context.Context, now time.Time, client, key string, d
 
 		res, err := decide()
 		c.mu.Lock()
-		if err != nil {
+		if err != nil || fellBack(&res) {
 			delete(c.m, k)
 		} else {
 			e.res = res
@@ -79,6 +81,16 @@ func (c *idemCache) do(ctx context.Context, now time.Time, client, key string, d
 		c.mu.Unlock()
 		return res, err
 	}
+}
+
+// fellBack reports whether a rule's failure mode decided r, the store
+// having failed.
+func fellBack(r *Result) bool {
+	switch r.Source {
+	case SourceFailOpen, SourceFailClosed, SourceLocal:
+		return true
+	}
+	return false
 }
 
 // sweep drops expired entries; requires mu held.
