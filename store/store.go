@@ -16,6 +16,9 @@
 //     replay and tests.
 //   - Every method honours its context's deadline and returns an error
 //     wrapping sluice.ErrStoreUnavailable when the store cannot answer.
+//     When it can answer for some of Check's requests and not for others
+//     (a node of a cluster down), Check decides those it can and says
+//     which it could not with a *PartialError.
 //   - Implementations are safe for concurrent use.
 package store
 
@@ -40,6 +43,23 @@ type Request struct {
 	// Now is the instant of the check; zero means the store's clock.
 	Now time.Time
 }
+
+// PartialError is returned by a Check whose requests were spread over
+// several nodes (Redis Cluster) when some nodes answered and others did
+// not. The requests at the indexes in Failed, ascending, were not decided;
+// every other request was decided (and charged) and its decision is in
+// out. Err, which wraps sluice.ErrStoreUnavailable, says why the others
+// failed. A Check that decides nothing returns Err alone.
+type PartialError struct {
+	Failed []int
+	Err    error
+}
+
+func (e *PartialError) Error() string {
+	return fmt.Sprintf("%v (%d requests not decided)", e.Err, len(e.Failed))
+}
+
+func (e *PartialError) Unwrap() error { return e.Err }
 
 // ErrLogTooLarge reports a sliding window log whose limit is above a store's
 // maximum number of log entries per key. Errors wrapping it also wrap

@@ -438,11 +438,23 @@ func (g *Guard) checkGathered(ctx context.Context, sc *gatherScratch) {
 		}
 		return
 	}
-	off := 0
+	// A store that answered for some requests and not for others (a node
+	// of a cluster down) fails only the jobs with a request it left out.
+	var partial *store.PartialError
+	errors.As(err, &partial)
+	off, k := 0, 0
 	for _, j := range sc.live {
 		n := len(j.reqs)
 		copy(j.out, sc.out[off:off+n])
 		j.err = err
+		if partial != nil {
+			for k < len(partial.Failed) && partial.Failed[k] < off {
+				k++
+			}
+			if k == len(partial.Failed) || partial.Failed[k] >= off+n {
+				j.err = nil
+			}
+		}
 		off += n
 	}
 }

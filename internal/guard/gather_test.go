@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,12 +13,14 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memory"
+	"github.com/sluicehq/sluice/store/redis"
+	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
 // gateStore holds its first Check until open is closed, so that the
 // checks that arrive meanwhile queue in the guard and are gathered.
 type gateStore struct {
-	*memory.Store
+	Store
 	open  chan struct{}
 	first atomic.Bool
 	sizes chan int // the number of requests of every Check
@@ -29,6 +32,81 @@ func (s *gateStore) Check(ctx context.Context, reqs []store.Request, out []sluic
 	}
 	s.sizes <- len(reqs)
 	return s.Store.Check(ctx, reqs, out)
+}
+
+// TestGatheredChecksOneNodeDown gathers checks of keys on every master of
+// a Redis Cluster into one store call, one master killed meanwhile: the
+// checks of the others are decided by the store, and only those of the
+// dead master fail.
+func TestGatheredChecksOneNodeDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	// A long node timeout: the other masters serve their slots throughout.
+	c := redistest.StartCluster(t, redistest.ClusterOptions{NodeTimeout: 30 * time.Second})
+	rs, err := redis.New(redis.Config{Addrs: c.Addrs(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	s := &gateStore{Store: rs, open: make(chan struct{}), sizes: make(chan int, 100)}
+	g := newGuard(t, s, Config{Deadline: 10 * time.Second, Gatherers: 1,
+		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour})
+
+	// Every key once, straight to the store, so that the master to kill
+	// shows which keys it holds.
+	const n = 30
+	keys := make([]string, n)
+	onDead := make([]bool, n)
+	dead := c.Masters[0]
+	for i := range keys {
+		keys[i] = fmt.Sprintf("rl:gather:{user=%d}:x", i)
+		if err := rs.Check(context.Background(), []store.Request{{Key: keys[i], Params: p, Cost: 1}}, make([]sluice.Decision, 1)); err != nil {
+			t.Fatal(err)
+		}
+		slot, err := dead.Do("CLUSTER", "KEYSLOT", keys[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, err := dead.Do("CLUSTER", "COUNTKEYSINSLOT", slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		onDead[i] = held != "0"
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() { check1(context.Background(), g, "rl:gather:{held}:x", p, 1) })
+	for g.Stats().GatheredCalls == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	errs := make([]error, n)
+	decided := make([]sluice.Decision, n)
+	for i, key := range keys {
+		wg.Go(func() { decided[i], _, errs[i] = check1(context.Background(), g, key, p, 1) })
+	}
+	for queued(g) < n {
+		time.Sleep(time.Millisecond)
+	}
+	dead.Kill()
+	close(s.open)
+	wg.Wait()
+
+	live := 0
+	for i := range n {
+		switch {
+		case onDead[i] && !errors.Is(errs[i], sluice.ErrStoreUnavailable):
+			t.Errorf("check %d, on the killed master: %+v, %v; want an error", i, decided[i], errs[i])
+		case !onDead[i] && (errs[i] != nil || !decided[i].Allowed || decided[i].Remaining != 8):
+			t.Errorf("check %d, on a live master: %+v, %v; want allowed by the store, 8 remaining", i, decided[i], errs[i])
+		case !onDead[i]:
+			live++
+		}
+	}
+	if live == 0 || live == n {
+		t.Fatalf("%d of %d checks on live masters", live, n)
+	}
 }
 
 // TestGatheredChecks sends 30 concurrent checks of one key with a limit

@@ -65,6 +65,7 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha1"
 	"crypto/tls"
@@ -75,6 +76,7 @@ import (
 	"log/slog"
 	"math/bits"
 	"net"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -353,13 +355,22 @@ func (s *Store) Check(ctx context.Context, reqs []store.Request, out []sluice.De
 	}
 	groups := s.splitEach(reqs)
 	res, err := s.exec(ctx, groups)
-	if err != nil {
-		return err
-	}
+	var failed []int
 	for g, r := range res {
+		if r == nil {
+			failed = append(failed, groups[g].idx...)
+			continue
+		}
 		s.fill(reqs, out, groups[g].idx, r)
 	}
-	return nil
+	switch {
+	case err == nil:
+		return nil
+	case len(failed) == len(reqs):
+		return err
+	}
+	slices.Sort(failed)
+	return &store.PartialError{Failed: failed, Err: err}
 }
 
 // CheckAll decides reqs as one unit: when every request is admitted, all
@@ -824,7 +835,9 @@ func instant(r *store.Request) string {
 
 // exec runs one script call per group, concurrently (pipelined per node),
 // and returns their replies. A NOSCRIPT answer is retried once with EVAL,
-// which loads the script.
+// which loads the script. When some calls fail, their replies are nil and
+// the error is the first failure's; the others' replies are there (and
+// their scripts have run).
 func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
 	c := s.client
 	out := make([][]int64, len(groups))
@@ -857,13 +870,18 @@ func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
 		}
 	}
 	total := 0
+	var first error
 	for i, r := range results {
 		vals, err := r.AsIntSlice()
-		if err != nil {
-			return nil, s.unavailable(err)
+		switch {
+		case err != nil:
+			err = s.unavailable(err)
+		case len(vals) != 2+5*len(groups[i].idx):
+			err = fmt.Errorf("redis: %w: script answered %d values for %d requests", sluice.ErrStoreUnavailable, len(vals), len(groups[i].idx))
 		}
-		if len(vals) != 2+5*len(groups[i].idx) {
-			return nil, fmt.Errorf("redis: %w: script answered %d values for %d requests", sluice.ErrStoreUnavailable, len(vals), len(groups[i].idx))
+		if err != nil {
+			first = cmp.Or(first, err)
+			continue
 		}
 		out[i] = vals
 		total += int(vals[0])
@@ -875,7 +893,7 @@ func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
 		}
 		s.reportCorrupt(total, keys)
 	}
-	return out, nil
+	return out, first
 }
 
 // checkOne decides a single request of every algorithm but the sliding

@@ -62,6 +62,59 @@ func TestConformanceStandalone(t *testing.T) {
 	})
 }
 
+// TestClusterNodeDown checks that a Check whose keys span the masters,
+// one of them killed, decides the keys of the others and names the rest in
+// a *store.PartialError, instead of failing them all.
+func TestClusterNodeDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	// A long node timeout: the other masters go on serving their slots
+	// while the test runs, as they do until a failure is agreed on.
+	c := redistest.StartCluster(t, redistest.ClusterOptions{NodeTimeout: 30 * time.Second})
+	s := newStore(t, Config{Addrs: c.Addrs()})
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Hour})
+	var reqs []store.Request
+	for i := range 30 {
+		reqs = append(reqs, store.Request{Key: fmt.Sprintf("rl:down:{user=%d}:x", i), Params: p, Cost: 1, Now: t0})
+	}
+	out := make([]sluice.Decision, len(reqs))
+	ctx := context.Background()
+	if err := s.Check(ctx, reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	dead := c.Masters[0]
+	onDead := map[int]bool{}
+	for i, r := range reqs {
+		if n, err := dead.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(int(slotOf(r.Key)))); err == nil && n != "0" {
+			onDead[i] = true
+		}
+	}
+	if len(onDead) == 0 || len(onDead) == len(reqs) {
+		t.Fatalf("%d of %d keys on the master to kill", len(onDead), len(reqs))
+	}
+	dead.Kill()
+
+	clear(out)
+	err := s.Check(ctx, reqs, out)
+	var pe *store.PartialError
+	if !errors.As(err, &pe) || !errors.Is(err, sluice.ErrStoreUnavailable) {
+		t.Fatalf("Check with a master down: %v, want a *store.PartialError wrapping ErrStoreUnavailable", err)
+	}
+	failed := map[int]bool{}
+	for _, i := range pe.Failed {
+		failed[i] = true
+	}
+	for i := range reqs {
+		switch {
+		case onDead[i] != failed[i]:
+			t.Errorf("request %d: on the killed master %v, reported failed %v", i, onDead[i], failed[i])
+		case !failed[i] && (!out[i].Allowed || out[i].Remaining != 1):
+			t.Errorf("request %d on a live master: %+v, want allowed with 1 remaining", i, out[i])
+		}
+	}
+}
+
 func TestCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")
