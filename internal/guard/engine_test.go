@@ -101,18 +101,7 @@ rules:
 // low-priority denial does not deny, from the over-limit cache, the
 // normal-priority checks the store still has room for.
 func TestEnginePrioritiesShareNoCachedDenial(t *testing.T) {
-	pol, err := policy.Parse("t.yaml", []byte(`version: 1
-rules:
-  - { id: r, match: { resource: /r }, algorithm: fixed_window, limit: 10, window: 1h }
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := newGuard(t, newMemory(t, nil), Config{Deadline: time.Second})
-	eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
-	if err != nil {
-		t.Fatal(err)
-	}
+	eng := tenPerHour(t, newMemory(t, nil), time.Second)
 	ctx := context.Background()
 	check := func(pr engine.Priority) engine.Result {
 		t.Helper()
@@ -160,18 +149,7 @@ func TestEngineRefusedBatchLeavesNoCachedDenial(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pol, err := policy.Parse("t.yaml", []byte(`version: 1
-rules:
-  - { id: r, match: { resource: /r }, algorithm: fixed_window, limit: 10, window: 1h }
-`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			g := newGuard(t, tc.newStore(t), Config{Deadline: 2 * time.Second})
-			eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
-			if err != nil {
-				t.Fatal(err)
-			}
+			eng := tenPerHour(t, tc.newStore(t), 2*time.Second)
 			ctx := context.Background()
 			c := engine.Check{ClientID: "c", Resource: "/r", Cost: 1}
 			for range 9 {
@@ -196,6 +174,26 @@ rules:
 			}
 		})
 	}
+}
+
+// tenPerHour returns an engine over st, through a guard with the given
+// deadline, whose one rule admits 10 checks of resource /r per client and
+// hour (fixed window).
+func tenPerHour(t *testing.T, st Store, deadline time.Duration) *engine.Engine {
+	t.Helper()
+	pol, err := policy.Parse("t.yaml", []byte(`version: 1
+rules:
+  - { id: r, match: { resource: /r }, algorithm: fixed_window, limit: 10, window: 1h }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGuard(t, st, Config{Deadline: deadline})
+	eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eng
 }
 
 func fmtBools(b []bool) string {
