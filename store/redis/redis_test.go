@@ -658,9 +658,9 @@ func TestExpiryOfStateSharedByPriorities(t *testing.T) {
 		}
 		algorithm.ShareState(ps)
 		normal, high := &ps[0], &ps[1]
-		// Check (checkeach.lua) on one key, CheckAll (check.lua) on another,
-		// at instants of the real clock, so that the keys expire in real
-		// time as the decisions say.
+		// Check (checkeach.lua) on one key, CheckAll (check.lua) on another.
+		// The keys' time to live is what the scripts set: that the state
+		// then decides as a key never seen is algorithm.ExpiresAt's test.
 		each, all := "rl:prio:"+a.String()+":{each}", "rl:prio:"+a.String()+":{all}"
 		checkAll := func(r store.Request) sluice.Decision {
 			t.Helper()
@@ -686,20 +686,11 @@ func TestExpiryOfStateSharedByPriorities(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// 1,100 ms and the margin, less the time the calls took.
-			if got, _ := strconv.ParseInt(pttl, 10, 64); got < 1101-time.Since(start).Milliseconds() {
+			// 1,100 ms and the 1 ms margin, less the time the calls took
+			// (and 1 ms of rounding); the high refill alone would give 918.
+			if got, _ := strconv.ParseInt(pttl, 10, 64); got < 1100-time.Since(start).Milliseconds() {
 				t.Errorf("%s %s: PTTL %d ms, want the 1,100 ms of the normal refill", a, k, got)
 			}
-		}
-		// By the algorithm, at +0.96 s the normal priority still owes 1.4
-		// units: Remaining 8, a cost of 10 denied.
-		later := start.Add(960 * time.Millisecond)
-		time.Sleep(time.Until(later))
-		if d := check(t, s, store.Request{Key: each, Params: normal, Cost: 10, Now: later}); d.Allowed {
-			t.Errorf("%s: Check at normal priority, cost 10, 0.96 s after 11 units were used: admitted %+v", a, d)
-		}
-		if d := checkAll(store.Request{Key: all, Params: normal, Cost: 10, Now: later}); d.Allowed {
-			t.Errorf("%s: CheckAll at normal priority, cost 10, 0.96 s after 11 units were used: admitted %+v", a, d)
 		}
 	}
 }
