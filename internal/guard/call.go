@@ -102,12 +102,25 @@ func putJob(j *job) {
 	jobPool.Put(j)
 }
 
+// whole returns the error of a store call that failed in part as the
+// failure of the whole call: the guard's callers answer a failed call by
+// its failure mode, and the indexes of a *store.PartialError would not be
+// theirs (in a gathered call, or when the guard decided some of their
+// requests in process).
+func whole(err error) error {
+	var partial *store.PartialError
+	if errors.As(err, &partial) {
+		return partial.Err
+	}
+	return err
+}
+
 // exec runs j against the store.
 func (g *Guard) exec(ctx context.Context, j *job) {
 	j.sent.Store(true)
 	switch j.op {
 	case opCheck:
-		j.err = g.inner.Check(ctx, j.reqs, j.out)
+		j.err = whole(g.inner.Check(ctx, j.reqs, j.out))
 	case opCheckAll:
 		j.err = g.inner.CheckAll(ctx, j.reqs, j.out)
 	case opReset:
@@ -439,9 +452,11 @@ func (g *Guard) checkGathered(ctx context.Context, sc *gatherScratch) {
 		return
 	}
 	// A store that answered for some requests and not for others (a node
-	// of a cluster down) fails only the jobs with a request it left out.
+	// of a cluster down) fails only the jobs with a request it left out,
+	// each as a whole.
 	var partial *store.PartialError
 	errors.As(err, &partial)
+	err = whole(err)
 	off, k := 0, 0
 	for _, j := range sc.live {
 		n := len(j.reqs)

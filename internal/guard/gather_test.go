@@ -37,7 +37,7 @@ func (s *gateStore) Check(ctx context.Context, reqs []store.Request, out []sluic
 // TestGatheredChecksOneNodeDown gathers checks of keys on every master of
 // a Redis Cluster into one store call, one master killed meanwhile: the
 // checks of the others are decided by the store, and only those of the
-// dead master fail.
+// dead master fail, each as a whole.
 func TestGatheredChecksOneNodeDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")
@@ -98,6 +98,9 @@ func TestGatheredChecksOneNodeDown(t *testing.T) {
 		switch {
 		case onDead[i] && !errors.Is(errs[i], sluice.ErrStoreUnavailable):
 			t.Errorf("check %d, on the killed master: %+v, %v; want an error", i, decided[i], errs[i])
+		case onDead[i] && errors.As(errs[i], new(*store.PartialError)):
+			// Its indexes would be those of the gathered call.
+			t.Errorf("check %d, on the killed master: %v; want the failure of the whole check, not a partial one", i, errs[i])
 		case !onDead[i] && (errs[i] != nil || !decided[i].Allowed || decided[i].Remaining != 8):
 			t.Errorf("check %d, on a live master: %+v, %v; want allowed by the store, 8 remaining", i, decided[i], errs[i])
 		case !onDead[i]:
