@@ -562,3 +562,28 @@ func BenchmarkApply(b *testing.B) {
 		})
 	}
 }
+
+// TestCompileAt checks that CompileAt never picks a quantum finer than it
+// is asked for, and refuses what cannot be counted at it.
+func TestCompileAt(t *testing.T) {
+	for _, tc := range []struct {
+		limit   int64
+		window  time.Duration
+		min     int64
+		quantum int64
+	}{
+		{20_000, 24 * time.Hour, 1, 1},
+		{30_000, 24 * time.Hour, 1, 10},
+		{20_000, 24 * time.Hour, 1_000_000, 1_000_000},
+		{30_000, 24 * time.Hour, 1_000_000, 1_000_000},
+		{5, 1500 * time.Millisecond, 1000, 1000},
+	} {
+		p, err := CompileAt(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: tc.limit, Window: tc.window}, tc.min)
+		if err != nil || p.Quantum != tc.quantum || p.WindowDuration() != tc.window {
+			t.Errorf("CompileAt(%d per %s, %d): quantum %d, window %s, %v; want quantum %d", tc.limit, tc.window, tc.min, p.Quantum, p.WindowDuration(), err, tc.quantum)
+		}
+	}
+	if _, err := CompileAt(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 5, Window: 1500 * time.Millisecond}, 1_000_000); err == nil {
+		t.Error("a window of 1.5 s at a quantum of 1 s: no error")
+	}
+}

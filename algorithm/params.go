@@ -69,6 +69,14 @@ func (p *Params) expiryRate() int64 {
 // Compile validates l and returns its Params. The errors wrap
 // sluice.ErrInvalidLimit and name the offending field.
 func Compile(l sluice.Limit) (Params, error) {
+	return CompileAt(l, 1)
+}
+
+// CompileAt is Compile at a resolution of at most minQuantum
+// microseconds (1, 10, ... or 1,000,000): it picks the finest quantum from
+// minQuantum up. Limits of one window that must count on one state layout,
+// whatever their size, compile at one quantum this way.
+func CompileAt(l sluice.Limit, minQuantum int64) (Params, error) {
 	if err := l.Validate(); err != nil {
 		return Params{}, err
 	}
@@ -85,6 +93,9 @@ func Compile(l sluice.Limit) (Params, error) {
 	for q := int64(1); q <= 1_000_000; q *= 10 {
 		if windowUS%q != 0 {
 			break
+		}
+		if q < minQuantum {
+			continue
 		}
 		w := windowUS / q
 		if w >= 1 && size <= MaxExact/w {

@@ -17,7 +17,6 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -174,21 +173,14 @@ func Descriptors(req *rlsv3.RateLimitRequest) ([]engine.Descriptor, error) {
 // limitOverride converts a descriptor's limit override; an error starts
 // with the name of the field it is about.
 func limitOverride(o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) (engine.LimitOverride, error) {
+	// The override's units are named as those of an answer (without WEEK).
 	var unit time.Duration
-	switch o.GetUnit() {
-	case typev3.RateLimitUnit_SECOND:
-		unit = time.Second
-	case typev3.RateLimitUnit_MINUTE:
-		unit = time.Minute
-	case typev3.RateLimitUnit_HOUR:
-		unit = time.Hour
-	case typev3.RateLimitUnit_DAY:
-		unit = 24 * time.Hour
-	case typev3.RateLimitUnit_MONTH:
-		unit = 30 * 24 * time.Hour
-	case typev3.RateLimitUnit_YEAR:
-		unit = 365 * 24 * time.Hour
-	default:
+	for _, u := range units {
+		if u.unit.String() == o.GetUnit().String() {
+			unit = u.d
+		}
+	}
+	if unit == 0 {
 		return engine.LimitOverride{}, fmt.Errorf("unit: %v is not a unit (want SECOND, MINUTE, HOUR, DAY, MONTH or YEAR)", o.GetUnit())
 	}
 	if o.GetRequestsPerUnit() == 0 {

@@ -220,7 +220,10 @@ func (dom *envoyDomain) compileOverride(k envoyOverride) (*EnvoyLimit, error) {
 	case k.window <= 0 || k.window > sluice.MaxWindow:
 		return nil, fmt.Errorf("unit: the window must be longer than 0 and at most %s, got %s", sluice.MaxWindow, k.window)
 	}
-	params, err := algorithm.Compile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: k.requests, Window: k.window})
+	// At one quantum, a second (Envoy's windows are whole seconds), so that
+	// the key's tag depends on the window alone: Compile's finest quantum
+	// depends on the requests per unit too.
+	params, err := algorithm.CompileAt(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: k.requests, Window: k.window}, 1_000_000)
 	if err != nil {
 		return nil, err
 	}

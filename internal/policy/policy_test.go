@@ -608,8 +608,23 @@ func TestEnvoyOverride(t *testing.T) {
 	}
 	configured := p.EnvoyLimit("example8", entries("key1", "zzz"))
 	e := entries("key1", "zzz")
-	if got, want := string(l.AppendKey(nil, e)), "rl:envoy:example8:override.fw.1m0s:{key1=zzz}"; got != want {
+	if got, want := string(l.AppendKey(nil, e)), "rl:envoy:example8:override.fw.1m0s.q1000000:{key1=zzz}"; got != want {
 		t.Errorf("key: got %q, want %q", got, want)
+	}
+	// Another limit of the same window counts on the same key, however
+	// large (Compile's finest quantum for a day changes past 26,062).
+	for _, rpu := range []int64{20_000, 30_000, 1 << 31} {
+		day, err := p.EnvoyOverride("example8", 5, 24*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, err := p.EnvoyOverride("example8", rpu, 24*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a, b := string(day.AppendKey(nil, e)), string(other.AppendKey(nil, e)); a != b {
+			t.Errorf("overrides of 5 and %d per day count on %q and %q, want one key", rpu, a, b)
+		}
 	}
 	if string(configured.AppendKey(nil, e)) == string(l.AppendKey(nil, e)) {
 		t.Errorf("an override counts on the configured limit's key")
