@@ -234,7 +234,7 @@ func (c *h2Conn) call(ctx context.Context, call *h2Call, msg proto.Message) (uin
 	if err := call.marshal(msg); err != nil {
 		return 0, err
 	}
-	id, err := c.send(call, true)
+	id, err := c.send(ctx, call, true)
 	if err != nil {
 		return 0, err
 	}
@@ -280,13 +280,23 @@ func (call *h2Call) result() (uint64, error) {
 
 // send queues call's request (marshalled) for the writer and returns its
 // stream id. When the server's window is too small for it, send waits
-// for a WINDOW_UPDATE if wait is set, and fails otherwise.
-func (c *h2Conn) send(call *h2Call, wait bool) (uint32, error) {
+// for a WINDOW_UPDATE if wait is set, until ctx ends (then it returns
+// ctx.Err()), and fails with errWindow otherwise.
+func (c *h2Conn) send(ctx context.Context, call *h2Call, wait bool) (uint32, error) {
 	req := call.req
 	// Take the connection's window for the request's DATA.
 	c.mu.Lock()
-	for wait && c.err == nil && !(c.stopped && call.then != nil) && c.sendWin < int64(len(req)) {
-		c.cond.Wait()
+	if wait && c.sendWin < int64(len(req)) {
+		// Rare: only a waiting request pays for the wake-up at ctx's end.
+		stop := context.AfterFunc(ctx, func() {
+			c.mu.Lock()
+			c.cond.Broadcast()
+			c.mu.Unlock()
+		})
+		for c.err == nil && !(c.stopped && call.then != nil) && ctx.Err() == nil && c.sendWin < int64(len(req)) {
+			c.cond.Wait()
+		}
+		stop()
 	}
 	switch {
 	case c.err != nil:
@@ -297,8 +307,12 @@ func (c *h2Conn) send(call *h2Call, wait bool) (uint32, error) {
 		c.mu.Unlock()
 		return 0, errStopped
 	case c.sendWin < int64(len(req)):
+		err := errWindow
+		if wait {
+			err = ctx.Err()
+		}
 		c.mu.Unlock()
-		return 0, errWindow
+		return 0, err
 	}
 	c.sendWin -= int64(len(req))
 	c.mu.Unlock()
@@ -631,12 +645,22 @@ func (h *h2Caller) issue(ctx context.Context, wg *sync.WaitGroup, call *h2Call) 
 	call.deadline = call.due.Add(r.cfg.Timeout)
 	err := call.marshal(h.message(call.w, call.key, call.cost))
 	if err == nil {
-		_, err = call.conn.send(call, false)
+		_, err = call.conn.send(ctx, call, false)
 		if errors.Is(err, errWindow) {
 			// Rare: wait for the server's window on a goroutine of its
-			// own, not on the reader that will receive it.
+			// own, not on the reader that will receive it, until the
+			// request's deadline.
 			go func() {
-				if _, err := call.conn.send(call, true); err != nil {
+				wctx, cancel := context.WithDeadline(ctx, call.deadline)
+				_, err := call.conn.send(wctx, call, true)
+				cancel()
+				switch {
+				case err == nil:
+				case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+					// Timed out as a call whose reply is late does.
+					call.err = context.DeadlineExceeded
+					complete(call)
+				default:
 					h.refused(ctx, wg, call, err)
 				}
 			}()

@@ -1,9 +1,15 @@
 package loadgen
 
 import (
+	"context"
+	"io"
+	"net"
+	"strings"
 	"testing"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"golang.org/x/net/http2"
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
@@ -39,6 +45,86 @@ func TestField1(t *testing.T) {
 	for _, bad := range [][]byte{nil, {0, 0, 0}, {1, 0, 0, 0, 0}, {0, 0, 0, 0, 5, 8}, {0, 0, 0, 0, 1, 8}, {0, 0, 0, 0, 2, 0x0b, 1}} {
 		if _, err := field1(bad); err == nil {
 			t.Errorf("field1(%v): no error", bad)
+		}
+	}
+}
+
+// stalledServer listens on a loopback port for HTTP/2 connections that it
+// answers with its SETTINGS and then reads without ever granting window or
+// answering a call: a server that has stopped making progress. It returns
+// the server's address.
+func stalledServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { nc.Close() })
+			go func() {
+				preface := make([]byte, len(http2.ClientPreface))
+				if _, err := io.ReadFull(nc, preface); err != nil {
+					return
+				}
+				fr := http2.NewFramer(nc, nc)
+				fr.SetMaxReadFrameSize(1 << 24)
+				fr.WriteSettings()
+				for {
+					f, err := fr.ReadFrame()
+					if err != nil {
+						return
+					}
+					if s, ok := f.(*http2.SettingsFrame); ok && !s.IsAck() {
+						fr.WriteSettingsAck()
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestH2WindowWaitTimesOut runs against a server that stops granting
+// window once its first 64 KiB are spent: a request that waits for window
+// fails when its timeout expires, counted as an error, and the run ends on
+// time, in a closed loop and at a fixed rate.
+func TestH2WindowWaitTimesOut(t *testing.T) {
+	addr := stalledServer(t)
+	for _, rate := range []float64{0, 200} {
+		done := make(chan *Report, 1)
+		began := time.Now()
+		go func() {
+			// 8 KB requests: the first eight spend the window.
+			rep, err := Run(context.Background(), Config{Target: TargetGRPC, Addr: addr, Rate: rate, Concurrency: 4,
+				Duration: time.Second, Timeout: 100 * time.Millisecond, Conns: 1,
+				Resource: "/" + strings.Repeat("r", 8000)})
+			if err != nil {
+				t.Error(err)
+			}
+			done <- rep
+		}()
+		select {
+		case rep := <-done:
+			if took := time.Since(began); took > 3*time.Second {
+				t.Errorf("rate %v: a 1s run took %s", rate, took)
+			}
+			// 4 callers for 1s with a timeout of 100ms: about 40 timeouts.
+			if rep.Errors < 20 || rep.Allowed+rep.Denied != 0 {
+				t.Errorf("rate %v: %d allowed, %d denied, %d errors; want only errors, at least 20", rate, rep.Allowed, rep.Denied, rep.Errors)
+			}
+			for _, m := range rep.ErrorSamples {
+				if m != context.DeadlineExceeded.Error() {
+					t.Errorf("rate %v: error %q, want only %q", rate, m, context.DeadlineExceeded)
+				}
+			}
+		case <-time.After(6 * time.Second):
+			t.Fatalf("rate %v: a 1s run is still going after 6s", rate)
 		}
 	}
 }
