@@ -45,13 +45,20 @@ type h2Conn struct {
 	nextID uint32
 	wake   chan struct{} // tells the writer that wbuf holds frames
 	closed chan struct{}
+	// settled is closed when the server's first SETTINGS have been read,
+	// or the connection failed before them.
+	settled chan struct{}
 
-	mu      sync.Mutex // guards streams, sendWin, err
+	mu      sync.Mutex // guards streams, sendWin, the server's settings, err
 	cond    *sync.Cond // signalled when sendWin grows or err is set
 	streams map[uint32]*h2Call
 	sendWin int64 // connection-level window of the server, for our DATA
-	err     error
-	stopped bool // the run is over: no new call starts (h2Caller.loop)
+	// The server's SETTINGS_INITIAL_WINDOW_SIZE, each new stream's window
+	// for our DATA, and SETTINGS_MAX_FRAME_SIZE.
+	streamWin int64
+	maxFrame  int
+	err       error
+	stopped   bool // the run is over: no new call starts (h2Caller.loop)
 }
 
 // h2Call is one call in flight; a worker reuses its own.
@@ -83,9 +90,12 @@ const (
 	h2RecvWindow     = 1 << 30
 	h2RecvWindowLow  = 1 << 29
 	h2InitialSendWin = 65535 // RFC 9113's initial window, until the server says more
+	h2MinMaxFrame    = 16384 // RFC 9113's SETTINGS_MAX_FRAME_SIZE, until the server says more
 )
 
-// dialH2 opens a connection to addr for calls of path.
+// dialH2 opens a connection to addr for calls of path, and returns once it
+// has read the server's SETTINGS (the first frame a server sends), so that
+// every request is sent under them.
 func dialH2(ctx context.Context, addr, path string) (*h2Conn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
@@ -93,7 +103,8 @@ func dialH2(ctx context.Context, addr, path string) (*h2Conn, error) {
 		return nil, err
 	}
 	c := &h2Conn{nc: nc, streams: map[uint32]*h2Call{}, nextID: 1, sendWin: h2InitialSendWin,
-		wake: make(chan struct{}, 1), closed: make(chan struct{})}
+		streamWin: h2InitialSendWin, maxFrame: h2MinMaxFrame,
+		wake: make(chan struct{}, 1), closed: make(chan struct{}), settled: make(chan struct{})}
 	c.cond = sync.NewCond(&c.mu)
 	c.fr = http2.NewFramer((*h2Buffer)(c), bufio.NewReaderSize(nc, 32<<10))
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
@@ -125,6 +136,19 @@ func dialH2(ctx context.Context, addr, path string) (*h2Conn, error) {
 	go c.writeLoop()
 	c.wake <- struct{}{}
 	go c.readLoop()
+	select {
+	case <-c.settled:
+	case <-ctx.Done():
+		c.Close()
+		return nil, fmt.Errorf("http2: no SETTINGS from the server: %w", ctx.Err())
+	}
+	c.mu.Lock()
+	err = c.err
+	c.mu.Unlock()
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -286,6 +310,12 @@ func (c *h2Conn) send(ctx context.Context, call *h2Call, wait bool) (uint32, err
 	req := call.req
 	// Take the connection's window for the request's DATA.
 	c.mu.Lock()
+	if int64(len(req)) > c.streamWin {
+		// A stream's window cannot grow before its first DATA.
+		err := fmt.Errorf("http2: request of %d bytes is larger than the server's stream window of %d bytes", len(req), c.streamWin)
+		c.mu.Unlock()
+		return 0, err
+	}
 	if wait && c.sendWin < int64(len(req)) {
 		// Rare: only a waiting request pays for the wake-up at ctx's end.
 		stop := context.AfterFunc(ctx, func() {
@@ -315,6 +345,7 @@ func (c *h2Conn) send(ctx context.Context, call *h2Call, wait bool) (uint32, err
 		return 0, err
 	}
 	c.sendWin -= int64(len(req))
+	frame := c.maxFrame
 	c.mu.Unlock()
 
 	// Queue the HEADERS and DATA frames for the writer.
@@ -343,6 +374,10 @@ func (c *h2Conn) send(ctx context.Context, call *h2Call, wait bool) (uint32, err
 		block = c.first
 	}
 	c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true})
+	for len(req) > frame {
+		c.fr.WriteData(id, false, req[:frame])
+		req = req[frame:]
+	}
 	c.fr.WriteData(id, true, req)
 	c.wmu.Unlock()
 	c.flush()
@@ -384,10 +419,14 @@ func field1(b []byte) (uint64, error) {
 // readLoop reads frames until the connection fails.
 func (c *h2Conn) readLoop() {
 	var unacked int64 // DATA bytes received since the last WINDOW_UPDATE
+	settled := false
 	for {
 		f, err := c.fr.ReadFrame()
 		if err != nil {
 			c.fail(fmt.Errorf("http2: %w", err))
+			if !settled {
+				close(c.settled)
+			}
 			return
 		}
 		switch f := f.(type) {
@@ -453,8 +492,32 @@ func (c *h2Conn) readLoop() {
 				complete(call)
 			}
 		case *http2.SettingsFrame:
-			if !f.IsAck() {
+			if f.IsAck() {
+				continue
+			}
+			c.mu.Lock()
+			err := f.ForeachSetting(func(s http2.Setting) error {
+				if err := s.Valid(); err != nil {
+					return err
+				}
+				switch s.ID {
+				case http2.SettingInitialWindowSize:
+					c.streamWin = int64(s.Val)
+				case http2.SettingMaxFrameSize:
+					c.maxFrame = int(s.Val)
+				}
+				return nil
+			})
+			c.mu.Unlock()
+			if err != nil {
+				c.fail(fmt.Errorf("http2: server's SETTINGS: %w", err))
+				c.Close()
+			} else {
 				c.write(func() { c.fr.WriteSettingsAck() })
+			}
+			if !settled {
+				settled = true
+				close(c.settled)
 			}
 		case *http2.PingFrame:
 			if !f.IsAck() {

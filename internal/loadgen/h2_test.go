@@ -50,10 +50,10 @@ func TestField1(t *testing.T) {
 }
 
 // stalledServer listens on a loopback port for HTTP/2 connections that it
-// answers with its SETTINGS and then reads without ever granting window or
-// answering a call: a server that has stopped making progress. It returns
-// the server's address.
-func stalledServer(t *testing.T) string {
+// answers with its SETTINGS (settings) and then reads without ever
+// granting window or answering a call: a server that has stopped making
+// progress. It returns the server's address.
+func stalledServer(t *testing.T, settings ...http2.Setting) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -74,7 +74,7 @@ func stalledServer(t *testing.T) string {
 				}
 				fr := http2.NewFramer(nc, nc)
 				fr.SetMaxReadFrameSize(1 << 24)
-				fr.WriteSettings()
+				fr.WriteSettings(settings...)
 				for {
 					f, err := fr.ReadFrame()
 					if err != nil {
@@ -125,6 +125,26 @@ func TestH2WindowWaitTimesOut(t *testing.T) {
 			}
 		case <-time.After(6 * time.Second):
 			t.Fatalf("rate %v: a 1s run is still going after 6s", rate)
+		}
+	}
+}
+
+// TestH2RequestOverStreamWindow runs against a server whose streams take
+// 4 KiB: a request of 8 KB cannot be sent, and the run says why.
+func TestH2RequestOverStreamWindow(t *testing.T) {
+	addr := stalledServer(t, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 4096})
+	rep, err := Run(context.Background(), Config{Target: TargetGRPC, Addr: addr, Concurrency: 2, Conns: 1,
+		Duration: 5 * time.Second, Timeout: 100 * time.Millisecond, Resource: "/" + strings.Repeat("r", 8000)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each caller's first request fails, and the caller stops.
+	if rep.Errors != 2 || rep.Elapsed > 1 {
+		t.Errorf("%d errors in %.2fs, want 2 and the run to end at once", rep.Errors, rep.Elapsed)
+	}
+	for _, m := range rep.ErrorSamples {
+		if !strings.Contains(m, "larger than the server's stream window of 4096 bytes") {
+			t.Errorf("error %q, want it to name the server's stream window", m)
 		}
 	}
 }

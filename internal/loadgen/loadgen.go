@@ -15,7 +15,12 @@
 // the server it measures halves what it can show. The lean client does not
 // reconnect: when the server closes the connection, the calls on it fail
 // and are counted as errors; in a closed loop their callers then stop, and
-// the run ends when every caller has.
+// the run ends when every caller has. Nor does it send a request in parts
+// as a stream's flow-control window opens: a request larger than the
+// server's initial stream window (64 KiB unless the server grants more;
+// Sluice's gRPC server grants 1 MiB) fails with an error that says so.
+// Requests larger than the server's largest frame go out in several DATA
+// frames.
 //
 // In fixed-rate mode each caller sends on its own schedule and latency is
 // measured from the instant a request was due, not from when it was sent,
