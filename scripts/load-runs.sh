@@ -67,7 +67,8 @@ run() { # name pid target addr [extra flags]
   local r1=0; case "$STORE:$name" in redis*:sluice*) r1=$(redis_calls);; esac
   python3 - "$out/$name.json" "$name" $(( c1 - c0 )) $tck $(( r1 - r0 )) <<'PY'
 import json, sys
-r = json.load(open(sys.argv[1])); l = r["latency_ms"]
+r = json.load(open(sys.argv[1]))
+l = r.get("latency_ms") or dict.fromkeys(("p50", "p90", "p99", "p999", "max"), float("nan"))  # none answered
 cpu_us = int(sys.argv[3]) * 1e6 / int(sys.argv[4]) / max(r["requests"], 1)
 redis = int(sys.argv[5])
 extra = "  redis cmds/check %.2f" % (redis / max(r["checks"], 1)) if redis else ""

@@ -26,7 +26,8 @@ func load(args []string, stdout, stderr io.Writer, getenv func(string) string) i
 		fmt.Fprint(stderr, `Usage: sluice load [flags]
 
 Sends checks to a running Sluice server for a bounded time and prints the
-throughput, allowed/denied/error counts and latency percentiles.
+throughput, allowed/denied/error counts and the latency percentiles of the
+answered requests (errors, timeouts included, are left out of them).
 
 Examples:
   sluice load --target http  --addr 127.0.0.1:8080 --duration 10s --concurrency 64

@@ -148,3 +148,25 @@ func TestH2RequestOverStreamWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestNoLatencyWithoutAnswers runs against a server that answers nothing:
+// every request times out, and the report gives no latency figures.
+func TestNoLatencyWithoutAnswers(t *testing.T) {
+	addr := stalledServer(t)
+	rep, err := Run(context.Background(), Config{Target: TargetGRPC, Addr: addr, Concurrency: 2, Conns: 1,
+		Duration: 700 * time.Millisecond, Timeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Errors == 0 || rep.Allowed+rep.Denied != 0 {
+		t.Fatalf("%d allowed, %d denied, %d errors; want only errors", rep.Allowed, rep.Denied, rep.Errors)
+	}
+	if rep.Latency != nil {
+		t.Errorf("latency %+v, want none: no request was answered", *rep.Latency)
+	}
+	var b strings.Builder
+	rep.Text(&b)
+	if strings.Contains(b.String(), "p50") || !strings.Contains(b.String(), "no request answered") {
+		t.Errorf("text report:\n%s\nwant no percentiles, and to say that no request was answered", b.String())
+	}
+}

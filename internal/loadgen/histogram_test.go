@@ -1,6 +1,8 @@
 package loadgen
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -27,5 +29,22 @@ func TestHistogramQuantiles(t *testing.T) {
 		if b := bucketOf(v); valueOf(b) < v-v/30 || valueOf(b) > v+v/30+1 {
 			t.Errorf("bucket of %d holds %d", v, valueOf(b))
 		}
+	}
+}
+
+// TestLatencyOfAnsweredRequests records an answer and a failure: only the
+// answer's latency counts.
+func TestLatencyOfAnsweredRequests(t *testing.T) {
+	r := &run{cfg: Config{Target: TargetGRPC}, perKey: make([]atomic.Int64, 1), touched: make([]atomic.Bool, 1)}
+	w := &worker{}
+	now := time.Now()
+	r.record(w, 0, 1, now.Add(-time.Millisecond), true, nil)
+	r.record(w, 0, 1, now.Add(-time.Second), false, context.DeadlineExceeded)
+	rep := r.report([]*worker{w}, time.Second, now)
+	if rep.Allowed != 1 || rep.Errors != 1 {
+		t.Fatalf("allowed %d errors %d, want 1 and 1", rep.Allowed, rep.Errors)
+	}
+	if rep.Latency == nil || rep.Latency.Max >= 500 {
+		t.Errorf("latency %+v, want that of the answer alone (about 1 ms)", rep.Latency)
 	}
 }

@@ -22,9 +22,14 @@
 // Requests larger than the server's largest frame go out in several DATA
 // frames.
 //
-// In fixed-rate mode each caller sends on its own schedule and latency is
-// measured from the instant a request was due, not from when it was sent,
-// so a stalled server shows in the percentiles (no coordinated omission).
+// Latency is that of the answered requests (allowed or denied), as wrk
+// reports it: a failed request, timeouts included, is counted as an error
+// and left out of the percentiles, where a quick refusal would make a
+// failing server look fast. In fixed-rate mode each caller sends on its own
+// schedule and latency is measured from the instant a request was due,
+// not from when it was sent, so a stalled server shows in the percentiles
+// of the requests it answers late (no coordinated omission), and in the
+// errors of those it does not answer within Config.Timeout.
 package loadgen
 
 import (
@@ -291,9 +296,10 @@ type Report struct {
 	Throughput      float64 `json:"throughput"`
 	Checks          int64   `json:"checks"`
 	CheckThroughput float64 `json:"check_throughput"`
-	// Latency percentiles and maximum of answered requests, in
-	// milliseconds.
-	Latency Latency `json:"latency_ms"`
+	// Latency holds the latency figures of the answered requests (allowed
+	// or denied), in milliseconds; failed requests are left out. It is
+	// nil, and left out of the JSON, when no request was answered.
+	Latency *Latency `json:"latency_ms,omitempty"`
 	// ErrorSamples holds up to five distinct error messages.
 	ErrorSamples []string `json:"error_samples,omitempty"`
 	// AdmittedCost is the total cost admitted.
@@ -520,16 +526,18 @@ func (r *run) work(ctx context.Context, cl caller, w *worker, idx int, start tim
 }
 
 // record counts the answer to one request of w for key with cost, sent
-// at due.
+// at due, or its failure (err); only an answer's latency is recorded.
 func (r *run) record(w *worker, key int, cost int64, due time.Time, allowed bool, err error) {
-	w.hist.record(time.Since(due))
 	r.touched[key].Store(true)
-	switch {
-	case err != nil:
+	if err != nil {
 		w.errs++
 		if len(w.errMsgs) < 5 {
 			w.errMsgs = append(w.errMsgs, err.Error())
 		}
+		return
+	}
+	w.hist.record(time.Since(due))
+	switch {
 	case allowed:
 		w.allowed++
 		if cost == 0 && r.cfg.Target == TargetEnvoy {
@@ -595,11 +603,10 @@ func (r *run) report(workers []*worker, elapsed time.Duration, start time.Time) 
 		rep.Throughput = float64(rep.Requests) / s
 		rep.CheckThroughput = float64(rep.Checks) / s
 	}
-	ms := func(ns int64) float64 { return float64(ns) / 1e6 }
-	rep.Latency = Latency{P50: ms(h.quantile(0.5)), P90: ms(h.quantile(0.9)), P99: ms(h.quantile(0.99)),
-		P999: ms(h.quantile(0.999)), Max: ms(h.max)}
 	if h.n > 0 {
-		rep.Latency.Mean = ms(h.sum / h.n)
+		ms := func(ns int64) float64 { return float64(ns) / 1e6 }
+		rep.Latency = &Latency{P50: ms(h.quantile(0.5)), P90: ms(h.quantile(0.9)), P99: ms(h.quantile(0.99)),
+			P999: ms(h.quantile(0.999)), Max: ms(h.max), Mean: ms(h.sum / h.n)}
 	}
 	if cfg.ExpectLimit > 0 {
 		o := &Overshoot{ExpectLimit: cfg.ExpectLimit, Windows: 1, Window: elapsed.Seconds()}
@@ -650,8 +657,15 @@ func (rep *Report) Text(w io.Writer) error {
 	for _, m := range rep.ErrorSamples {
 		fmt.Fprintf(&b, "  error: %s\n", m)
 	}
-	l := rep.Latency
-	fmt.Fprintf(&b, "latency ms  p50 %.3f  p90 %.3f  p99 %.3f  p999 %.3f  max %.3f  mean %.3f\n", l.P50, l.P90, l.P99, l.P999, l.Max, l.Mean)
+	if l := rep.Latency; l != nil {
+		fmt.Fprintf(&b, "latency ms  p50 %.3f  p90 %.3f  p99 %.3f  p999 %.3f  max %.3f  mean %.3f", l.P50, l.P90, l.P99, l.P999, l.Max, l.Mean)
+		if rep.Errors > 0 {
+			b.WriteString(" (answered requests, errors left out)")
+		}
+		b.WriteByte('\n')
+	} else {
+		b.WriteString("latency ms  none: no request answered\n")
+	}
 	fmt.Fprintf(&b, "admitted    %d units of cost\n", rep.AdmittedCost)
 	if o := rep.Overshoot; o != nil {
 		fmt.Fprintf(&b, "overshoot   limit %d per key per %.3gs window (%d windows): %d keys over, max %d, total %d (%.4f%%)\n",

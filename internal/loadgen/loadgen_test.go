@@ -102,6 +102,9 @@ func TestRunAgainstDaemon(t *testing.T) {
 			if rep.Allowed*per != rep.AdmittedCost || rep.Denied != requests-rep.Allowed {
 				t.Errorf("allowed %d denied %d admitted %d: inconsistent", rep.Allowed, rep.Denied, rep.AdmittedCost)
 			}
+			if rep.Latency == nil {
+				t.Fatal("no latency figures")
+			}
 			if rep.Latency.P50 <= 0 || rep.Latency.P50 > rep.Latency.P99 || rep.Latency.P99 > rep.Latency.Max {
 				t.Errorf("latency %+v: want 0 < p50 <= p99 <= max", rep.Latency)
 			}
