@@ -116,6 +116,10 @@ type Daemon struct {
 	// reloadMu serializes reloads.
 	reloadMu sync.Mutex
 	lastData []byte // the contents last loaded, good or bad; requires reloadMu
+	// readFailed is set when the last reload could not read the file, so
+	// that the next one applies what it reads even when it equals lastData;
+	// requires reloadMu.
+	readFailed bool
 
 	// mu guards status.
 	mu      sync.Mutex
@@ -356,7 +360,8 @@ func (d *Daemon) setFailed(err error) {
 func (d *Daemon) Reload() error { return d.reload(true) }
 
 // reload reloads the configuration; unless force is set, contents equal to
-// those last loaded are skipped.
+// those last loaded are skipped, except after a reload that could not read
+// the file, whose failure only applying the contents again clears.
 func (d *Daemon) reload(force bool) error {
 	if d.cfg.ConfigPath == "" {
 		return nil
@@ -369,12 +374,14 @@ func (d *Daemon) reload(force bool) error {
 		err = fmt.Errorf("daemon: config: %w", err)
 		d.log.Error("configuration not reloaded; the policy in force stays", "err", err)
 		d.setFailed(err)
+		d.readFailed = true
 		return err
 	}
-	if !force && bytes.Equal(data, d.lastData) {
+	if !force && !d.readFailed && bytes.Equal(data, d.lastData) {
 		return nil
 	}
 	d.lastData = data
+	d.readFailed = false
 	p, err := policy.Parse(d.cfg.ConfigPath, data)
 	if err != nil {
 		d.log.Error("configuration not reloaded; the policy in force stays", "err", err)

@@ -594,6 +594,29 @@ func TestReloadOnFileChange(t *testing.T) {
 	}
 }
 
+// A configuration file that is gone for longer than the debounce (a deploy
+// tool's rm and cp, a volume remount) is a failed reload; when the same
+// contents come back, the watcher applies them and the failure clears.
+func TestReloadOfSameFileAfterMissingClearsError(t *testing.T) {
+	td := start(t, policyText(), func(c *daemon.Config) { c.WatchDebounce = 20 * time.Millisecond })
+	if err := os.Remove(td.path); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := waitFor(3*time.Second, func() bool { return td.ConfigStatus().LastError != "" }); !ok {
+		t.Fatal("the missing file never showed as an error in the config status")
+	}
+	if err := os.WriteFile(td.path, []byte(policyText()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	took, ok := waitFor(2*time.Second, func() bool { return td.ConfigStatus().LastError == "" })
+	if !ok {
+		t.Fatalf("the same valid file is back, but %s later the config status still shows %q", took, td.ConfigStatus().LastError)
+	}
+	if r := get(t, td.base+"/metrics"); !strings.Contains(r.raw, "sluice_config_last_reload_successful 1") {
+		t.Error("metrics still show the failed reload")
+	}
+}
+
 func TestReloadExplicit(t *testing.T) {
 	td := start(t, policyText(), func(c *daemon.Config) { c.WatchDebounce = time.Hour })
 	if err := os.WriteFile(td.path, []byte("version: 1\nrules: [{id: x, limit: -1, window: 1s}]\n"), 0o644); err != nil {
