@@ -18,7 +18,7 @@ import (
 func check(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", envDefault(getenv, "SLUICE_ADDR", "http://127.0.0.1:8080"), "server's HTTP address (env SLUICE_ADDR)")
+	addr := fs.String("addr", "http://127.0.0.1:8080", "server's HTTP address")
 	var req client.CheckRequest
 	fs.StringVar(&req.ClientID, "client-id", "", "client id (required)")
 	fs.StringVar(&req.Resource, "resource", "", "resource or endpoint, such as /api/v1/orders")
@@ -32,7 +32,12 @@ func check(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 	fs.StringVar(&req.Method, "method", "", "HTTP method")
 	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the answer")
 	asJSON := fs.Bool("json", false, "print the server's JSON body")
+	fromEnv := envFlags(fs, map[string]string{"addr": "SLUICE_ADDR"})
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := fromEnv(getenv); err != nil {
+		fmt.Fprintf(stderr, "sluice check: %v\n", err)
 		return 2
 	}
 	if req.ClientID == "" {

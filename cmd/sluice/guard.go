@@ -2,23 +2,11 @@ package main
 
 import (
 	"flag"
-	"fmt"
-	"strings"
 
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/guard"
 	"github.com/sluicehq/sluice/store/redis"
 )
-
-// guardFlagNames are the flags guardFlags defines; each has a SLUICE_*
-// environment variable (upper case, '-' as '_').
-var guardFlagNames = []string{
-	"store-deadline", "store-max-in-flight", "store-gatherers",
-	"breaker", "breaker-window", "breaker-min-requests", "breaker-failure-ratio", "breaker-open-timeout", "breaker-probes", "breaker-sustain",
-	"over-limit-cache", "over-limit-cache-keys",
-	"hot-keys", "hot-key-threshold", "hot-key-sync-interval", "hot-key-window", "hot-key-max",
-	"redis-dial-timeout", "redis-write-timeout", "redis-keepalive", "redis-conns-per-node",
-}
 
 // redisFlags defines the connection flags of a Redis store and returns
 // the function that builds its options once they are parsed.
@@ -65,23 +53,4 @@ func guardFlags(fs *flag.FlagSet) func() guard.Config {
 				Window: *hotWindow, MaxKeys: *hotMax},
 		}
 	}
-}
-
-// flagsFromEnv sets each flag of names not given on the command line from
-// its SLUICE_* environment variable, when that is set.
-func flagsFromEnv(fs *flag.FlagSet, names []string, getenv func(string) string) error {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for _, name := range names {
-		if given[name] {
-			continue
-		}
-		env := "SLUICE_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-		if v := getenv(env); v != "" {
-			if err := fs.Set(name, v); err != nil {
-				return fmt.Errorf("%s: %w", env, err)
-			}
-		}
-	}
-	return nil
 }

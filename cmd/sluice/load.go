@@ -40,7 +40,7 @@ Flags:
 	}
 	var cfg loadgen.Config
 	fs.StringVar(&cfg.Target, "target", "http", "API to drive: http (JSON API), grpc (Sluice's gRPC API) or envoy (Envoy's ShouldRateLimit)")
-	fs.StringVar(&cfg.Addr, "addr", envDefault(getenv, "SLUICE_LOAD_ADDR", ""), "server address host:port; default 127.0.0.1:8080 for http, 127.0.0.1:8081 for grpc and envoy (env SLUICE_LOAD_ADDR)")
+	fs.StringVar(&cfg.Addr, "addr", "", "server address host:port; default 127.0.0.1:8080 for http, 127.0.0.1:8081 for grpc and envoy")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "concurrent callers")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "total requests per second (open loop, latency from each request's due time); 0: closed loop at full speed")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to run (at most 1h)")
@@ -64,7 +64,12 @@ Flags:
 	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file")
 	threads := fs.Int("threads", 0, "OS threads running the load generator's Go code (GOMAXPROCS); 0: Go's default, one per core. Beside the server on one machine, 1 leaves it the other cores: over gRPC in a closed loop one thread drives every caller")
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set (the generator's own CPU per request falls by about a quarter at 400)")
+	fromEnv := envFlags(fs, map[string]string{"addr": "SLUICE_LOAD_ADDR"})
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := fromEnv(getenv); err != nil {
+		fmt.Fprintf(stderr, "sluice load: %v\n", err)
 		return 2
 	}
 	if fs.NArg() > 0 {

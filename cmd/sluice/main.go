@@ -67,33 +67,66 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	return 2
 }
 
-// envDefault returns the environment variable name's value, or def.
-func envDefault(getenv func(string) string, name, def string) string {
-	if v := getenv(name); v != "" {
-		return v
+// sluiceEnv returns the environment variable of every flag of fs: SLUICE_
+// and the flag's name in upper case, with '_' for '-'.
+func sluiceEnv(fs *flag.FlagSet) map[string]string {
+	vars := map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) {
+		vars[f.Name] = "SLUICE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+	})
+	return vars
+}
+
+// envFlags names in the usage of each flag of vars (flag name to variable
+// name) its environment variable, and returns the function that, once fs
+// is parsed, sets each of those flags not given on the command line from
+// its variable, when that is set. The flags keep their own defaults, so
+// the usage never prints a variable's value (a store URL's password).
+func envFlags(fs *flag.FlagSet, vars map[string]string) func(getenv func(string) string) error {
+	fs.VisitAll(func(f *flag.Flag) {
+		if env, ok := vars[f.Name]; ok {
+			f.Usage += " (env " + env + ")"
+		}
+	})
+	return func(getenv func(string) string) error {
+		given := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+		var err error
+		fs.VisitAll(func(f *flag.Flag) {
+			env, ok := vars[f.Name]
+			if !ok || given[f.Name] || err != nil {
+				return
+			}
+			if v := getenv(env); v != "" {
+				if e := fs.Set(f.Name, v); e != nil {
+					err = fmt.Errorf("%s: %w", env, e)
+				}
+			}
+		})
+		return err
 	}
-	return def
 }
 
 func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	configPath := fs.String("config", envDefault(getenv, "SLUICE_CONFIG", ""), "policy file, Sluice's YAML or envoyproxy/ratelimit's; empty serves the built-in example policy (env SLUICE_CONFIG)")
-	storeURL := fs.String("store", envDefault(getenv, "SLUICE_STORE", daemon.DefaultStoreURL), "store: memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,... (rediss:// and rediss-cluster:// for TLS; env SLUICE_STORE)")
-	httpAddr := fs.String("http-addr", envDefault(getenv, "SLUICE_HTTP_ADDR", daemon.DefaultHTTPAddr), "listen address of the HTTP JSON API (env SLUICE_HTTP_ADDR)")
-	grpcAddr := fs.String("grpc-addr", envDefault(getenv, "SLUICE_GRPC_ADDR", daemon.DefaultGRPCAddr), "listen address of the gRPC and Envoy APIs (env SLUICE_GRPC_ADDR)")
-	logFormat := fs.String("log-format", envDefault(getenv, "SLUICE_LOG_FORMAT", "text"), "log format: text or json (env SLUICE_LOG_FORMAT)")
-	logLevel := fs.String("log-level", envDefault(getenv, "SLUICE_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
-	debugAddr := fs.String("debug-addr", envDefault(getenv, "SLUICE_DEBUG_ADDR", ""), "listen address of the debug listener (pprof, /metrics); empty: none; loopback only unless --debug-allow-remote (env SLUICE_DEBUG_ADDR)")
-	debugRemote := fs.Bool("debug-allow-remote", envDefault(getenv, "SLUICE_DEBUG_ALLOW_REMOTE", "") == "true", "let --debug-addr listen on a non-loopback address (env SLUICE_DEBUG_ALLOW_REMOTE=true)")
+	configPath := fs.String("config", "", "policy file, Sluice's YAML or envoyproxy/ratelimit's; empty serves the built-in example policy")
+	storeURL := fs.String("store", daemon.DefaultStoreURL, "store: memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,... (rediss:// and rediss-cluster:// for TLS)")
+	httpAddr := fs.String("http-addr", daemon.DefaultHTTPAddr, "listen address of the HTTP JSON API")
+	grpcAddr := fs.String("grpc-addr", daemon.DefaultGRPCAddr, "listen address of the gRPC and Envoy APIs")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	debugAddr := fs.String("debug-addr", "", "listen address of the debug listener (pprof, /metrics); empty: none; loopback only unless --debug-allow-remote")
+	debugRemote := fs.Bool("debug-allow-remote", false, "let --debug-addr listen on a non-loopback address")
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set: higher trades memory for less CPU per check (see docs/operations.md)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 15*time.Second, "how long a graceful shutdown waits for checks in flight")
 	guardCfg := guardFlags(fs)
 	redisOpts := redisFlags(fs)
+	fromEnv := envFlags(fs, sluiceEnv(fs))
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := flagsFromEnv(fs, guardFlagNames, getenv); err != nil {
+	if err := fromEnv(getenv); err != nil {
 		fmt.Fprintf(stderr, "sluice serve: %v\n", err)
 		return 2
 	}

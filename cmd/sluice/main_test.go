@@ -67,3 +67,49 @@ func TestCheckCommand(t *testing.T) {
 		t.Errorf("no server: exit %d, want 3", code)
 	}
 }
+
+// serve's usage shows each flag's own default and the environment
+// variable that sets it, never the variable's value: SLUICE_STORE may hold
+// the store's password.
+func TestServeHelpShowsDefaultsNotEnvironment(t *testing.T) {
+	env := map[string]string{"SLUICE_STORE": "rediss://user:s3cret@redis.internal:6380", "SLUICE_LOG_LEVEL": "debug"}
+	var out, errOut bytes.Buffer
+	run([]string{"serve", "-h"}, &out, &errOut, func(k string) string { return env[k] })
+	help := errOut.String() + out.String()
+	if strings.Contains(help, "s3cret") || strings.Contains(help, "redis.internal") {
+		t.Errorf("serve -h prints the environment's store URL:\n%s", help)
+	}
+	for _, want := range []string{`(default "` + daemon.DefaultStoreURL + `")`, `(default "info")`,
+		"SLUICE_STORE", "SLUICE_CONFIG", "SLUICE_GC_PERCENT", "SLUICE_SHUTDOWN_TIMEOUT", "SLUICE_STORE_DEADLINE", "SLUICE_REDIS_DIAL_TIMEOUT"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("serve -h does not show %s:\n%s", want, help)
+		}
+	}
+}
+
+// Every flag of serve reads its SLUICE_* environment variable when it is
+// not on the command line, and the command line wins.
+func TestServeFlagsFromEnvironment(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string // in the error
+	}{
+		// The environment is read before the arguments are checked, so
+		// the extra argument stops a serve that ignores it.
+		{[]string{"extra"}, map[string]string{"SLUICE_GC_PERCENT": "lots"}, "SLUICE_GC_PERCENT"},
+		{[]string{"extra"}, map[string]string{"SLUICE_SHUTDOWN_TIMEOUT": "soon"}, "SLUICE_SHUTDOWN_TIMEOUT"},
+		{[]string{"extra"}, map[string]string{"SLUICE_STORE_DEADLINE": "soon"}, "SLUICE_STORE_DEADLINE"},
+		{nil, map[string]string{"SLUICE_LOG_LEVEL": "loud"}, "--log-format/--log-level"},
+		// Given on the command line, the flags do not read the
+		// environment: the next error is the extra argument.
+		{[]string{"--gc-percent", "100", "--shutdown-timeout", "1s", "--log-level", "info", "extra"},
+			map[string]string{"SLUICE_GC_PERCENT": "lots", "SLUICE_SHUTDOWN_TIMEOUT": "soon", "SLUICE_LOG_LEVEL": "loud"}, "unexpected arguments"},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(append([]string{"serve"}, tc.args...), &out, &errOut, func(k string) string { return tc.env[k] })
+		if code != 2 || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("serve %q with %v: exit %d, %q; want 2 and an error with %q", tc.args, tc.env, code, errOut.String(), tc.want)
+		}
+	}
+}
