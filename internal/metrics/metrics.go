@@ -340,7 +340,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.hotKeysDetected = counter("sluice_hot_keys_detected_total",
 		"Keys that became hot (moved to the local hot-key tier).")
 	m.hotKeySyncLag = hist("sluice_hot_key_sync_lag_seconds",
-		"Age of the oldest local hot-key count when a batched sync sent it to the store.",
+		"Time between successive successful batched syncs of hot keys' leases with the store: how stale a lease may be.",
 		[]float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5})
 	m.hotKeySyncs = counter("sluice_hot_key_syncs_total",
 		"Batched syncs of hot keys' local counts to the store.")
@@ -517,8 +517,8 @@ func (m *Metrics) HotKeyDetected() {
 	m.hotKeysDetected.Inc()
 }
 
-// HotKeySync records one batched sync of hot keys to the store: lag is the
-// age of the oldest local count it carried.
+// HotKeySync records one successful batched sync of hot keys' leases with
+// the store: lag is the time since the previous successful one.
 func (m *Metrics) HotKeySync(lag time.Duration) {
 	if m == nil {
 		return
