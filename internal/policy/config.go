@@ -174,7 +174,7 @@ func (d *decoder) sluice(root *yaml.Node, p *Policy) {
 			}
 			st.tiers[tf.key] = spec
 			st.tierNames = append(st.tierNames, tf.key)
-			if l := d.compile(spec, st, FailOpen, 1, "tiers."+tf.key); l != nil {
+			if l := d.compile(spec, st, FailOpen, 1, "tiers."+tf.key, 1); l != nil {
 				p.Tiers[tf.key] = &Tier{Name: tf.key, Limit: l}
 			}
 		}
@@ -198,6 +198,7 @@ func (d *decoder) sluice(root *yaml.Node, p *Policy) {
 	if f, ok := byKey["assignments"]; ok {
 		d.assignments(f.v, st, p)
 	}
+	d.shareQuanta(st, p)
 	if f, ok := byKey["allow"]; ok {
 		d.identities(f.v, "allow", &p.allow)
 	}
@@ -370,27 +371,35 @@ func (d *decoder) complete(spec limitSpec, n *yaml.Node, what string) bool {
 	return spec.hasLim && spec.hasWin
 }
 
-// compile compiles spec with its priority variants and local shares.
-func (d *decoder) compile(spec limitSpec, st *settings, fm FailureMode, instances int64, what string) *Limit {
+// compile compiles spec with its priority variants and local shares. The
+// variants count at one quantum, the finest from minQuantum up at which
+// all of them can be counted, since they share one state.
+func (d *decoder) compile(spec limitSpec, st *settings, fm FailureMode, instances int64, what string, minQuantum int64) *Limit {
 	base := sluice.Limit{Algorithm: spec.alg, Limit: spec.limit, Window: spec.window, Burst: spec.burst}
 	if base.Algorithm == 0 {
 		base.Algorithm = st.alg
 	}
-	l := &Limit{Spec: base}
+	l := &Limit{Spec: base, src: &limitSource{spec: spec, fm: fm, instances: instances, what: what}}
 	mult := [numPriorities]float64{PriorityNormal: 1, PriorityHigh: st.high, PriorityLow: st.low}
+	var variants [numPriorities]sluice.Limit
+	q := minQuantum
 	for pr, m := range mult {
 		v := scale(base, m)
 		if v.Algorithm == sluice.SlidingWindowLog && v.Limit > MaxLogLimit {
 			d.errorf(spec.node, "%s: a sliding_window_log keeps one entry per admitted unit: limit %d (at %s priority) is above %d; use sliding_window_counter", what, v.Limit, Priority(pr), MaxLogLimit)
 			return nil
 		}
-		p, err := algorithm.Compile(v)
+		p, err := algorithm.CompileAt(v, q)
 		if err != nil {
 			d.errorf(spec.node, "%s: %v", what, err)
 			return nil
 		}
-		if pr > 0 && (p.Quantum != l.Params[0].Quantum || p.Window != l.Params[0].Window) {
-			d.errorf(spec.node, "%s: the %s-priority variant of this limit (x%v) cannot be counted at the same resolution; use a smaller limit or a shorter window", what, Priority(pr), m)
+		variants[pr], q = v, max(q, p.Quantum)
+	}
+	for pr, v := range variants {
+		p, err := algorithm.CompileAt(v, q)
+		if err != nil {
+			d.errorf(spec.node, "%s: %v", what, err)
 			return nil
 		}
 		l.Params[pr] = p
@@ -415,6 +424,65 @@ func (d *decoder) compile(spec limitSpec, st *settings, fm FailureMode, instance
 	}
 	l.Tag = layoutTag(base.Algorithm, &l.Params[0])
 	return l
+}
+
+// limitSource is what a Limit was compiled from, to compile it again at a
+// coarser quantum.
+type limitSource struct {
+	spec      limitSpec
+	fm        FailureMode
+	instances int64
+	what      string
+}
+
+// shareQuanta compiles again, at one quantum, the limits of each rule
+// that count on one state: its own, its tiers' and the identities'
+// overrides of one algorithm and window. Compile picks the finest quantum
+// that can count a limit exactly, which depends on the limit too (10 µs
+// rather than 1 µs for a daily limit above 26,062), and the quantum is
+// part of a key's tag: without this, a tier change or an override across
+// such a bound would start its count afresh.
+func (d *decoder) shareQuanta(st *settings, p *Policy) {
+	type layout struct {
+		alg    sluice.Algorithm
+		window time.Duration
+	}
+	type use struct {
+		l   *Limit
+		set func(*Limit)
+	}
+	for _, r := range p.Rules {
+		var uses []use
+		if r.Base != nil {
+			uses = append(uses, use{r.Base, func(l *Limit) { r.Base = l }})
+		}
+		for t, l := range r.byTier {
+			uses = append(uses, use{l, func(l *Limit) { r.byTier[t] = l }})
+		}
+		for _, byValue := range p.assignments {
+			for _, list := range byValue {
+				for _, a := range list {
+					if l := a.Limits[r.ID]; l != nil {
+						uses = append(uses, use{l, func(l *Limit) { a.Limits[r.ID] = l }})
+					}
+				}
+			}
+		}
+		coarsest := map[layout]int64{}
+		for _, u := range uses {
+			k := layout{u.l.Spec.Algorithm, u.l.Spec.Window}
+			coarsest[k] = max(coarsest[k], u.l.Params[0].Quantum)
+		}
+		for _, u := range uses {
+			q := coarsest[layout{u.l.Spec.Algorithm, u.l.Spec.Window}]
+			if u.l.Params[0].Quantum < q {
+				src := u.l.src
+				if l := d.compile(src.spec, st, src.fm, src.instances, src.what, q); l != nil {
+					u.set(l)
+				}
+			}
+		}
+	}
 }
 
 // layoutTag returns the tag of store keys for state of algorithm alg
@@ -560,7 +628,7 @@ func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 		} else if base.present {
 			spec := base.over(limitSpec{alg: st.alg})
 			if d.complete(spec, item, what) {
-				r.Base = d.compile(spec, st, r.FailureMode, r.ExpectedInstances, what)
+				r.Base = d.compile(spec, st, r.FailureMode, r.ExpectedInstances, what, 1)
 			}
 		} else if !r.Tiered {
 			d.errorf(item, "%s: set limit and window, or tiered: true to take the limit from the identity's tier", what)
@@ -598,7 +666,7 @@ func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 					spec.node = item
 				}
 				if d.complete(spec, spec.node, what+".tiers."+t) {
-					if l := d.compile(spec, st, r.FailureMode, r.ExpectedInstances, what+".tiers."+t); l != nil {
+					if l := d.compile(spec, st, r.FailureMode, r.ExpectedInstances, what+".tiers."+t, 1); l != nil {
 						r.byTier[t] = l
 					}
 				}
@@ -740,7 +808,7 @@ func (d *decoder) assignments(n *yaml.Node, st *settings, p *Policy) {
 				}
 				spec := s.over(parent)
 				if d.complete(spec, lf.v, what+".limits."+lf.key) {
-					if l := d.compile(spec, st, r.FailureMode, r.ExpectedInstances, what+".limits."+lf.key); l != nil {
+					if l := d.compile(spec, st, r.FailureMode, r.ExpectedInstances, what+".limits."+lf.key, 1); l != nil {
 						a.Limits[r.ID] = l
 					}
 				}

@@ -472,7 +472,7 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 		lim.Tag = algorithmAbbrev[alg] + "." + l.Unit.String()
 		l.Limit = lim
 	} else {
-		l.Limit = d.compile(spec, st, FailOpen, 1, "rate_limit")
+		l.Limit = d.compile(spec, st, FailOpen, 1, "rate_limit", 1)
 		if l.Limit == nil {
 			return nil
 		}

@@ -10,7 +10,8 @@ package policy
 // The tag names the state layout (algorithm, window, quantum) so that a
 // change of algorithm or window in the configuration starts from fresh
 // state, while a change of limit (a new tier, an override, a priority)
-// keeps counting on the same state. The first dimension's value is
+// keeps counting on the same state: a rule's limits of one algorithm and
+// window count at one quantum (see shareQuanta). The first dimension's value is
 // wrapped in braces, a Redis Cluster hash tag: every key of one identity
 // (all the rules counting by client=acme, say) lands on one slot.
 // Values are escaped so that ':', '{', '}' and '%' in them cannot make two

@@ -190,6 +190,8 @@ type Limit struct {
 	// Tag identifies the state layout (algorithm, window, quantum) in
 	// store keys, so that a key never changes algorithm or quantum.
 	Tag string
+
+	src *limitSource // what it was compiled from
 }
 
 // Rule is one rate-limiting rule. It is immutable once its Policy is built.

@@ -146,6 +146,46 @@ rules:
 	}
 }
 
+// TestLimitsOfOneStateShareAQuantum checks that a rule's limits that count
+// on one state (its tiers, an identity's override, the priority variants)
+// count at one quantum, so they share a key, even when one of them alone
+// would be counted at a finer one (1 µs up to 26,062 per day, 10 µs above).
+func TestLimitsOfOneStateShareAQuantum(t *testing.T) {
+	p := mustParse(t, `
+version: 1
+tiers:
+  free: { limit: 20000, window: 24h, algorithm: fixed_window }
+  pro: { limit: 30000, window: 24h, algorithm: fixed_window }
+default_tier: free
+rules:
+  - { id: daily, match: { resource: "/api/*" }, tiered: true }
+  - { id: near, match: { resource: "/api/*" }, limit: 25000, window: 24h, algorithm: token_bucket }
+assignments:
+  - { client: big, tier: pro, limits: { daily: { limit: 5000 } } }
+`)
+	daily, near := p.Rules[0], p.Rules[1]
+	req := &Request{ClientID: "acme", Resource: "/api/x"}
+	_, big := p.Lookup(&Request{ClientID: "big", Resource: "/api/x"}, time.Now())
+	if big == nil {
+		t.Fatal("no assignment for client big")
+	}
+	keys := map[string]bool{}
+	for _, l := range []*Limit{daily.LimitFor("free", nil), daily.LimitFor("pro", nil), daily.LimitFor("pro", big)} {
+		if l == nil {
+			t.Fatal("a tier without a limit")
+		}
+		k, _ := daily.AppendKey(nil, l, req)
+		keys[string(k)] = true
+	}
+	if len(keys) != 1 {
+		t.Errorf("the limits of one rule count on %d keys, want one: %v", len(keys), keys)
+	}
+	// 25,000 per day at normal priority, 30,000 at high: one quantum.
+	if q := [3]int64{near.Base.Params[0].Quantum, near.Base.Params[1].Quantum, near.Base.Params[2].Quantum}; q != [3]int64{10, 10, 10} {
+		t.Errorf("priority variants of 25,000 per day: quanta %v, want [10 10 10]", q)
+	}
+}
+
 const tierPolicy = `
 version: 1
 default_tier: free
