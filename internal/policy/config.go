@@ -404,12 +404,14 @@ func (d *decoder) compile(spec limitSpec, st *settings, fm FailureMode, instance
 		}
 		l.Params[pr] = p
 		if fm == FailLocal {
+			// The local shares, which share a state in process, count
+			// at the same quantum: a share is smaller than its limit.
 			lv := v
 			lv.Limit = ceilDiv(v.Limit, instances)
 			if v.Burst > 0 {
 				lv.Burst = ceilDiv(v.Burst, instances)
 			}
-			lp, err := algorithm.Compile(lv)
+			lp, err := algorithm.CompileAt(lv, q)
 			if err != nil {
 				d.errorf(spec.node, "%s: local share: %v", what, err)
 				return nil

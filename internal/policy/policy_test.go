@@ -159,7 +159,7 @@ tiers:
 default_tier: free
 rules:
   - { id: daily, match: { resource: "/api/*" }, tiered: true }
-  - { id: near, match: { resource: "/api/*" }, limit: 25000, window: 24h, algorithm: token_bucket }
+  - { id: near, match: { resource: "/api/*" }, limit: 25000, window: 24h, algorithm: token_bucket, failure_mode: local, expected_instances: 2 }
 assignments:
   - { client: big, tier: pro, limits: { daily: { limit: 5000 } } }
 `)
@@ -183,6 +183,9 @@ assignments:
 	// 25,000 per day at normal priority, 30,000 at high: one quantum.
 	if q := [3]int64{near.Base.Params[0].Quantum, near.Base.Params[1].Quantum, near.Base.Params[2].Quantum}; q != [3]int64{10, 10, 10} {
 		t.Errorf("priority variants of 25,000 per day: quanta %v, want [10 10 10]", q)
+	}
+	if q := [3]int64{near.Base.Local[0].Quantum, near.Base.Local[1].Quantum, near.Base.Local[2].Quantum}; q != [3]int64{10, 10, 10} {
+		t.Errorf("local shares of 25,000 per day over 2 instances: quanta %v, want [10 10 10]", q)
 	}
 }
 
