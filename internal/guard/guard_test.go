@@ -483,6 +483,32 @@ func TestOverLimitCacheResetWithCheckInFlight(t *testing.T) {
 	}
 }
 
+// TestOverLimitCacheCoarseQuantum: a limit counted in quanta of a second
+// reports a retry-after from the start of the current second, up to a
+// second long. Denied half a second into its window, a check of 10 per
+// second reports 1 s; the cache must not deny, from that figure, the
+// checks of the next window, which the store admits.
+func TestOverLimitCacheCoarseQuantum(t *testing.T) {
+	p, err := algorithm.CompileAt(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Second}, 1_000_000)
+	if err != nil || p.Quantum != 1_000_000 {
+		t.Fatalf("CompileAt: quantum %d, %v", p.Quantum, err)
+	}
+	clk := &fakeClock{}
+	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 500_000_000, time.UTC).UnixNano())
+	g := newGuard(t, newMemory(t, clk.now), Config{Now: clk.now, Deadline: time.Second})
+	for i := range 11 {
+		d, _, err := check1(context.Background(), g, "k", &p, 1)
+		if err != nil || d.Allowed != (i < 10) {
+			t.Fatalf("check %d: %+v, %v", i, d, err)
+		}
+	}
+	clk.advance(600 * time.Millisecond) // 0.1 s into the next window
+	d, src, err := check1(context.Background(), g, "k", &p, 1)
+	if err != nil || !d.Allowed || src != engine.SourceStore {
+		t.Errorf("first check of the next window: allowed %v from %s, %v; want admitted by the store", d.Allowed, src, err)
+	}
+}
+
 func TestOverLimitCacheBounded(t *testing.T) {
 	inner := newMemory(t, nil)
 	g := newGuard(t, inner, Config{Deadline: time.Second, OverLimit: OverLimitConfig{MaxKeys: 64}})

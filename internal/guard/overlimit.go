@@ -116,12 +116,21 @@ func (o *overLimitCache) lookup(r *store.Request, now time.Time) (sluice.Decisio
 	return sluice.Decision{Reason: sluice.ReasonLimited, Limit: e.limit, RetryAfter: retry, ResetAfter: max(retry, e.resetAt.Sub(now))}, true
 }
 
+// inQuantum returns d, a reset or retry-after a store decided under p,
+// less one quantum of p: the store counts time in quanta and measures d
+// from the start of the current one, so d may be up to a quantum long (a
+// second for a limit counted in seconds). What is kept in process until
+// then ends no later than the store's own state.
+func inQuantum(d time.Duration, p *algorithm.Params) time.Duration {
+	return d - time.Duration(p.Quantum)*time.Microsecond
+}
+
 // remember records that r, sent at sent in epoch, was denied with d,
 // unless a reset has ended since. The epoch is compared under the shard's
 // lock, which reset's forget takes after the epoch changes, so that a
 // denial is either not remembered or forgotten by the reset.
 func (o *overLimitCache) remember(r *store.Request, sent time.Time, epoch uint64, d *sluice.Decision) {
-	until := sent.Add(d.RetryAfter)
+	until := sent.Add(inQuantum(d.RetryAfter, r.Params))
 	sh := o.shard(r.Key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -129,7 +138,7 @@ func (o *overLimitCache) remember(r *store.Request, sent time.Time, epoch uint64
 		return
 	}
 	e, ok := sh.m[r.Key]
-	next := olcEntry{until: until, resetAt: sent.Add(d.ResetAfter), cost: r.Cost, limit: d.Limit, params: r.Params}
+	next := olcEntry{until: until, resetAt: sent.Add(inQuantum(d.ResetAfter, r.Params)), cost: r.Cost, limit: d.Limit, params: r.Params}
 	if ok {
 		// Keep what the two denials together say: under the same params,
 		// a smaller cost denied as long covers both; otherwise the newest
