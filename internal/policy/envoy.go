@@ -220,10 +220,16 @@ func (dom *envoyDomain) compileOverride(k envoyOverride) (*EnvoyLimit, error) {
 	case k.window <= 0 || k.window > sluice.MaxWindow:
 		return nil, fmt.Errorf("unit: the window must be longer than 0 and at most %s, got %s", sluice.MaxWindow, k.window)
 	}
-	// At one quantum, a second (Envoy's windows are whole seconds), so that
-	// the key's tag depends on the window alone: Compile's finest quantum
-	// depends on the requests per unit too.
-	params, err := algorithm.CompileAt(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: k.requests, Window: k.window}, 1_000_000)
+	// At the quantum of the largest override of this window, so that the
+	// key's tag depends on the window alone (Compile's finest quantum
+	// depends on the requests per unit too): 10 µs for a second, 1 ms for
+	// a minute, a second for a day.
+	largest, err := algorithm.Compile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: math.MaxUint32, Window: k.window})
+	q := largest.Quantum
+	if err != nil {
+		q = 1_000_000 // too long a window for the largest: the coarsest
+	}
+	params, err := algorithm.CompileAt(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: k.requests, Window: k.window}, q)
 	if err != nil {
 		return nil, err
 	}

@@ -651,7 +651,7 @@ func TestEnvoyOverride(t *testing.T) {
 	}
 	configured := p.EnvoyLimit("example8", entries("key1", "zzz"))
 	e := entries("key1", "zzz")
-	if got, want := string(l.AppendKey(nil, e)), "rl:envoy:example8:override.fw.1m0s.q1000000:{key1=zzz}"; got != want {
+	if got, want := string(l.AppendKey(nil, e)), "rl:envoy:example8:override.fw.1m0s.q1000:{key1=zzz}"; got != want {
 		t.Errorf("key: got %q, want %q", got, want)
 	}
 	// Another limit of the same window counts on the same key, however
