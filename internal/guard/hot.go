@@ -493,7 +493,7 @@ func (g *Guard) topUp(ctx context.Context, leases []lease) []lease {
 			hk.gen++
 		}
 		hk.remaining = d.Remaining
-		hk.resetAt = sent.Add(inQuantum(d.ResetAfter, l.params))
+		hk.resetAt = sent.Add(d.ResetAfter)
 		if d.Allowed {
 			ttl := min(leaseIntervals*t.interval, inQuantum(d.ResetAfter, l.params))
 			if !sent.Before(hk.expires) {
@@ -508,7 +508,7 @@ func (g *Guard) topUp(ctx context.Context, leases []lease) []lease {
 		} else {
 			hk.over = hk.avail == 0
 			hk.overUntil = sent.Add(leaseIntervals * t.interval)
-			hk.retryAt = sent.Add(inQuantum(d.RetryAfter, l.params))
+			hk.retryAt = sent.Add(d.RetryAfter)
 		}
 		hk.mu.Unlock()
 	}

@@ -112,7 +112,8 @@ func (o *overLimitCache) lookup(r *store.Request, now time.Time) (sluice.Decisio
 	if !ok || e.params != r.Params || r.Cost < e.cost {
 		return sluice.Decision{}, false
 	}
-	retry := e.until.Sub(now)
+	// The store's own figure: until is a quantum early (see inQuantum).
+	retry := e.until.Sub(now) + time.Duration(e.params.Quantum)*time.Microsecond
 	return sluice.Decision{Reason: sluice.ReasonLimited, Limit: e.limit, RetryAfter: retry, ResetAfter: max(retry, e.resetAt.Sub(now))}, true
 }
 
@@ -138,7 +139,7 @@ func (o *overLimitCache) remember(r *store.Request, sent time.Time, epoch uint64
 		return
 	}
 	e, ok := sh.m[r.Key]
-	next := olcEntry{until: until, resetAt: sent.Add(inQuantum(d.ResetAfter, r.Params)), cost: r.Cost, limit: d.Limit, params: r.Params}
+	next := olcEntry{until: until, resetAt: sent.Add(d.ResetAfter), cost: r.Cost, limit: d.Limit, params: r.Params}
 	if ok {
 		// Keep what the two denials together say: under the same params,
 		// a smaller cost denied as long covers both; otherwise the newest
