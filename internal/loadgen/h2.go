@@ -53,6 +53,7 @@ type h2Conn struct {
 	cond    *sync.Cond // signalled when sendWin grows or err is set
 	streams map[uint32]*h2Call
 	sendWin int64 // connection-level window of the server, for our DATA
+	peakWin int64 // the largest sendWin so far
 	// The server's SETTINGS_INITIAL_WINDOW_SIZE, each new stream's window
 	// for our DATA, and SETTINGS_MAX_FRAME_SIZE.
 	streamWin int64
@@ -102,7 +103,7 @@ func dialH2(ctx context.Context, addr, path string) (*h2Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &h2Conn{nc: nc, streams: map[uint32]*h2Call{}, nextID: 1, sendWin: h2InitialSendWin,
+	c := &h2Conn{nc: nc, streams: map[uint32]*h2Call{}, nextID: 1, sendWin: h2InitialSendWin, peakWin: h2InitialSendWin,
 		streamWin: h2InitialSendWin, maxFrame: h2MinMaxFrame,
 		wake: make(chan struct{}, 1), closed: make(chan struct{}), settled: make(chan struct{})}
 	c.cond = sync.NewCond(&c.mu)
@@ -338,7 +339,12 @@ func (c *h2Conn) send(ctx context.Context, call *h2Call, wait bool) (uint32, err
 		return 0, errStopped
 	case c.sendWin < int64(len(req)):
 		err := errWindow
-		if wait {
+		switch {
+		case wait && len(c.streams) == 0 && int64(len(req)) > c.peakWin:
+			// Larger than the server ever let us send at once, and
+			// nothing in flight to earn more: it never will fit.
+			err = fmt.Errorf("http2: request of %d bytes is larger than the server's connection window of %d bytes", len(req), c.peakWin)
+		case wait:
 			err = ctx.Err()
 		}
 		c.mu.Unlock()
@@ -528,6 +534,7 @@ func (c *h2Conn) readLoop() {
 			if f.StreamID == 0 {
 				c.mu.Lock()
 				c.sendWin += int64(f.Increment)
+				c.peakWin = max(c.peakWin, c.sendWin)
 				c.cond.Broadcast()
 				c.mu.Unlock()
 			}

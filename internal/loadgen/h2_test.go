@@ -149,6 +149,26 @@ func TestH2RequestOverStreamWindow(t *testing.T) {
 	}
 }
 
+// TestH2RequestOverConnectionWindow: a request within the server's stream
+// window but above its connection window, with nothing in flight that
+// could earn more, fails at its timeout with an error naming that window.
+func TestH2RequestOverConnectionWindow(t *testing.T) {
+	addr := stalledServer(t, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20})
+	rep, err := Run(context.Background(), Config{Target: TargetGRPC, Addr: addr, Concurrency: 1, Conns: 1,
+		Duration: 5 * time.Second, Timeout: 100 * time.Millisecond, Resource: "/" + strings.Repeat("r", 70000)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Errors != 1 || rep.Elapsed > 1 {
+		t.Errorf("%d errors in %.2fs, want 1 and the run to end at once", rep.Errors, rep.Elapsed)
+	}
+	for _, m := range rep.ErrorSamples {
+		if !strings.Contains(m, "larger than the server's connection window of 65535 bytes") {
+			t.Errorf("error %q, want it to name the server's connection window", m)
+		}
+	}
+}
+
 // TestNoLatencyWithoutAnswers runs against a server that answers nothing:
 // every request times out, and the report gives no latency figures.
 func TestNoLatencyWithoutAnswers(t *testing.T) {

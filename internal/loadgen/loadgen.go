@@ -17,8 +17,9 @@
 // and are counted as errors; in a closed loop their callers then stop, and
 // the run ends when every caller has. Nor does it send a request in parts
 // as a stream's flow-control window opens: a request larger than the
-// server's initial stream window (64 KiB unless the server grants more;
-// Sluice's gRPC server grants 1 MiB) fails with an error that says so.
+// server's initial stream window, or than its connection window with
+// nothing in flight (64 KiB unless the server grants more; Sluice's gRPC
+// server grants 1 MiB), fails with an error that says so.
 // Requests larger than the server's largest frame go out in several DATA
 // frames.
 //
