@@ -129,43 +129,37 @@ func TestH2WindowWaitTimesOut(t *testing.T) {
 	}
 }
 
-// TestH2RequestOverStreamWindow runs against a server whose streams take
-// 4 KiB: a request of 8 KB cannot be sent, and the run says why.
-func TestH2RequestOverStreamWindow(t *testing.T) {
-	addr := stalledServer(t, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 4096})
-	rep, err := Run(context.Background(), Config{Target: TargetGRPC, Addr: addr, Concurrency: 2, Conns: 1,
-		Duration: 5 * time.Second, Timeout: 100 * time.Millisecond, Resource: "/" + strings.Repeat("r", 8000)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Each caller's first request fails, and the caller stops.
-	if rep.Errors != 2 || rep.Elapsed > 1 {
-		t.Errorf("%d errors in %.2fs, want 2 and the run to end at once", rep.Errors, rep.Elapsed)
-	}
-	for _, m := range rep.ErrorSamples {
-		if !strings.Contains(m, "larger than the server's stream window of 4096 bytes") {
-			t.Errorf("error %q, want it to name the server's stream window", m)
-		}
-	}
-}
-
-// TestH2RequestOverConnectionWindow: a request within the server's stream
-// window but above its connection window, with nothing in flight that
-// could earn more, fails at its timeout with an error naming that window.
-func TestH2RequestOverConnectionWindow(t *testing.T) {
-	addr := stalledServer(t, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20})
-	rep, err := Run(context.Background(), Config{Target: TargetGRPC, Addr: addr, Concurrency: 1, Conns: 1,
-		Duration: 5 * time.Second, Timeout: 100 * time.Millisecond, Resource: "/" + strings.Repeat("r", 70000)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rep.Errors != 1 || rep.Elapsed > 1 {
-		t.Errorf("%d errors in %.2fs, want 1 and the run to end at once", rep.Errors, rep.Elapsed)
-	}
-	for _, m := range rep.ErrorSamples {
-		if !strings.Contains(m, "larger than the server's connection window of 65535 bytes") {
-			t.Errorf("error %q, want it to name the server's connection window", m)
-		}
+// TestH2RequestOverWindow: a request larger than the server's stream
+// window fails at once; one within it but larger than the connection
+// window, with nothing in flight that could earn more, fails at its
+// timeout. Both errors name the window, and each caller stops.
+func TestH2RequestOverWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		setting  http2.Setting
+		resource int
+		callers  int
+		want     string
+	}{
+		{"stream", http2.Setting{ID: http2.SettingInitialWindowSize, Val: 4096}, 8000, 2, "larger than the server's stream window of 4096 bytes"},
+		{"connection", http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20}, 70000, 1, "larger than the server's connection window of 65535 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := stalledServer(t, tc.setting)
+			rep, err := Run(context.Background(), Config{Target: TargetGRPC, Addr: addr, Concurrency: tc.callers, Conns: 1,
+				Duration: 5 * time.Second, Timeout: 100 * time.Millisecond, Resource: "/" + strings.Repeat("r", tc.resource)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Errors != int64(tc.callers) || rep.Elapsed > 1 {
+				t.Errorf("%d errors in %.2fs, want %d and the run to end at once", rep.Errors, rep.Elapsed, tc.callers)
+			}
+			for _, m := range rep.ErrorSamples {
+				if !strings.Contains(m, tc.want) {
+					t.Errorf("error %q, want it to say %q", m, tc.want)
+				}
+			}
+		})
 	}
 }
 
