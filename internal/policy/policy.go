@@ -339,7 +339,8 @@ func (s *identitySet) contains(r *Request) bool {
 	}
 	if len(s.prefixes) > 0 && r.IP != "" {
 		if addr, err := netip.ParseAddr(r.IP); err == nil {
-			addr = addr.Unmap()
+			// A prefix contains no address with a zone (fe80::1%eth0).
+			addr = addr.WithZone("").Unmap()
 			for _, p := range s.prefixes {
 				if p.Contains(addr) {
 					return true

@@ -320,6 +320,7 @@ deny:
   - client: internal-but-banned
   - user: internal
   - ip: ::ffff:198.51.100.0/120
+  - ip: 2001:db8::/64
 `)
 	tests := []struct {
 		req           Request
@@ -337,6 +338,8 @@ deny:
 		{Request{ClientID: "x", IP: "198.51.100.9"}, false, true},
 		{Request{ClientID: "x", IP: "::ffff:198.51.100.9"}, false, true},
 		{Request{ClientID: "x", IP: "198.51.101.9"}, false, false},
+		// An address with a zone is in the prefix of the address.
+		{Request{ClientID: "x", IP: "2001:db8::1%eth0"}, false, true},
 	}
 	for _, tt := range tests {
 		if got := p.Allowed(&tt.req); got != tt.allowed {
