@@ -282,11 +282,9 @@ func (c *Client) Status(ctx context.Context, req StatusRequest) ([]RuleStatus, e
 
 // do sends one request and reads the whole answer.
 func (c *Client) do(ctx context.Context, method, path string, body []byte) (*http.Response, []byte, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-	}
+	// The earlier of ctx's deadline and the client's timeout wins.
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)

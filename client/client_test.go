@@ -216,3 +216,30 @@ func TestMiddlewareServerDown(t *testing.T) {
 		}
 	}
 }
+
+// TestTimeoutWithALaterDeadline: Config.Timeout bounds a call whose
+// context has a later deadline.
+func TestTimeoutWithALaterDeadline(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		case <-time.After(3 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	c, err := client.New(client.Config{BaseURL: srv.URL, Timeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	_, err = c.Check(ctx, client.CheckRequest{ClientID: "a"})
+	took := time.Since(start)
+	if !errors.Is(err, client.ErrUnavailable) || took > time.Second {
+		t.Fatalf("call took %v (err %v); want cut at Timeout (100ms) since the context's deadline (1m) is later", took, err)
+	}
+}
