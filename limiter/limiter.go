@@ -103,9 +103,9 @@ func (lim *Limiter) AllowAt(key string, t time.Time) bool {
 }
 
 // AllowN reports whether a request of cost n for key may go through at t,
-// and if so consumes n units. n = 0 consumes nothing and reports whether
-// the limit is exhausted; a negative n is never allowed. A zero t means
-// now.
+// and if so consumes n units. n = 0 consumes nothing and is allowed but
+// by a deny-all limit (DecideAt(key, t, 0).Remaining tells whether the
+// limit is exhausted); a negative n is never allowed. A zero t means now.
 func (lim *Limiter) AllowN(key string, t time.Time, n int64) bool {
 	return lim.DecideAt(key, t, n).Allowed
 }
