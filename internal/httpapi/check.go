@@ -259,7 +259,8 @@ func deniedWithBatch(res *engine.Result) bool {
 	case res.Source == engine.SourceDenyList:
 		return len(res.Rules) == 0
 	case len(res.Rules) == 0:
-		return false
+		// No rule applies to it: nothing else could deny it.
+		return true
 	}
 	for i := range res.Rules {
 		if !res.Rules[i].Allowed && !res.Rules[i].Shadow {

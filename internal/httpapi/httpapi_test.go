@@ -563,3 +563,25 @@ func TestDecodeCheckFastAccepts(t *testing.T) {
 		}
 	}
 }
+
+// TestDeniedWithBatch: a denied check whose own rules all admitted it, or
+// to which no rule applies, was denied by another check of its
+// all_or_nothing batch.
+func TestDeniedWithBatch(t *testing.T) {
+	admitted := engine.RuleResult{Rule: "r", Allowed: true, Limit: 10, Remaining: 9}
+	for _, tc := range []struct {
+		name string
+		res  engine.Result
+		want bool
+	}{
+		{"its own rule denied it", deniedResult(), false},
+		{"its rules admitted it", engine.Result{Rules: []engine.RuleResult{admitted}}, true},
+		{"no rule applies to it", engine.Result{}, true},
+		{"another check's identity is deny-listed", engine.Result{Source: engine.SourceDenyList}, true},
+		{"allowed", engine.Result{Allowed: true}, false},
+	} {
+		if got := deniedWithBatch(&tc.res); got != tc.want {
+			t.Errorf("%s: deniedWithBatch = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
