@@ -152,7 +152,8 @@ type Config struct {
 	IdempotencyTTL time.Duration
 	// MaxIdempotencyKeys bounds the idempotency keys remembered in
 	// process; zero means 1,000,000. Beyond it, new keys are decided
-	// without being remembered.
+	// without being remembered until expired records make room, which
+	// is looked for at most every tenth of IdempotencyTTL.
 	MaxIdempotencyKeys int
 	// Local is the in-process limiter that decides the rules whose
 	// failure mode is local while Store cannot answer, with each rule's

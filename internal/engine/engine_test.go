@@ -394,6 +394,41 @@ rules:
 	}
 }
 
+// TestIdempotencyAfterFull: with the in-process records at their bound,
+// a new key is decided without being remembered while the records are
+// live, and remembered again once they have expired, whatever the bound.
+func TestIdempotencyAfterFull(t *testing.T) {
+	p, err := policy.Parse("t.yaml", []byte(`
+version: 1
+rules:
+  - {id: per-client, limit: 100, window: 1m, algorithm: fixed_window}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Config{Store: newStore(t), Local: newStore(t), Policy: p,
+		Now: func() time.Time { return t0 }, IdempotencyTTL: time.Second, MaxIdempotencyKeys: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"a", "b", "c", "d"} {
+		mustCheck(t, e, Check{ClientID: "c", Cost: 1, IdempotencyKey: key})
+	}
+	live := Check{ClientID: "c", Cost: 1, IdempotencyKey: "live", Now: t0.Add(500 * time.Millisecond)}
+	mustCheck(t, e, live)
+	if r := mustCheck(t, e, live); r.Source == SourceIdempotent {
+		t.Errorf("new key with the records full and live: replayed, want decided without being remembered")
+	}
+	// Long after every record expired: a new key is remembered again.
+	fresh := Check{ClientID: "c", Cost: 1, IdempotencyKey: "fresh", Now: t0.Add(10 * time.Minute)}
+	first := mustCheck(t, e, fresh)
+	second := mustCheck(t, e, fresh)
+	if second.Source != SourceIdempotent || second.Deciding.Remaining != first.Deciding.Remaining {
+		t.Errorf("repeat of a new key after the records expired: source %s, remaining %d; want idempotent, remaining %d",
+			second.Source, second.Deciding.Remaining, first.Deciding.Remaining)
+	}
+}
+
 func TestFailureModes(t *testing.T) {
 	e, st := newEngine(t, `
 version: 1

@@ -14,9 +14,10 @@ type idemCache struct {
 	max int
 
 	mu sync.Mutex
-	// m and nextSweep are guarded by mu.
+	// m, nextSweep and swept are guarded by mu.
 	m         map[idemKey]*idemEntry
-	nextSweep int
+	nextSweep int       // the size at which m is swept next
+	swept     time.Time // when m was last swept
 }
 
 type idemKey struct{ client, key string }
@@ -58,7 +59,10 @@ func (c *idemCache) do(ctx context.Context, now time.Time, client, key string, d
 		if e != nil {
 			delete(c.m, k)
 		}
-		if len(c.m) >= c.nextSweep {
+		// Sweep as m doubles, and at the bound at most every tenth of
+		// the TTL: a full map of live records is not swept on every
+		// check, and one whose records have expired frees its room.
+		if len(c.m) >= c.nextSweep || len(c.m) >= c.max && !now.Before(c.swept.Add(c.ttl/10)) {
 			c.sweep(now)
 		}
 		if len(c.m) >= c.max {
@@ -101,6 +105,7 @@ func (c *idemCache) sweep(now time.Time) {
 		}
 	}
 	c.nextSweep = max(2*len(c.m), 1024)
+	c.swept = now
 }
 
 // replay returns a copy of the first decision marked as a repeat: it
