@@ -545,6 +545,12 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 		}
 	}
 	allowed := true
+	if len(s.reqs) == 0 && s.idemKey != "" && e.claimShadow(ctx, s, now) {
+		// A repeat charges nothing, shadow rules included.
+		s.replayed = true
+		e.runShadow(ctx, s, now, false)
+		return true
+	}
 	if len(s.reqs) > 0 {
 		s.out = grow(s.out, len(s.reqs))
 		var err error
@@ -613,6 +619,30 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 	}
 	e.runShadow(ctx, s, now, allowed)
 	return allowed
+}
+
+// claimShadow claims the idempotency key of a check with no enforcing
+// item in a store that keeps the records, by recording a read of its
+// shadow items, and reports whether the key was already claimed: the check
+// is then a repeat and charges nothing. It reports false when the store
+// does not keep the records or cannot answer (the check is decided anew).
+func (e *Engine) claimShadow(ctx context.Context, s *scratch, now time.Time) bool {
+	is, ok := e.store.(IdempotentStore)
+	if !ok {
+		return false
+	}
+	for i := range s.items {
+		if it := &s.items[i]; it.shadow {
+			s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Now: now})
+		}
+	}
+	if len(s.reqs) == 0 {
+		return false
+	}
+	s.out = grow(s.out, len(s.reqs))
+	replayed, err := is.CheckAllOnce(ctx, s.idemKey, e.ttl, s.reqs, s.out)
+	s.reqs = s.reqs[:0]
+	return err == nil && replayed
 }
 
 // runShadow decides the shadow items: charged when allowed, read otherwise.

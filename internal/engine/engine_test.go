@@ -752,6 +752,46 @@ func TestIdempotencyAcrossInstances(t *testing.T) {
 	}
 }
 
+// TestIdempotencyAcrossInstancesShadowOnly: where the store keeps the
+// records, a check that applies only shadow rules (its enforcing rule is
+// skipped for want of a user) is charged once too: a repeat, on any
+// instance, charges nothing and answers from idempotent.
+func TestIdempotencyAcrossInstancesShadowOnly(t *testing.T) {
+	p, err := policy.Parse("test.yaml", []byte(`
+version: 1
+rules:
+  - {id: shadow, limit: 100, window: 1m, algorithm: fixed_window, shadow: true}
+  - {id: per-user, dimension: user, limit: 10, window: 1m, algorithm: fixed_window}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := &onceStore{Store: newStore(t), records: map[string]onceRecord{}}
+	var engines [2]*Engine
+	for i := range engines {
+		engines[i], err = New(Config{Store: shared, Local: newStore(t), Policy: p, Now: func() time.Time { return t0 }})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := Check{ClientID: "x", Cost: 1, IdempotencyKey: "k"}
+	first := mustCheck(t, engines[0], c)
+	if len(first.Rules) != 1 || first.Rules[0].Rule != "shadow" || first.Rules[0].Cost != 1 {
+		t.Fatalf("first: got rules %+v, want the shadow rule charged 1", first.Rules)
+	}
+	for i, e := range []*Engine{engines[0], engines[1]} {
+		r := mustCheck(t, e, c)
+		if r.Source != SourceIdempotent || r.Rules[0].Cost != 0 || r.Rules[0].Remaining != first.Rules[0].Remaining {
+			t.Errorf("repeat on engine %d: source %s, cost %d, remaining %d; want idempotent, cost 0, remaining %d",
+				i, r.Source, r.Rules[0].Cost, r.Rules[0].Remaining, first.Rules[0].Remaining)
+		}
+	}
+	st, _ := engines[1].Status(context.Background(), &Check{ClientID: "x", Now: t0})
+	if st[0].Remaining != 99 {
+		t.Errorf("shadow remaining: got %d, want 99 (charged once)", st[0].Remaining)
+	}
+}
+
 func TestBatchAllOrNothingDenyListed(t *testing.T) {
 	e, st := newEngine(t, `
 version: 1
