@@ -838,9 +838,13 @@ func assemble(items []item, allowed bool) Result {
 		}
 	}
 	if deciding < 0 {
-		// Only shadow rules: the most constrained of them.
+		// No enforcing rule denied (a check refused with its batch), or
+		// only shadow rules apply: the most constrained enforcing rule,
+		// or without one the most constrained shadow rule. A shadow rule
+		// never decides a denial.
 		for i := range res.Rules {
-			if deciding < 0 || res.Rules[i].Remaining < res.Rules[deciding].Remaining {
+			r, d := &res.Rules[i], &res.Rules[max(deciding, 0)]
+			if deciding < 0 || d.Shadow && !r.Shadow || d.Shadow == r.Shadow && r.Remaining < d.Remaining {
 				deciding = i
 			}
 		}

@@ -792,6 +792,38 @@ rules:
 	}
 }
 
+// TestBatchAllOrNothingRefusedCheckNotDecidedByShadow: a check refused
+// only because another check of its all_or_nothing batch was denied
+// reports one of its enforcing rules as deciding, never a shadow rule,
+// even one that would deny.
+func TestBatchAllOrNothingRefusedCheckNotDecidedByShadow(t *testing.T) {
+	e, _ := newEngine(t, `
+version: 1
+rules:
+  - {id: enforce, limit: 10, window: 1m, algorithm: fixed_window}
+  - {id: shadow, dimension: user, limit: 1, window: 1m, algorithm: fixed_window, shadow: true}
+  - {id: per-ip, dimension: ip, limit: 1, window: 1m, algorithm: fixed_window}
+`)
+	mustCheck(t, e, Check{ClientID: "a", User: "u", Cost: 1})     // the shadow rule of u is used up
+	mustCheck(t, e, Check{ClientID: "z", IP: "1.1.1.1", Cost: 1}) // so is per-ip of 1.1.1.1
+	res, err := e.BatchCheck(context.Background(), []Check{
+		{ClientID: "a", User: "u", Cost: 1, Now: t0},
+		{ClientID: "b", IP: "1.1.1.1", Cost: 1, Now: t0},
+	}, AllOrNothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Allowed || res[1].Allowed {
+		t.Fatalf("batch: got allowed %v, %v; want both refused", res[0].Allowed, res[1].Allowed)
+	}
+	if got := res[0].Deciding; got.Shadow || got.Rule != "enforce" {
+		t.Errorf("refused check 0: deciding rule %q (shadow %v), want enforce", got.Rule, got.Shadow)
+	}
+	if got := res[1].Deciding.Rule; got != "per-ip" {
+		t.Errorf("check 1: deciding rule %q, want per-ip", got)
+	}
+}
+
 func TestBatchAllOrNothingDenyListed(t *testing.T) {
 	e, st := newEngine(t, `
 version: 1
