@@ -176,6 +176,50 @@ func TestEngineRefusedBatchLeavesNoCachedDenial(t *testing.T) {
 	}
 }
 
+// TestShadowOnlyIdempotencyOnRedis: two engines share a Redis store
+// through their guards, as two daemons do. A check with an idempotency key
+// that applies only a shadow rule is charged once; its repeats, on either
+// engine, answer from the record.
+func TestShadowOnlyIdempotencyOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	pol, err := policy.Parse("t.yaml", []byte(`version: 1
+rules:
+  - {id: shadow, limit: 100, window: 1h, algorithm: fixed_window, shadow: true}
+  - {id: per-user, dimension: user, limit: 10, window: 1h, algorithm: fixed_window}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var engines [2]*engine.Engine
+	for i := range engines {
+		st, err := redis.New(redis.Config{Addrs: []string{srv.Addr}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		g := newGuard(t, st, Config{Deadline: 2 * time.Second})
+		if engines[i], err = engine.New(engine.Config{Store: g.Engine(), Policy: pol}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	c := engine.Check{ClientID: "x", Cost: 1, IdempotencyKey: "k"}
+	first, err := engines[0].Check(ctx, &c)
+	if err != nil || len(first.Rules) != 1 || first.Rules[0].Cost != 1 {
+		t.Fatalf("first: %+v, %v; want the shadow rule charged 1", first.Rules, err)
+	}
+	for i, e := range engines {
+		r, err := e.Check(ctx, &c)
+		if err != nil || r.Source != engine.SourceIdempotent || r.Rules[0].Cost != 0 {
+			t.Errorf("repeat on engine %d: source %s, rules %+v, %v; want idempotent, cost 0", i, r.Source, r.Rules, err)
+		}
+	}
+	st, err := engines[1].Status(ctx, &engine.Check{ClientID: "x"})
+	if err != nil || len(st) == 0 || st[0].Remaining != 99 {
+		t.Errorf("shadow rule after three checks of one key: %+v, %v; want 99 remaining (charged once)", st, err)
+	}
+}
+
 // tenPerHour returns an engine over st, through a guard with the given
 // deadline, whose one rule admits 10 checks of resource /r per client and
 // hour (fixed window).
