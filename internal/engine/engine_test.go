@@ -724,8 +724,12 @@ rules:
 	}
 }
 
-func TestIdempotencyAcrossInstances(t *testing.T) {
-	p, err := policy.Parse("test.yaml", []byte("version: 1\nrules:\n  - {id: r, limit: 10, window: 1m, algorithm: fixed_window}\n"))
+// twoInstances returns two engines of the policy src sharing one store
+// that keeps idempotency records, as two instances sharing Redis do, and
+// that store.
+func twoInstances(t *testing.T, src string) ([2]*Engine, *onceStore) {
+	t.Helper()
+	p, err := policy.Parse("test.yaml", []byte(src))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -737,6 +741,11 @@ func TestIdempotencyAcrossInstances(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return engines, shared
+}
+
+func TestIdempotencyAcrossInstances(t *testing.T) {
+	engines, shared := twoInstances(t, "version: 1\nrules:\n  - {id: r, limit: 10, window: 1m, algorithm: fixed_window}\n")
 	c := Check{ClientID: "x", Cost: 4, IdempotencyKey: "k:1"}
 	first := mustCheck(t, engines[0], c)
 	second := mustCheck(t, engines[1], c)
@@ -757,23 +766,12 @@ func TestIdempotencyAcrossInstances(t *testing.T) {
 // skipped for want of a user) is charged once too: a repeat, on any
 // instance, charges nothing and answers from idempotent.
 func TestIdempotencyAcrossInstancesShadowOnly(t *testing.T) {
-	p, err := policy.Parse("test.yaml", []byte(`
+	engines, _ := twoInstances(t, `
 version: 1
 rules:
   - {id: shadow, limit: 100, window: 1m, algorithm: fixed_window, shadow: true}
   - {id: per-user, dimension: user, limit: 10, window: 1m, algorithm: fixed_window}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	shared := &onceStore{Store: newStore(t), records: map[string]onceRecord{}}
-	var engines [2]*Engine
-	for i := range engines {
-		engines[i], err = New(Config{Store: shared, Local: newStore(t), Policy: p, Now: func() time.Time { return t0 }})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+`)
 	c := Check{ClientID: "x", Cost: 1, IdempotencyKey: "k"}
 	first := mustCheck(t, engines[0], c)
 	if len(first.Rules) != 1 || first.Rules[0].Rule != "shadow" || first.Rules[0].Cost != 1 {
