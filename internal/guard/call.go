@@ -108,6 +108,9 @@ func putJob(j *job) {
 // theirs (in a gathered call, or when the guard decided some of their
 // requests in process).
 func whole(err error) error {
+	if err == nil {
+		return nil // before errors.As, whose target would escape: no allocation per call
+	}
 	var partial *store.PartialError
 	if errors.As(err, &partial) {
 		return partial.Err
@@ -455,8 +458,13 @@ func (g *Guard) checkGathered(ctx context.Context, sc *gatherScratch) {
 	// of a cluster down) fails only the jobs with a request it left out,
 	// each as a whole.
 	var partial *store.PartialError
-	errors.As(err, &partial)
-	err = whole(err)
+	if err != nil {
+		var pe *store.PartialError // its address escapes: only on an error
+		if errors.As(err, &pe) {
+			partial = pe
+		}
+		err = whole(err)
+	}
 	off, k := 0, 0
 	for _, j := range sc.live {
 		n := len(j.reqs)
