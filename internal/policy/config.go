@@ -60,12 +60,17 @@ type limitSpec struct {
 	hasBur  bool
 	node    *yaml.Node
 	present bool
+	// bad reports a field given with a value already reported as
+	// invalid: the limit is not compiled, and the field is not also
+	// reported as missing.
+	bad bool
 }
 
 // over returns s with the fields it lacks taken from base.
 func (s limitSpec) over(base limitSpec) limitSpec {
 	out := base
 	out.present = s.present || base.present
+	out.bad = s.bad || base.bad
 	if s.node != nil {
 		out.node = s.node
 	}
@@ -169,11 +174,16 @@ func (d *decoder) sluice(root *yaml.Node, p *Policy) {
 			}
 			spec := d.limitSpec(tf.v, "tiers."+tf.key, nil)
 			spec = spec.over(limitSpec{alg: st.alg})
-			if !d.complete(spec, tf.v, "tiers."+tf.key) {
-				continue
-			}
+			// A tier with a bad limit still exists, so that what names it
+			// is not reported as naming an unknown tier; its problems are
+			// reported here, once.
+			ok := d.complete(spec, tf.v, "tiers."+tf.key)
+			spec.bad = !ok
 			st.tiers[tf.key] = spec
 			st.tierNames = append(st.tierNames, tf.key)
+			if !ok {
+				continue
+			}
 			if l := d.compile(spec, st, FailOpen, 1, "tiers."+tf.key, 1); l != nil {
 				p.Tiers[tf.key] = &Tier{Name: tf.key, Limit: l}
 			}
@@ -326,41 +336,54 @@ func (d *decoder) limitSpec(n *yaml.Node, what string, fs []field) limitSpec {
 		fs = d.fields(n, what, "algorithm", "limit", "window", "burst")
 	}
 	for _, f := range fs {
+		// A field given is present even when its value is bad: it is
+		// reported once, as bad, not also as missing.
+		spec.present = true
+		ok := false
 		switch f.key {
 		case "algorithm":
-			if a, ok := d.algorithm(f.v, what+".algorithm"); ok {
-				spec.alg, spec.present = a, true
+			var a sluice.Algorithm
+			if a, ok = d.algorithm(f.v, what+".algorithm"); ok {
+				spec.alg = a
 			}
 		case "limit":
-			if v, ok := d.int64(f.v, what+".limit"); ok {
-				if v <= 0 || v > sluice.MaxLimit {
+			spec.hasLim = true
+			var v int64
+			if v, ok = d.int64(f.v, what+".limit"); ok {
+				if ok = v > 0 && v <= sluice.MaxLimit; !ok {
 					d.errorf(f.v, "%s.limit: must be between 1 and %d, got %d", what, int64(sluice.MaxLimit), v)
 				} else {
-					spec.limit, spec.hasLim, spec.present = v, true, true
+					spec.limit = v
 				}
 			}
 		case "window":
-			if v, ok := d.duration(f.v, what+".window"); ok {
-				if v > sluice.MaxWindow || v%time.Microsecond != 0 {
+			spec.hasWin = true
+			var v time.Duration
+			if v, ok = d.duration(f.v, what+".window"); ok {
+				if ok = v <= sluice.MaxWindow && v%time.Microsecond == 0; !ok {
 					d.errorf(f.v, "%s.window: must be a whole number of microseconds up to %s, got %s", what, sluice.MaxWindow, v)
 				} else {
-					spec.window, spec.hasWin, spec.present = v, true, true
+					spec.window = v
 				}
 			}
 		case "burst":
-			if v, ok := d.int64(f.v, what+".burst"); ok {
-				if v <= 0 || v > sluice.MaxLimit {
+			spec.hasBur = true
+			var v int64
+			if v, ok = d.int64(f.v, what+".burst"); ok {
+				if ok = v > 0 && v <= sluice.MaxLimit; !ok {
 					d.errorf(f.v, "%s.burst: must be between 1 and %d, got %d", what, int64(sluice.MaxLimit), v)
 				} else {
-					spec.burst, spec.hasBur, spec.present = v, true, true
+					spec.burst = v
 				}
 			}
 		}
+		spec.bad = spec.bad || !ok
 	}
 	return spec
 }
 
-// complete reports whether spec has a limit and a window.
+// complete reports whether spec has a limit and a window, all of its
+// fields valid, reporting those missing.
 func (d *decoder) complete(spec limitSpec, n *yaml.Node, what string) bool {
 	if !spec.hasLim {
 		d.errorf(n, "%s: missing limit", what)
@@ -368,7 +391,7 @@ func (d *decoder) complete(spec limitSpec, n *yaml.Node, what string) bool {
 	if !spec.hasWin {
 		d.errorf(n, "%s: missing window", what)
 	}
-	return spec.hasLim && spec.hasWin
+	return spec.hasLim && spec.hasWin && !spec.bad
 }
 
 // compile compiles spec with its priority variants and local shares. The
@@ -660,7 +683,9 @@ func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 				} else {
 					parent = base.over(limitSpec{alg: st.alg})
 				}
-				if !has && !r.Tiered {
+				if !has && !r.Tiered || parent.bad {
+					// A bad parent (a tier's limit, the rule's own) is
+					// reported where it is written.
 					continue
 				}
 				spec := s.over(parent)
@@ -807,8 +832,17 @@ func (d *decoder) assignments(n *yaml.Node, st *settings, p *Policy) {
 				if l := r.LimitFor(tier, nil); l != nil {
 					b := l.Spec
 					parent = limitSpec{alg: b.Algorithm, limit: b.Limit, window: b.Window, burst: b.Burst, hasLim: true, hasWin: true, hasBur: b.Burst > 0}
+				} else {
+					// The rule's limit for the tier has a problem,
+					// reported at the rule or the tier: what the
+					// override leaves out is not also reported as
+					// missing.
+					parent.bad = true
 				}
 				spec := s.over(parent)
+				if parent.bad && !(s.hasLim && s.hasWin) {
+					continue
+				}
 				if d.complete(spec, lf.v, what+".limits."+lf.key) {
 					if l := d.compile(spec, st, r.FailureMode, r.ExpectedInstances, what+".limits."+lf.key, 1); l != nil {
 						a.Limits[r.ID] = l

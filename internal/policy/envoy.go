@@ -399,31 +399,38 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 		return nil
 	}
 	l := &EnvoyLimit{Domain: dom.name, FullKey: full}
-	var hasUnit, hasRPU bool
+	// has* report the fields given, bad that one was reported as invalid.
+	var hasUnit, hasRPU, bad bool
 	alg := sluice.FixedWindow
 	for _, f := range fs {
 		switch f.key {
 		case "unit":
+			hasUnit = true
 			s, ok := d.str(f.v, "rate_limit.unit")
 			if !ok {
+				bad = true
 				continue
 			}
 			u, known := envoyUnits[strings.ToLower(s)]
 			if !known {
 				d.errorf(f.v, "rate_limit.unit: invalid rate limit unit %q (want second, minute, hour, day, week, month or year)", s)
+				bad = true
 				continue
 			}
-			l.Unit, l.UnitName, hasUnit = u, strings.ToLower(s), true
+			l.Unit, l.UnitName = u, strings.ToLower(s)
 		case "requests_per_unit":
+			hasRPU = true
 			v, ok := d.int64(f.v, "rate_limit.requests_per_unit")
 			if !ok {
+				bad = true
 				continue
 			}
 			if v < 0 || v > math.MaxUint32 {
 				d.errorf(f.v, "rate_limit.requests_per_unit: must be between 0 and %d, got %d", uint32(math.MaxUint32), v)
+				bad = true
 				continue
 			}
-			l.RequestsPerUnit, hasRPU = v, true
+			l.RequestsPerUnit = v
 		case "name":
 			l.Name, _ = d.str(f.v, "rate_limit.name")
 		case "replaces":
@@ -444,6 +451,8 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 		case "algorithm":
 			if a, ok := d.algorithm(f.v, "rate_limit.algorithm"); ok {
 				alg = a
+			} else {
+				bad = true
 			}
 		}
 	}
@@ -460,6 +469,9 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 	}
 	if !hasRPU {
 		d.errorf(n, "rate_limit: missing requests_per_unit")
+		return nil
+	}
+	if bad {
 		return nil
 	}
 	spec := limitSpec{alg: alg, limit: l.RequestsPerUnit, window: l.Unit, hasLim: true, hasWin: true, node: n}

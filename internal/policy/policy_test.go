@@ -406,6 +406,52 @@ func TestValidationErrors(t *testing.T) {
 	}
 }
 
+// TestInvalidValueIsReportedOnce checks that a field given with a bad
+// value is reported as bad, and not also as missing, nor does it make
+// what refers to its tier unknown.
+func TestInvalidValueIsReportedOnce(t *testing.T) {
+	tests := []struct {
+		name, src string
+		want      []string
+	}{
+		{"rule limit", "version: 1\nrules:\n  - {id: a, limit: 0, window: 1s}\n",
+			[]string{`t.yaml:3:20: rule "a".limit: must be between 1`}},
+		{"rule window", "version: 1\nrules:\n  - {id: a, limit: 5, window: 1.5us}\n",
+			[]string{`t.yaml:3:31: rule "a".window: must be a whole number of microseconds`}},
+		{"rule bad limit and no window", "version: 1\nrules:\n  - {id: a, limit: x}\n",
+			[]string{`t.yaml:3:20: rule "a".limit: want an integer`, `t.yaml:3:5: rule "a": missing window`}},
+		{"tier limit", "version: 1\ndefault_tier: free\ntiers: {free: {limit: 0, window: 1s}}\nrules:\n  - {id: a, tiered: true}\nassignments:\n  - {client: c, tier: free}\n",
+			[]string{`t.yaml:3:23: tiers.free.limit: must be between 1`}},
+		{"tier without window", "version: 1\ntiers: {free: {limit: 1}}\nrules:\n  - {id: a, tiered: true}\n",
+			[]string{`t.yaml:2:15: tiers.free: missing window`}},
+		{"per-tier limit", "version: 1\ntiers: {free: {limit: 1, window: 1s}}\nrules:\n  - {id: a, tiered: true, tiers: {free: {window: 0s}}}\n",
+			[]string{`t.yaml:4:50: rule "a".tiers.free.window: must be positive`}},
+		{"override", "version: 1\nrules:\n  - {id: a, limit: 5, window: 1s}\nassignments:\n  - {client: c, limits: {a: {burst: -1}}}\n",
+			[]string{`t.yaml:5:37: assignments[0].limits.a.burst: must be between 1`}},
+		{"envoy unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: sec, requests_per_unit: 1}\n",
+			[]string{`t.yaml:4:24: rate_limit.unit: invalid rate limit unit "sec"`}},
+		{"envoy requests", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
+			[]string{`t.yaml:4:51: rate_limit.requests_per_unit: must be between 0`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("t.yaml", []byte(tt.src))
+			if err == nil {
+				t.Fatal("Parse: no error")
+			}
+			got := strings.Split(err.Error(), "\n")
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %d errors:\n%v\nwant %d", len(got), err, len(tt.want))
+			}
+			for i, w := range tt.want {
+				if !strings.HasPrefix(got[i], w) {
+					t.Errorf("error %d: got %q, want it to start with %q", i, got[i], w)
+				}
+			}
+		})
+	}
+}
+
 func TestLimits(t *testing.T) {
 	p := mustParse(t, tierPolicy)
 	// api: 2 tiers; search: base + premium; 2 tiers; 2 overrides.
