@@ -314,7 +314,14 @@ func (d *decoder) costMultipliers(n *yaml.Node, what string) map[string]int64 {
 		return nil
 	}
 	m := make(map[string]int64, len(fs))
+	named := make(map[string]string, len(fs)) // operation to its key as written
 	for _, f := range fs {
+		op := strings.ToLower(f.key)
+		if first, dup := named[op]; dup {
+			d.errorf(f.k, "%s: %q and %q name one operation (names are case-insensitive)", what, f.key, first)
+			continue
+		}
+		named[op] = f.key
 		v, ok := d.int64(f.v, what+"."+f.key)
 		if !ok {
 			continue
@@ -323,7 +330,7 @@ func (d *decoder) costMultipliers(n *yaml.Node, what string) map[string]int64 {
 			d.errorf(f.v, "%s.%s: must be between 0 and 1000000, got %d", what, f.key, v)
 			continue
 		}
-		m[strings.ToLower(f.key)] = v
+		m[op] = v
 	}
 	return m
 }

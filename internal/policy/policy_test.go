@@ -383,6 +383,8 @@ func TestValidationErrors(t *testing.T) {
 		{"bad glob", "version: 1\nrules:\n  - {id: a, limit: 1, window: 1s, match: {resource: \"/a/[\"}}\n", "bad glob pattern"},
 		{"limit too big for priorities", "version: 1\nrules:\n  - {id: a, limit: 1099511627776, window: 8760h}\n", `rule "a"`},
 		{"log too large at high priority", "version: 1\nrules:\n  - {id: a, limit: 9000, window: 1s, algorithm: sliding_window_log}\n", "limit 10800 (at high priority) is above 10000"},
+		{"cost multipliers of one operation", "version: 1\ndefaults:\n  cost_multipliers: {Write: 2, write: 5}\n", `test.yaml:3:32: defaults.cost_multipliers: "write" and "Write" name one operation (names are case-insensitive)`},
+		{"rule cost multipliers of one operation", "version: 1\nrules:\n  - {id: a, limit: 1, window: 1s, cost_multipliers: {READ: 1, Read: 3}}\n", `rule "a".cost_multipliers: "Read" and "READ" name one operation`},
 		{"envoy bad unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", `test.yaml:4:24: rate_limit.unit: invalid rate limit unit "fortnight"`},
 		{"envoy empty key", "domain: d\ndescriptors:\n  - value: v\n", "test.yaml:3:5: descriptor has an empty key"},
 		{"envoy unknown key", "domain: d\ndescriptors:\n  - key: k\n    ratelimit: {}\n", `unknown key "ratelimit"`},
