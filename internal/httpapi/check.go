@@ -178,15 +178,10 @@ func (h *Handler) handleBatch(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) handleStatus(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	cr := checkRequest{
-		ClientID:  r.PathValue("client_id"),
-		Resource:  q.Get("resource"),
-		Operation: q.Get("operation"),
-		User:      q.Get("user"),
-		IP:        q.Get("ip"),
-		APIKey:    q.Get("api_key"),
-		Method:    q.Get("method"),
+	cr := checkRequest{ClientID: r.PathValue("client_id")}
+	if err := cr.parseStatusQuery(r.URL.RawQuery); err != nil {
+		h.writeError(w, r, err)
+		return
 	}
 	zero := int64(0)
 	cr.Cost = &zero

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -334,6 +335,58 @@ func (cr *checkRequest) toCheck(c *engine.Check) error {
 		Cost:           cost,
 		Priority:       prio,
 		IdempotencyKey: cr.IdempotencyKey,
+	}
+	return nil
+}
+
+// parseStatusQuery fills cr from the query of GET /api/v1/status/{client_id}.
+// Unlike url.ParseQuery, which drops what it cannot read, it refuses a
+// parameter that is malformed (a bad escape, a ';'), repeated or unknown,
+// naming it: answering as if it were absent would report another check's
+// rules.
+func (cr *checkRequest) parseStatusQuery(raw string) error {
+	var seen uint8
+	for raw != "" {
+		var pair string
+		pair, raw, _ = strings.Cut(raw, "&")
+		if pair == "" {
+			continue
+		}
+		rawName, rawVal, _ := strings.Cut(pair, "=")
+		name, err := url.QueryUnescape(rawName)
+		if err != nil {
+			return fieldErr("query", "parameter name %q: %v", truncate(rawName), err)
+		}
+		if strings.Contains(pair, ";") {
+			return fieldErr(truncate(name), "holds a ';', which is not a separator; escape it as %%3B")
+		}
+		val, err := url.QueryUnescape(rawVal)
+		if err != nil {
+			return fieldErr(name, "%v", err)
+		}
+		var bit uint8
+		var dst *string
+		switch name {
+		case "resource":
+			bit, dst = 1<<0, &cr.Resource
+		case "operation":
+			bit, dst = 1<<1, &cr.Operation
+		case "user":
+			bit, dst = 1<<2, &cr.User
+		case "ip":
+			bit, dst = 1<<3, &cr.IP
+		case "api_key":
+			bit, dst = 1<<4, &cr.APIKey
+		case "method":
+			bit, dst = 1<<5, &cr.Method
+		default:
+			return fieldErr(truncate(name), "unknown query parameter (want resource, operation, user, ip, api_key or method)")
+		}
+		if seen&bit != 0 {
+			return fieldErr(name, "given more than once")
+		}
+		seen |= bit
+		*dst = val
 	}
 	return nil
 }

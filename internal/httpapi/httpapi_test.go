@@ -279,6 +279,26 @@ func TestBadInputElsewhere(t *testing.T) {
 		{"status: invalid utf-8 client_id", func() *http.Request {
 			return httptest.NewRequest("GET", "/api/v1/status/%C3", nil)
 		}, 400, "client_id"},
+		// A query the server cannot read, or reads two ways, must not be
+		// answered as if the parameter were absent.
+		{"status: semicolon in a value", func() *http.Request {
+			return httptest.NewRequest("GET", "/api/v1/status/a?resource=/api/x;v=1", nil)
+		}, 400, "resource"},
+		{"status: bad escape", func() *http.Request {
+			return httptest.NewRequest("GET", "/api/v1/status/a?resource=/api/x&user=%zz", nil)
+		}, 400, "user"},
+		{"status: bad escape in a name", func() *http.Request {
+			return httptest.NewRequest("GET", "/api/v1/status/a?us%zzer=u", nil)
+		}, 400, "query"},
+		{"status: repeated parameter", func() *http.Request {
+			return httptest.NewRequest("GET", "/api/v1/status/a?user=u1&user=u2", nil)
+		}, 400, "user"},
+		{"status: unknown parameter", func() *http.Request {
+			return httptest.NewRequest("GET", "/api/v1/status/a?resourse=/api/x", nil)
+		}, 400, "resourse"},
+		{"status: control character in a value", func() *http.Request {
+			return httptest.NewRequest("GET", "/api/v1/status/a?ip=1.2.3.4%0A", nil)
+		}, 400, "ip"},
 		{"chunked body over the limit", func() *http.Request {
 			body := `{"client_id":"a","user":"` + strings.Repeat("u", MaxBodyBytes) + `"}`
 			r := httptest.NewRequest("POST", "/api/v1/check", io.MultiReader(strings.NewReader(body)))
