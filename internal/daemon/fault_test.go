@@ -158,3 +158,74 @@ func TestRedisConnectionSettings(t *testing.T) {
 		}
 	}
 }
+
+// TestNotReadyWhileRedisRefusesWrites points the daemon at a Redis that
+// answers every command but refuses to write (out of memory under
+// noeviction, then a read-only replica): every check then follows its
+// failure mode, so /readyz must not report the instance ready, whether
+// the breaker is closed or probing.
+func TestNotReadyWhileRedisRefusesWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		refuse, allow func(srv *redistest.Server) error
+	}{
+		{"out of memory",
+			func(srv *redistest.Server) error { _, err := srv.Do("CONFIG", "SET", "maxmemory", "1"); return err },
+			func(srv *redistest.Server) error { _, err := srv.Do("CONFIG", "SET", "maxmemory", "0"); return err }},
+		{"read-only replica",
+			func(srv *redistest.Server) error {
+				other := redistest.Start(t)
+				_, err := srv.Do("REPLICAOF", "127.0.0.1", strconv.Itoa(other.Port))
+				return err
+			},
+			func(srv *redistest.Server) error { _, err := srv.Do("REPLICAOF", "NO", "ONE"); return err }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			td := start(t, failurePolicy, func(c *daemon.Config) {
+				c.StoreURL = "redis://" + srv.Addr
+				c.Guard = guard.Config{Deadline: 50 * time.Millisecond,
+					Breaker: guard.BreakerConfig{MinRequests: 5, OpenTimeout: 100 * time.Millisecond, Probes: 1, Sustain: -1}}
+			})
+			source := func() string {
+				return td.check(t, `{"client_id":"c","resource":"/open"}`).header.Get("X-RateLimit-Decision-Source")
+			}
+			if src := source(); src != "store" {
+				t.Fatalf("Redis up: decided by %s", src)
+			}
+			if err := tc.refuse(srv); err != nil {
+				t.Fatal(err)
+			}
+			if src := source(); src != "fail_open" {
+				t.Fatalf("Redis refusing writes: decided by %s, want fail_open", src)
+			}
+			// The breaker closed, then open, then probing on readiness
+			// checks alone (a load balancer sends no traffic to an
+			// instance that is not ready).
+			for i := range 20 {
+				if r := get(t, td.base+"/readyz"); r.status != 503 {
+					t.Fatalf("readyz %d with Redis refusing writes (breaker %s): %d %s", i, td.Guard().BreakerState(), r.status, r.raw)
+				}
+				if i == 0 {
+					for range 10 {
+						source()
+					}
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err := tc.allow(srv); err != nil {
+				t.Fatal(err)
+			}
+			var r *response
+			if _, ok := waitFor(10*time.Second, func() bool {
+				r = get(t, td.base+"/readyz")
+				return r.status == 200
+			}); !ok {
+				t.Errorf("readyz with Redis writing again: %d %s", r.status, r.raw)
+			}
+			if src := source(); src != "store" {
+				t.Errorf("Redis writing again: decided by %s", src)
+			}
+		})
+	}
+}

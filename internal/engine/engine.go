@@ -260,15 +260,18 @@ func (e *Engine) ApplyPolicy(p *policy.Policy) {
 // Policy returns the policy in force.
 func (e *Engine) Policy() *policy.Policy { return e.policy.Load() }
 
-// Ready reports whether the store answers: it reads one key without
-// consuming anything.
+// Ready reports whether the store decides checks: it charges one unit to
+// a key of its own, under a limit no probe reaches, which expires within
+// seconds. A read alone would not do: a store that answers but cannot
+// write (Redis out of memory under noeviction, a read-only replica) fails
+// every check that counts.
 func (e *Engine) Ready(ctx context.Context) error {
-	reqs := [1]store.Request{{Key: "rl:_ready", Params: &readyParams, Cost: 0}}
+	reqs := [1]store.Request{{Key: "rl:_ready", Params: &readyParams, Cost: 1}}
 	var out [1]sluice.Decision
 	return e.store.Check(ctx, reqs[:], out[:])
 }
 
-var readyParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Second})
+var readyParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1 << 40, Window: time.Second})
 
 // item is one rule (or Envoy limit) applied to one check.
 type item struct {
