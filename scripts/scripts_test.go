@@ -1,0 +1,122 @@
+// Package scripts_test runs the shell scripts of scripts/ on a PATH of
+// stubs, so that what they do on a machine without Redis is tested
+// without installing anything.
+package scripts_test
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// stubs makes a directory of executable scripts named by the keys of cmds,
+// each with its value as body, plus links to the real tools the scripts
+// under test need, and returns it.
+func stubs(t *testing.T, cmds map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, body := range cmds {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tool := range []string{"cat"} {
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skipf("%s not found: %v", tool, err)
+		}
+		if err := os.Symlink(p, filepath.Join(dir, tool)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// run runs script with bash on PATH dir and returns its exit code and
+// standard error.
+func run(t *testing.T, script, dir string) (int, string) {
+	t.Helper()
+	if runtime.GOOS == "windows" {
+		t.Skip("the scripts are for Unix")
+	}
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skipf("bash not found: %v", err)
+	}
+	cmd := exec.Command(bash, script)
+	cmd.Env = []string{"PATH=" + dir}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, stderr.String()
+	case errors.As(err, &ee):
+		return ee.ExitCode(), stderr.String()
+	}
+	t.Fatalf("%s: %v", script, err)
+	return 0, ""
+}
+
+func TestEnsureRedis(t *testing.T) {
+	const root = "echo 0"
+	tests := []struct {
+		name     string
+		cmds     map[string]string
+		wantCode int
+		want     []string // in standard error
+	}{
+		{
+			name:     "installed",
+			cmds:     map[string]string{"redis-server": "", "redis-cli": ""},
+			wantCode: 0,
+		},
+		{
+			name:     "no apt-get",
+			cmds:     map[string]string{"id": root},
+			wantCode: 1,
+			want:     []string{"Could not install redis-server", "brew install redis"},
+		},
+		{
+			// apt-get cannot install (no network, no such package): the
+			// script still says what to install.
+			name: "apt-get install fails",
+			cmds: map[string]string{"id": root,
+				"apt-get": `case "$*" in *install*) echo "E: Unable to locate package redis-server" >&2; exit 100;; esac`},
+			wantCode: 1,
+			want:     []string{"Unable to locate package", "Could not install redis-server", "apt-get install redis-server"},
+		},
+		{
+			name: "apt-get update fails",
+			cmds: map[string]string{"id": root,
+				"apt-get": `case "$*" in *update*) echo "E: network unreachable" >&2; exit 100;; esac`},
+			wantCode: 1,
+			want:     []string{"Could not install redis-server"},
+		},
+		{
+			// The tests need redis-cli too (to create clusters).
+			name:     "redis-cli missing",
+			cmds:     map[string]string{"id": root, "redis-server": ""},
+			wantCode: 1,
+			want:     []string{"redis-cli not found", "Could not install redis-server"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stderr := run(t, "ensure-redis.sh", stubs(t, tt.cmds))
+			if code != tt.wantCode {
+				t.Errorf("exit code %d, want %d; stderr:\n%s", code, tt.wantCode, stderr)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr does not say %q:\n%s", w, stderr)
+				}
+			}
+		})
+	}
+}
