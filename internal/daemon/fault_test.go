@@ -229,3 +229,52 @@ func TestNotReadyWhileRedisRefusesWrites(t *testing.T) {
 		})
 	}
 }
+
+// TestLocalShareKeptAcrossOutages kills Redis twice within a window: the
+// local limiter counts what it admitted in the first outage against the
+// share in the second (those checks were never counted by Redis), rather
+// than granting the share afresh.
+func TestLocalShareKeptAcrossOutages(t *testing.T) {
+	srv := redistest.Start(t)
+	td := start(t, failurePolicy, func(c *daemon.Config) {
+		c.StoreURL = "redis://" + srv.Addr
+		c.Guard = guard.Config{Deadline: 50 * time.Millisecond,
+			Breaker: guard.BreakerConfig{MinRequests: 5, OpenTimeout: 100 * time.Millisecond, Probes: 1, Sustain: -1}}
+	})
+	check := func(client, resource string) (int, string) {
+		r := td.check(t, `{"client_id":"`+client+`","resource":"`+resource+`"}`)
+		return r.status, r.header.Get("X-RateLimit-Decision-Source")
+	}
+	backUp := func() {
+		t.Helper()
+		if err := srv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		var src string
+		if _, ok := waitFor(10*time.Second, func() bool {
+			_, src = check("probe", "/open")
+			return src == "store"
+		}); !ok {
+			t.Fatalf("Redis back: checks still decided by %s", src)
+		}
+	}
+
+	srv.Kill()
+	// The share: 4 over 2 instances.
+	for i, want := range []int{200, 200, 429} {
+		if st, src := check("d", "/local"); st != want || src != "local" {
+			t.Fatalf("first outage, check %d: %d from %s, want %d from local", i, st, src, want)
+		}
+	}
+	backUp()
+	if st, src := check("d", "/local"); st != 200 || src != "store" {
+		t.Fatalf("Redis back: %d from %s, want 200 from store", st, src)
+	}
+	srv.Kill()
+	if st, src := check("d", "/local"); st != 429 || src != "local" {
+		t.Errorf("second outage in the same window: %d from %s, want 429 from local (the share was used in the first)", st, src)
+	}
+	if st, src := check("e", "/local"); st != 200 || src != "local" {
+		t.Errorf("second outage, another client: %d from %s, want 200 from local", st, src)
+	}
+}
