@@ -213,6 +213,10 @@ type hotKey struct {
 	expires   time.Time // of the lease
 	remaining int64     // the store's remaining after the last lease
 	resetAt   time.Time
+	// windowEnd is, for a fixed window, the end of the window the lease's
+	// units were counted in, as measured from the top-up that last added
+	// to it.
+	windowEnd time.Time
 	over      bool      // the store refused the last top-up
 	overUntil time.Time // local denials stop then at the latest
 	retryAt   time.Time // the store's retry-after for the refused top-up
@@ -496,10 +500,16 @@ func (g *Guard) topUp(ctx context.Context, leases []lease) []lease {
 		hk.resetAt = sent.Add(d.ResetAfter)
 		if d.Allowed {
 			ttl := min(leaseIntervals*t.interval, inQuantum(d.ResetAfter, l.params))
-			if !sent.Before(hk.expires) {
+			// A top-up sent before a fixed window's end may be decided in
+			// the next window: the units left of the lease were counted in
+			// the last one, and are not admitted in this one.
+			end := sent.Add(d.ResetAfter)
+			later := l.params.Algorithm == sluice.FixedWindow && end.Sub(hk.windowEnd) > l.params.WindowDuration()/2
+			if !sent.Before(hk.expires) || later {
 				hk.avail = 0
 				hk.gen++ // a new lease, not an extension of the last
 			}
+			hk.windowEnd = end
 			hk.avail += l.need
 			hk.expires = sent.Add(ttl)
 			hk.over = false

@@ -304,3 +304,59 @@ func maxPerWindow(ts []time.Time, w time.Duration) int {
 	}
 	return best
 }
+
+// TestHotKeyTopUpAcrossWindowsStartsANewLease: a fixed window's lease is
+// topped up by a call sent just before the window ends and decided by the
+// store in the next window. The units left of the old lease were counted
+// in the old window: they are not admitted in the new one, and the key
+// admits no more than its limit there.
+func TestHotKeyTopUpAcrossWindowsStartsANewLease(t *testing.T) {
+	clk := &fakeClock{}
+	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 59, 0, time.UTC).UnixNano())
+	s := &holdStore{Store: newMemory(t, clk.now), hold: "h", entered: make(chan struct{}), release: make(chan struct{})}
+	g := newGuard(t, s, Config{Now: clk.now, Deadline: 10 * time.Second, Breaker: BreakerConfig{Disabled: true},
+		OverLimit: OverLimitConfig{Disabled: true},
+		HotKeys:   HotKeyConfig{Enabled: true, SyncInterval: time.Second, Window: time.Second, Threshold: 4}})
+	const limit = 600
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: limit, Window: time.Minute})
+	ctx := context.Background()
+	for range 4 { // h is hot
+		check1(ctx, g, "h", p, 1)
+	}
+	g.sync(ctx, time.Second) // a lease in the window ending at 00:01:00
+	for range 3 {
+		if _, src, _ := check1(ctx, g, "h", p, 1); src != engine.SourceHotKey {
+			t.Fatalf("h decided by %s, want its lease", src)
+		}
+	}
+	hk := (*g.hot.keys.Load())["h"]
+	hk.mu.Lock()
+	left := hk.avail
+	hk.mu.Unlock()
+	if left == 0 {
+		t.Fatal("the lease is used up: nothing to carry over")
+	}
+
+	clk.advance(500 * time.Millisecond) // 00:00:59.5: the lease still runs
+	s.armed.Store(true)
+	var wg sync.WaitGroup
+	wg.Go(func() { g.sync(ctx, time.Second) })
+	<-s.entered              // the top-up is sent in the first window
+	clk.advance(time.Second) // 00:01:00.5
+	close(s.release)         // and decided in the next one
+	wg.Wait()
+
+	admitted := 0
+	for range 2 * limit {
+		d, _, err := check1(ctx, g, "h", p, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	if admitted > limit {
+		t.Errorf("fixed window of %d: %d checks admitted in the window after a top-up sent before it (%d units of the old lease left)", limit, admitted, left)
+	}
+}
