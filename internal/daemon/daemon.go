@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -164,23 +165,43 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		Metrics: d.metrics,
 	})
 
+	// The configuration is watched before it is read, so that a change
+	// made while the daemon starts is applied once it serves.
+	var w *fsnotify.Watcher
+	if cfg.ConfigPath != "" {
+		if w, err = newWatcher(cfg.ConfigPath); err != nil {
+			if _, _, rerr := d.loadPolicy(); rerr != nil {
+				return nil, rerr // the file's own problem says more
+			}
+			return nil, err
+		}
+	}
+	closeWatcher := func() {
+		if w != nil {
+			w.Close()
+		}
+	}
 	loadStart := time.Now()
 	pol, data, err := d.loadPolicy()
 	if err != nil {
+		closeWatcher()
 		return nil, err
 	}
 	d.lastData = data
 	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now, cfg.Redis, d.log, d.reg)
 	if err != nil {
+		closeWatcher()
 		return nil, err
 	}
 	st, d.guard, closer, err = guardStore(ctx, cfg.StoreURL, st, closer, cfg.Guard, d.metrics, d.log)
 	if err != nil {
+		closeWatcher()
 		return nil, err
 	}
 	d.closer = closer
 	fail := func(err error) (*Daemon, error) {
 		d.closeListeners()
+		closeWatcher()
 		closer()
 		return nil, err
 	}
@@ -249,12 +270,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 
 	bg, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
-	if cfg.ConfigPath != "" {
-		w, err := newWatcher(cfg.ConfigPath)
-		if err != nil {
-			cancel()
-			return fail(err)
-		}
+	if w != nil {
 		d.wg.Go(func() { d.watch(bg, w) })
 	}
 	httpLn, grpcLn := d.httpLn, d.grpcLn

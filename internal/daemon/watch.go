@@ -19,7 +19,7 @@ func newWatcher(path string) (*fsnotify.Watcher, error) {
 	}
 	if err := w.Add(filepath.Dir(path)); err != nil {
 		w.Close()
-		return nil, fmt.Errorf("daemon: config watch: %w", err)
+		return nil, fmt.Errorf("daemon: config watch of %s: %w", filepath.Dir(path), err)
 	}
 	return w, nil
 }
