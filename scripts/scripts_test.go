@@ -120,3 +120,37 @@ func TestEnsureRedis(t *testing.T) {
 		})
 	}
 }
+
+// TestMakeTestWithoutCgo checks that `make test` runs where Go has no C
+// compiler (cgo off), which the race detector needs: without it the tests
+// run without -race, and it says so, instead of failing to build.
+func TestMakeTestWithoutCgo(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("the Makefile is for Unix")
+	}
+	mk, err := exec.LookPath("make")
+	if err != nil {
+		t.Skipf("make not found: %v", err)
+	}
+	for _, cgo := range []string{"0", "1"} {
+		cmd := exec.Command(mk, "-n", "test")
+		cmd.Dir = ".."
+		cmd.Env = append(os.Environ(), "CGO_ENABLED="+cgo)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("CGO_ENABLED=%s make -n test: %v\n%s", cgo, err, out)
+		}
+		var race, said bool
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, "go test") && strings.Contains(line, "-race") {
+				race = true
+			}
+			if strings.Contains(line, "without the race detector") {
+				said = true
+			}
+		}
+		if want := cgo == "1"; race != want || said == want {
+			t.Errorf("CGO_ENABLED=%s: go test with -race %v, says it runs without %v; want %v, %v:\n%s", cgo, race, said, want, !want, out)
+		}
+	}
+}
