@@ -78,6 +78,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -501,11 +502,17 @@ func (s *Store) onceAcross(ctx context.Context, idem, ttlMS string, reqs []store
 		if rueidis.IsRedisNil(err) {
 			break // claimed
 		}
+		wrongType := false
+		if e, ok := rueidis.IsRedisErr(err); ok && strings.HasPrefix(e.Error(), "WRONGTYPE") {
+			// A value of another type under the key: unreadable, as
+			// one-slot batches (whose script replaces it) treat it.
+			wrongType, err = true, nil
+		}
 		if err != nil {
 			return false, s.unavailable(err)
 		}
-		if prev != pendingRecord {
-			if vals, ok := parseRecord(prev, len(reqs)); ok {
+		if wrongType || prev != pendingRecord {
+			if vals, ok := parseRecord(prev, len(reqs)); ok && !wrongType {
 				s.fill(reqs, out, seq(len(reqs)), append([]int64{0, 1}, vals...))
 				return true, nil
 			}

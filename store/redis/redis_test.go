@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/store"
@@ -200,6 +202,9 @@ func TestCluster(t *testing.T) {
 	})
 	t.Run("CheckAllOnce", func(t *testing.T) {
 		testCheckAllOnce(t, open(t), open(t))
+	})
+	t.Run("CheckAllOnceCorruptRecord", func(t *testing.T) {
+		testCheckAllOnceCorruptRecord(t, open(t))
 	})
 	t.Run("RoundTrips", func(t *testing.T) {
 		s := open(t)
@@ -516,6 +521,56 @@ func testCheckAllOnce(t *testing.T, s1, s2 *Store) {
 func TestCheckAllOnceStandalone(t *testing.T) {
 	srv := redistest.Start(t)
 	testCheckAllOnce(t, newStore(t, Config{Addrs: []string{srv.Addr}}), newStore(t, Config{Addrs: []string{srv.Addr}}))
+	testCheckAllOnceCorruptRecord(t, newStore(t, Config{Addrs: []string{srv.Addr}}))
+}
+
+// testCheckAllOnceCorruptRecord puts values of other types and unreadable
+// strings under idempotency keys: the batch is decided as for a new key
+// and its record replaces the value, on one slot and across slots alike,
+// rather than every check with that key failing.
+func testCheckAllOnceCorruptRecord(t *testing.T, s *Store) {
+	ctx := context.Background()
+	c := s.client
+	p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 5, Window: time.Hour})
+	for _, across := range []bool{false, true} {
+		for _, bad := range []struct {
+			name string
+			put  func(key string) rueidis.Completed
+		}{
+			{"list", func(k string) rueidis.Completed { return c.B().Rpush().Key(k).Element("x").Build() }},
+			{"hash", func(k string) rueidis.Completed { return c.B().Hset().Key(k).FieldValue().FieldValue("f", "v").Build() }},
+			{"garbage", func(k string) rueidis.Completed { return c.B().Set().Key(k).Value("garbage").Build() }},
+		} {
+			tag2 := "{user=1}"
+			if across {
+				tag2 = "{user=2}"
+			}
+			name := fmt.Sprintf("%s-%v", bad.name, across)
+			reqs := []store.Request{
+				{Key: "rl:oncebad:" + name + ":{user=1}:a", Params: p, Cost: 2, Now: t0},
+				{Key: "rl:oncebad:" + name + ":" + tag2 + ":b", Params: p, Cost: 1, Now: t0},
+			}
+			key := "idem-bad-" + name
+			rec := key // where the store keeps the record
+			if s.cluster && !across {
+				rec = "{" + slotTag()[slotOf(reqs[0].Key)] + "}:" + key
+			}
+			if err := c.Do(ctx, bad.put(rec)).Error(); err != nil {
+				t.Fatal(err)
+			}
+			out := make([]sluice.Decision, 2)
+			replayed, err := s.CheckAllOnce(ctx, key, time.Minute, reqs, out)
+			if err != nil || replayed || !out[0].Allowed || out[0].Remaining != 3 {
+				t.Errorf("%s: replayed %v, %v, %+v, want decided as new", name, replayed, err, out)
+				continue
+			}
+			first := append([]sluice.Decision(nil), out...)
+			replayed, err = s.CheckAllOnce(ctx, key, time.Minute, reqs, out)
+			if err != nil || !replayed || out[0] != first[0] || out[1] != first[1] {
+				t.Errorf("%s, repeat: replayed %v, %v, %+v, want %+v replayed", name, replayed, err, out, first)
+			}
+		}
+	}
 }
 
 // TestCorruptState puts wrong data under keys and checks that the store
