@@ -81,7 +81,9 @@ type Config struct {
 	// Now is the clock of the engine and the APIs; nil means time.Now.
 	Now func() time.Time
 	// WatchDebounce is how long the file watcher waits after the last
-	// change of the configuration before reloading it; zero means 100ms.
+	// change in the configuration's directory before reloading it, and
+	// a tenth of the longest it waits after the first (another file of
+	// the directory may keep changing); zero means 100ms.
 	WatchDebounce time.Duration
 	// Redis holds the connection settings of a Redis store; zero fields
 	// take the store's defaults.

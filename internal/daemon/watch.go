@@ -24,14 +24,21 @@ func newWatcher(path string) (*fsnotify.Watcher, error) {
 	return w, nil
 }
 
+// maxDebounces bounds the wait for changes in the configuration's
+// directory to settle, in debounce intervals from the first change.
+const maxDebounces = 10
+
 // watch reloads the configuration after changes in its directory settle
-// for the debounce interval, until ctx ends; it owns and closes w. A change
-// that leaves the file's contents as they were is ignored.
+// for the debounce interval, or at the latest maxDebounces intervals after
+// the first of them (another file of the directory may never stop
+// changing), until ctx ends; it owns and closes w. A change that leaves
+// the file's contents as they were is ignored.
 func (d *Daemon) watch(ctx context.Context, w *fsnotify.Watcher) {
 	defer w.Close()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	var deadline time.Time // of the pending reload; zero when none is
 	for {
 		select {
 		case <-ctx.Done():
@@ -43,13 +50,18 @@ func (d *Daemon) watch(ctx context.Context, w *fsnotify.Watcher) {
 			if ev.Has(fsnotify.Chmod) && !ev.Has(fsnotify.Write|fsnotify.Create|fsnotify.Rename|fsnotify.Remove) {
 				continue
 			}
-			timer.Reset(d.cfg.WatchDebounce)
+			now := time.Now()
+			if deadline.IsZero() {
+				deadline = now.Add(maxDebounces * d.cfg.WatchDebounce)
+			}
+			timer.Reset(min(d.cfg.WatchDebounce, deadline.Sub(now)))
 		case err, ok := <-w.Errors:
 			if !ok {
 				return
 			}
 			d.log.Warn("config watch error", "err", err)
 		case <-timer.C:
+			deadline = time.Time{}
 			d.reload(false)
 		}
 	}

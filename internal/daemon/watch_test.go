@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,5 +53,39 @@ func TestReloadOfChangeMadeDuringStart(t *testing.T) {
 	})
 	if took, ok := waitFor(3*time.Second, func() bool { return td.limitOf(t) == 7 }); !ok {
 		t.Fatalf("the file changed during start, but %s after start the limit is %d, want 7", took, td.limitOf(t))
+	}
+}
+
+// A change of the file is applied even while another file in its
+// directory keeps changing (a log, a lock file): the watcher waits for
+// changes in the directory to settle, but not forever.
+func TestReloadWhileTheDirectoryKeepsChanging(t *testing.T) {
+	td := start(t, policyText(), func(c *daemon.Config) { c.WatchDebounce = 100 * time.Millisecond })
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		other := filepath.Join(filepath.Dir(td.path), "other.log")
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			f, err := os.OpenFile(other, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			f.WriteString("busy\n")
+			f.Close()
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+	time.Sleep(100 * time.Millisecond)
+	if err := os.WriteFile(td.path, []byte(withLimit(7)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if took, ok := waitFor(5*time.Second, func() bool { return td.limitOf(t) == 7 }); !ok {
+		t.Fatalf("the file changed, but %s later, with another file of its directory written every 10ms, the limit is %d, want 7", took, td.limitOf(t))
 	}
 }
