@@ -106,7 +106,110 @@ func decodeStrict(data []byte, v any) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return fieldErr("body", "unexpected data after the JSON object")
 	}
+	return checkKeys(data)
+}
+
+// keyBit returns the bit of a request field name, exactly as spelled in
+// checkRequest and batchRequest, and 0 for any other spelling.
+func keyBit(name []byte) uint16 {
+	switch string(name) {
+	case "client_id":
+		return 1 << 0
+	case "resource":
+		return 1 << 1
+	case "operation":
+		return 1 << 2
+	case "cost":
+		return 1 << 3
+	case "priority":
+		return 1 << 4
+	case "idempotency_key":
+		return 1 << 5
+	case "user":
+		return 1 << 6
+	case "ip":
+		return 1 << 7
+	case "api_key":
+		return 1 << 8
+	case "method":
+		return 1 << 9
+	case "mode":
+		return 1 << 10
+	case "checks":
+		return 1 << 11
+	}
+	return 0
+}
+
+// checkKeys refuses, in a JSON document that encoding/json has decoded
+// into a request, an object key repeated or spelled otherwise than its
+// field: encoding/json takes the last of repeated keys and matches keys
+// regardless of case, so {"client_id":"a","client_id":"b"} would be
+// decided for b, while a proxy in front may have read a. The error names
+// the key's value, such as "checks[1].cost". It runs on documents
+// encoding/json accepted, so it only tells strings from the rest.
+func checkKeys(data []byte) error {
+	// frame is one open object (the keys it has had) or array.
+	type frame struct {
+		obj, wantKey bool
+		seen         uint16
+	}
+	var sbuf [4]frame
+	stack := sbuf[:0]
+	for i := 0; i < len(data); i++ {
+		switch data[i] {
+		case '{':
+			stack = append(stack, frame{obj: true, wantKey: true})
+		case '[':
+			stack = append(stack, frame{})
+		case '}', ']':
+			stack = stack[:len(stack)-1]
+		case ',':
+			if n := len(stack); n > 0 && stack[n-1].obj {
+				stack[n-1].wantKey = true
+			}
+		case '"':
+			start, escaped := i+1, false
+			for i++; data[i] != '"'; i++ {
+				if data[i] == '\\' {
+					escaped = true
+					i++
+				}
+			}
+			n := len(stack)
+			if n == 0 || !stack[n-1].obj || !stack[n-1].wantKey {
+				continue
+			}
+			f := &stack[n-1]
+			f.wantKey = false
+			name := data[start:i]
+			if escaped {
+				var s string
+				if err := json.Unmarshal(data[start-1:i+1], &s); err != nil {
+					return fieldErr("body", "malformed JSON: %v", err)
+				}
+				name = []byte(s)
+			}
+			bit := keyBit(name)
+			switch {
+			case bit == 0:
+				return fieldErr(fieldAt(data, valueAfterKey(data, i+1)), "unknown field (names are case-sensitive)")
+			case f.seen&bit != 0:
+				return fieldErr(fieldAt(data, valueAfterKey(data, i+1)), "given more than once")
+			}
+			f.seen |= bit
+		}
+	}
 	return nil
+}
+
+// valueAfterKey returns the offset of the value of the key that ends just
+// before offset i in a well-formed JSON document.
+func valueAfterKey(data []byte, i int) int {
+	for i < len(data) && (data[i] == ':' || data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // jsonFieldErr turns an encoding/json error decoding data into a
@@ -135,6 +238,12 @@ func jsonFieldErr(data []byte, err error) error {
 	}
 	msg := err.Error()
 	if name, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		if json.Valid(data) {
+			// Named with its path, such as "checks[1].usr".
+			if err := checkKeys(data); err != nil {
+				return err
+			}
+		}
 		return fieldErr(strings.Trim(name, `"`), "unknown field")
 	}
 	return fieldErr("body", "malformed JSON: %s", strings.TrimPrefix(msg, "json: "))

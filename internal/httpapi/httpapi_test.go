@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -189,6 +191,7 @@ func TestBadInput(t *testing.T) {
 		{"empty", "/api/v1/check", ``, 400, "body"},
 		{"trailing", "/api/v1/check", `{"client_id":"a"} {}`, 400, "body"},
 		{"unknown field", "/api/v1/check", `{"client_id":"a","clientid":"b"}`, 400, "clientid"},
+		{"batch item unknown field", "/api/v1/batch-check", `{"client_id":"a","checks":[{},{"usr":"b"}]}`, 400, "checks[1].usr"},
 		{"missing client_id", "/api/v1/check", `{"resource":"/x"}`, 400, "client_id"},
 		{"negative cost", "/api/v1/check", `{"client_id":"a","cost":-1}`, 400, "cost"},
 		{"huge cost", "/api/v1/check", `{"client_id":"a","cost":1073741825}`, 400, "cost"},
@@ -223,6 +226,18 @@ func TestBadInput(t *testing.T) {
 		{"batch item unknown priority", "/api/v1/batch-check", `{"client_id":"a","checks":[{"resource":"x","priority":"now"}]}`, 400, "checks[0].priority"},
 		{"batch mode of the wrong type", "/api/v1/batch-check", `{"client_id":"a","mode":1,"checks":[{"resource":"x"}]}`, 400, "mode"},
 		{"batch item long user", "/api/v1/batch-check", `{"client_id":"a","checks":[{"user":"` + long + `"}]}`, 400, "checks[0].user"},
+		// encoding/json takes the last of repeated keys and matches keys
+		// regardless of case; a proxy in front may read the first, or
+		// only the exact name.
+		{"repeated client_id", "/api/v1/check", `{"client_id":"a","client_id":"b"}`, 400, "client_id"},
+		{"repeated cost", "/api/v1/check", `{"client_id":"a","cost":0,"resource":"/x","cost":5}`, 400, "cost"},
+		{"repeated under another case", "/api/v1/check", `{"client_id":"a","CLIENT_ID":"b"}`, 400, "CLIENT_ID"},
+		{"repeated with an escape", "/api/v1/check", `{"client_id":"a","client\u005fid":"b"}`, 400, "client_id"},
+		{"another case", "/api/v1/check", `{"Client_ID":"a"}`, 400, "Client_ID"},
+		{"batch repeated mode", "/api/v1/batch-check", `{"client_id":"a","mode":"best_effort","mode":"all_or_nothing","checks":[{}]}`, 400, "mode"},
+		{"batch item repeated cost", "/api/v1/batch-check", `{"client_id":"a","checks":[{"cost":1},{"cost":1,"cost":2}]}`, 400, "checks[1].cost"},
+		{"batch item another case", "/api/v1/batch-check", `{"client_id":"a","checks":[{"Cost":1}]}`, 400, "checks[0].Cost"},
+		{"batch repeated checks", "/api/v1/batch-check", `{"client_id":"a","checks":[{}],"checks":[{}]}`, 400, "checks"},
 		{"batch too large", "/api/v1/batch-check", `{"client_id":"a","checks":[{"resource":"` + strings.Repeat("a", MaxBodyBytes) + `"}]}`, 413, "body"},
 	}
 	for _, tt := range tests {
@@ -492,14 +507,127 @@ func FuzzDecodeCheck(f *testing.F) {
 				t.Fatalf("accepted identifier %q", s)
 			}
 		}
+		for _, s := range []string{c.ClientID, c.User, c.IP, c.APIKey, c.Method, c.Operation, c.IdempotencyKey, c.Resource} {
+			if strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+				t.Fatalf("accepted a control character in %q", s)
+			}
+		}
+		if msg := oddKeys(data); msg != "" {
+			t.Fatalf("accepted %q: %s", data, msg)
+		}
 		var cr checkRequest
 		if err := json.Unmarshal(data, &cr); err != nil {
 			t.Fatalf("accepted %q that encoding/json refuses: %v", data, err)
 		}
-		if cr.ClientID != c.ClientID || cr.Resource != c.Resource {
-			t.Fatalf("decoded %+v, encoding/json %+v", c, cr)
+		var want engine.Check
+		if err := cr.toCheck(&want); err != nil || want != c {
+			t.Fatalf("decoded %+v, encoding/json %+v (%v)", c, want, err)
 		}
 	})
+}
+
+// FuzzDecodeBatch feeds arbitrary bodies to the batch decoder: it must
+// never panic, refuse with invalid_request, and what it accepts must be
+// 1 to MaxBatch valid checks, with no key repeated or misspelled, that
+// encoding/json reads the same way.
+func FuzzDecodeBatch(f *testing.F) {
+	for _, s := range []string{
+		`{"client_id":"c","mode":"best_effort","checks":[{"resource":"/a","cost":3},{"client_id":"d","user":"u"}]}`,
+		`{"user":"u","priority":"low","checks":[{"client_id":"c","priority":"high"}]}`,
+		`{"client_id":"c","checks":[{},{"cost":1,"cost":2}]}`, `{"client_id":"c","checks":[{"Cost":1}]}`,
+		`{"client_id":"c","checks":[null]}`, `{"checks":[]}`, `{"client_id":"c","checks":[{"user":"\u0000"}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checks, mode, err := decodeBatch(data)
+		if err != nil {
+			if _, code := statusOf(err); code != "invalid_request" {
+				t.Fatalf("error %v maps to %s, want invalid_request", err, code)
+			}
+			return
+		}
+		if len(checks) == 0 || len(checks) > MaxBatch || (mode != engine.AllOrNothing && mode != engine.BestEffort) {
+			t.Fatalf("accepted %q as %d checks, mode %v", data, len(checks), mode)
+		}
+		if msg := oddKeys(data); msg != "" {
+			t.Fatalf("accepted %q: %s", data, msg)
+		}
+		var br batchRequest
+		if err := json.Unmarshal(data, &br); err != nil {
+			t.Fatalf("accepted %q that encoding/json refuses: %v", data, err)
+		}
+		for i, c := range checks {
+			if c.ClientID == "" || c.Cost < 0 || c.Cost > MaxCost || len(c.Resource) > MaxResourceBytes {
+				t.Fatalf("accepted check %d of %q as %+v", i, data, c)
+			}
+			for _, s := range []string{c.ClientID, c.User, c.IP, c.APIKey, c.Method, c.Operation, c.IdempotencyKey} {
+				if len(s) > MaxIdentifierBytes || !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+					t.Fatalf("accepted identifier %q in check %d", s, i)
+				}
+			}
+			if c.ClientID != or(br.Checks[i].ClientID, br.ClientID) || c.User != or(br.Checks[i].User, br.User) {
+				t.Fatalf("check %d: %+v, encoding/json %+v in %+v", i, c, br.Checks[i], br)
+			}
+		}
+	})
+}
+
+func or(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// oddKeys returns what is wrong with the object keys of the JSON document
+// data for a request: a key repeated in its object, or one that is not
+// exactly a field name; "" when nothing is.
+func oddKeys(data []byte) string {
+	fields := map[string]bool{}
+	for _, typ := range []reflect.Type{reflect.TypeFor[checkRequest](), reflect.TypeFor[batchRequest]()} {
+		for i := range typ.NumField() {
+			fields[strings.Split(typ.Field(i).Tag.Get("json"), ",")[0]] = true
+		}
+	}
+	type frame struct {
+		obj, wantKey bool
+		keys         map[string]bool
+	}
+	var stack []*frame
+	dec := json.NewDecoder(bytes.NewReader(data))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		if n := len(stack); n > 0 && stack[n-1].obj && stack[n-1].wantKey {
+			if key, ok := tok.(string); ok {
+				f := stack[n-1]
+				switch {
+				case !fields[key]:
+					return fmt.Sprintf("key %q is no field", key)
+				case f.keys[key]:
+					return fmt.Sprintf("key %q repeated", key)
+				}
+				f.keys[key], f.wantKey = true, false
+				continue
+			}
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{obj: true, wantKey: true, keys: map[string]bool{}})
+			continue
+		case json.Delim('['):
+			stack = append(stack, &frame{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+		if n := len(stack); n > 0 && stack[n-1].obj {
+			stack[n-1].wantKey = true
+		}
+	}
 }
 
 func BenchmarkCheck(b *testing.B) {
@@ -602,6 +730,25 @@ func TestDeniedWithBatch(t *testing.T) {
 	} {
 		if got := deniedWithBatch(&tc.res); got != tc.want {
 			t.Errorf("%s: deniedWithBatch = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func BenchmarkDecodeBatch(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"client_id":"client-1","mode":"best_effort","checks":[`)
+	for i := range 100 {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteString(`{"resource":"/api/v1/orders","operation":"read","cost":2,"user":"u1"}`)
+	}
+	sb.WriteString(`]}`)
+	data := []byte(sb.String())
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := decodeBatch(data); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
