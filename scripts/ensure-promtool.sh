@@ -8,7 +8,9 @@ set -uo pipefail
 if command -v promtool >/dev/null 2>&1; then
   exit 0
 fi
-if command -v apt-get >/dev/null 2>&1 && apt-cache policy prometheus 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+# No pipe into grep -q here: with pipefail, apt-cache killed by SIGPIPE once
+# grep has its match would fail the test.
+if command -v apt-get >/dev/null 2>&1 && [[ "$(apt-cache policy prometheus 2>/dev/null)" == *"Candidate: "[0-9]* ]]; then
   if [ "$(id -u)" = 0 ]; then
     echo "installing promtool (package prometheus) with apt-get..." >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null || true

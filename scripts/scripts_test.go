@@ -24,7 +24,7 @@ func stubs(t *testing.T, cmds map[string]string) string {
 			t.Fatal(err)
 		}
 	}
-	for _, tool := range []string{"cat"} {
+	for _, tool := range []string{"cat", "grep", "sleep"} {
 		p, err := exec.LookPath(tool)
 		if err != nil {
 			t.Skipf("%s not found: %v", tool, err)
@@ -152,5 +152,57 @@ func TestMakeTestWithoutCgo(t *testing.T) {
 		if want := cgo == "1"; race != want || said == want {
 			t.Errorf("CGO_ENABLED=%s: go test with -race %v, says it runs without %v; want %v, %v:\n%s", cgo, race, said, want, !want, out)
 		}
+	}
+}
+
+func TestEnsurePromtool(t *testing.T) {
+	// apt-cache policy goes on writing after the candidate line, as the
+	// real one does (the version table), after grep has what it needs.
+	const policy = `echo "prometheus:"; echo "  Installed: (none)"; echo "  Candidate: 2.42.0+ds-5"; sleep 0.2; i=0; while [ $i -lt 2000 ]; do echo "     2.42.0+ds-5 500"; i=$((i+1)); done`
+	tests := []struct {
+		name    string
+		cmds    map[string]string
+		install bool // promtool is installed
+		want    string
+	}{
+		{
+			name:    "candidate",
+			cmds:    map[string]string{"id": "echo 0", "apt-cache": policy, "apt-get": `touch "$(dirname "$0")/promtool.installed"`},
+			install: true,
+			want:    "installing promtool",
+		},
+		{
+			name: "no candidate",
+			cmds: map[string]string{"id": "echo 0", "apt-cache": `echo "prometheus:"; echo "  Candidate: (none)"`,
+				"apt-get": `touch "$(dirname "$0")/promtool.installed"`},
+			want: "checked by the Go test only",
+		},
+		{
+			name: "no apt-get",
+			cmds: map[string]string{"id": "echo 0"},
+			want: "checked by the Go test only",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := stubs(t, tt.cmds)
+			if p, err := exec.LookPath("touch"); err == nil {
+				os.Symlink(p, filepath.Join(dir, "touch"))
+			}
+			if p, err := exec.LookPath("dirname"); err == nil {
+				os.Symlink(p, filepath.Join(dir, "dirname"))
+			}
+			code, stderr := run(t, "ensure-promtool.sh", dir)
+			if code != 0 {
+				t.Errorf("exit code %d, want 0 (it never fails); stderr:\n%s", code, stderr)
+			}
+			_, err := os.Stat(filepath.Join(dir, "promtool.installed"))
+			if got := err == nil; got != tt.install {
+				t.Errorf("apt-get install called: %v, want %v; stderr:\n%s", got, tt.install, stderr)
+			}
+			if !strings.Contains(stderr, tt.want) {
+				t.Errorf("stderr does not say %q:\n%s", tt.want, stderr)
+			}
+		})
 	}
 }
