@@ -204,3 +204,55 @@ func TestPromtool(t *testing.T) {
 		}
 	}
 }
+
+// docLink matches a link to a section of Sluice's docs, such as
+// docs/operations.md#dashboard-and-alerts.
+var docLink = regexp.MustCompile(`docs/([a-zA-Z]+\.md)#([a-z0-9-]+)`)
+
+// anchors returns the anchors of the headings of a Markdown file, as
+// GitHub makes them: lower case, spaces to '-', punctuation dropped.
+func anchors(t *testing.T, file string) map[string]bool {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if !strings.HasPrefix(line, "#") {
+			continue
+		}
+		title := strings.ToLower(strings.TrimSpace(strings.TrimLeft(line, "#")))
+		var b strings.Builder
+		for _, r := range title {
+			switch {
+			case r == ' ':
+				b.WriteByte('-')
+			case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
+				b.WriteRune(r)
+			}
+		}
+		out[b.String()] = true
+	}
+	return out
+}
+
+// TestRulesLinkDocs checks that the sections of the docs the alerts point
+// operators to exist.
+func TestRulesLinkDocs(t *testing.T) {
+	for _, file := range []string{rulesFile, rulesTestFile} {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		links := docLink.FindAllStringSubmatch(string(data), -1)
+		if file == rulesFile && len(links) == 0 {
+			t.Errorf("%s: no link to the docs", file)
+		}
+		for _, m := range links {
+			if !anchors(t, "../docs/"+m[1])[m[2]] {
+				t.Errorf("%s: %s: no such section", file, m[0])
+			}
+		}
+	}
+}
