@@ -16,8 +16,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Errors returned by the client. Test for them with errors.Is.
@@ -26,14 +28,17 @@ var (
 	// reached or did not answer in time.
 	ErrUnavailable = errors.New("sluice client: server unavailable")
 	// ErrInvalidRequest is wrapped by the errors of requests the server
-	// refused as malformed (HTTP 400 and 413); see *APIError.
+	// refused as malformed (HTTP 400 and 413), or that the client refused
+	// itself because the server would (invalid UTF-8); see *APIError.
 	ErrInvalidRequest = errors.New("sluice client: invalid request")
 	// ErrServer is wrapped by other unexpected answers of the server.
 	ErrServer = errors.New("sluice client: server error")
 )
 
 // APIError is the error body the server sends with 4xx and 5xx answers
-// other than decisions.
+// other than decisions. The client also returns one, with Status 400, for
+// a request it does not send because the server would refuse it and JSON
+// cannot carry it as it is: a string field holding invalid UTF-8.
 type APIError struct {
 	// Status is the HTTP status.
 	Status int `json:"-"`
@@ -174,8 +179,32 @@ func (d *Decision) RetryAfter() time.Duration {
 	return time.Duration(d.RetryAfterMS) * time.Millisecond
 }
 
+// badUTF8 returns the name of a string field of r holding invalid UTF-8;
+// "" when none does. encoding/json would send such a field with U+FFFD in
+// place of the bad bytes, which the server cannot refuse: distinct
+// identities would then share one count.
+func (r *CheckRequest) badUTF8() string {
+	for _, f := range [...]struct{ name, val string }{
+		{"client_id", r.ClientID}, {"resource", r.Resource}, {"operation", r.Operation},
+		{"priority", r.Priority}, {"idempotency_key", r.IdempotencyKey}, {"user", r.User},
+		{"ip", r.IP}, {"api_key", r.APIKey}, {"method", r.Method},
+	} {
+		if !utf8.ValidString(f.val) {
+			return f.name
+		}
+	}
+	return ""
+}
+
+func invalidUTF8Error(field string) error {
+	return &APIError{Status: http.StatusBadRequest, Code: "invalid_request", Field: field, Description: field + ": invalid UTF-8"}
+}
+
 // Check asks the server to decide one check.
 func (c *Client) Check(ctx context.Context, req CheckRequest) (*Decision, error) {
+	if f := req.badUTF8(); f != "" {
+		return nil, invalidUTF8Error(f)
+	}
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("sluice client: %w", err)
@@ -223,6 +252,19 @@ type BatchDecision struct {
 
 // BatchCheck asks the server to decide a batch of checks.
 func (c *Client) BatchCheck(ctx context.Context, req BatchRequest) (*BatchDecision, error) {
+	for _, f := range [...]struct{ name, val string }{
+		{"client_id", req.ClientID}, {"user", req.User}, {"ip", req.IP},
+		{"api_key", req.APIKey}, {"priority", req.Priority}, {"mode", req.Mode},
+	} {
+		if !utf8.ValidString(f.val) {
+			return nil, invalidUTF8Error(f.name)
+		}
+	}
+	for i := range req.Checks {
+		if f := req.Checks[i].badUTF8(); f != "" {
+			return nil, invalidUTF8Error("checks[" + strconv.Itoa(i) + "]." + f)
+		}
+	}
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("sluice client: %w", err)

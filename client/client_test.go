@@ -75,6 +75,22 @@ func TestBadRequestIsTyped(t *testing.T) {
 	if !errors.Is(err, client.ErrInvalidRequest) || !errors.As(err, &apiErr) || apiErr.Field != "client_id" {
 		t.Fatalf("check without client_id: %v, want ErrInvalidRequest naming client_id", err)
 	}
+	// JSON cannot carry invalid UTF-8: sent, it would become U+FFFD, and
+	// users "\xff" and "\xfe" would share one count.
+	_, err = c.Check(context.Background(), client.CheckRequest{ClientID: "a", User: "\xff"})
+	if !errors.Is(err, client.ErrInvalidRequest) || !errors.As(err, &apiErr) || apiErr.Field != "user" {
+		t.Errorf("check with invalid UTF-8 in user: %v, want ErrInvalidRequest naming user", err)
+	}
+	_, err = c.BatchCheck(context.Background(), client.BatchRequest{ClientID: "a",
+		Checks: []client.CheckRequest{{Resource: "/a"}, {Resource: "/b\xc3"}}})
+	if !errors.Is(err, client.ErrInvalidRequest) || !errors.As(err, &apiErr) || apiErr.Field != "checks[1].resource" {
+		t.Errorf("batch with invalid UTF-8 in a resource: %v, want ErrInvalidRequest naming checks[1].resource", err)
+	}
+	_, err = c.BatchCheck(context.Background(), client.BatchRequest{ClientID: "a", IP: "\xfe",
+		Checks: []client.CheckRequest{{Resource: "/a"}}})
+	if !errors.Is(err, client.ErrInvalidRequest) || !errors.As(err, &apiErr) || apiErr.Field != "ip" {
+		t.Errorf("batch with invalid UTF-8 in its ip: %v, want ErrInvalidRequest naming ip", err)
+	}
 	if _, err := client.New(client.Config{BaseURL: "localhost:8080"}); err == nil {
 		t.Error("New with a URL without scheme succeeded")
 	}
@@ -128,6 +144,7 @@ func TestMiddlewareRefusesBadInput(t *testing.T) {
 		{"path over 2048 bytes", "/api/v1/demo/" + strings.Repeat("x", 2100), ""},
 		{"path over the server's body limit", "/api/v1/demo/" + strings.Repeat("x", 70000), ""},
 		{"idempotency key over 256 bytes", "/api/v1/demo", strings.Repeat("k", 300)},
+		{"invalid UTF-8 in the path", "/api/v1/demo/%ff", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			served := 0

@@ -30,7 +30,8 @@ type Identity struct {
 // answer on the response, and answers 429 (or 503) with the server's JSON
 // body when the request is denied. A request whose identity has no
 // ClientID, or that the server refuses as bad input (ErrInvalidRequest:
-// say a control character in the path, or a path over 2048 bytes), is
+// say a control character or invalid UTF-8 in the path, or a path over
+// 2048 bytes), is
 // refused with 400 and a JSON error body; it never reaches next. When the
 // server cannot be reached, or answers with another error, the request goes
 // through, unless the client's Config.FailClosed is set (then 503).
