@@ -302,7 +302,12 @@ func (c *Client) Status(ctx context.Context, req StatusRequest) ([]RuleStatus, e
 			q.Set(k, v)
 		}
 	}
-	path := "/api/v1/status/" + url.PathEscape(req.ClientID)
+	seg := url.PathEscape(req.ClientID)
+	if seg == "." || seg == ".." {
+		// A dot segment would be removed from the path on its way.
+		seg = strings.ReplaceAll(seg, ".", "%2E")
+	}
+	path := "/api/v1/status/" + seg
 	if len(q) > 0 {
 		path += "?" + q.Encode()
 	}

@@ -68,6 +68,28 @@ func TestCheckStatusBatch(t *testing.T) {
 	}
 }
 
+// TestStatusOfAnyClientID checks that the status of a client whose id is a
+// path's dot segment, or holds a slash, is read like any other.
+func TestStatusOfAnyClientID(t *testing.T) {
+	c := startServer(t)
+	ctx := context.Background()
+	for _, id := range []string{".", "..", "a/b", "../x", "%2E", "a?b#c"} {
+		if _, err := c.Check(ctx, client.CheckRequest{ClientID: id, Resource: "/api/v1/demo"}); err != nil {
+			t.Fatalf("check of %q: %v", id, err)
+		}
+		st, err := c.Status(ctx, client.StatusRequest{ClientID: id, Resource: "/api/v1/demo"})
+		if err != nil {
+			t.Errorf("status of %q: %v", id, err)
+			continue
+		}
+		for _, r := range st {
+			if r.Rule == "demo" && r.Remaining != 4 {
+				t.Errorf("status of %q: demo has %d remaining, want 4", id, r.Remaining)
+			}
+		}
+	}
+}
+
 func TestBadRequestIsTyped(t *testing.T) {
 	c := startServer(t)
 	_, err := c.Check(context.Background(), client.CheckRequest{Resource: "/api/v1/demo"})
