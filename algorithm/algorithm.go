@@ -265,7 +265,9 @@ func ApplyLog(p *Params, log []int64, now, cost int64) ([]int64, sluice.Decision
 // which s is equivalent to the zero State under p, so a store may forget
 // it. When p.ExpiryLimit is set, s is then also equivalent to the zero
 // State under every Params that shares it (see ShareState). For the sliding
-// window log, pass the newest entry of the log in s.A.
+// window log, pass the newest entry of the log in s.A. An instant beyond
+// the largest int64 (a bucket whose burst is so far above its limit that
+// it takes some 300,000 years to restore) is reported as math.MaxInt64.
 func ExpiresAt(p *Params, s State) int64 {
 	var q int64 // in quanta
 	switch p.Algorithm {
@@ -296,6 +298,9 @@ func ExpiresAt(p *Params, s State) int64 {
 		}
 	case sluice.SlidingWindowLog:
 		q = s.A + p.Window
+	}
+	if q > math.MaxInt64/p.Quantum {
+		return math.MaxInt64
 	}
 	return q * p.Quantum
 }

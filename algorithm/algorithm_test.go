@@ -2,6 +2,7 @@ package algorithm
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -297,6 +298,23 @@ func TestExpiresAt(t *testing.T) {
 		}
 		if z := ExpiresAt(&p, State{}); a != sluice.SlidingWindowLog && z > 0 {
 			t.Errorf("%s: ExpiresAt(zero) = %d, want <= 0", a, z)
+		}
+	}
+}
+
+// TestExpiresAtSaturates: a bucket whose burst is so far above its limit
+// that it takes longer to restore than an int64 of microseconds since the
+// epoch reaches expires at the largest int64, never at an instant that
+// wrapped round to the past.
+func TestExpiresAtSaturates(t *testing.T) {
+	for _, a := range []sluice.Algorithm{sluice.TokenBucket, sluice.LeakyBucket, sluice.GCRA} {
+		p := MustCompile(sluice.Limit{Algorithm: a, Limit: 1, Window: sluice.MaxWindow, Burst: 71_000_000})
+		s, d := Apply(&p, State{}, t0, p.Burst)
+		if !d.Allowed {
+			t.Fatalf("%s: a full burst on a new key denied: %+v", a, d)
+		}
+		if got := ExpiresAt(&p, s); got != math.MaxInt64 {
+			t.Errorf("%s: ExpiresAt after a burst of %d at 1 per %s = %d, want math.MaxInt64", a, p.Burst, sluice.MaxWindow, got)
 		}
 	}
 }

@@ -239,10 +239,12 @@ local function expires_at(alg, E, W, a, b, c)
 end
 
 -- ttl returns the time to live in ms of a state that expires at exp quanta,
--- decided at now µs.
+-- decided at now µs, as an integer string: Redis writes a number of 17
+-- digits or more in exponent notation, which PX refuses, and a bucket of a
+-- very large burst lives that long.
 local function ttl(exp, Q, now)
   local ms = cdiv(max(exp * Q - now, 0), 1000)
-  return max(ms, 1) + margin
+  return int(max(ms, 1) + margin)
 end
 
 -- The working state of each key touched by the batch:

@@ -186,8 +186,13 @@ local function decide(key, ps, cost, now)
     return 0, 1, 0, 0, 0
   end
 
-  local ms = floor((max(exp * Q - now, 0) + 999) / 1000)
-  redis.call('SET', key, string.format('1:%.0f:%.0f:%.0f', na, nb, nc), 'PX', max(ms, 1) + margin)
+  local px = max(floor((max(exp * Q - now, 0) + 999) / 1000), 1) + margin
+  if px >= 1e15 then
+    -- Redis writes a number of 17 digits or more in exponent notation,
+    -- which PX refuses; a bucket of a very large burst lives that long.
+    px = string.format('%.0f', px)
+  end
+  redis.call('SET', key, string.format('1:%.0f:%.0f:%.0f', na, nb, nc), 'PX', px)
   return 1, 0, rem, reset, 0
 end
 

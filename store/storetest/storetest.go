@@ -35,8 +35,10 @@ var T0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // Limits returns the limits the suite runs for each algorithm: a plain one,
 // a burst different from the limit (which the window algorithms ignore), a
 // limit of 1, a window long enough to need a coarser quantum, a very short
-// window, and a burst so far above the limit that a bucket takes longer
-// than the largest time.Duration to restore.
+// window, a burst so far above the limit that a bucket takes longer than
+// the largest time.Duration to restore, and one so far above that a bucket
+// takes longer than an int64 of microseconds since the epoch reaches (and
+// than a Lua number written in a Redis command counts in milliseconds).
 func Limits() []sluice.Limit {
 	var ls []sluice.Limit
 	for _, a := range sluice.Algorithms {
@@ -47,6 +49,7 @@ func Limits() []sluice.Limit {
 			sluice.Limit{Algorithm: a, Limit: 1000, Window: 300 * 24 * time.Hour, Burst: 3},
 			sluice.Limit{Algorithm: a, Limit: 7, Window: 1500 * time.Microsecond},
 			sluice.Limit{Algorithm: a, Limit: 1, Window: 24 * time.Hour, Burst: 200_000},
+			sluice.Limit{Algorithm: a, Limit: 1, Window: sluice.MaxWindow, Burst: 71_000_000},
 		)
 	}
 	return ls
