@@ -496,8 +496,17 @@ const pendingRecord = "pending"
 // onceAcross is CheckAllOnce for a batch spanning cluster slots.
 func (s *Store) onceAcross(ctx context.Context, idem, ttlMS string, reqs []store.Request, out []sluice.Decision) (bool, error) {
 	c := s.client
+	// The claim lives as long as this call may (its deadline, plus the
+	// store's timeout for the writes that end it), not the record's time
+	// to live: a claim whose record could not be written (an instance that
+	// died, a node that failed over or refused the write) must not hold the
+	// key for minutes.
+	claimMS := mustInt(ttlMS)
+	if dl, ok := ctx.Deadline(); ok {
+		claimMS = min(claimMS, max(1, (time.Until(dl)+s.timeout).Milliseconds()))
+	}
 	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
-		r := c.Do(ctx, c.B().Set().Key(idem).Value(pendingRecord).Nx().Get().PxMilliseconds(mustInt(ttlMS)).Build())
+		r := c.Do(ctx, c.B().Set().Key(idem).Value(pendingRecord).Nx().Get().PxMilliseconds(claimMS).Build())
 		prev, err := r.ToString()
 		if rueidis.IsRedisNil(err) {
 			break // claimed

@@ -206,6 +206,9 @@ func TestCluster(t *testing.T) {
 	t.Run("CheckAllOnceCorruptRecord", func(t *testing.T) {
 		testCheckAllOnceCorruptRecord(t, open(t))
 	})
+	t.Run("CheckAllOnceRecordRefused", func(t *testing.T) {
+		testOnceAcrossRecordRefused(t, c, open(t))
+	})
 	t.Run("RoundTrips", func(t *testing.T) {
 		s := open(t)
 		p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 100, Window: time.Minute})
@@ -893,4 +896,71 @@ func TestParseURL(t *testing.T) {
 			t.Errorf("ParseURL(%q) = %+v", c.in, cfg)
 		}
 	}
+}
+
+// owner returns the master of c that holds key's slot.
+func owner(t *testing.T, c *redistest.Cluster, key string) *redistest.Server {
+	t.Helper()
+	for _, m := range c.Masters {
+		if _, err := m.Do("EXISTS", key); err == nil {
+			return m
+		}
+	}
+	t.Fatalf("no master holds %s", key)
+	return nil
+}
+
+// testOnceAcrossRecordRefused runs an idempotent batch across slots whose
+// record the record's node refuses to write once the batch is decided (its
+// user loses the right to SET meanwhile, as a node failing over or an
+// instance dying at that point would leave it): the claim must not lock
+// the key for the record's whole time to live, so that a repeat a few
+// seconds later is decided.
+func testOnceAcrossRecordRefused(t *testing.T, c *redistest.Cluster, s *Store) {
+	const key = "idem-record-refused"
+	recNode := owner(t, c, key)
+	p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 5, Window: time.Hour})
+	var reqs []store.Request
+	slots := map[uint16]bool{}
+	for i := 0; len(reqs) < 2; i++ {
+		k := fmt.Sprintf("rl:refused:{user=%d}:x", i)
+		if owner(t, c, k) != recNode && !slots[slotOf(k)] {
+			slots[slotOf(k)] = true
+			reqs = append(reqs, store.Request{Key: k, Params: p, Cost: 2, Now: t0})
+		}
+	}
+	batchNode := owner(t, c, reqs[0].Key)
+	// The batch's node sleeps 300ms: the claim is made at once, SET is
+	// refused on the record's node from 150ms, and the batch is decided at
+	// 300ms.
+	var wg sync.WaitGroup
+	wg.Go(func() { batchNode.Do("DEBUG", "SLEEP", "0.3") })
+	wg.Go(func() {
+		time.Sleep(150 * time.Millisecond)
+		if _, err := recNode.Do("ACL", "SETUSER", "default", "-set"); err != nil {
+			t.Error(err)
+		}
+	})
+	time.Sleep(50 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	out := make([]sluice.Decision, 2)
+	_, err := s.CheckAllOnce(ctx, key, 5*time.Minute, reqs, out)
+	cancel()
+	wg.Wait()
+	if _, err := recNode.Do("ACL", "SETUSER", "default", "+set"); err != nil {
+		t.Fatal(err)
+	}
+	if err == nil {
+		t.Fatal("the record was written: the test did not refuse it")
+	}
+	claimTTL, _ := recNode.Do("PTTL", key)
+	t.Logf("first call: %v; the claim's time to live then %s ms", err, claimTTL)
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	replayed, err := s.CheckAllOnce(ctx, key, 5*time.Minute, reqs, out)
+	if err != nil {
+		t.Fatalf("repeat: %v after %s; the key stays claimed (time to live %s ms)", err, time.Since(start).Round(time.Millisecond), claimTTL)
+	}
+	t.Logf("repeat: replayed %v, %+v, after %s", replayed, out[0], time.Since(start).Round(time.Millisecond))
 }
