@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -169,7 +168,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 
 	// The configuration is watched before it is read, so that a change
 	// made while the daemon starts is applied once it serves.
-	var w *fsnotify.Watcher
+	var w *configWatcher
 	if cfg.ConfigPath != "" {
 		if w, err = newWatcher(cfg.ConfigPath); err != nil {
 			if _, _, rerr := d.loadPolicy(); rerr != nil {

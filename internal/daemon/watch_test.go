@@ -89,3 +89,130 @@ func TestReloadWhileTheDirectoryKeepsChanging(t *testing.T) {
 		t.Fatalf("the file changed, but %s later, with another file of its directory written every 10ms, the limit is %d, want 7", took, td.limitOf(t))
 	}
 }
+
+// swapLink points the symlink link at target as ln -sfn and Kubernetes'
+// atomic writer do: a new link renamed over the old one.
+func swapLink(t *testing.T, target, link string) {
+	t.Helper()
+	tmp := link + ".tmp"
+	if err := os.Symlink(target, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, link); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writeFile(t *testing.T, path, text string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A configuration given as a symlink to a file in another directory is
+// reloaded when that file changes, and when the link is swapped to
+// another file, on the changes of the new one.
+func TestReloadOfSymlinkTargetInAnotherDirectory(t *testing.T) {
+	linkDir, dir1, dir2 := t.TempDir(), t.TempDir(), t.TempDir()
+	link := filepath.Join(linkDir, "sluice.yaml")
+	first, second := filepath.Join(dir1, "sluice.yaml"), filepath.Join(dir2, "sluice.yaml")
+	writeFile(t, first, policyText())
+	writeFile(t, second, withLimit(9))
+	if err := os.Symlink(first, link); err != nil {
+		t.Fatal(err)
+	}
+	td := start(t, "", func(c *daemon.Config) {
+		c.ConfigPath = link
+		c.WatchDebounce = 20 * time.Millisecond
+	})
+	steps := []struct {
+		what  string
+		do    func()
+		limit int64
+	}{
+		{"the target written in place", func() { writeFile(t, first, withLimit(7)) }, 7},
+		{"the link swapped to a file in a third directory", func() { swapLink(t, second, link) }, 9},
+		{"the new target written in place", func() { writeFile(t, second, withLimit(11)) }, 11},
+		{"the new target replaced by rename", func() {
+			writeFile(t, second+".new", withLimit(12))
+			if err := os.Rename(second+".new", second); err != nil {
+				t.Fatal(err)
+			}
+		}, 12},
+	}
+	for _, s := range steps {
+		s.do()
+		if took, ok := waitFor(3*time.Second, func() bool { return td.limitOf(t) == s.limit }); !ok {
+			t.Fatalf("%s: %s later the limit is %d, want %d", s.what, took, td.limitOf(t), s.limit)
+		}
+	}
+}
+
+// A ConfigMap volume, as Kubernetes updates it: the file is a symlink
+// through ..data, a symlink to a timestamped directory that an update
+// replaces by renaming a new ..data over it.
+func TestReloadOfConfigMapUpdate(t *testing.T) {
+	vol := t.TempDir()
+	version := func(name, text string) {
+		if err := os.Mkdir(filepath.Join(vol, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(vol, name, "sluice.yaml"), text)
+	}
+	version("..2026_01_01_00_00_00.1", policyText())
+	swapLink(t, "..2026_01_01_00_00_00.1", filepath.Join(vol, "..data"))
+	if err := os.Symlink("..data/sluice.yaml", filepath.Join(vol, "sluice.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	td := start(t, "", func(c *daemon.Config) {
+		c.ConfigPath = filepath.Join(vol, "sluice.yaml")
+		c.WatchDebounce = 20 * time.Millisecond
+	})
+	for i, limit := range []int{7, 9} {
+		name := "..2026_01_01_00_00_00." + strconv.Itoa(i+2)
+		version(name, withLimit(limit))
+		swapLink(t, name, filepath.Join(vol, "..data"))
+		if err := os.RemoveAll(filepath.Join(vol, "..2026_01_01_00_00_00."+strconv.Itoa(i+1))); err != nil {
+			t.Fatal(err)
+		}
+		if took, ok := waitFor(3*time.Second, func() bool { return td.limitOf(t) == int64(limit) }); !ok {
+			t.Fatalf("update %d: %s later the limit is %d, want %d", i+1, took, td.limitOf(t), limit)
+		}
+	}
+}
+
+// A configuration directory replaced whole (removed, and a new one renamed
+// into its place, as deploy tools do) is watched anew: later changes of
+// the file in the new directory are reloaded too.
+func TestReloadAfterTheDirectoryIsReplaced(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "conf")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "sluice.yaml")
+	writeFile(t, path, policyText())
+	td := start(t, "", func(c *daemon.Config) {
+		c.ConfigPath = path
+		c.WatchDebounce = 200 * time.Millisecond
+	})
+	next := filepath.Join(root, "conf.new")
+	if err := os.Mkdir(next, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(next, "sluice.yaml"), withLimit(7))
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(next, dir); err != nil {
+		t.Fatal(err)
+	}
+	if took, ok := waitFor(3*time.Second, func() bool { return td.limitOf(t) == 7 }); !ok {
+		t.Fatalf("directory replaced: %s later the limit is %d, want 7", took, td.limitOf(t))
+	}
+	writeFile(t, path, withLimit(9))
+	if took, ok := waitFor(3*time.Second, func() bool { return td.limitOf(t) == 9 }); !ok {
+		t.Fatalf("the file in the new directory written: %s later the limit is %d, want 9", took, td.limitOf(t))
+	}
+}
