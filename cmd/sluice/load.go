@@ -63,7 +63,7 @@ Flags:
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file")
 	threads := fs.Int("threads", 0, "OS threads running the load generator's Go code (GOMAXPROCS); 0: Go's default, one per core. Beside the server on one machine, 1 leaves it the other cores: over gRPC in a closed loop one thread drives every caller")
-	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set (the generator's own CPU per request falls by about a quarter at 400)")
+	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set, 0 or less: Go's default, 100 (the generator's own CPU per request falls by about a quarter at 400)")
 	fromEnv := envFlags(fs, map[string]string{"addr": "SLUICE_LOAD_ADDR"})
 	if err := fs.Parse(args); err != nil {
 		return 2
