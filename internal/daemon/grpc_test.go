@@ -253,6 +253,10 @@ func TestGRPCBadInputChangesNothing(t *testing.T) {
 		{"batch: too many checks", "checks", batch(&sluicev1.BatchCheckRequest{ClientId: "g1", Checks: many})},
 		{"batch: bad second check", "checks[1].cost", batch(&sluicev1.BatchCheckRequest{ClientId: "g1", Mode: sluicev1.BatchMode_BATCH_MODE_BEST_EFFORT, Checks: []*sluicev1.CheckRequest{lim(1), lim(-1)}})},
 		{"batch: no client", "checks[0].client_id", batch(&sluicev1.BatchCheckRequest{Checks: []*sluicev1.CheckRequest{lim(1)}})},
+		{"batch: its own long user", "user", batch(&sluicev1.BatchCheckRequest{ClientId: "g1", User: long,
+			Checks: []*sluicev1.CheckRequest{{ClientId: "g1", Resource: "/api/limited", User: "u"}}})},
+		{"batch: its own client_id with a control character", "client_id", batch(&sluicev1.BatchCheckRequest{ClientId: "g\x01",
+			Checks: []*sluicev1.CheckRequest{{ClientId: "g1", Resource: "/api/limited"}}})},
 		{"quota: missing client_id", "client_id", func() error {
 			_, err := c.GetRemainingQuota(ctx(t), &sluicev1.QuotaRequest{Resource: "/api/limited"})
 			return err

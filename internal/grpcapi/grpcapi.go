@@ -230,6 +230,15 @@ func (s *Server) BatchCheck(ctx context.Context, req *sluicev1.BatchCheckRequest
 	if _, err := priority("priority", req.GetPriority()); err != nil {
 		return nil, toStatus(err)
 	}
+	// The batch's identity fields are checked even when every check has
+	// its own, so that a bad one is never silently ignored.
+	for _, f := range [...]struct{ name, val string }{
+		{"client_id", req.GetClientId()}, {"user", req.GetUser()}, {"ip", req.GetIp()}, {"api_key", req.GetApiKey()},
+	} {
+		if err := checkIdent(f.name, f.val); err != nil {
+			return nil, toStatus(err)
+		}
+	}
 	n := len(req.GetChecks())
 	switch {
 	case n == 0:

@@ -525,6 +525,15 @@ func decodeBatch(data []byte) ([]engine.Check, engine.BatchMode, error) {
 	if _, err := parsePriority("priority", br.Priority); err != nil {
 		return nil, 0, err
 	}
+	// The batch's identity fields are checked even when every check has
+	// its own, so that a bad one is never silently ignored.
+	for _, id := range [...]struct{ name, val string }{
+		{"client_id", br.ClientID}, {"user", br.User}, {"ip", br.IP}, {"api_key", br.APIKey},
+	} {
+		if err := checkIdent(id.name, id.val); err != nil {
+			return nil, 0, err
+		}
+	}
 	switch {
 	case len(br.Checks) == 0:
 		return nil, 0, fieldErr("checks", "required: at least one check")

@@ -222,6 +222,10 @@ func TestBadInput(t *testing.T) {
 		{"invalid utf-8 in a key", "/api/v1/check", "{\"client_id\":\"a\",\"us\xffer\":\"u\"}", 400, "body"},
 		{"invalid utf-8 in a batch item", "/api/v1/batch-check", "{\"client_id\":\"a\",\"checks\":[{\"resource\":\"x\"},{\"resource\":\"y\",\"user\":\"\xff\"}]}", 400, "checks[1].user"},
 		{"invalid utf-8 in the batch", "/api/v1/batch-check", "{\"checks\":[{\"resource\":[\"x\"]}],\"client_id\":\"\xc3\"}", 400, "client_id"},
+		// The batch's own identity fields are refused even where every
+		// check has its own.
+		{"batch long user", "/api/v1/batch-check", `{"client_id":"a","user":"` + long + `","checks":[{"user":"u"}]}`, 400, "user"},
+		{"batch control character in client_id", "/api/v1/batch-check", `{"client_id":"a\u0001","checks":[{"client_id":"b"}]}`, 400, "client_id"},
 		{"batch unknown priority", "/api/v1/batch-check", `{"client_id":"a","priority":"urgent","checks":[{"resource":"x"}]}`, 400, "priority"},
 		{"batch item unknown priority", "/api/v1/batch-check", `{"client_id":"a","checks":[{"resource":"x","priority":"now"}]}`, 400, "checks[0].priority"},
 		{"batch mode of the wrong type", "/api/v1/batch-check", `{"client_id":"a","mode":1,"checks":[{"resource":"x"}]}`, 400, "mode"},
