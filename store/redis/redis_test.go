@@ -964,3 +964,123 @@ func testOnceAcrossRecordRefused(t *testing.T, c *redistest.Cluster, s *Store) {
 	}
 	t.Logf("repeat: replayed %v, %+v, after %s", replayed, out[0], time.Since(start).Round(time.Millisecond))
 }
+
+// TestClusterSlotMove moves the slot of one identity to another master
+// (CLUSTER SETSLOT IMPORTING and MIGRATING, MIGRATE, SETSLOT NODE) while
+// checks of its keys run: a single-key check follows the ASK and MOVED
+// redirections and is always decided; a check of several keys of the slot
+// is refused by Redis (TRYAGAIN, an error wrapping ErrStoreUnavailable)
+// while the keys lie on both nodes; and what was admitted is exactly what
+// Redis counted.
+func TestClusterSlotMove(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	c := redistest.StartCluster(t, redistest.ClusterOptions{})
+	s := newStore(t, Config{Addrs: c.Addrs()})
+	const limit, keys = 100_000, 50
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: limit, Window: 1000 * time.Hour})
+	key := func(i int) string { return "rl:move:{user=7}:k" + strconv.Itoa(i%keys) }
+	src := owner(t, c, key(0))
+	var dst *redistest.Server
+	for _, m := range c.Masters {
+		if m != src {
+			dst = m
+			break
+		}
+	}
+	var admitted, singleErrs, multiErrs, tryAgain atomic.Int64
+	var otherErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			out := make([]sluice.Decision, 4)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				reqs := []store.Request{{Key: key(i), Params: p, Cost: 1}}
+				if w%2 == 1 {
+					for j := 1; j < 4; j++ {
+						reqs = append(reqs, store.Request{Key: key(i + 13*j), Params: p, Cost: 1})
+					}
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				err := s.Check(ctx, reqs, out)
+				cancel()
+				switch {
+				case err == nil:
+					admitted.Add(int64(len(reqs)))
+				case len(reqs) == 1:
+					singleErrs.Add(1)
+					otherErr.Store(err.Error())
+				default:
+					multiErrs.Add(1)
+					if errors.Is(err, sluice.ErrStoreUnavailable) && strings.Contains(err.Error(), "TRYAGAIN") {
+						tryAgain.Add(1)
+					} else {
+						otherErr.Store(err.Error())
+					}
+				}
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond)
+	id := func(s *redistest.Server) string {
+		v, err := s.Do("CLUSTER", "MYID")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(v)
+	}
+	slot := strconv.Itoa(int(slotOf(key(0))))
+	do := func(s *redistest.Server, args ...string) string {
+		v, err := s.Do(args...)
+		if err != nil {
+			t.Errorf("%s: %v", strings.Join(args, " "), err)
+		}
+		return v
+	}
+	do(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", id(src))
+	do(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", id(dst))
+	// A few keys at a time, so that checks meet the slot half moved.
+	for {
+		ks := strings.Fields(do(src, "CLUSTER", "GETKEYSINSLOT", slot, "5"))
+		if len(ks) == 0 {
+			break
+		}
+		do(src, append([]string{"MIGRATE", "127.0.0.1", strconv.Itoa(dst.Port), "", "0", "5000", "KEYS"}, ks...)...)
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, m := range c.Masters {
+		do(m, "CLUSTER", "SETSLOT", slot, "NODE", id(dst))
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	if n := singleErrs.Load(); n > 0 {
+		t.Errorf("%d single-key checks failed during the move, last: %v", n, otherErr.Load())
+	}
+	if n := multiErrs.Load() - tryAgain.Load(); n > 0 {
+		t.Errorf("%d checks of several keys failed otherwise than with TRYAGAIN, last: %v", n, otherErr.Load())
+	}
+	var counted int64
+	out := make([]sluice.Decision, 1)
+	for i := range keys {
+		if err := s.Check(context.Background(), []store.Request{{Key: key(i), Params: p}}, out); err != nil {
+			t.Fatal(err)
+		}
+		counted += limit - out[0].Remaining
+	}
+	if got, want := counted, admitted.Load(); got != want {
+		t.Errorf("Redis counted %d units, the checks admitted %d", got, want)
+	}
+	if n, _ := dst.Do("CLUSTER", "COUNTKEYSINSLOT", slot); n != strconv.Itoa(keys) {
+		t.Errorf("the destination holds %s keys of the slot, want %d", n, keys)
+	}
+	t.Logf("admitted %d units; %d checks of several keys refused with TRYAGAIN while the slot was split", admitted.Load(), tryAgain.Load())
+}
