@@ -537,12 +537,18 @@ func (s *Store) onceAcross(ctx context.Context, idem, ttlMS string, reqs []store
 		case <-time.After(wait):
 		}
 	}
+	// The claim is released, or the record written, even when the
+	// caller's deadline has passed meanwhile: the batch may have been
+	// charged, and a key left claimed would make every retry wait for a
+	// record that never comes, until the claim's time to live.
+	after, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
 	if err := s.checkAll(ctx, reqs, out); err != nil {
-		c.Do(context.WithoutCancel(ctx), c.B().Del().Key(idem).Build())
+		c.Do(after, c.B().Del().Key(idem).Build())
 		return false, err
 	}
 	rec := formatRecord(out[:len(reqs)], reqs)
-	if err := c.Do(ctx, c.B().Set().Key(idem).Value(rec).PxMilliseconds(mustInt(ttlMS)).Build()).Error(); err != nil {
+	if err := c.Do(after, c.B().Set().Key(idem).Value(rec).PxMilliseconds(mustInt(ttlMS)).Build()).Error(); err != nil {
 		return false, s.unavailable(err)
 	}
 	return false, nil

@@ -209,6 +209,14 @@ func TestCluster(t *testing.T) {
 	t.Run("CheckAllOnceRecordRefused", func(t *testing.T) {
 		testOnceAcrossRecordRefused(t, c, open(t))
 	})
+	t.Run("CheckAllOnceRecordsPastDeadline", func(t *testing.T) {
+		rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: c.Addrs(), DisableCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rc.Close)
+		testCheckAllOnceRecordsPastDeadline(t, rc, open(t))
+	})
 	t.Run("RoundTrips", func(t *testing.T) {
 		s := open(t)
 		p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 100, Window: time.Minute})
@@ -518,6 +526,56 @@ func testCheckAllOnce(t *testing.T, s1, s2 *Store) {
 		if replayed, err = s2.CheckAllOnce(ctx, key+"-other", time.Minute, reqs, out); err != nil || replayed || out[0].Remaining != 1 {
 			t.Errorf("other key: replayed %v, %v, %+v", replayed, err, out)
 		}
+	}
+}
+
+// lateClient is a client whose caller's context ends, once armed, as the
+// record of an idempotency key is written (a SET of anything but the
+// pending claim): the caller's deadline passes just after the batch was
+// decided.
+type lateClient struct {
+	rueidis.Client
+	armed  atomic.Bool
+	cancel context.CancelFunc
+}
+
+func (c *lateClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	if args := cmd.Commands(); len(args) > 2 && args[0] == "SET" && args[2] != pendingRecord && c.armed.CompareAndSwap(true, false) {
+		c.cancel()
+	}
+	return c.Client.Do(ctx, cmd)
+}
+
+// testCheckAllOnceRecordsPastDeadline: a batch across slots is decided
+// and charged, and its caller's deadline passes before the record is
+// written. The record is written all the same: a retry with the key, from
+// any instance, is replayed and charges nothing, instead of waiting for a
+// record that never comes while the key stays claimed.
+func testCheckAllOnceRecordsPastDeadline(t *testing.T, rc rueidis.Client, other *Store) {
+	lc := &lateClient{Client: rc}
+	s := newStore(t, Config{Client: lc})
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Hour})
+	reqs := []store.Request{
+		{Key: "rl:oncelate:{user=1}:a", Params: p, Cost: 2, Now: t0},
+		{Key: "rl:oncelate:{user=2}:b", Params: p, Cost: 1, Now: t0},
+	}
+	out := make([]sluice.Decision, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	lc.cancel = cancel
+	lc.armed.Store(true)
+	if _, err := s.CheckAllOnce(ctx, "idem-late", time.Minute, reqs, out); err == nil && ctx.Err() == nil {
+		t.Fatal("the caller's context did not end before the record")
+	}
+	for _, st := range []*Store{s, other} {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		replayed, err := st.CheckAllOnce(ctx, "idem-late", time.Minute, reqs, out)
+		cancel()
+		if err != nil || !replayed || !out[0].Allowed || out[0].Remaining != 3 {
+			t.Errorf("retry of a batch decided past its caller's deadline: replayed %v, %+v, %v; want the recorded decision (allowed, 3 remaining)", replayed, out[0], err)
+		}
+	}
+	if d := check(t, other, store.Request{Key: reqs[0].Key, Params: p, Now: t0}); d.Remaining != 3 {
+		t.Errorf("after the retries, remaining %d, want 3 (charged once)", d.Remaining)
 	}
 }
 
