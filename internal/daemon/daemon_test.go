@@ -403,6 +403,16 @@ func TestAllowAndDenyLists(t *testing.T) {
 		if r.status != 200 || r.str("source") != "allow_list" {
 			t.Fatalf("vip check %d: %d %s, want 200 from allow_list", i, r.status, r.raw)
 		}
+		// No limit applies: no header may tell a client that honours them
+		// that its quota is spent (remaining 0 of 0).
+		for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Policy", "X-RateLimit-State", "RateLimit", "RateLimit-Policy"} {
+			if v, ok := r.header[http.CanonicalHeaderKey(k)]; ok {
+				t.Fatalf("vip check %d: header %s: %q, want none", i, k, v)
+			}
+		}
+		if got := r.header.Get("X-RateLimit-Decision-Source"); got != "allow_list" {
+			t.Errorf("vip check %d: X-RateLimit-Decision-Source %q, want allow_list", i, got)
+		}
 	}
 	r := td.check(t, `{"client_id":"banned","resource":"/anything"}`)
 	if r.status != 429 || r.str("source") != "deny_list" || r.header.Get("X-RateLimit-Decision-Source") != "deny_list" {

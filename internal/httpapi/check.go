@@ -277,7 +277,9 @@ func setHeaders(hdr http.Header, res *engine.Result, now time.Time) {
 		return vals[n-1 : n : n]
 	}
 	hdr["X-Ratelimit-Decision-Source"] = one(res.Source.String())
-	if d.Rule == "" {
+	if d.Rule == "" || res.Source == engine.SourceAllowList {
+		// No limit applies: a quota of 0 with 0 remaining would tell a
+		// client that honours these headers to stop.
 		return
 	}
 	var nb [64]byte
