@@ -142,8 +142,8 @@ func keyBit(name []byte) uint16 {
 }
 
 // checkKeys refuses, in a JSON document that encoding/json has decoded
-// into a request, an object key repeated or spelled otherwise than its
-// field: encoding/json takes the last of repeated keys and matches keys
+// into a request, a null check of a batch, and an object key repeated or
+// spelled otherwise than its field: encoding/json takes the last of repeated keys and matches keys
 // regardless of case, so {"client_id":"a","client_id":"b"} would be
 // decided for b, while a proxy in front may have read a. The error names
 // the key's value, such as "checks[1].cost". It runs on documents
@@ -167,6 +167,14 @@ func checkKeys(data []byte) error {
 		case ',':
 			if n := len(stack); n > 0 && stack[n-1].obj {
 				stack[n-1].wantKey = true
+			}
+		case 'n':
+			// Outside strings, only null holds an 'n'. encoding/json
+			// decodes a null check as an empty one, which the batch's
+			// fields would then fill: a nil sent by mistake would be
+			// charged.
+			if n := len(stack); n > 0 && !stack[n-1].obj {
+				return fieldErr(fieldAt(data, i), "want a JSON object, got null")
 			}
 		case '"':
 			start, escaped := i+1, false

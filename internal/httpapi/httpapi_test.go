@@ -213,6 +213,7 @@ func TestBadInput(t *testing.T) {
 		{"batch item user of the wrong type", "/api/v1/batch-check", `{"client_id":"a","checks":[{},{"user":5}]}`, 400, "checks[1].user"},
 		{"batch item user an object", "/api/v1/batch-check", `{"client_id":"a","checks":[{},{},{"user":{"a":[1,2]}}]}`, 400, "checks[2].user"},
 		{"batch item not an object", "/api/v1/batch-check", `{"client_id":"a","checks":[{},1]}`, 400, "checks[1]"},
+		{"batch item null", "/api/v1/batch-check", `{"client_id":"a","checks":[{}, null]}`, 400, "checks[1]"},
 		{"batch checks not a list", "/api/v1/batch-check", `{"client_id":"a","checks":5}`, 400, "checks"},
 		{"too many checks", "/api/v1/batch-check", `{"client_id":"a","checks":[` + strings.Repeat(`{},`, MaxBatch) + `{}]}`, 400, "checks"},
 		{"long resource", "/api/v1/check", `{"client_id":"a","resource":"/` + strings.Repeat("r", MaxResourceBytes) + `"}`, 400, "resource"},
