@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -112,7 +114,15 @@ const maxEventsLimit = 10_000
 // newest first.
 func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) {
 	limit := 100
-	q := r.URL.Query()
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		// url.Query would drop the pair, answering as if it were absent:
+		// every type for a type filter it cannot read.
+		field := badQueryParam(r.URL.RawQuery)
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid_request", "field": field,
+			"error_description": field + ": cannot be decoded (a bad % escape, or a ';', which must be sent as %3B)"})
+		return
+	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxEventsLimit {
@@ -135,6 +145,25 @@ func (d *Daemon) handleEvents(w http.ResponseWriter, r *http.Request) {
 		Total    int64          `json:"total"`
 		Capacity int            `json:"capacity"`
 	}{evs, total, d.ring.Capacity()})
+}
+
+// badQueryParam returns the name of the first parameter of the query raw
+// that url.ParseQuery cannot decode; "query" when its name cannot be
+// decoded either.
+func badQueryParam(raw string) string {
+	for raw != "" {
+		var pair string
+		pair, raw, _ = strings.Cut(raw, "&")
+		rawName, rawVal, _ := strings.Cut(pair, "=")
+		name, err := url.QueryUnescape(rawName)
+		if err != nil || len(name) > 64 {
+			return "query"
+		}
+		if _, err := url.QueryUnescape(rawVal); err != nil || strings.Contains(pair, ";") {
+			return name
+		}
+	}
+	return "query"
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

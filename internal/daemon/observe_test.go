@@ -146,10 +146,15 @@ func TestEventsEndpoint(t *testing.T) {
 	if ev["client_id"] != "e1" || ev["rule"] != "per-client" || ev["severity"] != "warning" || ev["resource"] != "/api/limited" {
 		t.Errorf("event = %v", ev)
 	}
-	for _, bad := range []string{"limit=0", "limit=x", "limit=100000"} {
+	for _, bad := range []string{"limit=0", "limit=x", "limit=100000", "limit=1;x", "limit=%zz"} {
 		if r := get(t, td.base+"/api/v1/events?"+bad); r.status != 400 || r.str("field") != "limit" {
 			t.Errorf("%s: %d %s, want 400 naming limit", bad, r.status, r.raw)
 		}
+	}
+	// A type filter the server cannot read is refused, not dropped (which
+	// would answer every type).
+	if r := get(t, td.base+"/api/v1/events?type=rate_limit_exceeded;x"); r.status != 400 || r.str("field") != "type" {
+		t.Errorf("a type with a ';': %d %s, want 400 naming type", r.status, r.raw)
 	}
 
 	// A reload that changes the allow and deny lists reports each change.
