@@ -92,8 +92,9 @@ func (d *Daemon) breakerState() func() string {
 var warmParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Second})
 
 // guardMetrics feeds the guard's events to the metrics package. Store
-// calls are timed by the engine (around the guard), so StoreCall does
-// nothing here.
+// calls of checks are timed by the engine (around the guard), so
+// StoreCall does nothing here; the hot keys' syncs, which the engine does
+// not see, are timed as op "sync".
 type guardMetrics struct{ m *metrics.Metrics }
 
 func (g guardMetrics) BreakerChanged(to guard.BreakerState) {
@@ -105,4 +106,7 @@ func (g guardMetrics) OverLimitEntries(n int)         { g.m.SetOverLimitCacheEnt
 func (g guardMetrics) HotKeyDetected()                { g.m.HotKeyDetected() }
 func (g guardMetrics) HotKeys(n int)                  { g.m.SetHotKeys(n) }
 func (g guardMetrics) HotKeySync(lag time.Duration)   { g.m.HotKeySync(lag) }
-func (g guardMetrics) Gathered(n int)                 { g.m.StoreGathered(n) }
+func (g guardMetrics) HotKeySyncCall(d time.Duration, err error) {
+	g.m.StoreCall(metrics.OpSync, d, err)
+}
+func (g guardMetrics) Gathered(n int) { g.m.StoreGathered(n) }

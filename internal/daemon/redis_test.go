@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/internal/guard"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
@@ -77,5 +78,44 @@ func waitStoreAnswers(t *testing.T, td *testDaemon, clientID, resource string) {
 		return last.status == 200
 	}); !ok {
 		t.Fatalf("the store did not answer a status read in 10 s: %d %s", last.status, last.raw)
+	}
+}
+
+// TestHotKeySyncsAreTimed checks that the store calls of the hot keys'
+// syncs, which the guard makes on its own, show in the store metrics
+// under op="sync", as operations.md says.
+func TestHotKeySyncsAreTimed(t *testing.T) {
+	storeURL := "redis://" + redistest.Start(t).Addr
+	td := start(t, `version: 1
+rules:
+  - id: hot
+    match: { resource: /api/hot }
+    algorithm: token_bucket
+    limit: 1000000
+    window: 1m
+`, func(c *daemon.Config) {
+		c.StoreURL = storeURL
+		c.Guard.Deadline = 5 * time.Second
+		c.Guard.HotKeys = guard.HotKeyConfig{Enabled: true, Threshold: 100, Window: 100 * time.Millisecond, SyncInterval: 5 * time.Millisecond}
+	})
+	syncs := `sluice_hot_key_syncs_total`
+	timed := `sluice_store_call_duration_seconds_count{op="sync"}`
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for range 50 {
+			td.check(t, `{"client_id":"hammer","resource":"/api/hot"}`)
+		}
+		m := scrape(t, td.base+"/metrics")
+		if m[syncs] > 0 {
+			// Every successful sync was a store call; the scrape of the
+			// syncs comes after that of the calls' count.
+			if m[timed] == 0 {
+				t.Errorf("%s = %v but %s = %v, want the syncs timed", syncs, m[syncs], timed, m[timed])
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no hot-key sync in 10s: %s = %v", syncs, m[syncs])
+		}
 	}
 }

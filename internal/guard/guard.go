@@ -129,6 +129,11 @@ type Observer interface {
 	// HotKeySync is called after every successful sync of the hot keys'
 	// leases, with the time since the previous one.
 	HotKeySync(lag time.Duration)
+	// HotKeySyncCall is called after every store call of a sync of the
+	// hot keys' leases, failed ones included, with its duration and
+	// error: the guard makes these calls on its own, so no caller of the
+	// guard times them.
+	HotKeySyncCall(d time.Duration, err error)
 	// Gathered is called after every store call of gathered checks (see
 	// Config.Gatherers), with the number of checks it decided.
 	Gathered(n int)
@@ -137,14 +142,15 @@ type Observer interface {
 // nopObserver is the Observer of a guard configured without one.
 type nopObserver struct{}
 
-func (nopObserver) BreakerChanged(BreakerState)    {}
-func (nopObserver) StoreCall(time.Duration, error) {}
-func (nopObserver) OverLimitCacheHit()             {}
-func (nopObserver) OverLimitEntries(int)           {}
-func (nopObserver) HotKeyDetected()                {}
-func (nopObserver) HotKeys(int)                    {}
-func (nopObserver) HotKeySync(time.Duration)       {}
-func (nopObserver) Gathered(int)                   {}
+func (nopObserver) BreakerChanged(BreakerState)         {}
+func (nopObserver) StoreCall(time.Duration, error)      {}
+func (nopObserver) OverLimitCacheHit()                  {}
+func (nopObserver) OverLimitEntries(int)                {}
+func (nopObserver) HotKeyDetected()                     {}
+func (nopObserver) HotKeys(int)                         {}
+func (nopObserver) HotKeySync(time.Duration)            {}
+func (nopObserver) HotKeySyncCall(time.Duration, error) {}
+func (nopObserver) Gathered(int)                        {}
 
 // Guard wraps a store with a deadline, a circuit breaker, an over-limit
 // cache and a hot-key tier. Create it with New; stop it with Close.

@@ -186,12 +186,13 @@ func (o *countObserver) StoreCall(d time.Duration, err error) {
 		o.errs.Add(1)
 	}
 }
-func (o *countObserver) OverLimitCacheHit()           { o.olc.Add(1) }
-func (o *countObserver) OverLimitEntries(n int)       { o.entries.Store(int64(n)) }
-func (o *countObserver) HotKeyDetected()              { o.detected.Add(1) }
-func (o *countObserver) HotKeys(n int)                { o.hot.Store(int64(n)) }
-func (o *countObserver) HotKeySync(lag time.Duration) { o.syncs.Add(1) }
-func (o *countObserver) Gathered(n int)               {}
+func (o *countObserver) OverLimitCacheHit()                  { o.olc.Add(1) }
+func (o *countObserver) OverLimitEntries(n int)              { o.entries.Store(int64(n)) }
+func (o *countObserver) HotKeyDetected()                     { o.detected.Add(1) }
+func (o *countObserver) HotKeys(n int)                       { o.hot.Store(int64(n)) }
+func (o *countObserver) HotKeySync(lag time.Duration)        { o.syncs.Add(1) }
+func (o *countObserver) HotKeySyncCall(time.Duration, error) {}
+func (o *countObserver) Gathered(n int)                      {}
 
 func fmtList(s []string) string {
 	out := "["

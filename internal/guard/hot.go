@@ -469,7 +469,9 @@ func (g *Guard) topUp(ctx context.Context, leases []lease) []lease {
 	}
 	sent := g.now()
 	g.stats.syncs.Add(1)
+	started := time.Now()
 	err := g.run(ctx, g.newJob(opCheck, reqs, len(reqs)), out)
+	t.obs.HotKeySyncCall(time.Since(started), err)
 	if err != nil {
 		// The leases run out on their own; checks then go to the store
 		// and its failure handling.
