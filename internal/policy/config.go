@@ -1,9 +1,12 @@
 package policy
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/netip"
 	"path"
@@ -105,8 +108,15 @@ type settings struct {
 func parse(name string, data []byte) (*Policy, error) {
 	d := &decoder{file: name}
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
+	more, err := unmarshal(data, &doc)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrInvalidConfig, name, err)
+	}
+	if more != nil {
+		// yaml.v3 would ignore it: a policy, or Envoy domains, that
+		// the file seems to hold and that would never apply.
+		d.errorf(more, "a second YAML document: a file holds one policy (use the envoy: list for Envoy domains)")
+		return nil, d.err()
 	}
 	root := resolve(&doc)
 	if root != nil && root.Kind == yaml.DocumentNode {
@@ -141,6 +151,40 @@ func parse(name string, data []byte) (*Policy, error) {
 	}
 	p.matcher = newMatcher(p.Rules)
 	return p, nil
+}
+
+// unmarshal decodes the first YAML document of data into doc (left zero
+// when data holds none), and returns the first node of the first
+// document after it that is not empty, if any. A panic of yaml.v3 (not
+// ours) on a bad file is turned into an error.
+func unmarshal(data []byte, doc *yaml.Node) (more *yaml.Node, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			more, err = nil, fmt.Errorf("yaml: cannot parse: %v", r)
+		}
+	}()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	for {
+		var next yaml.Node
+		if err := dec.Decode(&next); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil, nil
+			}
+			return nil, err
+		}
+		// A document of nothing ("---" at the end) holds a null.
+		if n := resolve(&next); n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+			if c := n.Content[0]; c.Kind != yaml.ScalarNode || c.Tag != "!!null" || c.Value != "" {
+				return c, nil
+			}
+		}
+	}
 }
 
 var topKeys = []string{"version", "defaults", "default_tier", "tiers", "rules", "assignments", "allow", "deny", "envoy"}

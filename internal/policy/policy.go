@@ -438,8 +438,9 @@ func (p *Policy) Lookup(r *Request, now time.Time) (tier string, a *Assignment) 
 // error wraps ErrInvalidConfig and joins one *ConfigError per problem.
 func Parse(name string, data []byte) (p *Policy, err error) {
 	defer func() {
-		// yaml.v3 is not ours; a panic inside it must not take the
-		// process down on a bad file.
+		// A bad file must not take the process down, whatever it
+		// makes panic: yaml.v3's are recovered in parse, and the
+		// decoder's, which FuzzParse looks for, here.
 		if r := recover(); r != nil {
 			p, err = nil, &ConfigError{File: name, Msg: fmt.Sprintf("cannot parse: %v", r)}
 		}
