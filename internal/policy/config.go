@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/netip"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -110,7 +111,7 @@ func parse(name string, data []byte) (*Policy, error) {
 	var doc yaml.Node
 	more, err := unmarshal(data, &doc)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrInvalidConfig, name, err)
+		return nil, syntaxError(name, err)
 	}
 	if more != nil {
 		// yaml.v3 would ignore it: a policy, or Envoy domains, that
@@ -151,6 +152,23 @@ func parse(name string, data []byte) (*Policy, error) {
 	}
 	p.matcher = newMatcher(p.Rules)
 	return p, nil
+}
+
+// syntaxError returns yaml.v3's error err about file name as the
+// *ConfigError of its line ("yaml: line 3: did not find expected key"
+// becomes "name:3: yaml: did not find expected key"), joined as
+// Parse's problems are.
+func syntaxError(name string, err error) error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	e := &ConfigError{File: name, Msg: "yaml: " + msg}
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if num, what, ok := strings.Cut(rest, ": "); ok {
+			if n, err := strconv.Atoi(num); err == nil && n > 0 {
+				e.Line, e.Msg = n, "yaml: "+what
+			}
+		}
+	}
+	return errors.Join(e)
 }
 
 // unmarshal decodes the first YAML document of data into doc (left zero

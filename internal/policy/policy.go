@@ -33,10 +33,14 @@ type ConfigError struct {
 	Msg string
 }
 
-// Error implements error as "file:line:column: msg".
+// Error implements error as "file:line:column: msg", without the column
+// or the line when they are unknown.
 func (e *ConfigError) Error() string {
-	if e.Line == 0 {
+	switch {
+	case e.Line == 0:
 		return fmt.Sprintf("%s: %s", e.File, e.Msg)
+	case e.Column == 0:
+		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg)
 	}
 	return fmt.Sprintf("%s:%d:%d: %s", e.File, e.Line, e.Column, e.Msg)
 }
