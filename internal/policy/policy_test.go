@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -841,6 +842,12 @@ func indent(doc, first string) string {
 	return b.String()
 }
 
+// FuzzParse checks that no file makes the decoder panic (it calls parse,
+// which recovers only what yaml.v3 panics with, where Parse would hide a
+// panic of the decoder as an error), that every problem is a *ConfigError
+// naming the file and, but for an empty file and some YAML syntax errors,
+// the line, and that a policy it accepts answers every query without
+// panicking.
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(DefaultYAML))
 	f.Add([]byte(matchPolicy))
@@ -848,10 +855,17 @@ func FuzzParse(f *testing.F) {
 	for _, src := range envoyFiles {
 		f.Add([]byte(src))
 	}
+	examples, _ := filepath.Glob("../../examples/*.yaml")
+	for _, name := range examples {
+		if data, err := os.ReadFile(name); err == nil {
+			f.Add(data)
+		}
+	}
 	f.Add([]byte("version: 1\nrules: &a [*a]\n"))
 	f.Add([]byte("version: 1\nrules:\n  - {id: a, limit: 1, window: 1s, match: {resource: [\"/a/*\", \"/*/b\", \"[\"]}}\n"))
+	f.Add([]byte("version: 1\ntiers: {free: {limit: 0, window: 1s}}\nrules:\n  - {id: a, tiered: true, tiers: {free: {burst: x}}}\nassignments:\n  - {client: c, tier: free, limits: {a: {limit: 2}}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		p, err := Parse("fuzz.yaml", data)
+		p, err := parse("fuzz.yaml", data)
 		if err != nil {
 			if p != nil {
 				t.Fatalf("Parse returned a policy and an error")
@@ -859,18 +873,47 @@ func FuzzParse(f *testing.F) {
 			if !errors.Is(err, ErrInvalidConfig) {
 				t.Fatalf("error %v does not wrap ErrInvalidConfig", err)
 			}
+			if !strings.HasPrefix(err.Error(), "fuzz.yaml:") {
+				t.Fatalf("error %q does not start with the file's name", err)
+			}
+			if j, ok := err.(interface{ Unwrap() []error }); ok {
+				for _, e := range j.Unwrap() {
+					var ce *ConfigError
+					if !errors.As(e, &ce) {
+						t.Fatalf("problem %v is not a *ConfigError", e)
+					}
+					// yaml.v3 gives some syntax errors no line.
+					if ce.Line == 0 && len(bytes.TrimSpace(data)) > 0 && !strings.HasPrefix(ce.Msg, "the file must be a mapping") && !strings.HasPrefix(ce.Msg, "yaml: ") {
+						t.Fatalf("problem %q has no line", e)
+					}
+				}
+			}
 			return
 		}
 		// A valid policy must answer any request without panicking.
-		req := &Request{ClientID: "c", User: "u", IP: "10.0.0.1", Resource: string(data[:min(len(data), 40)]), Method: "GET"}
-		tier, a := p.Lookup(req, time.Unix(0, 0))
-		for _, r := range p.Match(req, nil) {
-			if l := r.LimitFor(tier, a); l != nil {
-				r.AppendKey(nil, l, req)
+		res := string(data[:min(len(data), 40)])
+		for _, req := range []*Request{
+			{ClientID: "c", User: "u", IP: "10.0.0.1", Resource: res, Method: "GET", Operation: "write"},
+			{ClientID: res, APIKey: res, IP: "::ffff:10.0.0.1", Resource: "/api/v1/" + res, Operation: res},
+		} {
+			p.Allowed(req)
+			p.Denied(req)
+			tier, a := p.Lookup(req, time.Unix(0, 0))
+			for _, r := range p.Match(req, nil) {
+				if l := r.LimitFor(tier, a); l != nil {
+					r.AppendKey(nil, l, req)
+				}
+				r.Cost(req.Operation, 3)
+				r.Limits()
 			}
 		}
+		p.Limits()
+		p.ListEntries()
 		for _, d := range p.Domains() {
-			p.EnvoyLimit(d, entries("k", "v", "k2", ""))
+			if l := p.EnvoyLimit(d, entries("k", "v", "k2", "")); l != nil {
+				l.AppendKey(nil, entries("k", "v"))
+			}
+			p.EnvoyOverride(d, 7, time.Minute)
 		}
 	})
 }
