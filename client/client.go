@@ -327,6 +327,11 @@ func (c *Client) Status(ctx context.Context, req StatusRequest) ([]RuleStatus, e
 	return out.Limits, nil
 }
 
+// maxAnswer bounds the answer the client reads. A batch's answer names
+// every rule of each of its checks: 1,000 checks matching 20 rules each
+// come to about 5 MiB. A variable for the tests.
+var maxAnswer int64 = 64 << 20
+
 // do sends one request and reads the whole answer.
 func (c *Client) do(ctx context.Context, method, path string, body []byte) (*http.Response, []byte, error) {
 	// The earlier of ctx's deadline and the client's timeout wins.
@@ -348,9 +353,12 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte) (*htt
 		return nil, nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: reading the answer: %v", ErrUnavailable, err)
+	}
+	if int64(len(raw)) > maxAnswer {
+		return nil, nil, fmt.Errorf("%w: the answer is larger than %d MiB", ErrServer, maxAnswer>>20)
 	}
 	return resp, raw, nil
 }

@@ -282,3 +282,46 @@ func TestTimeoutWithALaterDeadline(t *testing.T) {
 		t.Fatalf("call took %v (err %v); want cut at Timeout (100ms) since the context's deadline (1m) is later", took, err)
 	}
 }
+
+// TestLargeBatchAnswer reads a batch's answer of several MiB whole, and
+// refuses one past the client's bound with an error that says so rather
+// than a decoding error.
+func TestLargeBatchAnswer(t *testing.T) {
+	rule := `{"rule":"r","limit":10,"remaining":9,"reset_at":1,"algorithm":"fixed_window"}`
+	answer := func(rules int) []byte {
+		var b strings.Builder
+		b.WriteString(`{"allowed":true,"mode":"best_effort","results":[`)
+		for i := range 1000 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(`{"status":200,"allowed":true,"rules":[` + rule + strings.Repeat(","+rule, rules-1) + `]}`)
+		}
+		b.WriteString(`]}`)
+		return []byte(b.String())
+	}
+	var body []byte
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(body)
+	}))
+	defer srv.Close()
+	c, err := client.New(client.Config{BaseURL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := client.BatchRequest{ClientID: "c", Checks: []client.CheckRequest{{Resource: "/x"}}}
+
+	body = answer(60)
+	bd, err := c.BatchCheck(context.Background(), req)
+	if err != nil {
+		t.Fatalf("an answer of %d MiB: %v", len(body)>>20, err)
+	}
+	if len(bd.Results) != 1000 || len(bd.Results[999].Rules) != 60 {
+		t.Fatalf("%d results", len(bd.Results))
+	}
+
+	defer client.SetMaxAnswer(int64(len(body) - 1))()
+	if _, err = c.BatchCheck(context.Background(), req); !errors.Is(err, client.ErrServer) || !strings.Contains(err.Error(), "larger than 4 MiB") {
+		t.Fatalf("an answer of %d MiB: %v", len(body)>>20, err)
+	}
+}
