@@ -301,15 +301,6 @@ func (g *Guard) Reset(ctx context.Context, keys ...string) error {
 	return err
 }
 
-// Ready reports whether the store answers through the guard: an error
-// wrapping ErrBreakerOpen while the breaker is open.
-func (g *Guard) Ready(ctx context.Context) error {
-	if g.BreakerState() == BreakerOpen {
-		return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ErrBreakerOpen)
-	}
-	return nil
-}
-
 // errCallerGone marks, for the breaker, a call cut short by its caller.
 var errCallerGone = errors.New("guard: caller gone")
 
