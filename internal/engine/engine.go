@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -367,23 +368,7 @@ func validate(c *Check, prefix string) error {
 
 func request(c *Check) policy.Request {
 	return policy.Request{ClientID: c.ClientID, User: c.User, IP: c.IP, APIKey: c.APIKey,
-		Resource: c.Resource, Method: c.Method, Operation: lowerASCII(c.Operation)}
-}
-
-// lowerASCII lowers s without allocating when it is already lower case.
-func lowerASCII(s string) string {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c >= 'A' && c <= 'Z' {
-			b := []byte(s)
-			for j := i; j < len(b); j++ {
-				if b[j] >= 'A' && b[j] <= 'Z' {
-					b[j] += 'a' - 'A'
-				}
-			}
-			return string(b)
-		}
-	}
-	return s
+		Resource: c.Resource, Method: c.Method, Operation: strings.ToLower(c.Operation)}
 }
 
 // Check decides one check. Its error wraps ErrInvalidCheck for bad input;

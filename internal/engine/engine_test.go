@@ -202,6 +202,25 @@ rules:
 	}
 }
 
+// TestOperationNamesFoldAsInThePolicy: an operation's name is matched
+// case-insensitively, beyond ASCII too, as the policy folds its names.
+func TestOperationNamesFoldAsInThePolicy(t *testing.T) {
+	e, _ := newEngine(t, `
+version: 1
+rules:
+  - {id: r, limit: 10, window: 1m, algorithm: fixed_window, cost_multipliers: {Écrire: 5}}
+  - {id: op, limit: 10, window: 1m, algorithm: fixed_window, match: {operation: [ÉTAT]}}
+`)
+	r := mustCheck(t, e, Check{ClientID: "c", Operation: "ÉCRIRE", Cost: 1})
+	if r.Deciding.Rule != "r" || r.Deciding.Cost != 5 {
+		t.Errorf("ÉCRIRE against a multiplier for Écrire: %+v, want cost 5", r.Deciding)
+	}
+	r = mustCheck(t, e, Check{ClientID: "c", Operation: "état", Cost: 1})
+	if len(r.Rules) != 2 {
+		t.Errorf("état against a rule for ÉTAT: %d rules applied, want 2", len(r.Rules))
+	}
+}
+
 func repeat(c Check, n int) []Check {
 	out := make([]Check, n)
 	for i := range out {
