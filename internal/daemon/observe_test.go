@@ -3,6 +3,8 @@ package daemon_test
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"log/slog"
 	"net/http"
@@ -251,3 +253,37 @@ func TestDebugListener(t *testing.T) {
 }
 
 var _ events.Sink = (*events.Ring)(nil)
+
+// TestAuditEventsHideAPIKeys denies a check made with an API key and looks
+// for the key in the log and on GET /api/v1/events, which any caller of
+// the API can read: neither may hold it, only its fingerprint.
+func TestAuditEventsHideAPIKeys(t *testing.T) {
+	var buf lockedBuffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	td := start(t, `version: 1
+rules:
+  - { id: per-key, match: { resource: /k }, dimension: api_key, limit: 1, window: 1m }
+`, func(c *daemon.Config) { c.Logger = log })
+	const key = "sk_live_0123456789abcdef"
+	for range 2 {
+		td.check(t, `{"client_id":"c","api_key":"`+key+`","resource":"/k"}`)
+	}
+	r := get(t, td.base+"/api/v1/events?type=rate_limit_exceeded")
+	evs, _ := r.body["events"].([]any)
+	if len(evs) != 1 {
+		t.Fatalf("events: %s, want one rate_limit_exceeded", r.raw)
+	}
+	sum := sha256.Sum256([]byte(key))
+	if got, want := str(evs[0].(map[string]any)["api_key"]), "sha256:"+hex.EncodeToString(sum[:8]); got != want {
+		t.Errorf("event api_key = %q, want %q", got, want)
+	}
+	if strings.Contains(r.raw, key) {
+		t.Errorf("GET /api/v1/events shows the API key: %s", r.raw)
+	}
+	if !strings.Contains(buf.String(), `"event":"rate_limit_exceeded"`) {
+		t.Fatalf("denial not logged:\n%s", buf.String())
+	}
+	if strings.Contains(buf.String(), key) {
+		t.Errorf("the log shows the API key:\n%s", buf.String())
+	}
+}

@@ -27,6 +27,8 @@ package events
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -81,7 +83,9 @@ type Event struct {
 	Rule string `json:"rule,omitempty"`
 	// Key is the store key of the rule and identity.
 	Key string `json:"key,omitempty"`
-	// ClientID, User, IP and APIKey identify the caller.
+	// ClientID, User, IP and APIKey identify the caller. APIKey is the
+	// key's fingerprint (see Fingerprint), never the key: the events reach
+	// the log and GET /api/v1/events, which any caller can read.
 	ClientID string `json:"client_id,omitempty"`
 	User     string `json:"user,omitempty"`
 	IP       string `json:"ip,omitempty"`
@@ -262,8 +266,19 @@ func (r *Recorder) Denied(now time.Time, d *Denial) {
 
 func denialEvent(t Type, sev string, now time.Time, d *Denial) Event {
 	return Event{Type: t, Time: now, Severity: sev, Rule: d.Rule, Key: d.Key, Tier: d.Tier, Source: d.Source,
-		ClientID: d.ClientID, User: d.User, IP: d.IP, APIKey: d.APIKey, Resource: d.Resource, Domain: d.Domain,
+		ClientID: d.ClientID, User: d.User, IP: d.IP, APIKey: Fingerprint(d.APIKey), Resource: d.Resource, Domain: d.Domain,
 		Limit: d.Limit, RetryAfterMS: d.RetryAfter.Milliseconds()}
+}
+
+// Fingerprint returns what events show of an API key: "sha256:" and the
+// first 16 hex digits of the key's SHA-256, which tells keys apart and
+// matches a key an operator hashes, without disclosing it; "" for "".
+func Fingerprint(apiKey string) string {
+	if apiKey == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(apiKey))
+	return "sha256:" + hex.EncodeToString(sum[:8])
 }
 
 // burstDetector counts denials per key in fixed windows, in shards.
