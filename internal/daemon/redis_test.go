@@ -55,7 +55,13 @@ func TestRedisSharedAcrossDaemons(t *testing.T) {
 }
 
 func TestRedisURLErrors(t *testing.T) {
-	for _, u := range []string{"redis://h:x", "redis-cluster://a:1/3", "redis://:secret@127.0.0.1:1"} {
+	for _, u := range []string{"redis://h:x", "redis-cluster://a:1/3", "redis://:secret@127.0.0.1:1",
+		// URLs the standard parser refuses, or reads wrongly, with the
+		// password in its message: a bad port, and a password holding an
+		// unescaped '/', '#' or '?'.
+		"redis://:secret@h:x", "rediss://:secret@[::1:6379", "redis-cluster://:secret@a:1,b:x",
+		"redis://:se/secret@127.0.0.1:1", "redis://u:secret/x@127.0.0.1:1", "redis://:ab#secret@127.0.0.1:6379",
+		"redis://:secret?x@127.0.0.1:1", "redis://:secret#x@127.0.0.1:1", "redis://u?:secret@127.0.0.1:1", "redis://u:sec%zzsecret@127.0.0.1:1"} {
 		_, err := daemon.Start(t.Context(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", StoreURL: u})
 		if err == nil {
 			t.Errorf("Start with %q succeeded", u)

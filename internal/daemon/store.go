@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/url"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,11 +16,9 @@ import (
 // openStore opens the store rawURL names and returns it with the function
 // that closes it.
 func openStore(ctx context.Context, rawURL string, now func() time.Time, opts RedisOptions, log *slog.Logger, reg prometheus.Registerer) (engine.Store, func() error, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return nil, nil, fmt.Errorf("daemon: store URL %q: %w", redactURL(rawURL), err)
-	}
-	switch u.Scheme {
+	// Not url.Parse: its errors quote the URL, password and all.
+	scheme, _, _ := strings.Cut(rawURL, "://")
+	switch scheme {
 	case "memory":
 		s, err := memory.New(memory.Config{Now: now})
 		if err != nil {
@@ -30,14 +28,24 @@ func openStore(ctx context.Context, rawURL string, now func() time.Time, opts Re
 	case "redis", "rediss", "redis-cluster", "rediss-cluster":
 		return openRedis(ctx, rawURL, opts, log, reg)
 	}
-	return nil, nil, fmt.Errorf("daemon: store URL %q: unknown scheme %q (want memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,...)", redactURL(rawURL), u.Scheme)
+	return nil, nil, fmt.Errorf("daemon: store URL %q: unknown scheme (want memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,...)", redactURL(rawURL))
 }
 
-// redactURL hides the password of a store URL in logs and errors.
+// redactURL hides the password of a store URL in logs and errors. As the
+// Redis store's parser does, it takes everything before the URL's last '@'
+// for the user information, so that a password holding an unescaped '/',
+// '?' or '#' is hidden too.
 func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
+	at := strings.LastIndexByte(raw, '@')
+	if at < 0 {
+		return raw
+	}
+	scheme, user, ok := strings.Cut(raw[:at], "://")
+	if !ok {
 		return "(unparsable URL)"
 	}
-	return u.Redacted()
+	if name, _, hasPass := strings.Cut(user, ":"); hasPass {
+		user = name + ":xxxxx"
+	}
+	return scheme + "://" + user + raw[at:]
 }

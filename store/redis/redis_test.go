@@ -937,12 +937,21 @@ func TestParseURL(t *testing.T) {
 		{in: "redis://[::1]:6380", addrs: []string{"[::1]:6380"}},
 		{in: "redis-cluster://[fd00::1],[fd00::2]:7000", addrs: []string{"[fd00::1]:6379", "[fd00::2]:7000"}},
 		{in: "redis://[]", wantErr: "empty host"},
+		// A password holding an unescaped '/', '?' or '#' is refused
+		// without being quoted; escaped, it is read.
+		{in: "redis://:se/cret@h:1", wantErr: "percent-escape"},
+		{in: "redis://u:se?cret@h:1/2", wantErr: "percent-escape"},
+		{in: "redis://:se#cret@h", wantErr: "percent-escape"},
+		{in: "redis://:se%2Fcr%23et@h:1/2", addrs: []string{"h:1"}, db: 2, pass: "se/cr#et"},
 	}
 	for _, c := range cases {
 		cfg, err := ParseURL(c.in)
 		if c.wantErr != "" {
 			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
 				t.Errorf("ParseURL(%q): %v, want an error about %s", c.in, err, c.wantErr)
+			}
+			if err != nil && strings.Contains(err.Error(), "cret") {
+				t.Errorf("ParseURL(%q): %v shows the password", c.in, err)
 			}
 			continue
 		}

@@ -39,13 +39,15 @@ func ParseURL(raw string) (Config, error) {
 	default:
 		return cfg, fmt.Errorf("redis: URL: unknown scheme %q (want redis://, rediss://, redis-cluster:// or rediss-cluster://)", scheme)
 	}
-	if i := strings.IndexAny(rest, "?#"); i >= 0 {
-		return cfg, fmt.Errorf("redis: URL: query parameters are not supported")
-	}
-	hosts, path, _ := strings.Cut(rest, "/")
-	if at := strings.LastIndexByte(hosts, '@'); at >= 0 {
-		user := hosts[:at]
-		hosts = hosts[at+1:]
+	// The user information ends at the last '@' of the URL, wherever the
+	// other delimiters are: text before it may be the password, and is
+	// never quoted by an error.
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		user := rest[:at]
+		rest = rest[at+1:]
+		if strings.ContainsAny(user, "/?#") {
+			return cfg, fmt.Errorf("redis: URL: the user name or password holds a '/', '?' or '#'; percent-escape it (%%2F, %%3F, %%23)")
+		}
 		name, pass, hasPass := strings.Cut(user, ":")
 		var err error
 		if cfg.Username, err = url.PathUnescape(name); err != nil {
@@ -57,6 +59,10 @@ func ParseURL(raw string) (Config, error) {
 			}
 		}
 	}
+	if i := strings.IndexAny(rest, "?#"); i >= 0 {
+		return cfg, fmt.Errorf("redis: URL: query parameters are not supported")
+	}
+	hosts, path, _ := strings.Cut(rest, "/")
 	if hosts == "" {
 		return cfg, fmt.Errorf("redis: URL: no host")
 	}
