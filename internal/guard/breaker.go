@@ -59,7 +59,8 @@ type BreakerConfig struct {
 	// measured, in ten buckets; zero means DefaultBreakerWindow.
 	Window time.Duration
 	// MinRequests is the number of calls the window must hold before the
-	// breaker may open; zero means DefaultBreakerMinRequests.
+	// breaker may open, the calls that are not counted (see above) left
+	// out; zero means DefaultBreakerMinRequests.
 	MinRequests uint32
 	// FailureRatio is the share of failed calls in the window at or
 	// above which the breaker opens, in (0, 1]; zero means
@@ -124,9 +125,13 @@ func (c BreakerConfig) settings() (*gobreaker.Settings, error) {
 		BucketPeriod: bucket,
 		Timeout:      c.OpenTimeout,
 		// gobreaker calls ReadyToTrip on each failure while closed, with
-		// its lock held, so since needs no lock of its own.
+		// its lock held, so since needs no lock of its own. Its Requests
+		// include the excluded calls (cancelled by their callers, or never
+		// sent), which must neither lower the ratio nor count toward
+		// MinRequests.
 		ReadyToTrip: func(n gobreaker.Counts) bool {
-			if n.Requests < minReq || float64(n.TotalFailures) < ratio*float64(n.Requests) {
+			counted := n.Requests - min(n.Requests, n.TotalExclusions)
+			if counted < minReq || float64(n.TotalFailures) < ratio*float64(counted) {
 				since = time.Time{}
 				return false
 			}

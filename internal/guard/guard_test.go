@@ -260,6 +260,37 @@ func TestBreakerIgnoresCallerCancellation(t *testing.T) {
 	}
 }
 
+// TestBreakerExcludedCallsDoNotDiluteTheRatio: calls cancelled by their
+// callers are not counted, so they neither lower the failure ratio nor
+// count toward MinRequests. 30 cancelled calls, then 20 failures: the 20
+// counted calls all failed, and the breaker opens.
+func TestBreakerExcludedCallsDoNotDiluteTheRatio(t *testing.T) {
+	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
+	g := newGuard(t, f, Config{Deadline: time.Second, OverLimit: OverLimitConfig{Disabled: true},
+		Breaker: BreakerConfig{Window: time.Minute, MinRequests: 20, FailureRatio: 0.5, Sustain: -1}})
+	p := params(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 1 << 30, Window: time.Second})
+	f.SetDelay(time.Second)
+	for range 30 {
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { time.Sleep(time.Millisecond); cancel() }()
+		if _, _, err := check1(ctx, g, "k", p, 1); !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled call: err = %v", err)
+		}
+		cancel()
+	}
+	f.SetDelay(0)
+	f.SetDown(true)
+	for i := range 20 {
+		if st := g.BreakerState(); st != BreakerClosed {
+			t.Fatalf("breaker %s after %d failures, want closed until 20", st, i)
+		}
+		check1(context.Background(), g, "k", p, 1)
+	}
+	if st := g.BreakerState(); st != BreakerOpen {
+		t.Errorf("breaker %s after 30 cancelled calls and 20 failures, want open: the 20 counted calls all failed", st)
+	}
+}
+
 // fakeClock is a clock tests move by hand.
 type fakeClock struct{ ns atomic.Int64 }
 
