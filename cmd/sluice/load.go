@@ -76,6 +76,26 @@ Flags:
 		fmt.Fprintf(stderr, "sluice load: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	// loadgen.Config takes a zero for its default; here every default is
+	// the flag's own, so a zero (or a negative value) is a mistake, not a
+	// request for the default.
+	for _, f := range []struct {
+		name string
+		bad  bool
+		want string
+	}{
+		{"concurrency", cfg.Concurrency < 1 || cfg.Concurrency > loadgen.MaxConcurrency, fmt.Sprintf("1 to %d", loadgen.MaxConcurrency)},
+		{"duration", cfg.Duration <= 0 || cfg.Duration > loadgen.MaxDuration, fmt.Sprintf("more than 0, at most %s", loadgen.MaxDuration)},
+		{"keys", cfg.Keys < 1 || cfg.Keys > loadgen.MaxKeys, fmt.Sprintf("1 to %d", loadgen.MaxKeys)},
+		{"timeout", cfg.Timeout <= 0, "more than 0"},
+		{"conns", cfg.Conns < 1, "1 or more"},
+		{"zipf-s", cfg.Zipf && !(cfg.ZipfS > 1), "more than 1"},
+	} {
+		if f.bad {
+			fmt.Fprintf(stderr, "sluice load: --%s %s: want %s\n", f.name, fs.Lookup(f.name).Value, f.want)
+			return 2
+		}
+	}
 	var err error
 	if cfg.Costs, err = loadgen.ParseCosts(*costs); err != nil {
 		fmt.Fprintf(stderr, "sluice load: --costs: %v\n", err)

@@ -48,3 +48,29 @@ func TestLoadCommand(t *testing.T) {
 		}
 	}
 }
+
+// A zero or negative value of a flag that has no such meaning is a usage
+// error naming the flag, not silently the flag's default: --concurrency 0
+// used to run 64 callers, --timeout -1s to fail every request at once.
+func TestLoadRefusesZeroAndNegativeValues(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		flag string // named in the error
+	}{
+		{[]string{"--concurrency", "0"}, "--concurrency"},
+		{[]string{"--duration", "0"}, "--duration"},
+		{[]string{"--duration", "-1s"}, "--duration"},
+		{[]string{"--keys", "0"}, "--keys"},
+		{[]string{"--timeout", "0"}, "--timeout"},
+		{[]string{"--timeout", "-1s"}, "--timeout"},
+		{[]string{"--target", "grpc", "--conns", "0"}, "--conns"},
+		{[]string{"--zipf", "--zipf-s", "0"}, "--zipf-s"},
+	} {
+		var out, errOut bytes.Buffer
+		// An address nothing listens on: a run that starts fails fast.
+		code := run(append([]string{"load", "--addr", "127.0.0.1:1", "--requests", "1"}, tc.args...), &out, &errOut, noEnv)
+		if code != 2 || !strings.Contains(errOut.String(), tc.flag) {
+			t.Errorf("load %q: exit %d, %q; want 2 and an error naming %s", tc.args, code, errOut.String(), tc.flag)
+		}
+	}
+}

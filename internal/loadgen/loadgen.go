@@ -204,7 +204,7 @@ func (c *Config) defaults() error {
 		c.Duration = 10 * time.Second
 	}
 	if c.Duration < 0 || c.Duration > MaxDuration {
-		return fmt.Errorf("loadgen: duration %s: want up to %s", c.Duration, MaxDuration)
+		return fmt.Errorf("loadgen: duration %s: want more than 0, at most %s", c.Duration, MaxDuration)
 	}
 	if c.Requests < 0 {
 		return fmt.Errorf("loadgen: requests %d: want >= 0", c.Requests)
@@ -262,6 +262,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = time.Second
+	}
+	if c.Timeout < 0 {
+		return fmt.Errorf("loadgen: timeout %s: want more than 0", c.Timeout)
 	}
 	if c.Window < 0 || c.ExpectLimit < 0 {
 		return errors.New("loadgen: expect-limit and window must not be negative")

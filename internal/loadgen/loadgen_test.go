@@ -202,6 +202,7 @@ func TestConfigErrors(t *testing.T) {
 		{Addr: "127.0.0.1:1", Zipf: true, ZipfS: 0.5},
 		{Addr: "127.0.0.1:1", Target: loadgen.TargetEnvoy, Batch: 3},
 		{Addr: "127.0.0.1:1", Target: loadgen.TargetGRPC, GRPCClient: "curl"},
+		{Addr: "127.0.0.1:1", Timeout: -time.Second},
 	} {
 		if _, err := loadgen.Run(context.Background(), cfg); err == nil {
 			t.Errorf("Run(%+v): no error", cfg)
