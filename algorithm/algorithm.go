@@ -57,7 +57,9 @@ func precheck(p *Params, cost int64) (d sluice.Decision, done bool) {
 func bucket(p *Params, s State, t, cost int64) (State, sluice.Decision) {
 	debt := drain(s.A, t-s.B, p.Limit)
 	last := max(s.B, t)
-	debt, d := bucketDecide(p, debt, cost)
+	// A clock that went back stands still at last: the bucket drains
+	// again only from there, lag quanta from now.
+	debt, d := bucketDecide(p, debt, cost, last-t)
 	if !d.Allowed || cost == 0 {
 		return s, d
 	}
@@ -78,8 +80,9 @@ func drain(debt, elapsed, rate int64) int64 {
 
 // bucketDecide decides cost against a bucket whose debt, scaled by the
 // window, is debt at the instant of the request; it returns the debt after
-// the request.
-func bucketDecide(p *Params, debt, cost int64) (int64, sluice.Decision) {
+// the request. The debt starts to drain lag quanta after the request (0
+// unless the clock went back), which the waits include.
+func bucketDecide(p *Params, debt, cost, lag int64) (int64, sluice.Decision) {
 	capacity := p.Burst * p.Window
 	next := debt + cost*p.Window
 	if cost > 0 && next > capacity {
@@ -87,32 +90,43 @@ func bucketDecide(p *Params, debt, cost int64) (int64, sluice.Decision) {
 			Reason:     sluice.ReasonLimited,
 			Limit:      p.Limit,
 			Remaining:  max(capacity-debt, 0) / p.Window,
-			ResetAfter: p.Duration(ceilDiv(debt, p.Limit)),
-			RetryAfter: p.Duration(ceilDiv(next-capacity, p.Limit)),
+			ResetAfter: p.Duration(drainTime(debt, p.Limit, lag)),
+			RetryAfter: p.Duration(ceilDiv(next-capacity, p.Limit) + lag),
 		}
 	}
 	return next, sluice.Decision{
 		Allowed:    true,
 		Limit:      p.Limit,
 		Remaining:  max(capacity-next, 0) / p.Window,
-		ResetAfter: p.Duration(ceilDiv(next, p.Limit)),
+		ResetAfter: p.Duration(drainTime(next, p.Limit, lag)),
 	}
+}
+
+// drainTime returns the quanta until debt has drained at rate, starting lag
+// quanta from now: 0 when there is no debt.
+func drainTime(debt, rate, lag int64) int64 {
+	if debt <= 0 {
+		return 0
+	}
+	return ceilDiv(debt, rate) + lag
 }
 
 // gcra is the generic cell rate algorithm: the theoretical arrival time is
 // s.A + s.B/Limit quanta, with 0 <= s.B < Limit.
 func gcra(p *Params, s State, t, cost int64) (State, sluice.Decision) {
 	// The debt of the equivalent bucket is (TAT - t) x Limit.
-	var debt int64
-	switch capacity := p.Burst * p.Window; {
-	case s.A > t+capacity/p.Limit:
-		// Only a clock that went back gets here; the bucket is empty.
-		// (Also keeps the product below from overflowing.)
-		debt = capacity
+	var debt, lag int64
+	switch full := p.Burst * p.Window / p.Limit; {
+	case s.A > t+full:
+		// Only a clock that went back gets here: the debt is above the
+		// capacity, and may be too large to compute. Decide at t+lag,
+		// where it is still above the capacity, and wait lag more.
+		lag = s.A - t - full - 1
+		debt = (full+1)*p.Limit + s.B
 	case s.A >= t:
 		debt = (s.A-t)*p.Limit + s.B
 	}
-	debt, d := bucketDecide(p, debt, cost)
+	debt, d := bucketDecide(p, debt, cost, lag)
 	if !d.Allowed || cost == 0 {
 		return s, d
 	}
@@ -167,6 +181,8 @@ func slidingCounter(p *Params, s State, t, cost int64) (State, sluice.Decision) 
 		cur, prev = 0, 0
 	}
 	e := max(t-start, 0) // elapsed quanta into the current window
+	// A clock that went back stands still at start, lag quanta from now.
+	lag := max(start-t, 0)
 	// The weighted count, scaled by the window: prev x (W-e) + cur x W.
 	weighted := prev*(w-e) + cur*w
 	room := p.Limit*w - weighted
@@ -174,14 +190,14 @@ func slidingCounter(p *Params, s State, t, cost int64) (State, sluice.Decision) 
 	if cost > 0 && (cur+cost)*w > p.Limit*w-prev*(w-e) {
 		d.Reason = sluice.ReasonLimited
 		d.Remaining = max(room/w, 0)
-		d.ResetAfter = p.Duration(counterReset(w, e, cur, prev))
-		d.RetryAfter = p.Duration(counterRetry(p.Limit, w, e, cur, prev, cost))
+		d.ResetAfter = p.Duration(counterReset(w, e, cur, prev, lag))
+		d.RetryAfter = p.Duration(counterRetry(p.Limit, w, e, cur, prev, cost) + lag)
 		return s, d
 	}
 	d.Allowed = true
 	cur += cost
 	d.Remaining = max(room-cost*w, 0) / w
-	d.ResetAfter = p.Duration(counterReset(w, e, cur, prev))
+	d.ResetAfter = p.Duration(counterReset(w, e, cur, prev, lag))
 	if cost == 0 {
 		return s, d
 	}
@@ -189,13 +205,14 @@ func slidingCounter(p *Params, s State, t, cost int64) (State, sluice.Decision) 
 }
 
 // counterReset returns the quanta until both windows of a sliding window
-// counter weigh nothing.
-func counterReset(w, e, cur, prev int64) int64 {
+// counter weigh nothing, e quanta into the current window, which starts
+// lag quanta from now (0 unless the clock went back).
+func counterReset(w, e, cur, prev, lag int64) int64 {
 	switch {
 	case cur > 0:
-		return 2*w - e
+		return 2*w - e + lag
 	case prev > 0:
-		return w - e
+		return w - e + lag
 	}
 	return 0
 }

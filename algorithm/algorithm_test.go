@@ -605,3 +605,39 @@ func TestCompileAt(t *testing.T) {
 		t.Error("a window of 1.5 s at a quantum of 1 s: no error")
 	}
 }
+
+// TestClockBackWaits: after the clock goes back, RetryAfter and ResetAfter
+// count from the instant the state stands at, so that a client that waits
+// RetryAfter is admitted: 2 per second, burst 2, exhausted at 10 s, then
+// asked at 9 s (the state stands at 10 s) and, for GCRA, at 5 s (further
+// back than the 1 s a full bucket takes to restore).
+func TestClockBackWaits(t *testing.T) {
+	for _, a := range sluice.Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			r := runner{p: MustCompile(sluice.Limit{Algorithm: a, Limit: 2, Window: time.Second})}
+			if d := r.apply(t0+10*sec, 2); !d.Allowed {
+				t.Fatalf("2 at 10 s: %+v", d)
+			}
+			for _, back := range []int64{9 * sec, 5 * sec} {
+				d := r.apply(t0+back, 1)
+				if d.Allowed || d.Reason != sluice.ReasonLimited {
+					t.Fatalf("1 at %ds after 2 at 10s: %+v, want limited", back/sec, d)
+				}
+				early, late := r, r
+				early.log, late.log = append([]int64(nil), r.log...), append([]int64(nil), r.log...)
+				wait := d.RetryAfter.Microseconds()
+				if e := early.apply(t0+back+wait-1, 1); e.Allowed {
+					t.Errorf("at %ds: %+v, then admitted a µs before RetryAfter", back/sec, d)
+				}
+				if e := late.apply(t0+back+wait, 1); !e.Allowed {
+					t.Errorf("at %ds: %+v, then after RetryAfter: %+v, want admitted", back/sec, d, e)
+				}
+				reset := r
+				reset.log = append([]int64(nil), r.log...)
+				if e := reset.apply(t0+back+d.ResetAfter.Microseconds(), 0); e.Remaining != 2 || e.ResetAfter != 0 {
+					t.Errorf("at %ds: %+v, then after ResetAfter: %+v, want all 2 back", back/sec, d, e)
+				}
+			}
+		})
+	}
+}

@@ -73,7 +73,11 @@
 // later request as the old one would, so a store may skip the write. Time in
 // the state is in quanta since the Unix epoch; t below is the instant of the
 // request in quanta (rounded down). A clock that goes back is treated as
-// standing still: no algorithm refills or slides for negative elapsed time.
+// standing still: no algorithm refills or slides for negative elapsed time,
+// and the waits it reports (RetryAfter, ResetAfter) count from the instant
+// the state stands at, so that a client that waits them is still admitted.
+// (GCRA's state is an instant: a clock that goes back finds it further
+// away, and its waits run to it.)
 //
 // In the formulas below, N is the limit, W the window and K the burst (the
 // capacity), all as in Params; s.A, s.B and s.C are the fields of State.

@@ -103,15 +103,23 @@ local function load(key)
   return a, b, c
 end
 
+-- drain_time is algorithm.drainTime.
+local function drain_time(debt, N, lag)
+  if debt <= 0 then
+    return 0
+  end
+  return cdiv(debt, N) + lag
+end
+
 -- bucket_decide is algorithm.bucketDecide: the debt after the request and
 -- the decision.
-local function bucket_decide(N, K, W, debt, cost)
+local function bucket_decide(N, K, W, debt, cost, lag)
   local capacity = K * W
   local nxt = debt + cost * W
   if cost > 0 and nxt > capacity then
-    return debt, 0, LIMITED, idiv(max(capacity - debt, 0), W), cdiv(debt, N), cdiv(nxt - capacity, N)
+    return debt, 0, LIMITED, idiv(max(capacity - debt, 0), W), drain_time(debt, N, lag), cdiv(nxt - capacity, N) + lag
   end
-  return nxt, 1, ALLOWED, idiv(max(capacity - nxt, 0), W), cdiv(nxt, N), 0
+  return nxt, 1, ALLOWED, idiv(max(capacity - nxt, 0), W), drain_time(nxt, N, lag), 0
 end
 
 -- drain is algorithm.drain.
@@ -127,11 +135,11 @@ end
 
 -- counter_reset and counter_retry are algorithm.counterReset and
 -- algorithm.counterRetry.
-local function counter_reset(w, e, cur, prev)
+local function counter_reset(w, e, cur, prev, lag)
   if cur > 0 then
-    return 2 * w - e
+    return 2 * w - e + lag
   elseif prev > 0 then
-    return w - e
+    return w - e + lag
   end
   return 0
 end
@@ -152,17 +160,18 @@ local function apply(alg, N, K, W, a, b, c, t, cost)
   if alg == TOKEN or alg == LEAKY then
     local debt = drain(a, t - b, N)
     local last = max(b, t)
-    local nd, ok, reason, rem, reset, retry = bucket_decide(N, K, W, debt, cost)
+    local nd, ok, reason, rem, reset, retry = bucket_decide(N, K, W, debt, cost, last - t)
     return nd, last, 0, ok, reason, rem, reset, retry
   elseif alg == GCRA then
-    local capacity = K * W
-    local debt = 0
-    if a > t + idiv(capacity, N) then
-      debt = capacity
+    local full = idiv(K * W, N)
+    local debt, lag = 0, 0
+    if a > t + full then
+      lag = a - t - full - 1
+      debt = (full + 1) * N + b
     elseif a >= t then
       debt = (a - t) * N + b
     end
-    local nd, ok, reason, rem, reset, retry = bucket_decide(N, K, W, debt, cost)
+    local nd, ok, reason, rem, reset, retry = bucket_decide(N, K, W, debt, cost, lag)
     local q = idiv(nd, N)
     return t + q, nd - q * N, 0, ok, reason, rem, reset, retry
   elseif alg == FIXED then
@@ -198,13 +207,14 @@ local function apply(alg, N, K, W, a, b, c, t, cost)
       cur, prev = 0, 0
     end
     local e = max(t - start, 0)
+    local lag = max(start - t, 0)
     local weighted = prev * (w - e) + cur * w
     local room = N * w - weighted
     if cost > 0 and (cur + cost) * w > N * w - prev * (w - e) then
-      return a, b, c, 0, LIMITED, max(idiv(room, w), 0), counter_reset(w, e, cur, prev), counter_retry(N, w, e, cur, prev, cost)
+      return a, b, c, 0, LIMITED, max(idiv(room, w), 0), counter_reset(w, e, cur, prev, lag), counter_retry(N, w, e, cur, prev, cost) + lag
     end
     cur = cur + cost
-    return start, cur, prev, 1, ALLOWED, idiv(max(room - cost * w, 0), w), counter_reset(w, e, cur, prev), 0
+    return start, cur, prev, 1, ALLOWED, idiv(max(room - cost * w, 0), w), counter_reset(w, e, cur, prev, lag), 0
   end
   return a, b, c, 0, LIMITED, 0, 0, 0
 end

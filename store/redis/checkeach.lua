@@ -75,14 +75,20 @@ local function decide(key, ps, cost, now)
   local na, nb, nc, rem, reset, exp
   if alg == 1 or alg == 2 or alg == 6 then
     local cap = K * W
-    local debt = 0
+    local debt, lag = 0, 0
     if alg == 6 then
-      if a > t + idiv(cap, N) then
-        debt = cap
+      local full = idiv(cap, N)
+      if a > t + full then
+        -- a clock that went back, far: decide where the debt is still
+        -- above the capacity, lag quanta from now
+        lag = a - t - full - 1
+        debt = (full + 1) * N + b
       elseif a >= t then
         debt = (a - t) * N + b
       end
     else
+      -- a clock that went back stands still at b, lag quanta from now
+      lag = max(b - t, 0)
       local el = t - b
       if el <= 0 or a <= 0 then
         debt = max(a, 0)
@@ -94,9 +100,16 @@ local function decide(key, ps, cost, now)
     end
     local nxt = debt + cost * W
     if cost > 0 and nxt > cap then
-      return 0, 1, idiv(max(cap - debt, 0), W), idiv(debt + N - 1, N), idiv(nxt - cap + N - 1, N)
+      reset = 0
+      if debt > 0 then
+        reset = idiv(debt + N - 1, N) + lag
+      end
+      return 0, 1, idiv(max(cap - debt, 0), W), reset, idiv(nxt - cap + N - 1, N) + lag
     end
-    rem, reset = idiv(max(cap - nxt, 0), W), idiv(nxt + N - 1, N)
+    rem, reset = idiv(max(cap - nxt, 0), W), 0
+    if nxt > 0 then
+      reset = idiv(nxt + N - 1, N) + lag
+    end
     if cost == 0 then
       return 1, 0, rem, reset, 0
     end
@@ -151,13 +164,14 @@ local function decide(key, ps, cost, now)
       cur, prev = 0, 0
     end
     local e = max(t - start, 0)
+    local lag = max(start - t, 0) -- a clock that went back stands still at start
     local room = N * w - (prev * (w - e) + cur * w)
     if cost > 0 and (cur + cost) * w > N * w - prev * (w - e) then
       local rs = 0
       if cur > 0 then
-        rs = 2 * w - e
+        rs = 2 * w - e + lag
       elseif prev > 0 then
-        rs = w - e
+        rs = w - e + lag
       end
       local rt
       local free = N - cur - cost
@@ -166,14 +180,14 @@ local function decide(key, ps, cost, now)
       else
         rt = w - e + max(w - idiv((N - cost) * w, cur), 0)
       end
-      return 0, 1, max(idiv(room, w), 0), rs, rt
+      return 0, 1, max(idiv(room, w), 0), rs, rt + lag
     end
     cur = cur + cost
     rem = idiv(max(room - cost * w, 0), w)
     if cur > 0 then
-      reset = 2 * w - e
+      reset = 2 * w - e + lag
     elseif prev > 0 then
-      reset = w - e
+      reset = w - e + lag
     else
       reset = 0
     end

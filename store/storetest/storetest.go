@@ -136,6 +136,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("CheckMixed", func(t *testing.T) { testCheckMixed(t, newStore(t), key) })
 	t.Run("CheckAll", func(t *testing.T) { testCheckAll(t, newStore(t), key) })
 	t.Run("CheckAllRandom", func(t *testing.T) { testCheckAllRandom(t, newStore(t), key) })
+	t.Run("ClockBack", func(t *testing.T) { testClockBack(t, newStore(t), key) })
 	t.Run("SharedState", func(t *testing.T) { testSharedState(t, newStore(t), key) })
 	t.Run("Reset", func(t *testing.T) { testReset(t, newStore(t), key) })
 	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, newStore(t), key) })
@@ -394,6 +395,44 @@ func testCheckAllRandom(t *testing.T, s Store, key keyFunc) {
 				t.Fatalf("round %d request %d (%s cost %d): got %+v, want %+v", round, i, reqs[i].Params.Algorithm, reqs[i].Cost, out[i], want[i])
 			}
 		}
+	}
+}
+
+// testClockBack fills a key, then decides requests at instants before the
+// state's, some far before (more than a bucket takes to restore), through
+// Check and through CheckAll of one request, and compares both with the
+// model: the waits they report count from the instant the state stands at.
+func testClockBack(t *testing.T, s Store, key keyFunc) {
+	for _, l := range Limits() {
+		t.Run(limitName(l), func(t *testing.T) {
+			p := compile(t, l)
+			w := l.Window
+			b := max(p.Burst, 1)
+			steps := []step{{w, b}, {-w / 3, 0}, {0, 1}, {-w, 1}, {0, 0}, {-3 * w, 1}, {0, 0}, {w / 2, 1},
+				{5 * w, b}, {-w / 10, 1}, {w / 20, 0}, {-2 * w, b}, {7 * w, 1}}
+			for _, all := range []bool{false, true} {
+				m := NewModel()
+				k := key(t, fmt.Sprintf("back-%v", all))
+				at := T0
+				for i, st := range steps {
+					at = at.Add(st.dt)
+					r := store.Request{Key: k, Params: p, Cost: st.cost, Now: at}
+					var got, want sluice.Decision
+					if all {
+						out := make([]sluice.Decision, 1)
+						if err := s.CheckAll(context.Background(), []store.Request{r}, out); err != nil {
+							t.Fatal(err)
+						}
+						got, want = out[0], m.DecideAll([]store.Request{r})[0]
+					} else {
+						got, want = check(t, s, r), m.Decide(r)
+					}
+					if got != want {
+						t.Fatalf("all or nothing %v, step %d (cost %d at %+s): got %+v, want %+v", all, i, r.Cost, at.Sub(T0), got, want)
+					}
+				}
+			}
+		})
 	}
 }
 
