@@ -42,7 +42,9 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -125,8 +127,9 @@ func ParseCosts(s string) ([]Cost, error) {
 type Config struct {
 	// Target is TargetHTTP, TargetGRPC or TargetEnvoy; empty means HTTP.
 	Target string
-	// Addr is the server's address, host:port (for HTTP also
-	// http://host:port). Required.
+	// Addr is the server's address, host:port (for HTTP also a URL,
+	// http(s)://host:port[/path], the API's paths going under path).
+	// Required; an address no request could go to is an error of Run.
 	Addr string
 	// Concurrency is the number of concurrent callers; zero means 64.
 	Concurrency int
@@ -256,6 +259,19 @@ func (c *Config) defaults() error {
 	case ClientH2, ClientGRPCGo:
 	default:
 		return fmt.Errorf("loadgen: grpc client %q: want h2 or grpc-go", c.GRPCClient)
+	}
+	switch {
+	case c.Target == TargetHTTP:
+		u, err := url.Parse(httpBase(c.Addr))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			return fmt.Errorf("loadgen: address %q: want host:port or http(s)://host:port[/path]", c.Addr)
+		}
+	case c.GRPCClient == ClientH2:
+		// grpc-go takes its own target syntax (dns:///host:port, ...);
+		// the lean client dials host:port.
+		if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+			return fmt.Errorf("loadgen: address %q: want host:port: %v", c.Addr, err)
+		}
 	}
 	if c.Conns < 0 || c.Conns > 64 {
 		return fmt.Errorf("loadgen: conns %d: want 1 to 64", c.Conns)
@@ -684,10 +700,7 @@ func (rep *Report) Text(w io.Writer) error {
 func newCaller(cfg *Config, r *run) (caller, func(), error) {
 	switch cfg.Target {
 	case TargetHTTP:
-		base := cfg.Addr
-		if !strings.Contains(base, "://") {
-			base = "http://" + base
-		}
+		base := httpBase(cfg.Addr)
 		tr := &http.Transport{
 			MaxIdleConns:        cfg.Concurrency,
 			MaxIdleConnsPerHost: cfg.Concurrency,
@@ -735,6 +748,15 @@ func newCaller(cfg *Config, r *run) (caller, func(), error) {
 		return g, closeAll, nil
 	}
 	return nil, nil, fmt.Errorf("loadgen: unknown target %q", cfg.Target)
+}
+
+// httpBase returns the base URL of the HTTP API at addr, host:port or a
+// URL.
+func httpBase(addr string) string {
+	if !strings.Contains(addr, "://") {
+		return "http://" + addr
+	}
+	return addr
 }
 
 type httpCaller struct {

@@ -203,6 +203,14 @@ func TestConfigErrors(t *testing.T) {
 		{Addr: "127.0.0.1:1", Target: loadgen.TargetEnvoy, Batch: 3},
 		{Addr: "127.0.0.1:1", Target: loadgen.TargetGRPC, GRPCClient: "curl"},
 		{Addr: "127.0.0.1:1", Timeout: -time.Second},
+		// Addresses that no request can go to: refused before the run,
+		// not counted as the errors of every request for its duration.
+		{Addr: "ftp://127.0.0.1:1", Duration: 100 * time.Millisecond},
+		{Addr: "http://", Duration: 100 * time.Millisecond},
+		{Addr: "http://[::1", Duration: 100 * time.Millisecond},
+		{Addr: "http://127.0.0.1:1/?x=1", Duration: 100 * time.Millisecond},
+		{Addr: "http://127.0.0.1:1", Target: loadgen.TargetGRPC},
+		{Addr: "127.0.0.1", Target: loadgen.TargetEnvoy},
 	} {
 		if _, err := loadgen.Run(context.Background(), cfg); err == nil {
 			t.Errorf("Run(%+v): no error", cfg)
