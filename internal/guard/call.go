@@ -157,6 +157,12 @@ func (g *Guard) finish(j *job) {
 // deadline (its own, or the guard's), plus the scheduling delay of one
 // goroutine waking up and, for a gathered check, the sweeper's period.
 func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed ...*bool) error {
+	if err := ctx.Err(); err != nil {
+		// The caller is gone already: nothing is sent, so nothing is
+		// charged, and the breaker learns nothing of the store.
+		putJob(j)
+		return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, err)
+	}
 	var done func(error)
 	if g.cb != nil {
 		var err error

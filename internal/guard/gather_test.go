@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/guard/guardtest"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memory"
 	"github.com/sluicehq/sluice/store/redis"
@@ -205,6 +206,41 @@ func TestGatheredCheckAbandoned(t *testing.T) {
 	}
 	if out[0].Remaining != 10 {
 		t.Errorf("remaining of the abandoned check's key = %d, want 10 (not charged)", out[0].Remaining)
+	}
+}
+
+// TestCheckOfAGoneCallerIsNotSent: a check whose caller gave up before it
+// even reached the guard (its context cancelled, or its deadline passed)
+// is not sent, so it charges nothing, and it says nothing of the store to
+// the breaker; with gathering and with a call per check alike.
+func TestCheckOfAGoneCallerIsNotSent(t *testing.T) {
+	for _, gatherers := range []int{0, -1} {
+		t.Run(fmt.Sprintf("gatherers=%d", gatherers), func(t *testing.T) {
+			f := &guardtest.Faulty{Inner: newMemory(t, nil)}
+			g := newGuard(t, f, Config{Deadline: time.Second, Gatherers: gatherers, OverLimit: OverLimitConfig{Disabled: true},
+				Breaker: BreakerConfig{Window: time.Minute, MinRequests: 5, FailureRatio: 0.5, Sustain: -1}})
+			p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1000, Window: time.Hour})
+			cancelled, cancel := context.WithCancel(context.Background())
+			cancel()
+			expired, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+			defer cancel2()
+			for i := range 50 {
+				ctx := cancelled
+				if i%2 == 1 {
+					ctx = expired
+				}
+				if _, _, err := check1(ctx, g, "k", p, 1); !errors.Is(err, sluice.ErrStoreUnavailable) || !errors.Is(err, ctx.Err()) {
+					t.Fatalf("check %d of a gone caller: err = %v, want one wrapping ErrStoreUnavailable and %v", i, err, ctx.Err())
+				}
+			}
+			time.Sleep(20 * time.Millisecond) // calls left running, if any, return
+			if n := f.Requests(); n != 0 {
+				t.Errorf("%d checks of gone callers reached the store, want none", n)
+			}
+			if st := g.BreakerState(); st != BreakerClosed {
+				t.Errorf("breaker %s after 50 checks of gone callers, want closed", st)
+			}
+		})
 	}
 }
 
