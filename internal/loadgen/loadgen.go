@@ -36,6 +36,7 @@ package loadgen
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -800,15 +801,37 @@ func (h *httpCaller) call(ctx context.Context, w *worker, key int, cost int64) (
 	if err != nil {
 		return false, err
 	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
 	switch resp.StatusCode {
-	case http.StatusOK:
-		return true, nil
-	case http.StatusTooManyRequests:
-		return false, nil
+	case http.StatusOK, http.StatusTooManyRequests:
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
 	}
-	return false, fmt.Errorf("HTTP %d", resp.StatusCode)
+	err = httpError(resp)
+	resp.Body.Close()
+	return false, err
+}
+
+// httpError returns the error of an answer that is neither a verdict:
+// its status and the reason the body gives (Sluice's error and
+// error_description, or the start of any other body).
+func httpError(resp *http.Response) error {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	io.Copy(io.Discard, resp.Body)
+	var e struct {
+		Error       string `json:"error"`
+		Description string `json:"error_description"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+		if e.Description == "" {
+			return fmt.Errorf("HTTP %d %s", resp.StatusCode, e.Error)
+		}
+		return fmt.Errorf("HTTP %d %s: %s", resp.StatusCode, e.Error, e.Description)
+	}
+	if b := strings.TrimSpace(string(body[:min(len(body), 200)])); b != "" {
+		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.ToValidUTF8(b, "?"))
+	}
+	return fmt.Errorf("HTTP %d", resp.StatusCode)
 }
 
 type grpcCaller struct {

@@ -232,3 +232,27 @@ func TestParseCosts(t *testing.T) {
 		}
 	}
 }
+
+// TestErrorSamplesSayWhy sends checks the server refuses (a cost above
+// its 2^30): the error samples carry the server's reason, on every
+// target, not a bare status.
+func TestErrorSamplesSayWhy(t *testing.T) {
+	d := start(t)
+	for _, tt := range []struct{ target, addr string }{
+		{loadgen.TargetHTTP, d.HTTPAddr()},
+		{loadgen.TargetGRPC, d.GRPCAddr()},
+	} {
+		t.Run(tt.target, func(t *testing.T) {
+			rep, err := loadgen.Run(context.Background(), loadgen.Config{
+				Target: tt.target, Addr: tt.addr, Concurrency: 1, Requests: 2, Duration: 10 * time.Second,
+				KeyPrefix: "why-", Costs: []loadgen.Cost{{Cost: 1 << 31, Weight: 1}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Errors != 2 || len(rep.ErrorSamples) != 1 || !strings.Contains(rep.ErrorSamples[0], "cost") {
+				t.Errorf("errors %d, samples %q: want 2 errors and the server's reason, naming the cost", rep.Errors, rep.ErrorSamples)
+			}
+		})
+	}
+}
