@@ -278,3 +278,32 @@ func TestLocalShareKeptAcrossOutages(t *testing.T) {
 		t.Errorf("second outage, another client: %d from %s, want 200 from local", st, src)
 	}
 }
+
+// TestBreakerStateGaugeFollowsTheBreaker opens the breaker, then lets its
+// open timeout pass with no check: the breaker is then half-open (as
+// /readyz would say), and sluice_breaker_state must say so too rather
+// than the open state it last saw change.
+func TestBreakerStateGaugeFollowsTheBreaker(t *testing.T) {
+	srv := redistest.Start(t)
+	const openTimeout = 300 * time.Millisecond
+	td := start(t, failurePolicy, func(c *daemon.Config) {
+		c.StoreURL = "redis://" + srv.Addr
+		c.Guard = guard.Config{Deadline: 50 * time.Millisecond,
+			Breaker: guard.BreakerConfig{MinRequests: 5, OpenTimeout: openTimeout, Probes: 1, Sustain: -1}}
+	})
+	srv.Kill()
+	for range 10 {
+		td.check(t, `{"client_id":"c","resource":"/open"}`)
+	}
+	if m := scrape(t, td.base+"/metrics"); m["sluice_breaker_state"] != 2 {
+		t.Fatalf("sluice_breaker_state = %v with Redis down, want 2 (open)", m["sluice_breaker_state"])
+	}
+	time.Sleep(openTimeout + 100*time.Millisecond)
+	m := scrape(t, td.base+"/metrics")
+	if got := m["sluice_breaker_state"]; got != 1 {
+		t.Errorf("sluice_breaker_state = %v once the open timeout passed, want 1 (half-open)", got)
+	}
+	if got := m[`sluice_breaker_transitions_total{to="half_open"}`]; got != 1 {
+		t.Errorf("transitions to half_open = %v, want 1", got)
+	}
+}

@@ -74,6 +74,10 @@ func guardStore(ctx context.Context, rawURL string, st engine.Store, closer func
 		closer()
 		return nil, nil, nil, fmt.Errorf("daemon: %w", err)
 	}
+	// gobreaker leaves the open state only when asked: a scrape asks, so
+	// that an idle instance does not report a breaker open long after its
+	// timeout.
+	m.RefreshBreakerState(func() { g.BreakerState() })
 	return g.Engine(), g, func() error {
 		g.Close()
 		return closer()

@@ -217,7 +217,7 @@ type Metrics struct {
 	storeTime   [numStoreOps]prometheus.Observer
 	storeErrors [numStoreOps][numKinds]prometheus.Counter
 
-	breakerState       prometheus.Gauge
+	breakerState       *breakerCollector
 	breakerTransitions *prometheus.CounterVec // to
 	overLimitHits      prometheus.Counter
 	overLimitEntries   prometheus.Gauge
@@ -327,10 +327,18 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 
-	m.breakerState = gauge("sluice_breaker_state",
-		"State of the circuit breaker around the store: 0 closed, 1 half-open, 2 open.")
-	m.breakerTransitions = counterVec("sluice_breaker_transitions_total",
-		"Changes of the circuit breaker's state, by the state entered (closed, half_open, open).", "to")
+	// One collector for the breaker's gauge and transitions, so that a
+	// scrape sees the state and the transition into it together (see
+	// RefreshBreakerState).
+	m.breakerState = &breakerCollector{
+		state: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_breaker_state",
+			Help: "State of the circuit breaker around the store: 0 closed, 1 half-open, 2 open."}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_breaker_transitions_total",
+			Help: "Changes of the circuit breaker's state, by the state entered (closed, half_open, open)."}, []string{"to"}),
+	}
+	m.names["sluice_breaker_transitions_total"] = KindCounter
+	add("sluice_breaker_state", KindGauge, m.breakerState)
+	m.breakerTransitions = m.breakerState.transitions
 	m.overLimitHits = counter("sluice_over_limit_cache_hits_total",
 		"Rule decisions answered from the over-limit cache, with no store call.")
 	m.overLimitEntries = gauge("sluice_over_limit_cache_entries",
@@ -472,7 +480,7 @@ func (m *Metrics) SetBreakerState(s BreakerState) {
 	if m == nil {
 		return
 	}
-	m.breakerState.Set(float64(s))
+	m.breakerState.state.Set(float64(s))
 	to := "closed"
 	switch s {
 	case BreakerHalfOpen:
@@ -481,6 +489,41 @@ func (m *Metrics) SetBreakerState(s BreakerState) {
 		to = "open"
 	}
 	m.breakerTransitions.WithLabelValues(to).Inc()
+}
+
+// RefreshBreakerState sets what is called before every collection of the
+// breaker state gauge: a breaker that changes state lazily (open to
+// half-open once its timeout has passed, seen only when asked) is asked,
+// and reports the change through SetBreakerState, so that the gauge does
+// not hold a state the breaker has left while no check came to ask it.
+func (m *Metrics) RefreshBreakerState(refresh func()) {
+	if m == nil {
+		return
+	}
+	m.breakerState.refresh.Store(&refresh)
+}
+
+// breakerCollector collects the breaker's state gauge and transitions,
+// after calling refresh, when set.
+type breakerCollector struct {
+	state       prometheus.Gauge
+	transitions *prometheus.CounterVec // to
+	refresh     atomic.Pointer[func()]
+}
+
+// Describe implements prometheus.Collector.
+func (b *breakerCollector) Describe(ch chan<- *prometheus.Desc) {
+	b.state.Describe(ch)
+	b.transitions.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (b *breakerCollector) Collect(ch chan<- prometheus.Metric) {
+	if f := b.refresh.Load(); f != nil {
+		(*f)()
+	}
+	b.state.Collect(ch)
+	b.transitions.Collect(ch)
 }
 
 // OverLimitCacheHit counts a rule decision answered from the over-limit

@@ -59,7 +59,7 @@ func TestSeries(t *testing.T) {
 		{m.nearLimit.WithLabelValues("r1"), 1},
 		{m.storeErrors[OpCheckAll][KindTimeout], 1},
 		{m.storeErrors[OpCheckAll][KindUnavailable], 1},
-		{m.breakerState, 2},
+		{m.breakerState.state, 2},
 		{m.reloads.WithLabelValues("success"), 2},
 	} {
 		if got := testutil.ToFloat64(tt.c); got != tt.want {
