@@ -232,6 +232,9 @@ func (c *Config) defaults() error {
 		if k.Cost < 0 || k.Weight <= 0 {
 			return fmt.Errorf("loadgen: cost %d weight %d: want cost >= 0 and weight > 0", k.Cost, k.Weight)
 		}
+		if c.Target == TargetEnvoy && k.Cost > math.MaxUint32 {
+			return fmt.Errorf("loadgen: cost %d: Envoy's hits_addend holds at most %d", k.Cost, uint32(math.MaxUint32))
+		}
 	}
 	if c.KeyPrefix == "" {
 		c.KeyPrefix = "load-"

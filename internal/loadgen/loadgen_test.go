@@ -256,3 +256,17 @@ func TestErrorSamplesSayWhy(t *testing.T) {
 		})
 	}
 }
+
+// TestEnvoyCostAboveUint32 asks for a cost Envoy's hits_addend (a uint32)
+// cannot carry: refused, where it used to be sent truncated (2^32+1 as 1)
+// and counted whole, as if the server had admitted 2^32+1.
+func TestEnvoyCostAboveUint32(t *testing.T) {
+	d := start(t)
+	rep, err := loadgen.Run(context.Background(), loadgen.Config{
+		Target: loadgen.TargetEnvoy, Addr: d.GRPCAddr(), Domain: "load", Concurrency: 1, Requests: 1,
+		KeyPrefix: "uint32-", Costs: []loadgen.Cost{{Cost: 1<<32 + 1, Weight: 1}},
+	})
+	if err == nil {
+		t.Errorf("cost 2^32+1 to Envoy: no error; report: allowed %d, admitted %d", rep.Allowed, rep.AdmittedCost)
+	}
+}
