@@ -228,12 +228,16 @@ func (c *Config) defaults() error {
 	if len(c.Costs) == 0 {
 		c.Costs = []Cost{{1, 1}}
 	}
+	var weights int64
 	for _, k := range c.Costs {
 		if k.Cost < 0 || k.Weight <= 0 {
 			return fmt.Errorf("loadgen: cost %d weight %d: want cost >= 0 and weight > 0", k.Cost, k.Weight)
 		}
 		if c.Target == TargetEnvoy && k.Cost > math.MaxUint32 {
 			return fmt.Errorf("loadgen: cost %d: Envoy's hits_addend holds at most %d", k.Cost, uint32(math.MaxUint32))
+		}
+		if weights += k.Weight; weights < 0 {
+			return fmt.Errorf("loadgen: costs: the weights add up to more than %d", int64(math.MaxInt64))
 		}
 	}
 	if c.KeyPrefix == "" {

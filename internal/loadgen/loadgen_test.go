@@ -2,6 +2,7 @@ package loadgen_test
 
 import (
 	"context"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -211,6 +212,8 @@ func TestConfigErrors(t *testing.T) {
 		{Addr: "http://127.0.0.1:1/?x=1", Duration: 100 * time.Millisecond},
 		{Addr: "http://127.0.0.1:1", Target: loadgen.TargetGRPC},
 		{Addr: "127.0.0.1", Target: loadgen.TargetEnvoy},
+		// Weights whose sum overflows: a panic of every caller's draw.
+		{Addr: "127.0.0.1:1", Duration: 100 * time.Millisecond, Costs: []loadgen.Cost{{1, math.MaxInt64}, {2, math.MaxInt64}}},
 	} {
 		if _, err := loadgen.Run(context.Background(), cfg); err == nil {
 			t.Errorf("Run(%+v): no error", cfg)
