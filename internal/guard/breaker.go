@@ -91,7 +91,7 @@ func (c BreakerConfig) settings() (*gobreaker.Settings, error) {
 	if c.Window < 0 || c.OpenTimeout < 0 {
 		return nil, errors.New("guard: config: breaker window and open timeout must not be negative")
 	}
-	if c.FailureRatio < 0 || c.FailureRatio > 1 {
+	if !(c.FailureRatio >= 0 && c.FailureRatio <= 1) { // NaN too
 		return nil, fmt.Errorf("guard: config: breaker failure ratio must be in (0, 1], got %v", c.FailureRatio)
 	}
 	if c.Window == 0 {

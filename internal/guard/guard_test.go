@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -557,6 +558,8 @@ func TestBadConfig(t *testing.T) {
 	for _, c := range []Config{
 		{Deadline: -1},
 		{Breaker: BreakerConfig{FailureRatio: 2}},
+		{Breaker: BreakerConfig{FailureRatio: math.NaN()}},
+		{Breaker: BreakerConfig{FailureRatio: math.Inf(1)}},
 		{OverLimit: OverLimitConfig{MaxKeys: -1}},
 		{HotKeys: HotKeyConfig{Enabled: true, SyncInterval: time.Hour}},
 		{HotKeys: HotKeyConfig{Enabled: true, Threshold: 1, Window: time.Second}},
