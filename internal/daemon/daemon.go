@@ -44,6 +44,15 @@ const (
 	DefaultStoreURL = "memory://"
 )
 
+// Timeouts of the HTTP API's connections: reading one request, headers
+// and body, and writing one answer (from the end of its request's
+// headers; longer, so that a request cut off for its slow body is still
+// answered).
+const (
+	httpReadTimeout  = 10 * time.Second
+	httpWriteTimeout = 15 * time.Second
+)
+
 // Config configures a daemon. The zero value serves the built-in policy
 // on the memory store at the default addresses.
 type Config struct {
@@ -246,9 +255,15 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.httpSrv = &http.Server{
 		Handler:           logging.HTTP(d.log, d.withEvents(api)),
 		ReadHeaderTimeout: 5 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+		// A request whose body stops coming, or a client that stops
+		// reading its answers, would otherwise hold its connection and
+		// goroutine for ever. A check's request and answer are a few
+		// kilobytes, and the guard's deadline bounds its store call.
+		ReadTimeout:    httpReadTimeout,
+		WriteTimeout:   httpWriteTimeout,
+		IdleTimeout:    2 * time.Minute,
+		MaxHeaderBytes: 64 << 10,
+		ErrorLog:       slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 	}
 	// The codec turns invalid UTF-8 in a request into InvalidArgument
 	// naming the field, instead of grpc-go's Internal.
