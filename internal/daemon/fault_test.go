@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/guard"
+	"github.com/sluicehq/sluice/internal/logging"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
@@ -305,5 +306,40 @@ func TestBreakerStateGaugeFollowsTheBreaker(t *testing.T) {
 	}
 	if got := m[`sluice_breaker_transitions_total{to="half_open"}`]; got != 1 {
 		t.Errorf("transitions to half_open = %v, want 1", got)
+	}
+}
+
+// TestFailedRequestLogCarriesRequestID asks for a client's status while
+// Redis is down (a 503) with an X-Request-Id: the error line logged for it
+// must carry the request's id, as every line about a request does.
+func TestFailedRequestLogCarriesRequestID(t *testing.T) {
+	srv := redistest.Start(t)
+	var buf lockedBuffer
+	log, err := logging.New(&buf, "json", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	td := start(t, failurePolicy, func(c *daemon.Config) {
+		c.StoreURL = "redis://" + srv.Addr
+		c.Logger = log
+		c.Guard = guard.Config{Deadline: 50 * time.Millisecond}
+	})
+	srv.Kill()
+	req, _ := http.NewRequest("GET", td.base+"/api/v1/status/c?resource=/open", nil)
+	req.Header.Set("X-Request-Id", "req-42")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := read(t, resp)
+	if r.status < 500 {
+		t.Fatalf("status with Redis down: %d %s, want a 5xx", r.status, r.raw)
+	}
+	line := grepLines(buf.String(), `"request failed"`)
+	if line == "" {
+		t.Fatalf("no error line for the failed request:\n%s", buf.String())
+	}
+	if !strings.Contains(line, `"request_id":"req-42"`) {
+		t.Errorf("the failed request's line lacks its request_id:\n%s", line)
 	}
 }

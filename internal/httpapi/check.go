@@ -69,7 +69,7 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		desc = "the request body is larger than " + strconv.Itoa(MaxBodyBytes) + " bytes"
 	}
 	if status >= 500 {
-		h.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+		h.log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
 		if status == http.StatusInternalServerError {
 			desc = "internal error"
 		}
