@@ -519,9 +519,14 @@ func (r *run) work(ctx context.Context, cl caller, w *worker, idx int, start tim
 	var interval time.Duration
 	next := start
 	if r.cfg.Rate > 0 {
-		interval = time.Duration(float64(time.Second) * float64(r.cfg.Concurrency) / r.cfg.Rate)
+		// In float nanoseconds, bounded before the conversion: a rate so
+		// low that the interval overflows time.Duration sends no second
+		// request in the longest run, and one so high that it rounds
+		// to zero still keeps a schedule.
+		ns := float64(time.Second) * float64(r.cfg.Concurrency) / r.cfg.Rate
+		interval = time.Duration(min(max(ns, 1), float64(2*MaxDuration)))
 		// Spread the callers' first requests over one interval.
-		next = start.Add(interval * time.Duration(idx) / time.Duration(r.cfg.Concurrency))
+		next = start.Add(time.Duration(min(ns*float64(idx)/float64(r.cfg.Concurrency), float64(2*MaxDuration))))
 	}
 	for ctx.Err() == nil {
 		if r.cfg.Requests > 0 && r.issued.Add(1) > r.cfg.Requests {

@@ -273,3 +273,20 @@ func TestEnvoyCostAboveUint32(t *testing.T) {
 		t.Errorf("cost 2^32+1 to Envoy: no error; report: allowed %d, admitted %d", rep.Allowed, rep.AdmittedCost)
 	}
 }
+
+// TestVeryLowRate runs at one request per 10^12 seconds: the first
+// caller sends one request at the start and nothing else is due. The
+// interval between a caller's requests overflowed time.Duration and the
+// run went at full speed, closed loop.
+func TestVeryLowRate(t *testing.T) {
+	d := start(t)
+	rep, err := loadgen.Run(context.Background(), loadgen.Config{
+		Addr: d.HTTPAddr(), Concurrency: 2, Rate: 1e-12, Duration: 300 * time.Millisecond, KeyPrefix: "slow-",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Requests != 1 {
+		t.Errorf("%d requests, want 1", rep.Requests)
+	}
+}
