@@ -114,6 +114,10 @@ func drainTime(debt, rate, lag int64) int64 {
 // gcra is the generic cell rate algorithm: the theoretical arrival time is
 // s.A + s.B/Limit quanta, with 0 <= s.B < Limit.
 func gcra(p *Params, s State, t, cost int64) (State, sluice.Decision) {
+	// A state written under a higher Limit sharing it (a priority
+	// variant) may hold s.B >= Limit; its TAT is still before s.A + 1,
+	// and is counted as s.A + 1, where the debt is zero at any rate.
+	frac := min(s.B, p.Limit)
 	// The debt of the equivalent bucket is (TAT - t) x Limit.
 	var debt, lag int64
 	switch full := p.Burst * p.Window / p.Limit; {
@@ -122,9 +126,9 @@ func gcra(p *Params, s State, t, cost int64) (State, sluice.Decision) {
 		// capacity, and may be too large to compute. Decide at t+lag,
 		// where it is still above the capacity, and wait lag more.
 		lag = s.A - t - full - 1
-		debt = (full+1)*p.Limit + s.B
+		debt = (full+1)*p.Limit + frac
 	case s.A >= t:
-		debt = (s.A-t)*p.Limit + s.B
+		debt = (s.A-t)*p.Limit + frac
 	}
 	debt, d := bucketDecide(p, debt, cost, lag)
 	if !d.Allowed || cost == 0 {

@@ -132,7 +132,9 @@
 // theoretical arrival time TAT = s.A + s.B/N quanta (s.A whole quanta and a
 // remainder s.B in [0, N), so that the emission interval W/N stays exact).
 // A request of cost c moves TAT to max(TAT, t) + c·W/N and is admitted when
-// the new TAT is at most t + K·W/N; otherwise TAT stays as it was. GCRA
+// the new TAT is at most t + K·W/N; otherwise TAT stays as it was. (A
+// state written under a higher limit sharing it may hold s.B >= N; its TAT
+// was before s.A + 1, and is read as s.A + 1.) GCRA
 // decides exactly as the token bucket with the same parameters (its debt is
 // (TAT - t)·N) but keeps one instant instead of a level and a time.
 package algorithm

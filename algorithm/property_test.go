@@ -283,7 +283,7 @@ func TestPropertyMatchesReference(t *testing.T) {
 	for _, a := range sluice.Algorithms {
 		t.Run(a.String(), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(a), 11))
-			for trace := range 300 {
+			for trace := range 200 {
 				p := randomParams(rng, a)
 				x, ref := &subject{p: &p}, newRef(&p)
 				tq := floorDiv(t0, p.Quantum) + rng.Int64N(3*p.Window)
@@ -348,7 +348,7 @@ func TestPropertyDecisionsHold(t *testing.T) {
 	for _, a := range sluice.Algorithms {
 		t.Run(a.String(), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(a), 12))
-			for trace := range 300 {
+			for trace := range 200 {
 				p := randomParams(rng, a)
 				x := &subject{p: &p}
 				tq := floorDiv(t0, p.Quantum)
@@ -443,5 +443,72 @@ func checkDecision(t *testing.T, where string, before, after *subject, now, cost
 		if got != want {
 			t.Fatalf("%s: %+v, then cost %d at ExpiresAt (%dµs): %+v, a key never seen: %+v", where, d, c, exp, got, want)
 		}
+	}
+}
+
+// TestPropertySharedState runs random traces whose requests each use one
+// of three Params sharing the state (a rule's priority variants, 0.8x, 1x
+// and 1.2x), and checks every decision as TestPropertyDecisionsHold does,
+// under the Params that took it, and ExpiresAt under every Params.
+func TestPropertySharedState(t *testing.T) {
+	for _, a := range sluice.Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(a), 13))
+			for trace := range 200 {
+				base := randomParams(rng, a)
+				var ps [3]Params
+				q := base.Quantum
+				for i, m := range []float64{0.8, 1, 1.2} {
+					l := sluice.Limit{Algorithm: a, Window: base.WindowDuration(),
+						Limit: max(int64(float64(base.Limit)*m), 1), Burst: max(int64(float64(base.Burst)*m), 1)}
+					l.Limit, l.Burst = min(l.Limit, sluice.MaxLimit), min(l.Burst, sluice.MaxLimit)
+					p, err := CompileAt(l, q)
+					if err != nil {
+						t.Fatal(err)
+					}
+					ps[i], q = p, max(q, p.Quantum)
+				}
+				for i := range ps {
+					ps[i], _ = CompileAt(sluice.Limit{Algorithm: a, Window: base.WindowDuration(), Limit: ps[i].Limit, Burst: ps[i].Burst}, q)
+				}
+				ShareState(ps[:])
+				x := &subject{p: &ps[1]}
+				tq := floorDiv(t0, q)
+				for i := range 60 {
+					switch r := rng.IntN(10); {
+					case r == 0:
+						tq -= rng.Int64N(2*ps[1].Window + 2)
+					case r < 7:
+						tq += rng.Int64N(ps[1].Window/2 + 2)
+					}
+					x.p = &ps[rng.IntN(3)]
+					now, cost := at(rng, x.p, tq), randomCost(rng, x.p.Burst)
+					before := x.clone()
+					d := x.apply(now, cost)
+					where := fmt.Sprintf("trace %d (%+v), request %d: cost %d at %dµs", trace, *x.p, i, cost, now)
+					checkDecision(t, where, before, x, now, cost, d)
+					// Whichever Params wrote it, the state is forgotten
+					// only once it is restored under every one.
+					s := x.s
+					if a == sluice.SlidingWindowLog {
+						if len(x.log) == 0 {
+							continue
+						}
+						s = State{A: x.log[len(x.log)-1]}
+					}
+					exp := max(ExpiresAt(x.p, s), now)
+					for j := range ps {
+						other := x.clone()
+						other.p = &ps[j]
+						for _, c := range []int64{0, 1, ps[j].Burst} {
+							got, want := other.clone().apply(exp, c), (&subject{p: &ps[j]}).apply(exp, c)
+							if got != want {
+								t.Fatalf("%s: %+v, then cost %d under %+v at ExpiresAt (%dµs): %+v, a key never seen: %+v", where, d, c, ps[j], exp, got, want)
+							}
+						}
+					}
+				}
+			}
+		})
 	}
 }

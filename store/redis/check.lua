@@ -167,9 +167,9 @@ local function apply(alg, N, K, W, a, b, c, t, cost)
     local debt, lag = 0, 0
     if a > t + full then
       lag = a - t - full - 1
-      debt = (full + 1) * N + b
+      debt = (full + 1) * N + math.min(b, N)
     elseif a >= t then
-      debt = (a - t) * N + b
+      debt = (a - t) * N + math.min(b, N)
     end
     local nd, ok, reason, rem, reset, retry = bucket_decide(N, K, W, debt, cost, lag)
     local q = idiv(nd, N)

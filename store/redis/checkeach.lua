@@ -82,9 +82,9 @@ local function decide(key, ps, cost, now)
         -- a clock that went back, far: decide where the debt is still
         -- above the capacity, lag quanta from now
         lag = a - t - full - 1
-        debt = (full + 1) * N + b
+        debt = (full + 1) * N + math.min(b, N)
       elseif a >= t then
-        debt = (a - t) * N + b
+        debt = (a - t) * N + math.min(b, N)
       end
     else
       -- a clock that went back stands still at b, lag quanta from now

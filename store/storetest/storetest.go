@@ -479,6 +479,22 @@ func testSharedState(t *testing.T, s Store, key keyFunc) {
 				decide(2, store.Request{Key: k, Params: &ps[1], Cost: 0, Now: T0}, all)
 				decide(3, store.Request{Key: k, Params: &ps[0], Cost: 0, Now: T0}, all)
 			}
+			// A window that is no whole number of emission intervals: 3
+			// units at 12 per window leave GCRA a remainder of 9/12 of a
+			// quantum, which the lower limits read.
+			odd := make([]algorithm.Params, len(ps))
+			for i := range ps {
+				odd[i] = *compile(t, sluice.Limit{Algorithm: a, Limit: ps[i].Limit, Window: 1_000_011 * time.Microsecond})
+			}
+			algorithm.ShareState(odd)
+			for i, k := range []string{key(t, "odd-a"), key(t, "odd-b")} {
+				all := i == 1
+				decide(0, store.Request{Key: k, Params: &odd[2], Cost: 3, Now: T0}, all)
+				for j, r := range []store.Request{{Params: &odd[0]}, {Params: &odd[0], Cost: 1}, {Params: &odd[1], Cost: 8}, {Params: &odd[0], Cost: 6}} {
+					r.Key, r.Now = k, T0
+					decide(1+j, r, all)
+				}
+			}
 			rng := rand.New(rand.NewPCG(3, uint64(a)))
 			at := T0
 			for i := range 200 {
