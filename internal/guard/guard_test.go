@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -540,16 +541,31 @@ func TestOverLimitCacheCoarseQuantum(t *testing.T) {
 }
 
 func TestOverLimitCacheBounded(t *testing.T) {
-	inner := newMemory(t, nil)
-	g := newGuard(t, inner, Config{Deadline: time.Second, OverLimit: OverLimitConfig{MaxKeys: 64}})
-	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Minute})
-	for i := range 1000 {
-		key := "k" + string(rune('A'+i%26)) + string(rune('A'+i/26))
-		check1(context.Background(), g, key, p, 1)
-		check1(context.Background(), g, key, p, 1)
-	}
-	if n := g.olc.n.Load(); n > 64 {
-		t.Errorf("%d keys cached, bound 64", n)
+	// Bounds below, at and above the number of shards, and one that is
+	// not a multiple of it.
+	for _, bound := range []int{1, 10, 32, 64, 100} {
+		t.Run(fmt.Sprint(bound), func(t *testing.T) {
+			inner := newMemory(t, nil)
+			g := newGuard(t, inner, Config{Deadline: time.Second, OverLimit: OverLimitConfig{MaxKeys: bound}})
+			p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Minute})
+			most := int64(0)
+			for i := range 1000 {
+				key := fmt.Sprintf("k%d", i)
+				check1(context.Background(), g, key, p, 1)
+				check1(context.Background(), g, key, p, 1)
+				most = max(most, g.olc.n.Load())
+			}
+			held := 0
+			for i := range g.olc.shards {
+				held += len(g.olc.shards[i].m)
+			}
+			if most > int64(bound) || held > bound {
+				t.Errorf("up to %d keys cached (%d at the end), bound %d", most, held, bound)
+			}
+			if held < bound*3/4 {
+				t.Errorf("%d keys cached after 1000 denied keys, bound %d: the bound is not used", held, bound)
+			}
+		})
 	}
 }
 

@@ -57,14 +57,14 @@ type olcEntry struct {
 }
 
 type olcShard struct {
-	mu sync.Mutex
-	m  map[string]olcEntry
+	mu  sync.Mutex
+	m   map[string]olcEntry
+	max int // keys at most; the shards' bounds add up to MaxKeys
 }
 
 type overLimitCache struct {
 	obs  Observer
 	seed maphash.Seed
-	per  int // keys per shard
 	n    atomic.Int64
 	// epoch changes after every reset: a denial decided by a call sent in
 	// an earlier epoch may predate the reset, and is not remembered.
@@ -80,9 +80,15 @@ func newOverLimitCache(c OverLimitConfig) (*overLimitCache, error) {
 	if maxKeys == 0 {
 		maxKeys = DefaultOverLimitMaxKeys
 	}
-	o := &overLimitCache{seed: maphash.MakeSeed(), per: max(1, maxKeys/olcShards)}
+	o := &overLimitCache{seed: maphash.MakeSeed()}
 	for i := range o.shards {
+		// Below olcShards keys, some shards hold none: their keys are
+		// not remembered, which only costs store calls.
 		o.shards[i].m = map[string]olcEntry{}
+		o.shards[i].max = maxKeys / olcShards
+		if i < maxKeys%olcShards {
+			o.shards[i].max++
+		}
 	}
 	return o, nil
 }
@@ -150,7 +156,10 @@ func (o *overLimitCache) remember(r *store.Request, sent time.Time, epoch uint64
 		sh.m[r.Key] = next
 		return
 	}
-	if len(sh.m) >= o.per {
+	if sh.max == 0 {
+		return
+	}
+	if len(sh.m) >= sh.max {
 		o.evict(sh, sent)
 	}
 	sh.m[r.Key] = next
