@@ -40,8 +40,16 @@ func check(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 		fmt.Fprintf(stderr, "sluice check: %v\n", err)
 		return 2
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sluice check: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
 	if req.ClientID == "" {
 		fmt.Fprintln(stderr, "sluice check: --client-id is required")
+		return 2
+	}
+	if *timeout <= 0 {
+		fmt.Fprintf(stderr, "sluice check: --timeout %s: want more than 0\n", *timeout)
 		return 2
 	}
 	req.Cost = cost

@@ -113,3 +113,19 @@ func TestServeFlagsFromEnvironment(t *testing.T) {
 		}
 	}
 }
+
+// check refuses what it would otherwise ignore: a word after the flags
+// (a resource given without --resource was checked as no resource at
+// all) and a timeout of zero or less (taken as the client's 1s).
+func TestCheckUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"--client-id", "x", "/api/v1/orders"},
+		{"--client-id", "x", "--timeout", "0"},
+		{"--client-id", "x", "--timeout", "-1s"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(append([]string{"check", "--addr", "http://127.0.0.1:1"}, args...), &out, &errOut, noEnv); code != 2 {
+			t.Errorf("check %q: exit %d (%s), want 2", args, code, errOut.String())
+		}
+	}
+}
