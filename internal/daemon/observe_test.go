@@ -287,3 +287,44 @@ rules:
 		t.Errorf("the log shows the API key:\n%s", buf.String())
 	}
 }
+
+// TestEnvoyNearLimitOnlyWhenAdmitted sends Envoy a request whose second
+// descriptor is over its limit: the request is denied and the first
+// descriptor consumes nothing, so it is no check admitted near its limit,
+// however little it has left.
+func TestEnvoyNearLimitOnlyWhenAdmitted(t *testing.T) {
+	td := start(t, `version: 1
+envoy:
+  - domain: edge
+    descriptors:
+      - key: a
+        rate_limit: { unit: minute, requests_per_unit: 10 }
+      - key: b
+        rate_limit: { unit: minute, requests_per_unit: 1 }
+`)
+	rls := rlsv3.NewRateLimitServiceClient(dial(t, td.GRPCAddr()))
+	call := func(descs ...[]string) rlsv3.RateLimitResponse_Code {
+		t.Helper()
+		resp, err := rls.ShouldRateLimit(ctx(t), envoyReq("edge", 1, descs...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetOverallCode()
+	}
+	for range 9 { // the 9th leaves 1 of 10: near the limit
+		call([]string{"a", "x"})
+	}
+	call([]string{"b", "x"})
+	before := scrape(t, td.base+"/metrics")
+	if code := call([]string{"a", "x"}, []string{"b", "x"}); code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("a and b with b spent: %v, want OVER_LIMIT", code)
+	}
+	after := scrape(t, td.base+"/metrics")
+	if before[`sluice_near_limit_total{rule="edge.a"}`] != 1 {
+		t.Errorf("near-limit checks of edge.a before = %v, want 1", before[`sluice_near_limit_total{rule="edge.a"}`])
+	}
+	s := `sluice_near_limit_total{rule="edge.a"}`
+	if got := after[s] - before[s]; got != 0 {
+		t.Errorf("%s moved by %v for a denied request that charged edge.a nothing, want 0", s, got)
+	}
+}

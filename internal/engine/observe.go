@@ -119,7 +119,10 @@ func (e *Engine) observeDescriptor(domain string, it *item, st *DescriptorStatus
 		}
 	}
 	e.metrics.Decision(st.Rule, r, it.source.String())
-	if r == metrics.Allowed && !st.Shadow {
+	// Only a descriptor the request was charged for was admitted: when
+	// another one is over its limit, none is charged (as for a check's
+	// rules), and neither is one of hits_addend 0.
+	if r == metrics.Allowed && !st.Shadow && it.charged > 0 {
 		e.metrics.NearLimit(st.Rule, st.Limit, st.Remaining)
 	}
 	if r == metrics.Denied && e.events != nil {
