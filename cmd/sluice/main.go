@@ -134,6 +134,10 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 		fmt.Fprintf(stderr, "sluice serve: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	if *shutdownTimeout < 0 {
+		fmt.Fprintf(stderr, "sluice serve: --shutdown-timeout %s: want 0 or more\n", *shutdownTimeout)
+		return 2
+	}
 	logger, err := logging.New(stderr, *logFormat, *logLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice serve: --log-format/--log-level: %v\n", err)

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -127,5 +129,20 @@ func TestCheckUsageErrors(t *testing.T) {
 		if code := run(append([]string{"check", "--addr", "http://127.0.0.1:1"}, args...), &out, &errOut, noEnv); code != 2 {
 			t.Errorf("check %q: exit %d (%s), want 2", args, code, errOut.String())
 		}
+	}
+}
+
+// A negative --shutdown-timeout is refused at start (exit 2): it used to
+// be found only at the first SIGTERM, which then cut off every check in
+// flight at once.
+func TestServeRefusesNegativeShutdownTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "serve", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--shutdown-timeout", "-1s")
+	cmd.Env = append(os.Environ(), "SLUICE_TEST_MAIN=1")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "--shutdown-timeout") {
+		t.Errorf("serve --shutdown-timeout -1s: %v, %q; want exit 2 and an error naming the flag", err, out)
 	}
 }
