@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/events"
+	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
 // scrape reads /metrics and returns every sample by its series, such as
@@ -326,5 +327,35 @@ envoy:
 	s := `sluice_near_limit_total{rule="edge.a"}`
 	if got := after[s] - before[s]; got != 0 {
 		t.Errorf("%s moved by %v for a denied request that charged edge.a nothing, want 0", s, got)
+	}
+}
+
+// TestIdempotentReplayCountedAsIdempotent repeats a check with its
+// idempotency key: the repeat is decided by the first decision, not by the
+// store, and sluice_decisions_total says so, on the memory store (which
+// keeps the decisions in process) as on Redis (which keeps them in Redis).
+func TestIdempotentReplayCountedAsIdempotent(t *testing.T) {
+	t.Run("memory", func(t *testing.T) { testIdempotentReplayCounted(t, start(t, policyText())) })
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		testIdempotentReplayCounted(t, start(t, policyText(), func(c *daemon.Config) { c.StoreURL = "redis://" + srv.Addr }))
+	})
+}
+
+func testIdempotentReplayCounted(t *testing.T, td *testDaemon) {
+	body := `{"client_id":"i1","resource":"/api/limited","idempotency_key":"k-1"}`
+	td.check(t, body)
+	before := scrape(t, td.base+"/metrics")
+	if r := td.check(t, body); r.str("source") != "idempotent" {
+		t.Fatalf("repeat: %s, want source idempotent", r.raw)
+	}
+	after := scrape(t, td.base+"/metrics")
+	for series, want := range map[string]float64{
+		`sluice_decisions_total{result="allowed",rule="per-client",source="idempotent"}`: 1,
+		`sluice_decisions_total{result="allowed",rule="per-client",source="store"}`:      0,
+	} {
+		if got := after[series] - before[series]; got != want {
+			t.Errorf("%s moved by %v, want %v", series, got, want)
+		}
 	}
 }

@@ -109,15 +109,24 @@ func (c *idemCache) sweep(now time.Time) {
 }
 
 // replay returns a copy of the first decision marked as a repeat: it
-// charged nothing this time.
+// charged nothing this time, and the enforcing rules the store decided
+// are decided by the first decision (SourceIdempotent), as a store that
+// keeps the records reports them.
 func replay(r Result) Result {
 	out := r
 	out.Rules = make([]RuleResult, len(r.Rules))
 	for i, rr := range r.Rules {
-		rr.Cost = 0
+		replayRule(&rr)
 		out.Rules[i] = rr
 	}
-	out.Deciding.Cost = 0
+	replayRule(&out.Deciding)
 	out.Source = SourceIdempotent
 	return out
+}
+
+func replayRule(rr *RuleResult) {
+	rr.Cost = 0
+	if !rr.Shadow && rr.Source != SourceAllowList && rr.Source != SourceDenyList && rr.Source != SourceNoRule {
+		rr.Source = SourceIdempotent
+	}
 }
