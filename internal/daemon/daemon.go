@@ -53,6 +53,9 @@ const (
 	httpWriteTimeout = 15 * time.Second
 )
 
+// maxStreamsPerConn is the most gRPC calls one connection may have open.
+const maxStreamsPerConn = 1024
+
 // Config configures a daemon. The zero value serves the built-in policy
 // on the memory store at the default addresses.
 type Config struct {
@@ -277,7 +280,14 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		// messages of a few hundred bytes never ask. 1 to 10% more Envoy
 		// checks per second on Redis in six paired load runs
 		// (docs/PERFORMANCE.md).
-		grpc.InitialWindowSize(1<<20), grpc.InitialConnWindowSize(1<<20))
+		grpc.InitialWindowSize(1<<20), grpc.InitialConnWindowSize(1<<20),
+		// A bound on the calls one connection may have open at once (grpc-go
+		// has none): a call whose message never comes holds its handler
+		// for ever, and grpc-go's defence against streams reset as soon as
+		// opened limits the handlers of a connection to this number.
+		// Envoy opens another connection when it needs more; a grpc-go
+		// client queues its calls.
+		grpc.MaxConcurrentStreams(maxStreamsPerConn))
 	svc.Register(d.grpcSrv)
 	rls.Register(d.grpcSrv)
 	d.health = health.NewServer()

@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -9,8 +10,14 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
 // serverCloses reports whether the server closes conn (or answers and
@@ -88,5 +95,84 @@ func TestClientThatDoesNotReadIsCutOff(t *testing.T) {
 	<-wrote
 	if r := get(t, td.base+"/healthz"); r.status != http.StatusOK {
 		t.Errorf("healthz: %d", r.status)
+	}
+}
+
+// TestGRPCStreamsPerConnectionBounded opens many calls on one HTTP/2
+// connection, each sending its headers and never its message: every one
+// holds a handler waiting for ever, so the server must bound how many one
+// connection may open, and refuse the others.
+func TestGRPCStreamsPerConnectionBounded(t *testing.T) {
+	td := start(t, policyText())
+	conn, err := net.Dial("tcp", td.GRPCAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(conn, conn)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", "sluice"},
+		{":path", "/sluice.v1.RateLimiter/CheckRateLimit"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	const streams = 3000
+	var wmu sync.Mutex // the framer's writes
+	write := make(chan error, 1)
+	go func() {
+		for i := range streams {
+			wmu.Lock()
+			err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: hb.Bytes(), EndHeaders: true})
+			wmu.Unlock()
+			if err != nil {
+				write <- err
+				return
+			}
+		}
+		write <- nil
+	}()
+	var maxStreams uint32
+	refused := 0
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for maxStreams == 0 || refused < streams-int(maxStreams) {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			break // the deadline: the server sends nothing more
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if v, ok := f.Value(http2.SettingMaxConcurrentStreams); ok {
+				maxStreams = v
+			}
+			if !f.IsAck() {
+				wmu.Lock()
+				fr.WriteSettingsAck()
+				wmu.Unlock()
+			}
+		case *http2.RSTStreamFrame:
+			if f.ErrCode == http2.ErrCodeRefusedStream {
+				refused++
+			}
+		}
+	}
+	if err := <-write; err != nil {
+		t.Fatal(err)
+	}
+	if maxStreams == 0 || maxStreams > 4096 {
+		t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS = %d, want a bound of at most 4096", maxStreams)
+	}
+	if want := streams - int(maxStreams); maxStreams > 0 && refused < want {
+		t.Errorf("%d of %d stalled calls refused, want at least %d", refused, streams, want)
+	}
+	// Other connections are still served.
+	cl := sluicev1.NewRateLimiterClient(dial(t, td.GRPCAddr()))
+	if _, err := cl.CheckRateLimit(ctx(t), &sluicev1.CheckRequest{ClientId: "c1", Resource: "/api/limited"}); err != nil {
+		t.Errorf("a check on another connection: %v", err)
 	}
 }
