@@ -200,6 +200,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		closeWatcher()
 		return nil, err
 	}
+	// The load's time, as on a reload: reading and parsing here, applying
+	// (engine.New) below, and not the store's opening in between.
+	loadTook := time.Since(loadStart)
 	d.lastData = data
 	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now, cfg.Redis, d.log, d.reg)
 	if err != nil {
@@ -218,11 +221,12 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		closer()
 		return nil, err
 	}
+	applyStart := time.Now()
 	d.eng, err = engine.New(engine.Config{Store: st, Policy: pol, Now: cfg.Now, Metrics: d.metrics, Events: d.events})
 	if err != nil {
 		return fail(fmt.Errorf("daemon: %w", err))
 	}
-	d.setApplied(pol, time.Since(loadStart))
+	d.setApplied(pol, loadTook+time.Since(applyStart))
 
 	api, err := httpapi.New(httpapi.Config{
 		Engine:       d.eng,

@@ -12,7 +12,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -357,5 +359,26 @@ func testIdempotentReplayCounted(t *testing.T, td *testDaemon) {
 		if got := after[series] - before[series]; got != want {
 			t.Errorf("%s moved by %v, want %v", series, got, want)
 		}
+	}
+}
+
+// TestConfigLoadTimeExcludesTheStore starts a daemon while its Redis is
+// frozen for a moment, so that its start waits for the store: the time to
+// load the configuration must not include that wait.
+func TestConfigLoadTimeExcludesTheStore(t *testing.T) {
+	srv := redistest.Start(t)
+	const wait = 500 * time.Millisecond
+	if err := srv.Process().Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(wait, func() { srv.Process().Signal(syscall.SIGCONT) })
+	begin := time.Now()
+	td := start(t, policyText(), func(c *daemon.Config) { c.StoreURL = "redis://" + srv.Addr })
+	if took := time.Since(begin); took < wait/2 {
+		t.Skipf("the start took %v: it did not wait for the store", took)
+	}
+	m := scrape(t, td.base+"/metrics")
+	if got := m["sluice_config_reload_duration_seconds_sum"]; got >= wait.Seconds()/4 {
+		t.Errorf("sluice_config_reload_duration_seconds_sum = %vs after a start that waited about %v for the store, want the configuration's load alone", got, wait)
 	}
 }
