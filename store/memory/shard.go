@@ -112,10 +112,15 @@ func (sh *shard) decideLog(h uint64, slot uint32, ok bool, p *algorithm.Params, 
 		log = sh.logs[slot]
 	}
 	nl, d := algorithm.ApplyLog(p, log, now, cost)
-	if !ok {
-		if !d.Allowed || cost == 0 {
-			return d
+	if !d.Allowed || cost == 0 {
+		// Keep the log as it was: the entries ApplyLog dropped from the
+		// window at now still count for a clock that goes back.
+		if ok {
+			sh.touch(slot)
 		}
+		return d
+	}
+	if !ok {
 		slot = sh.insert(h, now)
 	} else {
 		sh.touch(slot)

@@ -136,6 +136,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("CheckMixed", func(t *testing.T) { testCheckMixed(t, newStore(t), key) })
 	t.Run("CheckAll", func(t *testing.T) { testCheckAll(t, newStore(t), key) })
 	t.Run("CheckAllRandom", func(t *testing.T) { testCheckAllRandom(t, newStore(t), key) })
+	t.Run("RandomParams", func(t *testing.T) { testRandomParams(t, newStore(t), key) })
 	t.Run("ClockBack", func(t *testing.T) { testClockBack(t, newStore(t), key) })
 	t.Run("SharedState", func(t *testing.T) { testSharedState(t, newStore(t), key) })
 	t.Run("Reset", func(t *testing.T) { testReset(t, newStore(t), key) })
@@ -409,7 +410,10 @@ func testClockBack(t *testing.T, s Store, key keyFunc) {
 			w := l.Window
 			b := max(p.Burst, 1)
 			steps := []step{{w, b}, {-w / 3, 0}, {0, 1}, {-w, 1}, {0, 0}, {-3 * w, 1}, {0, 0}, {w / 2, 1},
-				{5 * w, b}, {-w / 10, 1}, {w / 20, 0}, {-2 * w, b}, {7 * w, 1}}
+				{5 * w, b}, {-w / 10, 1}, {w / 20, 0}, {-2 * w, b}, {7 * w, 1},
+				// Checks a window after the entries of a log, then back
+				// within their window: the entries still count.
+				{3 * w, max(b/2, 1)}, {w / 2, 1}, {3 * w / 4, 0}, {-w / 2, 0}, {0, b}}
 			for _, all := range []bool{false, true} {
 				m := NewModel()
 				k := key(t, fmt.Sprintf("back-%v", all))
@@ -433,6 +437,92 @@ func testClockBack(t *testing.T, s Store, key keyFunc) {
 				}
 			}
 		})
+	}
+}
+
+// testRandomParams compares random traces with the model, each on random
+// Params of one algorithm at three priorities sharing the state (0.8x, 1x
+// and 1.2x, compiled at one quantum): windows of a few microseconds, of
+// seconds, and limits near sluice.MaxLimit at a coarser quantum; costs of
+// 0, up to the burst and above it; a clock that goes back now and then;
+// through Check and through CheckAll of one request.
+func testRandomParams(t *testing.T, s Store, key keyFunc) {
+	for _, a := range sluice.Algorithms {
+		rng := rand.New(rand.NewPCG(uint64(a), 99))
+		for trace := range 100 {
+			var l sluice.Limit
+			l.Algorithm = a
+			switch {
+			case rng.IntN(6) == 0 && a != sluice.SlidingWindowLog:
+				l.Limit = sluice.MaxLimit - rng.Int64N(1000)
+				l.Window = time.Duration(10_000*(1+rng.Int64N(3))) * time.Microsecond
+			case rng.IntN(4) == 0:
+				l.Limit = 1 + rng.Int64N(2000)
+				l.Window = time.Duration(1+rng.Int64N(5_000_000)) * time.Microsecond
+			default:
+				l.Limit = 1 + rng.Int64N(12)
+				l.Window = time.Duration(1+rng.Int64N(40)) * time.Microsecond
+			}
+			if rng.IntN(2) == 0 {
+				l.Burst = min(1+rng.Int64N(2*l.Limit), sluice.MaxLimit)
+			}
+			var ps [3]algorithm.Params
+			q := int64(1)
+			for range 2 { // the second pass at the coarsest quantum of the first
+				for i, m := range []float64{0.8, 1, 1.2} {
+					v := l
+					v.Limit = min(max(int64(float64(l.Limit)*m), 1), sluice.MaxLimit)
+					if l.Burst > 0 {
+						v.Burst = min(max(int64(float64(l.Burst)*m), 1), sluice.MaxLimit)
+					}
+					p, err := algorithm.CompileAt(v, q)
+					if err != nil {
+						t.Fatalf("CompileAt(%+v, %d): %v", v, q, err)
+					}
+					ps[i], q = p, max(q, p.Quantum)
+				}
+			}
+			algorithm.ShareState(ps[:])
+			m := NewModel()
+			k := fmt.Sprintf("%s:%s:%d", key(t, "rp"), a, trace)
+			at := T0.UnixMicro()
+			w := ps[1].Window * ps[1].Quantum
+			for i := range 60 {
+				switch r := rng.IntN(10); {
+				case r == 0:
+					at -= rng.Int64N(2*w + 2)
+				case r < 7:
+					at += rng.Int64N(w/2 + 2)
+				}
+				p := &ps[rng.IntN(len(ps))]
+				var cost int64
+				switch rng.IntN(6) {
+				case 0:
+				case 1:
+					cost = p.Burst + 1
+				default:
+					cost = 1 + rng.Int64N(p.Burst)
+				}
+				r := store.Request{Key: k, Params: p, Cost: cost, Now: time.UnixMicro(at)}
+				out := make([]sluice.Decision, 1)
+				var want sluice.Decision
+				var err error
+				all := rng.IntN(2) == 0
+				if all {
+					err = s.CheckAll(context.Background(), []store.Request{r}, out)
+					want = m.DecideAll([]store.Request{r})[0]
+				} else {
+					err = s.Check(context.Background(), []store.Request{r}, out)
+					want = m.Decide(r)
+				}
+				if err != nil {
+					t.Fatalf("trace %d request %d: %v", trace, i, err)
+				}
+				if out[0] != want {
+					t.Fatalf("trace %d (%+v) request %d (cost %d at %dµs, all or nothing %v): got %+v, want %+v", trace, *p, i, cost, at, all, out[0], want)
+				}
+			}
+		}
 	}
 }
 
