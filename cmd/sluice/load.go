@@ -43,7 +43,7 @@ Flags:
 	fs.StringVar(&cfg.Addr, "addr", "", "server address host:port; default 127.0.0.1:8080 for http, 127.0.0.1:8081 for grpc and envoy")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "concurrent callers")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "total requests per second (open loop, latency from each request's due time); 0: closed loop at full speed")
-	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to run (at most 1h)")
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to send requests (at most 1h); those in flight then are answered and counted")
 	fs.Int64Var(&cfg.Requests, "requests", 0, "stop after this many requests; 0: only --duration bounds the run")
 	fs.IntVar(&cfg.Keys, "keys", 1000, "distinct keys (client ids, or descriptor values for envoy)")
 	fs.BoolVar(&cfg.Zipf, "zipf", false, "draw keys from a Zipf distribution (key 0 hottest) instead of uniformly")

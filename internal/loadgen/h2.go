@@ -642,24 +642,21 @@ func (h *h2Caller) verdict(v uint64, err error) (bool, error) {
 	return envoyVerdict(rlsv3.RateLimitResponse_Code(v))
 }
 
-// loop runs the closed-loop callers of workers until ctx ends or the
+// loop runs the closed-loop callers of workers until sending ends or the
 // request budget is spent, without a goroutine each, as wrk does: the
 // goroutine that reads a reply records it and sends the caller's next
 // request at once. Caller i keeps connection i mod Conns. A sweeper per
 // connection ends the calls that outlive the request timeout. A caller
 // whose request cannot be sent (its connection failed) stops, and the run
-// ends early when every caller has stopped.
-func (h *h2Caller) loop(ctx context.Context, workers []*worker, start time.Time) {
-	end, ok := ctx.Deadline()
-	if !ok {
-		end = start.Add(h.r.cfg.Duration)
-	}
+// ends early when every caller has. The calls in flight when sending ends
+// are answered and counted, unless ctx ends, which abandons them.
+func (h *h2Caller) loop(ctx, sending context.Context, workers []*worker) {
 	var wg sync.WaitGroup
 	var then func(*h2Call)
 	then = func(call *h2Call) {
 		allowed, err := h.verdict(call.result())
-		if err != nil && (ctx.Err() != nil || !time.Now().Before(end)) {
-			wg.Done() // the run ended during the call
+		if err != nil && ctx.Err() != nil {
+			wg.Done() // the run was abandoned during the call
 			return
 		}
 		h.r.record(call.w, call.key, call.cost, call.due, allowed, err)
@@ -668,12 +665,12 @@ func (h *h2Caller) loop(ctx context.Context, workers []*worker, start time.Time)
 			// a new one.
 			call = &h2Call{then: then, w: call.w, conn: call.conn}
 		}
-		h.issue(ctx, &wg, call)
+		h.issue(ctx, sending, &wg, call)
 	}
 	for i, w := range workers {
 		call := &h2Call{then: then, w: w, conn: h.conns[i%len(h.conns)]}
 		wg.Add(1)
-		h.issue(ctx, &wg, call)
+		h.issue(ctx, sending, &wg, call)
 	}
 	sweep := make(chan struct{})
 	var sweepers sync.WaitGroup
@@ -684,11 +681,12 @@ func (h *h2Caller) loop(ctx context.Context, workers []*worker, start time.Time)
 	go func() { wg.Wait(); close(finished) }()
 	select {
 	case <-ctx.Done():
-	case <-finished: // the request budget is spent
+	case <-finished: // every caller has stopped, its last call answered
 	}
 	close(sweep)
 	sweepers.Wait()
-	// The calls still in flight end uncounted; none starts any more.
+	// When ctx ended, the calls still in flight end uncounted; none
+	// starts any more.
 	for _, c := range h.conns {
 		c.mu.Lock()
 		c.stopped = true
@@ -703,10 +701,10 @@ func (h *h2Caller) loop(ctx context.Context, workers []*worker, start time.Time)
 }
 
 // issue sends call's caller's next request, or ends the caller (wg.Done)
-// when the run is over or the request cannot be sent.
-func (h *h2Caller) issue(ctx context.Context, wg *sync.WaitGroup, call *h2Call) {
+// when sending is over or the request cannot be sent.
+func (h *h2Caller) issue(ctx, sending context.Context, wg *sync.WaitGroup, call *h2Call) {
 	r := h.r
-	if ctx.Err() != nil || (r.cfg.Requests > 0 && r.issued.Add(1) > r.cfg.Requests) {
+	if sending.Err() != nil || (r.cfg.Requests > 0 && r.issued.Add(1) > r.cfg.Requests) {
 		wg.Done()
 		return
 	}
@@ -743,7 +741,7 @@ func (h *h2Caller) issue(ctx context.Context, wg *sync.WaitGroup, call *h2Call) 
 }
 
 // refused ends the caller of call, whose request could not be sent,
-// counting the error unless the run is over.
+// counting the error unless the run was abandoned.
 func (h *h2Caller) refused(ctx context.Context, wg *sync.WaitGroup, call *h2Call, err error) {
 	if ctx.Err() == nil && !errors.Is(err, errStopped) {
 		h.r.record(call.w, call.key, call.cost, call.due, false, err)

@@ -23,6 +23,10 @@
 // Requests larger than the server's largest frame go out in several DATA
 // frames.
 //
+// When Duration is over no request is sent any more, and those in flight
+// are waited for and counted, so that the admitted cost (and the
+// overshoot) is what the server admitted; Elapsed includes that wait.
+//
 // Latency is that of the answered requests (allowed or denied), as wrk
 // reports it: a failed request, timeouts included, is counted as an error
 // and left out of the percentiles, where a quick refusal would make a
@@ -311,7 +315,8 @@ type Report struct {
 	Keys        int     `json:"keys"`
 	// Distribution is "uniform" or "zipf(s)".
 	Distribution string `json:"distribution"`
-	// Elapsed is the measured time, in seconds.
+	// Elapsed is the measured time, in seconds: Duration (or less, with
+	// Requests) and the wait for the requests in flight at its end.
 	Elapsed float64 `json:"elapsed_seconds"`
 	// Requests counts the requests answered or failed; Allowed, Denied and
 	// Errors split them.
@@ -466,8 +471,11 @@ type run struct {
 	keyNames  []string
 }
 
-// Run performs a run and returns its report. It stops at Duration, after
-// Requests requests, or when ctx ends, whichever comes first.
+// Run performs a run and returns its report. It stops sending at
+// Duration or after Requests requests, whichever comes first, and returns
+// once the requests in flight are answered or have failed (each within
+// Timeout), so that they are counted as the server decided them. When ctx
+// ends it returns at once, the requests in flight abandoned uncounted.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
@@ -486,7 +494,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	defer closeFn()
 
-	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	// Once the run's time is up no request is sent, but those in flight
+	// are answered (each within Timeout) and counted: the server has
+	// decided them, and the admitted cost must be what it admitted. Only
+	// the end of ctx abandons them.
+	sending, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	workers := make([]*worker, cfg.Concurrency)
 	for i := range workers {
@@ -498,11 +510,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	start := time.Now()
 	if h, ok := cl.(*h2Caller); ok && cfg.Rate == 0 {
-		h.loop(ctx, workers, start)
+		h.loop(ctx, sending, workers)
 	} else {
 		var wg sync.WaitGroup
 		for i, w := range workers {
-			wg.Go(func() { r.work(ctx, cl, w, i, start) })
+			wg.Go(func() { r.work(ctx, sending, cl, w, i, start) })
 		}
 		wg.Wait()
 	}
@@ -510,12 +522,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return r.report(workers, elapsed, start), nil
 }
 
-// work runs one caller until ctx ends or the request budget is spent.
-func (r *run) work(ctx context.Context, cl caller, w *worker, idx int, start time.Time) {
-	end, ok := ctx.Deadline()
-	if !ok {
-		end = start.Add(r.cfg.Duration)
-	}
+// work runs one caller until sending ends or the request budget is
+// spent; its last request is answered, unless ctx ends.
+func (r *run) work(ctx, sending context.Context, cl caller, w *worker, idx int, start time.Time) {
 	var interval time.Duration
 	next := start
 	if r.cfg.Rate > 0 {
@@ -528,7 +537,7 @@ func (r *run) work(ctx context.Context, cl caller, w *worker, idx int, start tim
 		// Spread the callers' first requests over one interval.
 		next = start.Add(time.Duration(min(ns*float64(idx)/float64(r.cfg.Concurrency), float64(2*MaxDuration))))
 	}
-	for ctx.Err() == nil {
+	for sending.Err() == nil {
 		if r.cfg.Requests > 0 && r.issued.Add(1) > r.cfg.Requests {
 			return
 		}
@@ -537,7 +546,7 @@ func (r *run) work(ctx context.Context, cl caller, w *worker, idx int, start tim
 			if wait := time.Until(next); wait > 0 {
 				t := time.NewTimer(wait)
 				select {
-				case <-ctx.Done():
+				case <-sending.Done():
 					t.Stop()
 					return
 				case <-t.C:
@@ -551,8 +560,8 @@ func (r *run) work(ctx context.Context, cl caller, w *worker, idx int, start tim
 		rctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 		allowed, err := cl.call(rctx, w, key, cost)
 		cancel()
-		if err != nil && (ctx.Err() != nil || !time.Now().Before(end)) {
-			return // the run ended during the call: not an error of the server
+		if err != nil && ctx.Err() != nil {
+			return // the run was abandoned during the call: not an error of the server
 		}
 		r.record(w, key, cost, due, allowed, err)
 	}

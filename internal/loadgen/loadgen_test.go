@@ -2,7 +2,10 @@ package loadgen_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,11 +33,19 @@ envoy:
         rate_limit: { unit: minute, requests_per_unit: 20 }
 `
 
-// start runs a daemon on free loopback ports and stops it when the test ends.
+// start runs a daemon of testPolicy on free loopback ports and stops it
+// when the test ends.
 func start(t *testing.T) *daemon.Daemon {
 	t.Helper()
+	return startPolicy(t, testPolicy)
+}
+
+// startPolicy runs a daemon of policy on free loopback ports and stops it
+// when the test ends.
+func startPolicy(t *testing.T, policy string) *daemon.Daemon {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(path, []byte(testPolicy), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(policy), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -288,5 +299,64 @@ func TestVeryLowRate(t *testing.T) {
 	}
 	if rep.Requests != 1 {
 		t.Errorf("%d requests, want 1", rep.Requests)
+	}
+}
+
+// TestAdmittedIsWhatTheServerAdmitted ends runs in the middle of their
+// traffic, on one key whose limit is never reached: the cost the report
+// says was admitted is what the server consumed, the requests in flight
+// at the end included. They used to be abandoned uncounted, though the
+// server had decided them, which hid as much over-admission.
+func TestAdmittedIsWhatTheServerAdmitted(t *testing.T) {
+	const limit = 100_000_000
+	d := startPolicy(t, fmt.Sprintf(`version: 1
+rules:
+  - id: big
+    match: { resource: "/api/*" }
+    dimension: client
+    algorithm: sliding_window_counter
+    limit: %d
+    window: 1h
+envoy:
+  - domain: load
+    descriptors:
+      - key: client_id
+        rate_limit: { unit: hour, requests_per_unit: %d }
+`, limit, limit))
+	for _, tt := range []struct {
+		target, addr string
+		rate         float64
+	}{
+		{loadgen.TargetHTTP, d.HTTPAddr(), 0},
+		{loadgen.TargetGRPC, d.GRPCAddr(), 0},
+		{loadgen.TargetHTTP, d.HTTPAddr(), 20000},
+		{loadgen.TargetGRPC, d.GRPCAddr(), 20000},
+	} {
+		name := fmt.Sprintf("%s-rate%g", tt.target, tt.rate)
+		t.Run(name, func(t *testing.T) {
+			prefix := name + "-"
+			rep, err := loadgen.Run(context.Background(), loadgen.Config{
+				Target: tt.target, Addr: tt.addr, Rate: tt.rate, Concurrency: 32, Duration: 300 * time.Millisecond,
+				Keys: 1, KeyPrefix: prefix, Costs: []loadgen.Cost{{Cost: 1, Weight: 1}, {Cost: 3, Weight: 1}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Errors != 0 {
+				t.Fatalf("%d errors: %v", rep.Errors, rep.ErrorSamples)
+			}
+			resp, err := http.Get("http://" + d.HTTPAddr() + "/api/v1/status/" + prefix + "0?resource=/api/v1/orders")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var status struct{ Limits []struct{ Remaining int64 } }
+			if err := json.NewDecoder(resp.Body).Decode(&status); err != nil || len(status.Limits) != 1 {
+				t.Fatalf("status: %v, %+v", err, status)
+			}
+			if consumed := limit - status.Limits[0].Remaining; rep.AdmittedCost != consumed {
+				t.Errorf("report: %d admitted in %d requests; the server consumed %d", rep.AdmittedCost, rep.Requests, consumed)
+			}
+		})
 	}
 }
