@@ -382,3 +382,39 @@ func TestConfigLoadTimeExcludesTheStore(t *testing.T) {
 		t.Errorf("sluice_config_reload_duration_seconds_sum = %vs after a start that waited about %v for the store, want the configuration's load alone", got, wait)
 	}
 }
+
+// TestBatchDenialEventsOnlyForTheDenyingRule sends all_or_nothing batches
+// that one check's rule, or one check's deny-listed identity, denies: the
+// batch's other checks are denied with it, but no rule of theirs denied
+// them, and an audit event for them would name a rule (or the deny list)
+// that did not deny their caller, and count towards their caller's burst.
+func TestBatchDenialEventsOnlyForTheDenyingRule(t *testing.T) {
+	td := start(t, policyText())
+	batch := func(body string) {
+		t.Helper()
+		if r := post(t, td.base+"/api/v1/batch-check", body); r.status != 429 && r.status != 200 {
+			t.Fatalf("batch: %d %s", r.status, r.raw)
+		}
+	}
+	events := func() []string {
+		t.Helper()
+		r := get(t, td.base+"/api/v1/events?type=rate_limit_exceeded")
+		var out []string
+		for _, e := range r.body["events"].([]any) {
+			m := e.(map[string]any)
+			out = append(out, str(m["client_id"])+" "+str(m["rule"]))
+		}
+		return out
+	}
+	// batch-b admits 1 a minute: the second batch is denied by batch-b.
+	for range 2 {
+		batch(`{"client_id":"b1","mode":"all_or_nothing","checks":[{"resource":"/batch/a"},{"resource":"/batch/b"},{"resource":"/nothing"},{"client_id":"vip","resource":"/batch/a"}]}`)
+	}
+	if got := events(); len(got) != 1 || got[0] != "b1 batch-b" {
+		t.Errorf("events of a batch denied by batch-b: %q, want only [b1 batch-b]", got)
+	}
+	batch(`{"client_id":"b2","mode":"all_or_nothing","checks":[{"resource":"/batch/a"},{"client_id":"banned","resource":"/batch/a"}]}`)
+	if got := events(); len(got) != 2 || got[0] != "banned deny_list" {
+		t.Errorf("events after a batch with a deny-listed check: %q, want [banned deny_list] added", got)
+	}
+}

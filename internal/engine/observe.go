@@ -100,7 +100,13 @@ func (e *Engine) observeResult(c *Check, res *Result) {
 	if e.events == nil || res.Allowed || res.Unavailable || res.Source == SourceIdempotent {
 		return
 	}
+	// Only a check its own rule (or its identity's deny-list entry)
+	// denied: a check of an all_or_nothing batch denied because another
+	// check was has a deciding rule that allowed it, or no rule at all.
 	d := &res.Deciding
+	if d.Allowed || len(res.Rules) == 0 {
+		return
+	}
 	e.events.Denied(e.clock(c), &events.Denial{Rule: d.Rule, Tier: d.Tier, Source: d.Source.String(),
 		ClientID: c.ClientID, User: c.User, IP: c.IP, APIKey: c.APIKey, Resource: c.Resource,
 		Limit: d.Limit, RetryAfter: d.RetryAfter})
