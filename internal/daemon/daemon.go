@@ -260,7 +260,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 
 	d.httpSrv = &http.Server{
-		Handler:           logging.HTTP(d.log, d.withEvents(api)),
+		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withEvents(api))),
 		ReadHeaderTimeout: 5 * time.Second,
 		// A request whose body stops coming, or a client that stops
 		// reading its answers, would otherwise hold its connection and
@@ -275,7 +275,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	// The codec turns invalid UTF-8 in a request into InvalidArgument
 	// naming the field, instead of grpc-go's Internal.
 	d.grpcSrv = grpc.NewServer(grpc.ForceServerCodecV2(grpccodec.Codec{}),
-		grpc.UnaryInterceptor(logging.UnaryServerInterceptor(d.log)),
+		grpc.UnaryInterceptor(recoverUnary(d.log, logging.UnaryServerInterceptor(d.log))),
 		// Reused workers instead of a goroutine per call: no stack growth
 		// per call (about a tenth of the server's CPU on the Envoy path).
 		grpc.NumStreamWorkers(uint32(max(128, 32*runtime.GOMAXPROCS(0)))),

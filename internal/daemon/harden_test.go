@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -16,7 +17,11 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/internal/events"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -174,5 +179,45 @@ func TestGRPCStreamsPerConnectionBounded(t *testing.T) {
 	cl := sluicev1.NewRateLimiterClient(dial(t, td.GRPCAddr()))
 	if _, err := cl.CheckRateLimit(ctx(t), &sluicev1.CheckRequest{ClientId: "c1", Resource: "/api/limited"}); err != nil {
 		t.Errorf("a check on another connection: %v", err)
+	}
+}
+
+// TestPanicAnsweredNotFatal makes a check panic (an event sink that panics
+// on denials) on every API: the call is answered as an internal error, the
+// panic logged, and the process keeps serving.
+func TestPanicAnsweredNotFatal(t *testing.T) {
+	var logs lockedBuffer
+	td := start(t, policyText(), func(c *daemon.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.EventSinks = []events.Sink{sinkFunc(func(ev *events.Event) {
+			if ev.Type == events.RateLimitExceeded && ev.ClientID == "boom" {
+				panic("sink failed")
+			}
+		})}
+	})
+	cl := sluicev1.NewRateLimiterClient(dial(t, td.GRPCAddr()))
+	req := &sluicev1.CheckRequest{ClientId: "boom", Resource: "/api/limited"}
+	for range 3 {
+		if _, err := cl.CheckRateLimit(ctx(t), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := cl.CheckRateLimit(ctx(t), req)
+	if status.Code(err) != codes.Internal {
+		t.Errorf("gRPC check that panicked: %v, want Internal", err)
+	}
+	r := td.check(t, `{"client_id":"boom","resource":"/api/limited"}`)
+	if r.status != http.StatusInternalServerError || r.str("error") != "internal_error" {
+		t.Errorf("HTTP check that panicked: %d %s, want 500 internal_error", r.status, r.raw)
+	}
+	// Still serving, on both listeners.
+	if _, err := cl.CheckRateLimit(ctx(t), &sluicev1.CheckRequest{ClientId: "other", Resource: "/api/limited"}); err != nil {
+		t.Errorf("gRPC check after a panic: %v", err)
+	}
+	if r := td.check(t, `{"client_id":"other","resource":"/api/limited"}`); r.status != http.StatusOK {
+		t.Errorf("HTTP check after a panic: %d %s", r.status, r.raw)
+	}
+	if n := strings.Count(logs.String(), "sink failed"); n != 2 {
+		t.Errorf("panics logged %d times, want 2:\n%s", n, logs.String())
 	}
 }
