@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -18,7 +19,8 @@ import (
 
 // load runs the load generator against a running server and prints its
 // report. It exits 0 after a run, 1 when the run had errors or overshot
-// --expect-limit, and 2 on usage errors.
+// --expect-limit or the server could not be reached, and 2 on usage
+// errors.
 func load(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -135,7 +137,10 @@ Flags:
 	rep, err := loadgen.Run(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice load: %v\n", err)
-		return 2
+		if errors.Is(err, loadgen.ErrInvalidConfig) {
+			return 2
+		}
+		return 1 // the server cannot be reached
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

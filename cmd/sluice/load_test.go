@@ -74,3 +74,16 @@ func TestLoadRefusesZeroAndNegativeValues(t *testing.T) {
 		}
 	}
 }
+
+// A server that cannot be reached fails the run (exit 1) on every target,
+// as the errors of an HTTP run do; exit 2 is for bad usage. The gRPC and
+// Envoy targets, which connect before the run, used to exit 2.
+func TestLoadUnreachableServer(t *testing.T) {
+	for _, target := range []string{"http", "grpc", "envoy"} {
+		var out, errOut bytes.Buffer
+		code := run([]string{"load", "--target", target, "--addr", "127.0.0.1:1", "--requests", "1", "--concurrency", "1"}, &out, &errOut, noEnv)
+		if code != 1 || !strings.Contains(out.String()+errOut.String(), "refused") {
+			t.Errorf("load --target %s at a closed port: exit %d, %q %q; want 1 and the connection's error", target, code, out.String(), errOut.String())
+		}
+	}
+}

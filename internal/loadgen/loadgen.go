@@ -471,6 +471,18 @@ type run struct {
 	keyNames  []string
 }
 
+// ErrInvalidConfig is the error (tested with errors.Is) of Run for a
+// Config it refuses, before connecting to anything; Run's other errors
+// are those of connecting to the server.
+var ErrInvalidConfig = errors.New("loadgen: invalid configuration")
+
+// configError is a problem of a Config; its message says which.
+type configError struct{ err error }
+
+func (e configError) Error() string        { return e.err.Error() }
+func (e configError) Unwrap() error        { return e.err }
+func (e configError) Is(target error) bool { return target == ErrInvalidConfig }
+
 // Run performs a run and returns its report. It stops sending at
 // Duration or after Requests requests, whichever comes first, and returns
 // once the requests in flight are answered or have failed (each within
@@ -478,7 +490,7 @@ type run struct {
 // ends it returns at once, the requests in flight abandoned uncounted.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.defaults(); err != nil {
-		return nil, err
+		return nil, configError{err}
 	}
 	r := &run{cfg: cfg, perKey: make([]atomic.Int64, cfg.Keys), touched: make([]atomic.Bool, cfg.Keys)}
 	r.keyNames = make([]string, cfg.Keys)

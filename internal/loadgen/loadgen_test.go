@@ -3,6 +3,7 @@ package loadgen_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -226,8 +227,8 @@ func TestConfigErrors(t *testing.T) {
 		// Weights whose sum overflows: a panic of every caller's draw.
 		{Addr: "127.0.0.1:1", Duration: 100 * time.Millisecond, Costs: []loadgen.Cost{{1, math.MaxInt64}, {2, math.MaxInt64}}},
 	} {
-		if _, err := loadgen.Run(context.Background(), cfg); err == nil {
-			t.Errorf("Run(%+v): no error", cfg)
+		if _, err := loadgen.Run(context.Background(), cfg); !errors.Is(err, loadgen.ErrInvalidConfig) {
+			t.Errorf("Run(%+v): %v, want ErrInvalidConfig", cfg, err)
 		}
 	}
 }
