@@ -259,13 +259,15 @@ end
 
 -- The working state of each key touched by the batch:
 --   { a, b, c } for the state algorithms, with dirty set when changed;
---   { log = true, stale = , n = , pend = { {score, count}, ... } } for the log.
+--   { log = true, stale = , n = , pend = { {score, count}, ... }, cut = }
+--   for the log, where cut is the latest t - W of the requests admitted:
+--   ApplyLog dropped the entries at or before it from the log.
 local work = {}
 
 -- Sliding window log.
 
 -- log_open returns the working log of key at t, counting its entries
--- within (t - W, +inf).
+-- within (max(t - W, cut), +inf).
 local function log_open(key, t, W)
   local w = work[key]
   if not w or not w.log then
@@ -277,16 +279,21 @@ local function log_open(key, t, W)
     w = { log = true, card = card, pend = {} }
     work[key] = w
   end
-  -- entries at or before t - W have left the window
+  -- entries at or before t - W have left the window, and those at or
+  -- before cut have left the log
+  local cut = t - W
+  if w.cut and w.cut > cut then
+    cut = w.cut
+  end
   local stale = 0
   if w.card > 0 then
-    stale = redis.call('ZCOUNT', key, '-inf', int(t - W))
+    stale = redis.call('ZCOUNT', key, '-inf', int(cut))
   end
   local pn = 0
   local pstale = 0
   for _, p in ipairs(w.pend) do
     pn = pn + p[2]
-    if p[1] <= t - W then
+    if p[1] <= cut then
       pstale = pstale + p[2]
     end
   end
@@ -335,7 +342,10 @@ local function apply_log(key, r, t)
     newest = max(log_at(key, w, n - 1), t)
   end
   table.insert(w.pend, { newest, cost })
-  w.dirty, w.t, w.W, w.Q, w.nowus = true, t, W, r.Q, r.nowus
+  if not w.cut or t - W > w.cut then
+    w.cut = t - W
+  end
+  w.dirty, w.W, w.Q, w.nowus = true, W, r.Q, r.nowus
   return 1, ALLOWED, N - n - cost, newest + W - t, 0
 end
 
@@ -395,20 +405,23 @@ local function commit()
   for key, w in pairs(work) do
     if w.dirty then
       if w.log then
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(w.t - w.W))
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(w.cut))
         local newest = 0
         for _, p in ipairs(w.pend) do
-          local s = int(p[1])
-          local base = redis.call('ZCOUNT', key, s, s)
-          local args = {}
-          for k = 1, p[2] do
-            args[#args + 1] = s
-            args[#args + 1] = s .. ':' .. (base + k)
-          end
-          -- ZADD takes at most a few thousand pairs at a time comfortably
-          local step = 2000
-          for j = 1, #args, step do
-            redis.call('ZADD', key, unpack(args, j, math.min(j + step - 1, #args)))
+          -- (entries a later request of the batch dropped are not written)
+          if p[1] > w.cut then
+            local s = int(p[1])
+            local base = redis.call('ZCOUNT', key, s, s)
+            local args = {}
+            for k = 1, p[2] do
+              args[#args + 1] = s
+              args[#args + 1] = s .. ':' .. (base + k)
+            end
+            -- ZADD takes at most a few thousand pairs at a time comfortably
+            local step = 2000
+            for j = 1, #args, step do
+              redis.call('ZADD', key, unpack(args, j, math.min(j + step - 1, #args)))
+            end
           end
           newest = max(newest, p[1])
         end

@@ -136,6 +136,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("CheckMixed", func(t *testing.T) { testCheckMixed(t, newStore(t), key) })
 	t.Run("CheckAll", func(t *testing.T) { testCheckAll(t, newStore(t), key) })
 	t.Run("CheckAllRandom", func(t *testing.T) { testCheckAllRandom(t, newStore(t), key) })
+	t.Run("BatchInstants", func(t *testing.T) { testBatchInstants(t, newStore(t), key) })
 	t.Run("RandomParams", func(t *testing.T) { testRandomParams(t, newStore(t), key) })
 	t.Run("ClockBack", func(t *testing.T) { testClockBack(t, newStore(t), key) })
 	t.Run("SharedState", func(t *testing.T) { testSharedState(t, newStore(t), key) })
@@ -437,6 +438,66 @@ func testClockBack(t *testing.T, s Store, key keyFunc) {
 				}
 			}
 		})
+	}
+}
+
+// testBatchInstants compares random batches, through Check and CheckAll,
+// over four keys of random small Params of any algorithm, with keys
+// repeated and some requests at an earlier instant than the others of their
+// batch: a key that appears twice is decided on the state its first
+// request leaves, whatever their instants.
+func testBatchInstants(t *testing.T, s Store, key keyFunc) {
+	rng := rand.New(rand.NewPCG(77, 78))
+	for trace := range 100 {
+		var ps []*algorithm.Params
+		for range 4 {
+			a := sluice.Algorithms[rng.IntN(len(sluice.Algorithms))]
+			l := sluice.Limit{Algorithm: a, Limit: 1 + rng.Int64N(8), Window: time.Duration(1+rng.Int64N(30)) * time.Microsecond}
+			if rng.IntN(2) == 0 {
+				l.Burst = 1 + rng.Int64N(10)
+			}
+			ps = append(ps, compile(t, l))
+		}
+		keys := make([]string, 4)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("%s:%d{x}%d", key(t, "tb"), trace, i)
+		}
+		m := NewModel()
+		at := T0.UnixMicro()
+		for round := range 40 {
+			at += rng.Int64N(10)
+			n := 1 + rng.IntN(5)
+			reqs := make([]store.Request, n)
+			for i := range reqs {
+				k := rng.IntN(len(keys))
+				now := at
+				if rng.IntN(5) == 0 {
+					now -= rng.Int64N(40)
+				}
+				reqs[i] = store.Request{Key: keys[k], Params: ps[k], Cost: rng.Int64N(ps[k].Burst + 1), Now: time.UnixMicro(now)}
+			}
+			out := make([]sluice.Decision, n)
+			var want []sluice.Decision
+			var err error
+			all := rng.IntN(2) == 0
+			if all {
+				err = s.CheckAll(context.Background(), reqs, out)
+				want = m.DecideAll(reqs)
+			} else {
+				err = s.Check(context.Background(), reqs, out)
+				for _, r := range reqs {
+					want = append(want, m.Decide(r))
+				}
+			}
+			if err != nil {
+				t.Fatalf("trace %d round %d: %v", trace, round, err)
+			}
+			for i := range reqs {
+				if out[i] != want[i] {
+					t.Fatalf("trace %d round %d (all or nothing %v) request %d (%+v cost %d at %dµs): got %+v, want %+v", trace, round, all, i, *reqs[i].Params, reqs[i].Cost, reqs[i].Now.UnixMicro(), out[i], want[i])
+				}
+			}
+		}
 	}
 }
 
