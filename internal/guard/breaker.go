@@ -50,8 +50,9 @@ const (
 //
 // A failure is an error wrapping sluice.ErrStoreUnavailable (the store is
 // down, unreachable, or did not answer within the deadline). Errors about
-// the request itself count as successes, and calls cancelled by their
-// caller are not counted.
+// the request itself count as successes. Calls cancelled by their caller,
+// or cut short by a caller's own deadline that came before the store
+// deadline, are not counted: a caller's haste says nothing of the store.
 type BreakerConfig struct {
 	// Disabled turns the breaker off: every call goes to the store.
 	Disabled bool

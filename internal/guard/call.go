@@ -184,16 +184,17 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		return err
 	}
 	started := time.Now()
+	expires, callerFirst := started.Add(g.deadline), false
+	if dl, ok := ctx.Deadline(); ok && dl.Before(expires) {
+		expires, callerFirst = dl, true
+	}
 	notSent := false
 	g.stats.storeCalls.Add(1)
 	var err error
 	if j.op == opCheck && g.gather.max > 0 {
 		// A gathered check waits on its job alone; the sweeper ends the
 		// wait at the deadline or when ctx ends, whichever comes first.
-		j.gone, j.expires = ctx.Done(), started.Add(g.deadline)
-		if dl, ok := ctx.Deadline(); ok && dl.Before(j.expires) {
-			j.expires = dl
-		}
+		j.gone, j.expires = ctx.Done(), expires
 		g.gatherJob(j)
 		switch v := <-j.done; v {
 		case doneFinished:
@@ -222,7 +223,7 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		if notSent && err != nil {
 			done(errNotSent)
 		} else {
-			done(breakerOutcome(ctx, err))
+			done(breakerOutcome(ctx, err, callerFirst))
 		}
 	}
 	return err

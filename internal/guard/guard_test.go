@@ -262,6 +262,50 @@ func TestBreakerIgnoresCallerCancellation(t *testing.T) {
 	}
 }
 
+// TestBreakerIgnoresCallersShortDeadlines: callers whose own deadline is
+// shorter than the store deadline give up on a store that answers within
+// the store deadline. Their timeouts say nothing of the store: they must
+// not open the breaker for every other caller. A store slower than the
+// store deadline still opens it.
+func TestBreakerIgnoresCallersShortDeadlines(t *testing.T) {
+	for _, gatherers := range []int{0, -1} {
+		t.Run(fmt.Sprintf("gatherers=%d", gatherers), func(t *testing.T) {
+			f := &guardtest.Faulty{Inner: newMemory(t, nil)}
+			g := newGuard(t, f, Config{Deadline: 50 * time.Millisecond, Gatherers: gatherers, OverLimit: OverLimitConfig{Disabled: true},
+				Breaker: BreakerConfig{Window: time.Minute, MinRequests: 10, FailureRatio: 0.5, Sustain: -1}})
+			p := params(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 1 << 30, Window: time.Second})
+			f.SetDelay(10 * time.Millisecond)
+			gaveUp := 0
+			for range 30 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+				_, _, err := check1(ctx, g, "k", p, 1)
+				cancel()
+				if errors.Is(err, sluice.ErrStoreUnavailable) {
+					gaveUp++
+				}
+			}
+			if gaveUp < 20 { // a loaded machine may wake a caller late
+				t.Fatalf("%d of 30 callers with 1ms deadlines gave up on a 10ms store, want most", gaveUp)
+			}
+			if st := g.BreakerState(); st != BreakerClosed {
+				t.Fatalf("breaker %s after callers with 1ms deadlines gave up on a store answering in 10ms, within the 50ms store deadline; want closed", st)
+			}
+			if _, _, err := check1(context.Background(), g, "k", p, 1); err != nil {
+				t.Fatalf("a caller with no deadline of its own: %v", err)
+			}
+			// The store slower than the store deadline: callers with no
+			// deadline of their own wait for it, and their failures count.
+			f.SetDelay(time.Second)
+			for range 10 {
+				check1(context.Background(), g, "k", p, 1)
+			}
+			if st := g.BreakerState(); st != BreakerOpen {
+				t.Errorf("breaker %s after 10 calls past the store deadline, want open", st)
+			}
+		})
+	}
+}
+
 // TestBreakerExcludedCallsDoNotDiluteTheRatio: calls cancelled by their
 // callers are not counted, so they neither lower the failure ratio nor
 // count toward MinRequests. 30 cancelled calls, then 20 failures: the 20
