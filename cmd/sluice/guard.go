@@ -14,7 +14,7 @@ func redisFlags(fs *flag.FlagSet) func() daemon.RedisOptions {
 	dial := fs.Duration("redis-dial-timeout", redis.DefaultDialTimeout, "bound on opening a connection to Redis")
 	write := fs.Duration("redis-write-timeout", redis.DefaultWriteTimeout, "how long a Redis connection may stay unable to write or answer before it is closed")
 	keepAlive := fs.Duration("redis-keepalive", redis.DefaultKeepAlive, "period of TCP keep-alive probes on Redis connections; negative turns them off")
-	conns := fs.Int("redis-conns-per-node", 0, "connections to each Redis node, over which concurrent calls are pipelined (1 to 256, a power of two); 0 is the client's default")
+	conns := fs.Int("redis-conns-per-node", 0, "connections to each Redis node, over which concurrent calls are pipelined (1 to 256, rounded up to a power of two); 0 is the client's default")
 	return func() daemon.RedisOptions {
 		return daemon.RedisOptions{DialTimeout: *dial, WriteTimeout: *write, KeepAlive: *keepAlive, ConnsPerNode: *conns}
 	}

@@ -1,6 +1,10 @@
 package redis
 
-import "testing"
+import (
+	"strings"
+	"testing"
+	"time"
+)
 
 func TestMultiplex(t *testing.T) {
 	for _, tc := range []struct{ conns, want int }{
@@ -12,5 +16,26 @@ func TestMultiplex(t *testing.T) {
 	}
 	if _, err := New(Config{Addrs: []string{"127.0.0.1:1"}, ConnsPerNode: -1}); err == nil {
 		t.Error("New with -1 connections per node: no error")
+	}
+}
+
+// TestNegativeDurationsRefused: a negative timeout, dial timeout, write
+// timeout or flush delay is a configuration error naming it, not a store
+// that cannot connect ("i/o timeout") or fails every call.
+func TestNegativeDurationsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"timeout", Config{Timeout: -time.Second}},
+		{"dial timeout", Config{DialTimeout: -time.Second}},
+		{"write timeout", Config{WriteTimeout: -time.Second}},
+		{"max flush delay", Config{MaxFlushDelay: -time.Microsecond}},
+	} {
+		tc.cfg.Addrs = []string{"127.0.0.1:1"}
+		_, err := New(tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.name+": must not be negative") {
+			t.Errorf("%s negative: %v", tc.name, err)
+		}
 	}
 }

@@ -257,6 +257,14 @@ func New(cfg Config) (*Store, error) {
 	if cfg.ConnsPerNode < 0 || cfg.ConnsPerNode > 256 {
 		return nil, fmt.Errorf("redis: conns per node: must be between 0 and 256, got %d", cfg.ConnsPerNode)
 	}
+	for _, d := range [...]struct {
+		name string
+		v    time.Duration
+	}{{"timeout", cfg.Timeout}, {"dial timeout", cfg.DialTimeout}, {"write timeout", cfg.WriteTimeout}, {"max flush delay", cfg.MaxFlushDelay}} {
+		if d.v < 0 {
+			return nil, fmt.Errorf("redis: %s: must not be negative, got %s", d.name, d.v)
+		}
+	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultTimeout
 	}
