@@ -58,7 +58,9 @@ type h2Conn struct {
 	// for our DATA, and SETTINGS_MAX_FRAME_SIZE.
 	streamWin int64
 	maxFrame  int
-	err       error
+	// The server's SETTINGS_MAX_CONCURRENT_STREAMS; 0 when it sets none.
+	maxStreams uint32
+	err        error
 	stopped   bool // the run is over: no new call starts (h2Caller.loop)
 }
 
@@ -511,6 +513,8 @@ func (c *h2Conn) readLoop() {
 					c.streamWin = int64(s.Val)
 				case http2.SettingMaxFrameSize:
 					c.maxFrame = int(s.Val)
+				case http2.SettingMaxConcurrentStreams:
+					c.maxStreams = s.Val
 				}
 				return nil
 			})
@@ -603,6 +607,19 @@ func newH2Caller(cfg *Config, r *run) (caller, func(), error) {
 			return nil, nil, fmt.Errorf("loadgen: %w", err)
 		}
 		h.conns = append(h.conns, c)
+	}
+	// Each caller has one call open at a time, on connection i % Conns:
+	// the server must allow that many at once on each, or it would refuse
+	// the others' calls all through the run.
+	perConn := (cfg.Concurrency + cfg.Conns - 1) / cfg.Conns
+	c := h.conns[0]
+	c.mu.Lock()
+	maxStreams := c.maxStreams
+	c.mu.Unlock()
+	if maxStreams > 0 && perConn > int(maxStreams) {
+		closeAll()
+		return nil, nil, fmt.Errorf("loadgen: the server allows %d calls at once on a connection, and %d callers over %d connections need %d: give conns %d or more",
+			maxStreams, cfg.Concurrency, cfg.Conns, perConn, (cfg.Concurrency+int(maxStreams)-1)/int(maxStreams))
 	}
 	return h, closeAll, nil
 }

@@ -154,6 +154,27 @@ func TestLargeRequests(t *testing.T) {
 	}
 }
 
+// TestMoreCallersThanTheServerAllowsPerConnection: the server allows 1024
+// calls at once on a connection. The lean client does not queue calls past
+// that bound, so it refuses before the run a number of callers per
+// connection the server would refuse calls of, naming the connections needed.
+func TestMoreCallersThanTheServerAllowsPerConnection(t *testing.T) {
+	d := start(t)
+	_, err := loadgen.Run(context.Background(), loadgen.Config{
+		Target: loadgen.TargetEnvoy, Addr: d.GRPCAddr(), Domain: "load", Concurrency: 2100, Conns: 2, Requests: 1,
+	})
+	if err == nil || !strings.Contains(err.Error(), "give conns 3 or more") {
+		t.Errorf("2100 callers over 2 connections: %v", err)
+	}
+	rep, err := loadgen.Run(context.Background(), loadgen.Config{
+		Target: loadgen.TargetEnvoy, Addr: d.GRPCAddr(), Domain: "load", Concurrency: 2048, Conns: 2, Requests: 2048,
+		Duration: 30 * time.Second, KeyPrefix: "streams-",
+	})
+	if err != nil || rep.Errors != 0 {
+		t.Fatalf("2048 callers over 2 connections: %v, %d errors", err, rep.Errors)
+	}
+}
+
 // TestServerGoesAway stops the server in the middle of a run: the calls
 // fail, and the run ends on time.
 func TestServerGoesAway(t *testing.T) {
