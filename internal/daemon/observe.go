@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -65,13 +67,30 @@ func (d *Daemon) startDebug(ctx context.Context) error {
 	d.debugLn = ln
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/cmdline", cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
 	d.debugSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return nil
+}
+
+// cmdline serves the command line as pprof.Cmdline does (its arguments
+// separated by NUL bytes), with the password of every URL hidden: a store
+// URL given as a flag would otherwise be shown to whoever reaches the
+// debug listener.
+func cmdline(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	args := make([]string, len(os.Args))
+	for i, a := range os.Args {
+		if strings.Contains(a, "://") {
+			a = redactURL(a)
+		}
+		args[i] = a
+	}
+	io.WriteString(w, strings.Join(args, "\x00"))
 }
 
 // serveDebug serves the debug listener, if any, until Shutdown.

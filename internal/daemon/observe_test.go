@@ -249,6 +249,15 @@ func TestDebugListener(t *testing.T) {
 			t.Errorf("%s: %d", path, resp.StatusCode)
 		}
 	}
+	// The command line never shows a store's password, whichever form
+	// the flag took.
+	args := os.Args
+	os.Args = []string{"sluice", "serve", "--store=redis://u:secret@h:1", "--store", "rediss://:secret@h/0", "--http-addr", "a@b"}
+	defer func() { os.Args = args }()
+	r := get(t, "http://"+td.DebugAddr()+"/debug/pprof/cmdline")
+	if strings.Contains(r.raw, "secret") || !strings.Contains(r.raw, "--store=redis://u:xxxxx@h:1") || !strings.Contains(r.raw, "a@b") {
+		t.Errorf("/debug/pprof/cmdline: %q, want the passwords hidden and the rest as given", r.raw)
+	}
 	// The API listener does not serve pprof.
 	if r := get(t, td.base+"/debug/pprof/"); r.status != 404 {
 		t.Errorf("pprof on the API listener: %d, want 404", r.status)
