@@ -53,8 +53,12 @@ const (
 	httpWriteTimeout = 15 * time.Second
 )
 
-// maxStreamsPerConn is the most gRPC calls one connection may have open.
-const maxStreamsPerConn = 1024
+// Bounds of the gRPC listener: the calls one connection may have open at
+// once, and the size of a call's metadata as HTTP/2 counts it.
+const (
+	maxStreamsPerConn = 1024
+	maxHeaderListSize = 16 << 10
+)
 
 // Config configures a daemon. The zero value serves the built-in policy
 // on the memory store at the default addresses.
@@ -291,7 +295,15 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		// opened limits the handlers of a connection to this number.
 		// Envoy opens another connection when it needs more; a grpc-go
 		// client queues its calls.
-		grpc.MaxConcurrentStreams(maxStreamsPerConn))
+		grpc.MaxConcurrentStreams(maxStreamsPerConn),
+		// A bound on a call's metadata, as HTTP/2 counts it (each field's
+		// name and value, plus 32 bytes); grpc-go's default is 16 MiB.
+		// HPACK lets a client send a field once and then refer to it in a
+		// byte, and grpc-go keeps about 110 bytes per field received, so a
+		// call of a few hundred kilobytes held tens of megabytes until its
+		// message came. A check's metadata is a few hundred bytes; 16 KiB
+		// leaves room for tracing and authentication headers.
+		grpc.MaxHeaderListSize(maxHeaderListSize))
 	svc.Register(d.grpcSrv)
 	rls.Register(d.grpcSrv)
 	d.health = health.NewServer()

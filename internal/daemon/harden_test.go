@@ -18,6 +18,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/internal/daemon"
@@ -219,5 +220,31 @@ func TestPanicAnsweredNotFatal(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "sink failed"); n != 2 {
 		t.Errorf("panics logged %d times, want 2:\n%s", n, logs.String())
+	}
+}
+
+// TestGRPCHeaderListBounded sends a call whose metadata exceeds the
+// bound: HPACK lets a client send a header once and then refer to it in
+// one byte, and grpc-go keeps about a hundred bytes per header field
+// received, so without a bound a call of a few hundred kilobytes on the
+// wire held tens of megabytes until its message came.
+func TestGRPCHeaderListBounded(t *testing.T) {
+	td := start(t, policyText())
+	cl := sluicev1.NewRateLimiterClient(dial(t, td.GRPCAddr()))
+	req := &sluicev1.CheckRequest{ClientId: "meta", Resource: "/api/limited"}
+	small := metadata.AppendToOutgoingContext(ctx(t), "x-request-id", "abc", "traceparent", strings.Repeat("0", 55))
+	if _, err := cl.CheckRateLimit(small, req); err != nil {
+		t.Fatalf("a call with ordinary metadata: %v", err)
+	}
+	var kv []string
+	for i := range 1000 {
+		kv = append(kv, "x-pad-"+strconv.Itoa(i), "v")
+	}
+	big := metadata.AppendToOutgoingContext(ctx(t), kv...)
+	if _, err := cl.CheckRateLimit(big, req); err == nil {
+		t.Errorf("a call with 1000 header fields (over 32 KiB as HTTP/2 counts them) was served")
+	}
+	if rem := td.remaining(t, "meta", "/api/limited", "per-client"); rem != 2 {
+		t.Errorf("remaining = %d, want 2: only the ordinary call is counted", rem)
 	}
 }
