@@ -28,6 +28,10 @@ const (
 	opCheckAll
 	opReset
 	opOnce
+	// opSync is a Check of the hot keys' leases: never gathered, and its
+	// error is the store's own, a *store.PartialError included, so that
+	// the leases the store did decide are kept.
+	opSync
 )
 
 // A job is one store call, run on a goroutine of its own so that its
@@ -130,6 +134,8 @@ func (g *Guard) exec(ctx context.Context, j *job) {
 		j.err = g.inner.Reset(ctx, j.keys...)
 	case opOnce:
 		j.replayed, j.err = j.once.CheckAllOnce(ctx, j.idemKey, j.ttl, j.reqs, j.out)
+	case opSync:
+		j.err = g.inner.Check(ctx, j.reqs, j.out)
 	}
 }
 

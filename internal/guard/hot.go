@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"maps"
@@ -411,6 +412,15 @@ func (g *Guard) syncLoop(ctx context.Context) {
 	}
 }
 
+// allIndexes returns 0, 1, ..., n-1.
+func allIndexes(n int) []int {
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	return idx
+}
+
 // lease is one top-up request of a sync.
 type lease struct {
 	hk     *hotKey
@@ -470,27 +480,37 @@ func (g *Guard) topUp(ctx context.Context, leases []lease) []lease {
 	sent := g.now()
 	g.stats.syncs.Add(1)
 	started := time.Now()
-	err := g.run(ctx, g.newJob(opCheck, reqs, len(reqs)), out)
+	err := g.run(ctx, g.newJob(opSync, reqs, len(reqs)), out)
 	t.obs.HotKeySyncCall(time.Since(started), err)
+	// A store that decided some of the leases and not others (a node of
+	// a cluster down) charged those it decided: they are kept.
+	var failed []int
 	if err != nil {
-		// The leases run out on their own; checks then go to the store
-		// and its failure handling.
 		g.stats.syncErrors.Add(1)
-		for _, l := range leases {
-			l.hk.mu.Lock()
-			l.hk.over = false
-			l.hk.mu.Unlock()
+		var partial *store.PartialError
+		if !errors.As(err, &partial) {
+			partial = &store.PartialError{Failed: allIndexes(len(leases))}
 		}
-		return nil
-	}
-	now := time.Now()
-	if prev := t.lastSync.Swap(now.UnixNano()); prev != 0 {
-		t.obs.HotKeySync(now.Sub(time.Unix(0, prev)))
+		failed = partial.Failed
+	} else {
+		now := time.Now()
+		if prev := t.lastSync.Swap(now.UnixNano()); prev != 0 {
+			t.obs.HotKeySync(now.Sub(time.Unix(0, prev)))
+		}
 	}
 	var again []lease
 	for i, l := range leases {
 		d := &out[i]
 		hk := l.hk
+		if len(failed) > 0 && failed[0] == i {
+			// The lease runs out on its own; checks then go to the store
+			// and its failure handling.
+			failed = failed[1:]
+			hk.mu.Lock()
+			hk.over = false
+			hk.mu.Unlock()
+			continue
+		}
 		hk.mu.Lock()
 		if hk.lease != l.params {
 			// A lease under new params: the units of the old one, if any,

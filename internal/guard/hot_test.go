@@ -2,6 +2,8 @@ package guard
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +15,8 @@ import (
 	"github.com/sluicehq/sluice/internal/guard/guardtest"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memory"
+	"github.com/sluicehq/sluice/store/redis"
+	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
 // hammer checks key with cost 1 from n goroutines for d, and returns the
@@ -358,5 +362,96 @@ func TestHotKeyTopUpAcrossWindowsStartsANewLease(t *testing.T) {
 	}
 	if admitted > limit {
 		t.Errorf("fixed window of %d: %d checks admitted in the window after a top-up sent before it (%d units of the old lease left)", limit, admitted, left)
+	}
+}
+
+// TestHotKeySyncWithOneNodeDown: a hot key's lease is topped up by a sync
+// that batches every hot key, on a cluster one call per node. With one
+// master down, the sync fails in part: the leases of the keys on the
+// other masters were charged by Redis, and must be admitted, not lost at
+// every sync (which would charge a live key for checks it never
+// admitted, and deny its clients early).
+func TestHotKeySyncWithOneNodeDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	c := redistest.StartCluster(t, redistest.ClusterOptions{NodeTimeout: 30 * time.Second})
+	rs, err := redis.New(redis.Config{Addrs: c.Addrs(), DialTimeout: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	// A fixed window of a minute, far above the traffic: every unit
+	// charged is admitted, but for one lease at the end.
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1_000_000, Window: time.Minute})
+	if s := time.Now().Second(); s > 50 { // keep the run in one window
+		time.Sleep(time.Duration(61-s) * time.Second)
+	}
+	dead := c.Masters[0]
+	var live, doomed string
+	for i := 0; live == "" || doomed == ""; i++ {
+		key := fmt.Sprintf("rl:hot:{user=%d}:x", i)
+		if err := rs.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1}}, make([]sluice.Decision, 1)); err != nil {
+			t.Fatal(err)
+		}
+		slot, err := dead.Do("CLUSTER", "KEYSLOT", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, err := dead.Do("CLUSTER", "COUNTKEYSINSLOT", slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held != "0" && doomed == "" {
+			doomed = key
+		} else if held == "0" && live == "" {
+			live = key
+		}
+	}
+	g := newGuard(t, rs, Config{Deadline: time.Second, Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true},
+		HotKeys: HotKeyConfig{Enabled: true, Threshold: 200, SyncInterval: 10 * time.Millisecond, Window: 50 * time.Millisecond}})
+	var admitted, hot atomic.Int64
+	hammerBoth := func(d time.Duration) {
+		stop := time.Now().Add(d)
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Go(func() {
+				for time.Now().Before(stop) {
+					key := live
+					if w == 0 {
+						key = doomed
+					}
+					dec, src, err := check1(context.Background(), g, key, p, 1)
+					if key == live && err == nil && dec.Allowed {
+						admitted.Add(1)
+						if src == engine.SourceHotKey {
+							hot.Add(1)
+						}
+					}
+					if key == doomed && err != nil {
+						time.Sleep(100 * time.Microsecond) // no busy loop on a dead node
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	hammerBoth(500 * time.Millisecond)
+	if g.Stats().HotKeys < 2 {
+		t.Fatalf("%d hot keys, want both", g.Stats().HotKeys)
+	}
+	dead.Kill()
+	hammerBoth(time.Second)
+	time.Sleep(50 * time.Millisecond) // the last syncs return
+	out := make([]sluice.Decision, 1)
+	if err := rs.Check(context.Background(), []store.Request{{Key: live, Params: p, Cost: 0}}, out); err != nil {
+		t.Fatal(err)
+	}
+	charged := p.Limit - out[0].Remaining - 1 // the first check above
+	lost := charged - admitted.Load()
+	lease := g.hot.leaseCap(p)
+	t.Logf("live hot key: %d charged by Redis, %d admitted (%d from its lease), %d lost; a lease holds at most %d", charged, admitted.Load(), hot.Load(), lost, lease)
+	if lost > 2*lease {
+		t.Errorf("live hot key: %d units charged by Redis and never admitted, want at most about one lease (%d)", lost, lease)
 	}
 }
