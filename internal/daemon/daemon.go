@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -44,13 +45,11 @@ const (
 	DefaultStoreURL = "memory://"
 )
 
-// Timeouts of the HTTP API's connections: reading one request, headers
-// and body, and writing one answer (from the end of its request's
-// headers; longer, so that a request cut off for its slow body is still
-// answered).
+// Defaults of the HTTP API's timeouts (Config.HTTPReadTimeout and
+// Config.HTTPWriteTimeout).
 const (
-	httpReadTimeout  = 10 * time.Second
-	httpWriteTimeout = 15 * time.Second
+	DefaultHTTPReadTimeout  = 10 * time.Second
+	DefaultHTTPWriteTimeout = 15 * time.Second
 )
 
 // Bounds of the gRPC listener: the calls one connection may have open at
@@ -103,6 +102,13 @@ type Config struct {
 	// Redis holds the connection settings of a Redis store; zero fields
 	// take the store's defaults.
 	Redis RedisOptions
+	// HTTPReadTimeout bounds the reading of one HTTP request, headers and
+	// body; zero means DefaultHTTPReadTimeout. HTTPWriteTimeout bounds the
+	// writing of one answer, from the end of its request's headers; zero
+	// means DefaultHTTPWriteTimeout. The write timeout should be the
+	// longer, so that a request cut off for its slow body is still
+	// answered.
+	HTTPReadTimeout, HTTPWriteTimeout time.Duration
 	// Guard configures what protects checks from a failing Redis store:
 	// the per-call deadline, the circuit breaker, the over-limit cache and
 	// the hot-key tier (see package guard). It does not apply to the
@@ -270,8 +276,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		// reading its answers, would otherwise hold its connection and
 		// goroutine for ever. A check's request and answer are a few
 		// kilobytes, and the guard's deadline bounds its store call.
-		ReadTimeout:    httpReadTimeout,
-		WriteTimeout:   httpWriteTimeout,
+		ReadTimeout:    cmp.Or(cfg.HTTPReadTimeout, DefaultHTTPReadTimeout),
+		WriteTimeout:   cmp.Or(cfg.HTTPWriteTimeout, DefaultHTTPWriteTimeout),
 		IdleTimeout:    2 * time.Minute,
 		MaxHeaderBytes: 64 << 10,
 		ErrorLog:       slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),

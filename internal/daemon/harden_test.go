@@ -37,12 +37,18 @@ func serverCloses(conn net.Conn, d time.Duration) (bool, string) {
 	return true, string(got)
 }
 
+// shortHTTPTimeouts gives the HTTP API a read timeout of 1s and a write
+// timeout of 2s, so that the tests of what they cut off wait less.
+func shortHTTPTimeouts(c *daemon.Config) {
+	c.HTTPReadTimeout, c.HTTPWriteTimeout = time.Second, 2*time.Second
+}
+
 // TestSlowRequestBodyIsCutOff sends a request's headers and part of its
 // body, then nothing: the server must not wait for the rest forever, each
 // such connection holding a goroutine and its buffers.
 func TestSlowRequestBodyIsCutOff(t *testing.T) {
 	t.Parallel()
-	td := start(t, policyText())
+	td := start(t, policyText(), shortHTTPTimeouts)
 	conn, err := net.Dial("tcp", td.HTTPAddr())
 	if err != nil {
 		t.Fatal(err)
@@ -53,9 +59,9 @@ func TestSlowRequestBodyIsCutOff(t *testing.T) {
 		"Content-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body[:10]); err != nil {
 		t.Fatal(err)
 	}
-	closed, got := serverCloses(conn, 15*time.Second)
+	closed, got := serverCloses(conn, 10*time.Second)
 	if !closed {
-		t.Fatalf("the connection of a request whose body stopped coming is still open after 15s (read %q)", got)
+		t.Fatalf("the connection of a request whose body stopped coming is still open after 10s, with a read timeout of 1s (read %q)", got)
 	}
 	if !strings.HasPrefix(got, "HTTP/1.1 400") {
 		t.Errorf("answer to a body that stopped coming: %q, want a 400", got)
@@ -71,7 +77,7 @@ func TestSlowRequestBodyIsCutOff(t *testing.T) {
 // must not block forever.
 func TestClientThatDoesNotReadIsCutOff(t *testing.T) {
 	t.Parallel()
-	td := start(t, policyText())
+	td := start(t, policyText(), shortHTTPTimeouts)
 	conn, err := net.Dial("tcp", td.HTTPAddr())
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +96,9 @@ func TestClientThatDoesNotReadIsCutOff(t *testing.T) {
 		}
 		wrote <- w.Flush()
 	}()
-	const wait = 18 * time.Second
+	// The server's writes block within a second or two, even under load,
+	// and it gives up 2s later.
+	const wait = 8 * time.Second
 	time.Sleep(wait)
 	// Reading now drains what the server wrote: when it has given up on
 	// the connection the read ends (EOF or a reset); when it is still
