@@ -14,6 +14,8 @@ package policy
 // window count at one quantum (see shareQuanta). The first dimension's value is
 // wrapped in braces, a Redis Cluster hash tag: every key of one identity
 // (all the rules counting by client=acme, say) lands on one slot.
+// The endpoint is the resource as rules match it (resourcePath), with a
+// leading '/'.
 // Values are escaped so that ':', '{', '}' and '%' in them cannot make two
 // identities collide: each becomes %XX.
 //
@@ -52,6 +54,12 @@ func (r *Rule) AppendKey(dst []byte, l *Limit, q *Request) (_ []byte, ok bool) {
 		}
 		dst = append(dst, dimensionNames[d]...)
 		dst = append(dst, '=')
+		if d == DimEndpoint {
+			// The resource as rules match it, so that its spellings
+			// ("/a/", "/a//b", "/a?x") count as one.
+			v, _ = resourcePath(v, true)
+			dst = append(dst, '/')
+		}
 		dst = appendEscaped(dst, v)
 		if i == 0 {
 			dst = append(dst, '}')

@@ -67,11 +67,20 @@ func (m *matcher) add(pat string, r *Rule) {
 		m.any = append(m.any, r)
 		return
 	}
+	// A pattern is read as a resource is (see resourcePath), its kind
+	// decided as written: "/api/*/" is a glob of one segment under /api,
+	// not the prefix "/api/*".
 	if strings.HasSuffix(p, "/*") && !isGlob(p[:len(p)-2]) {
-		n := m.node(p[:len(p)-2])
+		base, _ := resourcePath(p[:len(p)-2], false)
+		if base == "" { // "//*", "/./*": everything
+			m.any = append(m.any, r)
+			return
+		}
+		n := m.node(base)
 		n.prefix = append(n.prefix, r)
 		return
 	}
+	p, _ = resourcePath(p, false)
 	// Follow the segments: literal ones on their edge, glob ones on the
 	// "any segment" edge.
 	n := m.root
@@ -160,8 +169,8 @@ func (p *Policy) Match(r *Request, dst []*Rule) []*Rule {
 	for _, rule := range m.any {
 		dst = appendIf(dst, rule, r)
 	}
-	res := strings.TrimPrefix(r.Resource, "/")
-	dst = m.root.collect(res, res, false, r, dst)
+	res, slash := resourcePath(r.Resource, true)
+	dst = m.root.collect(res, res, false, slash, r, dst)
 	// Policy order, without duplicates (a rule with several patterns may
 	// match more than once). The lists are short: insertion sort.
 	out := dst[start:]
@@ -183,8 +192,10 @@ func (p *Policy) Match(r *Request, dst []*Rule) []*Rule {
 
 // collect appends the rules of n and of its descendants that match the
 // resource res, of which rest is the part below n (done when n is the
-// node of res's last segment).
-func (n *trieNode) collect(res, rest string, done bool, r *Request, dst []*Rule) []*Rule {
+// node of res's last segment). slash reports that the resource ended in
+// "/": the prefix patterns of its last node match it ("/api/*" matches
+// "/api/").
+func (n *trieNode) collect(res, rest string, done, slash bool, r *Request, dst []*Rule) []*Rule {
 	for {
 		for i := range n.globs {
 			if ok, _ := path.Match(n.globs[i].pattern, res); ok {
@@ -192,6 +203,11 @@ func (n *trieNode) collect(res, rest string, done bool, r *Request, dst []*Rule)
 			}
 		}
 		if done {
+			if slash {
+				for _, rule := range n.prefix {
+					dst = appendIf(dst, rule, r)
+				}
+			}
 			for _, rule := range n.exact {
 				dst = appendIf(dst, rule, r)
 			}
@@ -208,7 +224,7 @@ func (n *trieNode) collect(res, rest string, done bool, r *Request, dst []*Rule)
 		seg, tail, more := strings.Cut(rest, "/")
 		rest, done = tail, !more
 		if n.star != nil {
-			dst = n.star.collect(res, rest, done, r, dst)
+			dst = n.star.collect(res, rest, done, slash, r, dst)
 		}
 		c := n.children[seg]
 		if c == nil {
@@ -235,4 +251,100 @@ func anyFold(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// resourcePath returns resource s as rules match it and the endpoint
+// dimension counts it, without its leading "/": read as a URL path, so that
+// the spellings a web server takes for one path are one resource. A query
+// string (from the first "?", when query is set) is dropped;
+// percent-encoded unreserved characters (letters, digits, "-", ".", "_",
+// "~") are decoded, and the hex digits of other escapes upper-cased (RFC
+// 3986, 6.2.2); then "." and ".." segments are resolved, runs of "/"
+// merged and a trailing "/" dropped: "/api//v1/./x/../%6Frders/?a=1" is
+// "api/v1/orders". slash reports that the path ended in "/" (or in a "."
+// or ".." segment), for the prefix patterns of its last segment. Case is
+// kept: "/API" is not "/api".
+//
+// A path that needs none of this, the usual one, is returned as it is,
+// without allocating.
+func resourcePath(s string, query bool) (p string, slash bool) {
+	if query {
+		if i := strings.IndexByte(s, '?'); i >= 0 {
+			s = s[:i]
+		}
+	}
+	t := strings.TrimPrefix(s, "/")
+	if isCleanPath(t) {
+		return t, false
+	}
+	if strings.IndexByte(t, '%') >= 0 {
+		t = normalizeEscapes(t)
+	}
+	last := t[strings.LastIndexByte(t, '/')+1:]
+	c := path.Clean("/" + t)[1:]
+	return c, c != "" && (last == "" || last == "." || last == "..")
+}
+
+// isCleanPath reports whether t (without its leading "/") is its own
+// resourcePath: no escape, no empty, "." or ".." segment, unless t is "".
+func isCleanPath(t string) bool {
+	if t == "" {
+		return true
+	}
+	start := 0
+	for i := 0; i <= len(t); i++ {
+		if i < len(t) {
+			switch t[i] {
+			case '%':
+				return false
+			case '/':
+			default:
+				continue
+			}
+		}
+		switch t[start:i] {
+		case "", ".", "..":
+			return false
+		}
+		start = i + 1
+	}
+	return true
+}
+
+// normalizeEscapes decodes the percent-encoded unreserved characters of s
+// and upper-cases the hex digits of its other escapes.
+func normalizeEscapes(s string) string {
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '%' || i+2 >= len(s) {
+			b = append(b, c)
+			continue
+		}
+		hi, lo := unhex(s[i+1]), unhex(s[i+2])
+		if hi < 0 || lo < 0 {
+			b = append(b, c)
+			continue
+		}
+		v := byte(hi<<4 | lo)
+		if v >= 'a' && v <= 'z' || v >= 'A' && v <= 'Z' || v >= '0' && v <= '9' || v == '-' || v == '.' || v == '_' || v == '~' {
+			b = append(b, v)
+		} else {
+			b = append(b, '%', hexDigits[hi], hexDigits[lo])
+		}
+		i += 2
+	}
+	return string(b)
+}
+
+func unhex(c byte) int {
+	switch {
+	case c >= '0' && c <= '9':
+		return int(c - '0')
+	case c >= 'a' && c <= 'f':
+		return int(c-'a') + 10
+	case c >= 'A' && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
 }

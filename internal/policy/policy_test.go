@@ -8,6 +8,7 @@ import (
 	"path"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -944,11 +945,11 @@ func benchPolicy(b *testing.B, n int) *Policy {
 // order, each of its patterns tested on its own with the semantics of
 // docs/config.md. Match must agree with it; BenchmarkMatch measures both.
 func linearMatch(p *Policy, r *Request, dst []*Rule) []*Rule {
-	res := strings.TrimPrefix(r.Resource, "/")
+	res, slash := resourcePath(r.Resource, true)
 	for _, rule := range p.Rules {
 		ok := len(rule.Resources) == 0
 		for _, pat := range rule.Resources {
-			if ok = patternMatches(strings.TrimPrefix(pat, "/"), res); ok {
+			if ok = patternMatches(strings.TrimPrefix(pat, "/"), res, slash); ok {
 				break
 			}
 		}
@@ -959,13 +960,18 @@ func linearMatch(p *Policy, r *Request, dst []*Rule) []*Rule {
 	return dst
 }
 
-func patternMatches(pat, res string) bool {
+// patternMatches reports whether pattern pat (without its leading "/")
+// matches resource res, as resourcePath returns it.
+func patternMatches(pat, res string, slash bool) bool {
 	switch {
 	case pat == "*" || pat == "**":
 		return true
 	case strings.HasSuffix(pat, "/*") && !isGlob(pat[:len(pat)-2]):
-		return strings.HasPrefix(res, pat[:len(pat)-1])
-	case !isGlob(pat):
+		base, _ := resourcePath(pat[:len(pat)-2], false)
+		return base == "" || strings.HasPrefix(res, base+"/") || slash && res == base
+	}
+	pat, _ = resourcePath(pat, false)
+	if !isGlob(pat) {
 		return res == pat
 	}
 	ok, _ := path.Match(pat, res)
@@ -973,12 +979,13 @@ func patternMatches(pat, res string) bool {
 }
 
 func TestMatchAgreesWithLinearScan(t *testing.T) {
-	segs := []string{"api", "v1", "v2", "orders", "42", "items", "x", "", "*", "v1\\"}
+	segs := []string{"api", "v1", "v2", "orders", "42", "items", "x", "", "*", "v1\\", ".", "..", "%76%31", "v2?q=1"}
 	pats := []string{
 		"/api/v1/orders", "/api/*", "/api/v1/*", "api/v2/orders/*", "/api/*/orders", "/*/v1/*",
 		"/api/v?/items", "/api/v[12]/orders/42", "*", "/", "/api/v1/orders/", "/x", "/x/*/*", "/api/v1\\/x",
 		"/*/v1/orders", "/*/*/42", "/*/v?/items", "/*", "*/v2", "/api/*/*", "/*/*/*/*", "/*/v1/*/items", "/**/v1", "/*/",
 		"/api/v1[/]x", "/*/v[12]", "/api/v[12]/*", "/x/[a-z]*", "/[ax]*/v?/\\*", "/api/v1\\\\/x",
+		"/api//v1/orders", "/api/./v1/*", "/api/v2/../v1/*/", "/%61pi/v1",
 	}
 	var sb strings.Builder
 	sb.WriteString("version: 1\nrules:\n")
@@ -1080,4 +1087,90 @@ func benchGlobPolicy(b *testing.B, n int, lead string) *Policy {
 		b.Fatal(err)
 	}
 	return p
+}
+
+// TestMatchResourceSpellings checks that the spellings of one path that a
+// web server takes for the same resource (a trailing slash, "//", "." and
+// ".." segments, percent-encoded unreserved characters, a query string)
+// match the rules of that resource and count on its endpoint keys, so
+// that none escapes a limit; and that resources that differ do not.
+func TestMatchResourceSpellings(t *testing.T) {
+	p := mustParse(t, `
+version: 1
+rules:
+  - {id: login, match: {resource: /api/v1/login}, dimension: ip, limit: 1, window: 1s}
+  - {id: items, match: {resource: "/api/*/items"}, dimension: ip, limit: 1, window: 1s}
+  - {id: api, match: {resource: "/api/*"}, dimension: user+endpoint, limit: 1, window: 1s}
+  - {id: slash-pattern, match: {resource: "/shop//cart/"}, dimension: endpoint, limit: 1, window: 1s}
+  - {id: one-under, match: {resource: "/files/*/"}, dimension: endpoint, limit: 1, window: 1s}
+`)
+	tests := []struct {
+		res      string
+		want     []string
+		endpoint string // the endpoint value of the keys, when a rule counts by it
+	}{
+		{"/api/v1/login", []string{"login", "api"}, "/api/v1/login"},
+		{"api/v1/login", []string{"login", "api"}, "/api/v1/login"},
+		{"/api/v1/login/", []string{"login", "api"}, "/api/v1/login"},
+		{"/api//v1/login", []string{"login", "api"}, "/api/v1/login"},
+		{"//api/v1//login//", []string{"login", "api"}, "/api/v1/login"},
+		{"/api/v1/./login", []string{"login", "api"}, "/api/v1/login"},
+		{"/api/v1/x/../login", []string{"login", "api"}, "/api/v1/login"},
+		{"/../api/v1/login", []string{"login", "api"}, "/api/v1/login"},
+		{"/api/v1/%6C%6F%67%69%6E", []string{"login", "api"}, "/api/v1/login"},
+		{"/api/v1/%6c%6f%67in", []string{"login", "api"}, "/api/v1/login"},
+		{"/api/v1/%2E%2E/v1/login", []string{"login", "api"}, "/api/v1/login"},
+		{"/api/v1/login?x=1", []string{"login", "api"}, "/api/v1/login"},
+		{"/api/v1/login/?", []string{"login", "api"}, "/api/v1/login"},
+		{"/api/v2/items/", []string{"items", "api"}, "/api/v2/items"},
+		{"/api//v2/items?page=2", []string{"items", "api"}, "/api/v2/items"},
+		// A prefix pattern matches the resource spelled with a trailing
+		// slash, as documented, and with its dot segments.
+		{"/api/", []string{"api"}, "/api"},
+		{"/api/.", []string{"api"}, "/api"},
+		{"/api/x/..", []string{"api"}, "/api"},
+		{"/api", nil, ""},
+		{"/api/v1/x/../../..", nil, ""},
+		// Patterns are read as resources are.
+		{"/shop/cart", []string{"slash-pattern"}, "/shop/cart"},
+		{"/shop/cart/", []string{"slash-pattern"}, "/shop/cart"},
+		{"/files/a", []string{"one-under"}, "/files/a"},
+		{"/files/a/", []string{"one-under"}, "/files/a"},
+		{"/files/a/b", nil, ""},
+		// Not the same resource: case, an encoded "/", other characters.
+		{"/API/v1/login", nil, ""},
+		{"/api/v1/Login", []string{"api"}, "/api/v1/Login"},
+		{"/api%2Fv1%2Flogin", nil, ""},
+		{"/api/v1/login%2F", []string{"api"}, "/api/v1/login%2F"},
+		{"/api/v1/login%2f", []string{"api"}, "/api/v1/login%2F"},
+		{"/api/v1/log%20in", []string{"api"}, "/api/v1/log%20in"},
+		{"/api/v1/login.", []string{"api"}, "/api/v1/login."},
+	}
+	rules := map[string]*Rule{}
+	for _, r := range p.Rules {
+		rules[r.ID] = r
+	}
+	for _, tt := range tests {
+		q := &Request{ClientID: "c", User: "u", IP: "192.0.2.1", Resource: tt.res}
+		got := p.Match(q, nil)
+		if ids := ruleIDs(got); !reflect.DeepEqual(ids, append([]string{}, tt.want...)) {
+			t.Errorf("Match(%q): got %v, want %v", tt.res, ids, tt.want)
+			continue
+		}
+		for _, r := range got {
+			key, ok := r.AppendKey(nil, r.Base, q)
+			if !ok {
+				t.Errorf("%q: rule %s: AppendKey not ok", tt.res, r.ID)
+				continue
+			}
+			if !slices.Contains(r.Dimension, DimEndpoint) {
+				continue
+			}
+			q2 := &Request{ClientID: "c", User: "u", IP: "192.0.2.1", Resource: tt.endpoint}
+			want, _ := r.AppendKey(nil, r.Base, q2)
+			if string(key) != string(want) || !strings.Contains(string(key), "endpoint="+strings.ReplaceAll(tt.endpoint, "%", "%25")) {
+				t.Errorf("%q: rule %s: key %q, want %q", tt.res, r.ID, key, want)
+			}
+		}
+	}
 }
