@@ -101,15 +101,17 @@ func (h *Handler) handleCheck(w http.ResponseWriter, r *http.Request) {
 			c.IdempotencyKey = k
 		}
 	}
+	start := time.Now()
 	res, err := h.eng.Check(r.Context(), &c)
+	latency := ceilMicros(time.Since(start))
 	if err != nil {
 		h.writeError(w, r, err)
 		return
 	}
 	now := h.now()
 	status := decisionStatus(&res)
-	setHeaders(w.Header(), &res, now)
-	b.b = appendResult(b.b[:0], &res, status, now, "")
+	setHeaders(w.Header(), &res, now, latency)
+	b.b = appendResult(b.b[:0], &res, status, now, "", latency)
 	writeJSON(w, status, b.b)
 }
 
@@ -171,7 +173,7 @@ func (h *Handler) handleBatch(w http.ResponseWriter, r *http.Request) {
 		if i > 0 {
 			b.b = append(b.b, ',')
 		}
-		b.b = appendResult(b.b, &results[i], decisionStatus(&results[i]), now, checks[i].Resource)
+		b.b = appendResult(b.b, &results[i], decisionStatus(&results[i]), now, checks[i].Resource, -1)
 	}
 	b.b = append(b.b, "]}"...)
 	writeJSON(w, status, b.b)
@@ -265,25 +267,27 @@ func deniedWithBatch(res *engine.Result) bool {
 	return true
 }
 
-// setHeaders sets the rate-limit headers of a check's answer. The values
-// share one backing array, so that an answer costs one allocation for
-// them rather than one per header.
-func setHeaders(hdr http.Header, res *engine.Result, now time.Time) {
+// setHeaders sets the rate-limit headers of a check's answer; latencyUS is
+// the time the engine took to decide it, in microseconds. The values share
+// one backing array, so that an answer costs one allocation for them rather
+// than one per header.
+func setHeaders(hdr http.Header, res *engine.Result, now time.Time, latencyUS int64) {
 	d := &res.Deciding
-	vals := make([]string, 0, 13)
+	vals := make([]string, 0, 14)
 	one := func(v string) []string {
 		vals = append(vals, v)
 		n := len(vals)
 		return vals[n-1 : n : n]
 	}
+	var nb [64]byte
+	num := func(v int64) []string { return one(string(strconv.AppendInt(nb[:0], v, 10))) }
 	hdr["X-Ratelimit-Decision-Source"] = one(res.Source.String())
+	hdr["X-Ratelimit-Decision-Latency-Us"] = num(latencyUS)
 	if d.Rule == "" || res.Source == engine.SourceAllowList {
 		// No limit applies: a quota of 0 with 0 remaining would tell a
 		// client that honours these headers to stop.
 		return
 	}
-	var nb [64]byte
-	num := func(v int64) []string { return one(string(strconv.AppendInt(nb[:0], v, 10))) }
 	hdr["X-Ratelimit-Limit"] = num(d.Limit)
 	hdr["X-Ratelimit-Remaining"] = num(d.Remaining)
 	hdr["X-Ratelimit-Reset"] = num(resetAt(now, d.ResetAfter))
@@ -314,6 +318,14 @@ func setHeaders(hdr http.Header, res *engine.Result, now time.Time) {
 	}
 }
 
+// ceilMicros returns d in whole microseconds, rounded up.
+func ceilMicros(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}
+
 func ceilMillis(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
@@ -339,8 +351,9 @@ func sfString(s string) string {
 }
 
 // appendResult appends the JSON body of a check's answer; resource, when
-// set, is echoed (batch items).
-func appendResult(b []byte, res *engine.Result, status int, now time.Time, resource string) []byte {
+// set, is echoed (batch items), and latencyUS, the engine's time to decide
+// in microseconds, is written when it is not negative (single checks).
+func appendResult(b []byte, res *engine.Result, status int, now time.Time, resource string, latencyUS int64) []byte {
 	d := &res.Deciding
 	b = append(b, '{')
 	if resource != "" {
@@ -378,6 +391,10 @@ func appendResult(b []byte, res *engine.Result, status int, now time.Time, resou
 	b = appendString(b, usageState(res.Allowed, d.Limit, d.Remaining))
 	b = append(b, `,"shadow_denied":`...)
 	b = strconv.AppendBool(b, res.ShadowDenied)
+	if latencyUS >= 0 {
+		b = append(b, `,"latency_us":`...)
+		b = strconv.AppendInt(b, latencyUS, 10)
+	}
 	switch status {
 	case http.StatusTooManyRequests:
 		b = append(b, `,"error":"rate_limit_exceeded","error_description":`...)

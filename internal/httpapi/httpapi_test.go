@@ -29,6 +29,7 @@ type fakeEngine struct {
 	batch  []engine.Result
 	rules  []engine.RuleResult
 	ready  error
+	delay  time.Duration // how long Check takes
 }
 
 func (f *fakeEngine) Check(ctx context.Context, c *engine.Check) (engine.Result, error) {
@@ -36,6 +37,7 @@ func (f *fakeEngine) Check(ctx context.Context, c *engine.Check) (engine.Result,
 	defer f.mu.Unlock()
 	f.calls++
 	f.checks = append(f.checks, *c)
+	time.Sleep(f.delay)
 	return f.result, nil
 }
 
@@ -118,6 +120,32 @@ func TestCheckAllowed(t *testing.T) {
 	}
 	if got := f.checks[0]; got.Cost != 1 || got.Priority != engine.PriorityHigh || got.ClientID != "c1" {
 		t.Errorf("check = %+v, want cost 1, high priority, client c1", got)
+	}
+}
+
+// TestCheckLatency: a check's answer says how long the engine took to decide
+// it, in the X-RateLimit-Decision-Latency-Us header and the latency_us field
+// (seed 002), rounded up to a microsecond, whatever decided it.
+func TestCheckLatency(t *testing.T) {
+	for _, res := range []engine.Result{allowedResult(100, 50), deniedResult(), {Allowed: true, Source: engine.SourceNoRule}} {
+		f := &fakeEngine{result: res, delay: 3 * time.Millisecond}
+		rec := do(newTestHandler(t, f), "POST", "/api/v1/check", `{"client_id":"c1"}`)
+		hdr := rec.Header().Get("X-RateLimit-Decision-Latency-Us")
+		var body struct {
+			LatencyUS *int64 `json:"latency_us"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatalf("body %s: %v", rec.Body, err)
+		}
+		if body.LatencyUS == nil {
+			t.Fatalf("source %s: body %s has no latency_us", res.Source, rec.Body)
+		}
+		if got := *body.LatencyUS; got < 3000 || got > 3_000_000 {
+			t.Errorf("source %s: latency_us = %d, want at least 3000 (the engine took 3ms)", res.Source, got)
+		}
+		if want := fmt.Sprint(*body.LatencyUS); hdr != want {
+			t.Errorf("source %s: X-RateLimit-Decision-Latency-Us = %q, want %q as in the body", res.Source, hdr, want)
+		}
 	}
 }
 
