@@ -462,7 +462,7 @@ func (cr *checkRequest) toCheck(c *engine.Check) error {
 // naming it: answering as if it were absent would report another check's
 // rules.
 func (cr *checkRequest) parseStatusQuery(raw string) error {
-	var seen uint8
+	var seen uint16
 	for raw != "" {
 		var pair string
 		pair, raw, _ = strings.Cut(raw, "&")
@@ -481,8 +481,9 @@ func (cr *checkRequest) parseStatusQuery(raw string) error {
 		if err != nil {
 			return fieldErr(name, "%v", err)
 		}
-		var bit uint8
+		var bit uint16
 		var dst *string
+		var flag string
 		switch name {
 		case "resource":
 			bit, dst = 1<<0, &cr.Resource
@@ -496,14 +497,40 @@ func (cr *checkRequest) parseStatusQuery(raw string) error {
 			bit, dst = 1<<4, &cr.APIKey
 		case "method":
 			bit, dst = 1<<5, &cr.Method
+		// Seed 002's options. The figures are already those of the store
+		// every instance shares; predictions and history are not kept.
+		case "include_global":
+			bit, flag = 1<<6, name
+		case "include_predictions":
+			bit, flag = 1<<7, name
+		case "include_history":
+			bit, flag = 1<<8, name
 		default:
-			return fieldErr(truncate(name), "unknown query parameter (want resource, operation, user, ip, api_key or method)")
+			return fieldErr(truncate(name), "unknown query parameter (want resource, operation, user, ip, api_key, method or include_global)")
 		}
 		if seen&bit != 0 {
 			return fieldErr(name, "given more than once")
 		}
 		seen |= bit
+		if flag != "" {
+			if err := statusFlag(flag, val); err != nil {
+				return err
+			}
+			continue
+		}
 		*dst = val
+	}
+	return nil
+}
+
+// statusFlag checks one of seed 002's include_* options of the status
+// endpoint.
+func statusFlag(name, val string) error {
+	if val != "true" && val != "false" {
+		return fieldErr(name, "want true or false, got %q", truncate(val))
+	}
+	if val == "true" && name != "include_global" {
+		return fieldErr(name, "not supported: Sluice keeps no %s of a client (its metrics are in GET /metrics)", strings.TrimPrefix(name, "include_"))
 	}
 	return nil
 }

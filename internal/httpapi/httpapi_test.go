@@ -441,6 +441,55 @@ func TestStatusConsumesNothing(t *testing.T) {
 	}
 }
 
+// TestStatusSpecParameters: the status endpoint takes seed 002's
+// include_global, include_predictions and include_history. The figures are
+// those of the store every instance shares, so include_global answers the
+// same either way; Sluice keeps no predictions or history, so asking for
+// them is refused, naming the parameter, rather than answered without them.
+func TestStatusSpecParameters(t *testing.T) {
+	tests := []struct {
+		query  string
+		status int
+		field  string
+		desc   string
+	}{
+		{"include_global=true", 200, "", ""},
+		{"include_global=false", 200, "", ""},
+		{"include_global=true&include_predictions=false&include_history=false", 200, "", ""},
+		{"include_global=yes", 400, "include_global", "want true or false"},
+		{"include_global=true&include_global=false", 400, "include_global", "given more than once"},
+		{"include_predictions=true", 400, "include_predictions", "not supported"},
+		{"include_history=true", 400, "include_history", "not supported"},
+	}
+	for _, tt := range tests {
+		f := &fakeEngine{rules: []engine.RuleResult{{Rule: "r1", Allowed: true, Limit: 10, Remaining: 7}}}
+		rec := do(newTestHandler(t, f), "GET", "/api/v1/status/c1?resource=/api/x&"+tt.query, "")
+		if rec.Code != tt.status {
+			t.Errorf("%s: status %d, want %d; body %s", tt.query, rec.Code, tt.status, rec.Body)
+			continue
+		}
+		if tt.status == 200 {
+			if len(f.checks) != 1 || f.checks[0].Resource != "/api/x" || !strings.Contains(rec.Body.String(), `"rule":"r1"`) {
+				t.Errorf("%s: checks %+v, body %s", tt.query, f.checks, rec.Body)
+			}
+			continue
+		}
+		var body struct {
+			Field string `json:"field"`
+			Desc  string `json:"error_description"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatalf("%s: body %s: %v", tt.query, rec.Body, err)
+		}
+		if body.Field != tt.field || !strings.Contains(body.Desc, tt.desc) {
+			t.Errorf("%s: field %q, description %q; want %q, containing %q", tt.query, body.Field, body.Desc, tt.field, tt.desc)
+		}
+		if len(f.checks) != 0 {
+			t.Errorf("%s: engine called on bad input", tt.query)
+		}
+	}
+}
+
 func TestHealthReadyNotFound(t *testing.T) {
 	f := &fakeEngine{}
 	h, err := New(Config{Engine: f, ConfigStatus: func() ConfigStatus {
