@@ -1,5 +1,7 @@
 package policy
 
+import "strings"
+
 // Store keys.
 //
 // A rule's key is
@@ -60,7 +62,12 @@ func (r *Rule) AppendKey(dst []byte, l *Limit, q *Request) (_ []byte, ok bool) {
 			v, _ = resourcePath(v, true)
 			dst = append(dst, '/')
 		}
-		dst = appendEscaped(dst, v)
+		if d == DimMethod {
+			// Methods match case-insensitively: "post" is POST's.
+			dst = appendUpper(dst, v)
+		} else {
+			dst = appendEscaped(dst, v)
+		}
 		if i == 0 {
 			dst = append(dst, '}')
 		}
@@ -80,6 +87,25 @@ func appendEscaped(dst []byte, s string) []byte {
 			dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&15])
 		default:
 			dst = append(dst, c)
+		}
+	}
+	return dst
+}
+
+// appendUpper appends s upper-cased, escaped as appendEscaped does. It
+// allocates only for a value beyond ASCII.
+func appendUpper(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			s = strings.ToUpper(s)
+			break
+		}
+	}
+	start := len(dst)
+	dst = appendEscaped(dst, s)
+	for i := start; i < len(dst); i++ {
+		if c := dst[i]; c >= 'a' && c <= 'z' {
+			dst[i] = c - 'a' + 'A'
 		}
 	}
 	return dst

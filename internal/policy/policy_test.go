@@ -1174,3 +1174,30 @@ rules:
 		}
 	}
 }
+
+// TestMethodDimensionIgnoresCase checks that a rule counting by method
+// counts the spellings of one method, which its match compares
+// case-insensitively, on one key.
+func TestMethodDimensionIgnoresCase(t *testing.T) {
+	p := mustParse(t, `
+version: 1
+rules:
+  - {id: writes, match: {method: POST}, dimension: client+method, limit: 1, window: 1s}
+`)
+	r := p.Rules[0]
+	want := "rl:writes:swc.1s:{client=acme}:method=POST"
+	for _, m := range []string{"POST", "post", "PoSt", "poſt"} {
+		q := &Request{ClientID: "acme", Method: m}
+		if got := ruleIDs(p.Match(q, nil)); !reflect.DeepEqual(got, []string{"writes"}) {
+			t.Errorf("Match(method %q): got %v, want [writes]", m, got)
+		}
+		if got, ok := r.AppendKey(nil, r.Base, q); !ok || string(got) != want {
+			t.Errorf("AppendKey(method %q) = %q, %v; want %q", m, got, ok, want)
+		}
+	}
+	q := &Request{ClientID: "acme", Method: "post"}
+	buf := make([]byte, 0, 128)
+	if n := testing.AllocsPerRun(100, func() { buf, _ = r.AppendKey(buf[:0], r.Base, q) }); n != 0 {
+		t.Errorf("AppendKey allocates %v times per call, want 0", n)
+	}
+}
