@@ -376,9 +376,12 @@ func request(c *Check) policy.Request {
 // Result, not as an error.
 //
 // A check with an IdempotencyKey that the engine has already decided for
-// the same client within the idempotency TTL returns the first decision
-// (with Source SourceIdempotent) and charges nothing. Concurrent checks
-// with one key wait for the first.
+// the same client, on the same counters (the store keys of the rules that
+// apply), within the idempotency TTL returns the first decision (with
+// Source SourceIdempotent) and charges nothing. The key on other counters
+// (another resource, another user) is another request: it is decided and
+// charged, and the first one's record stays. Concurrent checks with one
+// key wait for the first.
 func (e *Engine) Check(ctx context.Context, c *Check) (Result, error) {
 	if !e.observing() {
 		return e.decide(ctx, c)
@@ -394,16 +397,7 @@ func (e *Engine) decide(ctx context.Context, c *Check) (Result, error) {
 	if err := validate(c, ""); err != nil {
 		return Result{}, err
 	}
-	p := e.policy.Load()
-	if c.IdempotencyKey == "" {
-		return e.check(ctx, p, c)
-	}
-	if _, ok := e.store.(IdempotentStore); ok {
-		return e.check(ctx, p, c)
-	}
-	return e.idem.do(ctx, e.clock(c), c.ClientID, c.IdempotencyKey, func() (Result, error) {
-		return e.check(ctx, p, c)
-	})
+	return e.check(ctx, e.policy.Load(), c)
 }
 
 func (e *Engine) clock(c *Check) time.Time {
@@ -442,14 +436,53 @@ func (e *Engine) check(ctx context.Context, p *policy.Policy, c *Check) (Result,
 	}
 	e.finishKeys(s)
 	if c.IdempotencyKey != "" {
-		s.idemKey = "rl:idem:{" + escape(c.ClientID) + "}:" + escape(c.IdempotencyKey)
+		// A key is one request's only on the counters it was first
+		// checked on: the same key on other counters is another request.
+		h := counters(s.items)
+		if _, ok := e.store.(IdempotentStore); !ok {
+			return e.idem.do(ctx, e.clock(c), idemKey{c.ClientID, c.IdempotencyKey, h}, func() (Result, error) {
+				return e.decideItems(ctx, s, c), nil
+			})
+		}
+		var hex [16]byte
+		for i := range hex {
+			hex[i] = "0123456789abcdef"[h>>(60-4*i)&15]
+		}
+		s.idemKey = "rl:idem:{" + escape(c.ClientID) + "}:" + escape(c.IdempotencyKey) + ":" + string(hex[:])
 	}
+	return e.decideItems(ctx, s, c), nil
+}
+
+// decideItems decides the planned items of the check c and assembles its
+// result.
+func (e *Engine) decideItems(ctx context.Context, s *scratch, c *Check) Result {
 	allowed := e.run(ctx, s, c.Now, true)
 	res := assemble(s.items, allowed)
 	if s.replayed {
 		res.Source = SourceIdempotent
 	}
-	return res, nil
+	return res
+}
+
+// counters returns a hash of the keys that items count on and of which of
+// them are shadow rules: checks with the same hash count on the same
+// state, alike. Keys hold no byte below 0x20 (they are escaped), so the
+// separators keep apart keys that concatenate alike.
+func counters(items []item) uint64 {
+	const prime = 1099511628211
+	h := uint64(14695981039346656037) // FNV-1a
+	for i := range items {
+		it := &items[i]
+		for j := 0; j < len(it.key); j++ {
+			h = (h ^ uint64(it.key[j])) * prime
+		}
+		sep := uint64(0)
+		if it.shadow {
+			sep = 1
+		}
+		h = (h ^ sep) * prime
+	}
+	return h
 }
 
 // escape writes ':', '{', '}' and '%' of s as %XX, as store keys do.

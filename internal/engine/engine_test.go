@@ -775,8 +775,13 @@ func TestIdempotencyAcrossInstances(t *testing.T) {
 	if st[0].Remaining != 6 {
 		t.Errorf("remaining: got %d, want 6 (charged once)", st[0].Remaining)
 	}
-	if _, ok := shared.records["rl:idem:{x}:k%3A1"]; !ok {
-		t.Errorf("record key: got %v", shared.records)
+	for k := range shared.records {
+		if rest, ok := strings.CutPrefix(k, "rl:idem:{x}:k%3A1:"); !ok || len(rest) != 16 || strings.Trim(rest, "0123456789abcdef") != "" {
+			t.Errorf("record key %q, want rl:idem:{x}:k%%3A1: and 16 hex digits", k)
+		}
+	}
+	if len(shared.records) != 1 {
+		t.Errorf("records: got %v, want one", shared.records)
 	}
 }
 

@@ -7,7 +7,7 @@ import (
 )
 
 // idemCache remembers the decision of each idempotency key, scoped by
-// client, for a TTL. It lives in process: it makes a retried check charge
+// client and by the counters of the check (see counters), for a TTL. It lives in process: it makes a retried check charge
 // once on one instance. Concurrent checks with one key wait for the first.
 type idemCache struct {
 	ttl time.Duration
@@ -20,7 +20,10 @@ type idemCache struct {
 	swept     time.Time // when m was last swept
 }
 
-type idemKey struct{ client, key string }
+type idemKey struct {
+	client, key string
+	counters    uint64 // the hash of the check's keys (see counters)
+}
 
 type idemEntry struct {
 	done    chan struct{} // closed when res is set
@@ -32,13 +35,12 @@ func newIdemCache(ttl time.Duration, max int) *idemCache {
 	return &idemCache{ttl: ttl, max: max, m: map[idemKey]*idemEntry{}, nextSweep: 1024}
 }
 
-// do returns the remembered decision of (client, key) at now, or runs
+// do returns the remembered decision of k at now, or runs
 // decide, remembers its result and returns it. An error from decide is
 // returned and not remembered, and so is a result decided by a failure
 // mode: the store did not answer and charged nothing, so a retry is
 // decided anew.
-func (c *idemCache) do(ctx context.Context, now time.Time, client, key string, decide func() (Result, error)) (Result, error) {
-	k := idemKey{client, key}
+func (c *idemCache) do(ctx context.Context, now time.Time, k idemKey, decide func() (Result, error)) (Result, error) {
 	for {
 		c.mu.Lock()
 		e := c.m[k]

@@ -81,7 +81,8 @@ type Check struct {
 	// Priority scales the limits that apply.
 	Priority Priority
 	// IdempotencyKey, when set, makes a repeated check within the
-	// idempotency TTL return the first decision and charge once.
+	// idempotency TTL return the first decision and charge once. A repeat
+	// is one by the same client on the same counters (see Engine.Check).
 	IdempotencyKey string
 	// Now is the instant of the check; zero means the engine's clock.
 	Now time.Time
