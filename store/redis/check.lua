@@ -303,12 +303,18 @@ local function log_open(key, t, W)
   return w
 end
 
--- log_at returns the i-th (0-based) live entry of the working log w.
+-- log_at returns the i-th (0-based) live entry of the working log w, or
+-- nil when the entry in Redis is not one the store writes (an instant that
+-- is not a whole number of quanta, or beyond 2^53): the log is corrupt.
 local function log_at(key, w, i)
   local inredis = w.card - w.stale
   if i < inredis then
     local r = redis.call('ZRANGE', key, w.stale + i, w.stale + i, 'WITHSCORES')
-    return tonumber(r[2])
+    local v = tonumber(r[2])
+    if not v or v ~= floor(v) or v >= LIMIT or v <= -LIMIT then
+      return nil
+    end
+    return v
   end
   i = i - inredis + w.pstale
   for _, p in ipairs(w.pend) do
@@ -325,21 +331,38 @@ local function apply_log(key, r, t)
   local N, W, cost = r.N, r.W, r.cost
   local w = log_open(key, t, W)
   local n = w.live
+  -- The newest entry is read on every path that finds one: an entry the
+  -- store does not write (see log_at) is the newest when there is one, so
+  -- a corrupt log is found before it decides anything.
+  local newest
+  if n > 0 then
+    newest = log_at(key, w, n - 1)
+    if not newest then
+      reset_corrupt(key)
+      w.card, w.stale = 0, 0
+      return apply_log(key, r, t)
+    end
+  end
   if cost > 0 and n + cost > N then
-    local newest = log_at(key, w, n - 1)
     local oldest = log_at(key, w, n + cost - N - 1)
+    if not oldest then
+      reset_corrupt(key)
+      w.card, w.stale = 0, 0
+      return apply_log(key, r, t)
+    end
     return 0, LIMITED, max(N - n, 0), newest + W - t, oldest + W - t
   end
   if cost == 0 then
     local reset = 0
     if n > 0 then
-      reset = log_at(key, w, n - 1) + W - t
+      reset = newest + W - t
     end
     return 1, ALLOWED, max(N - n, 0), reset, 0
   end
-  local newest = t
   if n > 0 then
-    newest = max(log_at(key, w, n - 1), t)
+    newest = max(newest, t)
+  else
+    newest = t
   end
   table.insert(w.pend, { newest, cost })
   if not w.cut or t - W > w.cut then

@@ -657,12 +657,19 @@ func TestCorruptState(t *testing.T) {
 		{"old format", []string{"SET", "KEY", "5:1700000000"}},
 		{"out of range", []string{"SET", "KEY", "1:99999999999999999999:0:0"}},
 		{"string for a log", []string{"SET", "KEY", "1:2:3:4"}},
+		// Sorted sets whose scores the store never writes: instants
+		// beyond what a Lua number counts exactly, or not whole quanta.
+		{"log entry at infinity", []string{"ZADD", "KEY", "+inf", "x"}},
+		{"log entry far ahead", []string{"ZADD", "KEY", "1e20", "x"}},
+		{"log entry beyond 2^53", []string{"ZADD", "KEY", "9007199254740994", "x"}},
+		{"log entry between quanta", []string{"ZADD", "KEY", strconv.FormatInt(t0.UnixMicro(), 10) + ".5", "x"}},
 	}
 	want := uint64(0)
 	for _, a := range sluice.Algorithms {
 		p := compile(t, sluice.Limit{Algorithm: a, Limit: 5, Window: time.Minute})
 		for _, c := range corruptions {
-			if c.name == "string for a log" && a != sluice.SlidingWindowLog {
+			forLog := c.name == "string for a log" || strings.HasPrefix(c.name, "log entry")
+			if forLog && a != sluice.SlidingWindowLog {
 				continue
 			}
 			key := "rl:corrupt:" + a.String() + ":" + c.name
@@ -682,6 +689,10 @@ func TestCorruptState(t *testing.T) {
 			// The state is sound again.
 			if d := check(t, s, store.Request{Key: key, Params: p, Cost: 3, Now: t0}); !d.Allowed || d.Remaining != 0 {
 				t.Errorf("%s, %s, second check: %+v, want allowed with 0 remaining", a, c.name, d)
+			}
+			// And it expires.
+			if pttl, _ := srv.Do("PTTL", key); pttl == "-1" {
+				t.Errorf("%s, %s: the key has no time to live", a, c.name)
 			}
 		}
 	}
