@@ -1,6 +1,9 @@
 package policy
 
-import "strings"
+import (
+	"net/netip"
+	"strings"
+)
 
 // Store keys.
 //
@@ -62,10 +65,13 @@ func (r *Rule) AppendKey(dst []byte, l *Limit, q *Request) (_ []byte, ok bool) {
 			v, _ = resourcePath(v, true)
 			dst = append(dst, '/')
 		}
-		if d == DimMethod {
+		switch d {
+		case DimMethod:
 			// Methods match case-insensitively: "post" is POST's.
 			dst = appendUpper(dst, v)
-		} else {
+		case DimIP:
+			dst = appendIP(dst, v)
+		default:
 			dst = appendEscaped(dst, v)
 		}
 		if i == 0 {
@@ -79,7 +85,7 @@ const hexDigits = "0123456789ABCDEF"
 
 // appendEscaped appends s with ':', '{', '}', '%' and control bytes
 // written as %XX.
-func appendEscaped(dst []byte, s string) []byte {
+func appendEscaped[S ~string | ~[]byte](dst []byte, s S) []byte {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
@@ -109,4 +115,24 @@ func appendUpper(dst []byte, s string) []byte {
 		}
 	}
 	return dst
+}
+
+// appendIP appends the address s, escaped as appendEscaped does, in one
+// spelling per address, as the allow and deny lists match it: an IPv6
+// address (zone kept) in its canonical form, an IPv4-mapped one as IPv4.
+// A dotted IPv4 address is canonical when it is valid, and what is not an
+// address is appended as it is. It does not allocate.
+func appendIP(dst []byte, s string) []byte {
+	if strings.IndexByte(s, ':') < 0 {
+		return appendEscaped(dst, s)
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return appendEscaped(dst, s)
+	}
+	if a.Is4In6() {
+		a = a.Unmap().WithZone("")
+	}
+	var buf [64]byte
+	return appendEscaped(dst, a.AppendTo(buf[:0]))
 }

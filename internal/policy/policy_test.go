@@ -1201,3 +1201,38 @@ rules:
 		t.Errorf("AppendKey allocates %v times per call, want 0", n)
 	}
 }
+
+// TestIPDimensionCountsAnAddressOnce checks that a rule counting by ip
+// counts the spellings of one address (an IPv4-mapped IPv6 address, IPv6
+// in upper case or with zeros written out) on one key, as the allow and
+// deny lists match them, and keeps what is not an address as it is.
+func TestIPDimensionCountsAnAddressOnce(t *testing.T) {
+	p := mustParse(t, `
+version: 1
+rules:
+  - {id: per-ip, dimension: ip, limit: 1, window: 1s}
+`)
+	r := p.Rules[0]
+	for _, tt := range []struct{ ip, want string }{
+		{"192.0.2.1", "192.0.2.1"},
+		{"::ffff:192.0.2.1", "192.0.2.1"},
+		{"::FFFF:c000:201", "192.0.2.1"},
+		{"2001:db8::1", "2001:db8::1"},
+		{"2001:DB8:0:0:0:0:0:1", "2001:db8::1"},
+		{"fe80::1%eth0", "fe80::1%eth0"},
+		{"FE80::1%eth0", "fe80::1%eth0"},
+		{"unix:/run/x.sock", "unix:/run/x.sock"},
+		{"010.0.0.1", "010.0.0.1"},
+	} {
+		q := &Request{ClientID: "c", IP: tt.ip}
+		got, ok := r.AppendKey(nil, r.Base, q)
+		if want := "rl:per-ip:swc.1s:{ip=" + string(appendEscaped(nil, tt.want)) + "}"; !ok || string(got) != want {
+			t.Errorf("AppendKey(ip %q) = %q, %v; want %q", tt.ip, got, ok, want)
+		}
+	}
+	q := &Request{ClientID: "c", IP: "2001:db8::1"}
+	buf := make([]byte, 0, 128)
+	if n := testing.AllocsPerRun(100, func() { buf, _ = r.AppendKey(buf[:0], r.Base, q) }); n != 0 {
+		t.Errorf("AppendKey allocates %v times per call, want 0", n)
+	}
+}
