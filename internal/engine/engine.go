@@ -829,6 +829,7 @@ func assemble(items []item, allowed bool) Result {
 	res := Result{Allowed: allowed, Rules: make([]RuleResult, len(items))}
 	deciding := -1
 	var maxRetry time.Duration
+	never := false // a denying rule can never admit the check
 	for i := range items {
 		it := &items[i]
 		rr := RuleResult{Rule: it.rule.ID, Tier: it.tier, Allowed: it.dec.Allowed, Shadow: it.shadow,
@@ -852,9 +853,13 @@ func assemble(items []item, allowed bool) Result {
 				deciding = i
 			}
 		} else if !rr.Allowed {
-			if deciding < 0 {
+			// The first rule that can never admit the check decides
+			// it, else the first denying rule.
+			n := it.dec.Reason == sluice.ReasonCostExceedsCapacity || it.dec.Reason == sluice.ReasonDenyAll
+			if deciding < 0 || n && !never {
 				deciding = i
 			}
+			never = never || n
 			maxRetry = max(maxRetry, rr.RetryAfter)
 		}
 	}
@@ -872,7 +877,12 @@ func assemble(items []item, allowed bool) Result {
 	}
 	res.Deciding = res.Rules[deciding]
 	if !allowed {
+		// A retry can succeed once every denying rule admits it: never,
+		// when one of them cannot.
 		res.Deciding.RetryAfter = maxRetry
+		if never {
+			res.Deciding.RetryAfter = 0
+		}
 	}
 	res.Source = res.Deciding.Source
 	if res.Unavailable {

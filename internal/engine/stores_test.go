@@ -104,3 +104,30 @@ rules:
 		}
 	})
 }
+
+// TestDenialThatCanNeverBeAdmittedHasNoRetry: a check denied by a rule
+// that is exhausted for now and by one it can never pass (its cost is
+// above the rule's capacity) reports the rule it can never pass and no
+// retry-after, whatever the rules' order: a retry would be denied again.
+func TestDenialThatCanNeverBeAdmittedHasNoRetry(t *testing.T) {
+	onStores(t, `
+version: 1
+rules:
+  - {id: per-client, limit: 100, window: 1m, algorithm: fixed_window}
+  - {id: small, match: {resource: /small}, limit: 5, window: 1m, algorithm: fixed_window}
+  - {id: per-user, dimension: user, limit: 100, window: 1m, algorithm: fixed_window}
+`, func(t *testing.T, e *Engine) {
+		mustCheck(t, e, Check{ClientID: "x", Resource: "/other", Cost: 100})           // per-client of x used up
+		mustCheck(t, e, Check{ClientID: "y", User: "u", Resource: "/other", Cost: 100}) // per-user of u used up
+		for _, c := range []Check{
+			{ClientID: "x", Resource: "/small", Cost: 10},            // per-client (for a minute), small (never)
+			{ClientID: "z", User: "u", Resource: "/small", Cost: 10}, // small (never), per-user (for a minute)
+		} {
+			r := mustCheck(t, e, c)
+			if r.Allowed || r.Deciding.Rule != "small" || r.Deciding.RetryAfter != 0 {
+				t.Errorf("client %s: allowed %v, deciding rule %s with retry-after %v; want denied by small with no retry-after (rules %+v)",
+					c.ClientID, r.Allowed, r.Deciding.Rule, r.Deciding.RetryAfter, r.Rules)
+			}
+		}
+	})
+}

@@ -120,7 +120,9 @@ type Result struct {
 	// rate-limit denial (429).
 	Unavailable bool
 	// Deciding is the rule that decided the answer: the first denying rule
-	// when denied, the most constrained rule (least remaining) when
+	// when denied (the first that can never admit the check, if one
+	// cannot, with no RetryAfter; otherwise with the longest RetryAfter of
+	// the denying rules), the most constrained rule (least remaining) when
 	// allowed. Its fields give the response's limit, remaining, reset and
 	// retry-after.
 	Deciding RuleResult
