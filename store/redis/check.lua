@@ -471,11 +471,18 @@ if mode == 2 then
   local idem = KEYS[n + 1]
   local ok, rec = pcall(redis.call, 'GET', idem)
   if ok and rec then
+    -- A record is 5 whole numbers per request, separated by commas; one
+    -- that is not is unreadable as a whole, and decided anew.
     local vals = {}
-    for v in string.gmatch(rec, '[^,]+') do
-      vals[#vals + 1] = tonumber(v)
+    for v in string.gmatch(rec .. ',', '([^,]*),') do
+      local x = string.match(v, '^%-?%d+$') and tonumber(v)
+      if not x or x >= LIMIT or x <= -LIMIT then
+        vals = nil
+        break
+      end
+      vals[#vals + 1] = x
     end
-    if #vals == 5 * n then
+    if vals and #vals == 5 * n then
       for k = 1, #vals do
         out[2 + k] = vals[k]
       end

@@ -601,6 +601,17 @@ func testCheckAllOnceCorruptRecord(t *testing.T, s *Store) {
 			{"list", func(k string) rueidis.Completed { return c.B().Rpush().Key(k).Element("x").Build() }},
 			{"hash", func(k string) rueidis.Completed { return c.B().Hset().Key(k).FieldValue().FieldValue("f", "v").Build() }},
 			{"garbage", func(k string) rueidis.Completed { return c.B().Set().Key(k).Value("garbage").Build() }},
+			// Two admitted decisions with 9 remaining, and a field that is
+			// not a whole number: unreadable as a whole, not read around.
+			{"a field not a number", func(k string) rueidis.Completed {
+				return c.B().Set().Key(k).Value("1,0,9,0,0,1,0,9,0,0,x").Build()
+			}},
+			{"an empty field", func(k string) rueidis.Completed {
+				return c.B().Set().Key(k).Value("1,0,9,0,0,1,0,9,0,,0").Build()
+			}},
+			{"a number in exponent form", func(k string) rueidis.Completed {
+				return c.B().Set().Key(k).Value("1,0,9e0,0,0,1,0,9,0,0").Build()
+			}},
 		} {
 			tag2 := "{user=1}"
 			if across {
