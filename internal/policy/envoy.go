@@ -273,7 +273,13 @@ func (l *EnvoyLimit) AppendKey(dst []byte, entries []DescriptorEntry) []byte {
 		if i > 0 {
 			dst = append(dst, ':')
 		}
+		// A '=' in the key would make {a=b=c} the key of both
+		// {a: "b=c"} and {"a=b": "c"}.
+		start := len(dst)
 		dst = appendEscaped(dst, e.Key)
+		if strings.IndexByte(e.Key, '=') >= 0 {
+			dst = append(dst[:start], strings.ReplaceAll(string(dst[start:]), "=", "%3D")...)
+		}
 		dst = append(dst, '=')
 		dst = appendEscaped(dst, e.Value)
 	}

@@ -28,6 +28,8 @@ import (
 //
 //	rl:envoy:<domain>:<tag>:{<key>=<value>:<key>=<value>...}
 //
+// (a '=' in a <key> is written %3D)
+//
 // so that every distinct value of a descriptor entry has its own counter,
 // as in envoyproxy/ratelimit. A descriptor's limit override counts on
 //

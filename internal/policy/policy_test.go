@@ -1236,3 +1236,36 @@ rules:
 		t.Errorf("AppendKey allocates %v times per call, want 0", n)
 	}
 }
+
+// TestEnvoyKeysDoNotCollide checks that descriptors whose entries differ
+// have keys that differ, a '=' in an entry's key included.
+func TestEnvoyKeysDoNotCollide(t *testing.T) {
+	p := mustParse(t, `
+domain: d
+descriptors:
+  - {key: a, rate_limit: {unit: second, requests_per_unit: 1}}
+  - {key: "a=b", rate_limit: {unit: second, requests_per_unit: 1}}
+  - key: x
+    descriptors:
+      - {key: "y", rate_limit: {unit: second, requests_per_unit: 1}}
+`)
+	descs := [][]DescriptorEntry{
+		{{"a", "b=c"}},
+		{{"a=b", "c"}},
+		{{"a", "b:c"}},
+		{{"x", "1:y=2"}, {"y", "3"}},
+		{{"x", "1"}, {"y", "2:y=3"}},
+	}
+	seen := map[string]int{}
+	for i, d := range descs {
+		l := p.EnvoyLimit("d", d)
+		if l == nil {
+			t.Fatalf("EnvoyLimit(%v) = nil", d)
+		}
+		k := string(l.AppendKey(nil, d))
+		if j, dup := seen[k]; dup {
+			t.Errorf("descriptors %v and %v share key %q", descs[j], d, k)
+		}
+		seen[k] = i
+	}
+}
