@@ -25,7 +25,9 @@ import (
 // idempotency keys repeated across engines (on one slot and across
 // slots). For every algorithm, what the callers were told they were
 // charged never exceeds the limit and is what the store counted, and an
-// idempotency key is charged once.
+// idempotency key is charged once for the counters of its request (with
+// two rules, each caller's user has a counter of its own, so a key is one
+// request per user).
 func TestExactAcrossEngines(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		testExactAcrossEngines(t, []string{redistest.Start(t).Addr})
@@ -125,7 +127,7 @@ rules:
 									charged.Add(rr.Cost)
 									if strings.HasPrefix(mode, "idempotent") && rr.Cost > 0 {
 										idemMu.Lock()
-										idemCharged[c.IdempotencyKey]++
+										idemCharged[c.User+"/"+c.IdempotencyKey]++
 										idemMu.Unlock()
 									}
 								}
