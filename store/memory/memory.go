@@ -33,8 +33,9 @@
 //
 // State whose limit is fully restored is equivalent to no state at all
 // (algorithm.ExpiresAt says from when). It is reclaimed without ever
-// scanning the store: each insertion first frees up to two expired entries
-// at the least recently used end of its shard, and reuses their room. Freed
+// scanning the store: each insertion first frees up to two entries expired
+// for a second at the least recently used end of its shard, and reuses
+// their room. Freed
 // entries are reused by later insertions; the arena does not shrink.
 //
 // # Sliding window log
@@ -190,6 +191,12 @@ const (
 	maxKeysLimit = 1 << 40
 	// sweepMax is how many expired entries an insertion frees at most.
 	sweepMax = 2
+	// sweepMargin (µs) is how long past its expiry an entry is kept: the
+	// instants of concurrent checks are read a little apart, and a clock
+	// may step back, so a check at an instant earlier than another's must
+	// still find the state that the later one found expired. The Redis
+	// store keeps keys past their expiry for the same reason.
+	sweepMargin = 1_000_000
 )
 
 // MaxLogEntries returns the largest limit a sliding window log may have in

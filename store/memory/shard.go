@@ -157,10 +157,11 @@ func (sh *shard) setLog(slot uint32, p *algorithm.Params, log []int64) {
 
 // insert adds an entry with hash h, which the shard must not hold, at the
 // most recently used end and returns its slot. It first frees up to
-// sweepMax expired entries at the least recently used end, then evicts the
-// least recently used entry if the shard is full. Requires mu held.
+// sweepMax entries expired for sweepMargin at the least recently used end,
+// then evicts the least recently used entry if the shard is full. Requires
+// mu held.
 func (sh *shard) insert(h uint64, now int64) uint32 {
-	for k := 0; k < sweepMax && sh.tail != nilSlot && sh.entry(sh.tail).expiresAt <= now; k++ {
+	for k := 0; k < sweepMax && sh.tail != nilSlot && sh.entry(sh.tail).expiresAt <= now-sweepMargin; k++ {
 		sh.remove(sh.tail)
 	}
 	if sh.n >= sh.capacity && sh.tail != nilSlot {

@@ -109,21 +109,26 @@ func mustLookup(t *testing.T, sh *shard, h uint64) uint32 {
 	return s
 }
 
-// TestShardReclaimsExpired checks that an insertion frees expired entries
-// at the least recently used end, and only expired ones.
+// TestShardReclaimsExpired checks that an insertion frees entries expired
+// for sweepMargin at the least recently used end, and only those.
 func TestShardReclaimsExpired(t *testing.T) {
 	sh := newShard(100)
 	for h := uint64(1); h <= 10; h++ {
 		sh.entry(sh.insert(h, 0)).expiresAt = int64(h * 10)
 	}
-	// At 35 the entries 1, 2 and 3 have expired; an insertion frees at most
-	// sweepMax of them.
+	// At 35 the entries 1, 2 and 3 have expired, but not for sweepMargin:
+	// a check at an instant a little earlier may still need them.
 	sh.insert(11, 35)
-	checkShard(t, sh, []uint64{11, 10, 9, 8, 7, 6, 5, 4, 3})
-	sh.entry(mustLookup(t, sh, 11)).expiresAt = 1000
-	sh.insert(12, 35)
-	checkShard(t, sh, []uint64{12, 11, 10, 9, 8, 7, 6, 5, 4})
-	if sh.used != 10 {
-		t.Errorf("arena handed out %d slots, want 10 (freed slots reused)", sh.used)
+	checkShard(t, sh, []uint64{11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1})
+	// At 35 + sweepMargin they have; an insertion frees at most sweepMax
+	// of them.
+	sh.entry(mustLookup(t, sh, 11)).expiresAt = 1000 + sweepMargin
+	sh.insert(12, 35+sweepMargin)
+	checkShard(t, sh, []uint64{12, 11, 10, 9, 8, 7, 6, 5, 4, 3})
+	sh.entry(mustLookup(t, sh, 12)).expiresAt = 1000 + sweepMargin
+	sh.insert(13, 35+sweepMargin)
+	checkShard(t, sh, []uint64{13, 12, 11, 10, 9, 8, 7, 6, 5, 4})
+	if sh.used != 11 {
+		t.Errorf("arena handed out %d slots, want 11 (freed slots reused)", sh.used)
 	}
 }
