@@ -117,7 +117,7 @@ rules:
   - {id: small, match: {resource: /small}, limit: 5, window: 1m, algorithm: fixed_window}
   - {id: per-user, dimension: user, limit: 100, window: 1m, algorithm: fixed_window}
 `, func(t *testing.T, e *Engine) {
-		mustCheck(t, e, Check{ClientID: "x", Resource: "/other", Cost: 100})           // per-client of x used up
+		mustCheck(t, e, Check{ClientID: "x", Resource: "/other", Cost: 100})            // per-client of x used up
 		mustCheck(t, e, Check{ClientID: "y", User: "u", Resource: "/other", Cost: 100}) // per-user of u used up
 		for _, c := range []Check{
 			{ClientID: "x", Resource: "/small", Cost: 10},            // per-client (for a minute), small (never)

@@ -61,7 +61,7 @@ type h2Conn struct {
 	// The server's SETTINGS_MAX_CONCURRENT_STREAMS; 0 when it sets none.
 	maxStreams uint32
 	err        error
-	stopped   bool // the run is over: no new call starts (h2Caller.loop)
+	stopped    bool // the run is over: no new call starts (h2Caller.loop)
 }
 
 // h2Call is one call in flight; a worker reuses its own.
