@@ -545,13 +545,16 @@ func (s *Store) onceAcross(ctx context.Context, idem, ttlMS string, reqs []store
 		case <-time.After(wait):
 		}
 	}
+	err := s.checkAll(ctx, reqs, out)
 	// The claim is released, or the record written, even when the
 	// caller's deadline has passed meanwhile: the batch may have been
 	// charged, and a key left claimed would make every retry wait for a
-	// record that never comes, until the claim's time to live.
+	// record that never comes, until the claim's time to live. The store's
+	// timeout counts from the decision, however long it took: the claim
+	// lives that long past the caller's deadline.
 	after, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	defer cancel()
-	if err := s.checkAll(ctx, reqs, out); err != nil {
+	if err != nil {
 		c.Do(after, c.B().Del().Key(idem).Build())
 		return false, err
 	}

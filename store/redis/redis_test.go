@@ -217,6 +217,14 @@ func TestCluster(t *testing.T) {
 		t.Cleanup(rc.Close)
 		testCheckAllOnceRecordsPastDeadline(t, rc, open(t))
 	})
+	t.Run("CheckAllOnceRecordsAfterASlowBatch", func(t *testing.T) {
+		rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: c.Addrs(), DisableCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rc.Close)
+		testCheckAllOnceRecordsAfterASlowBatch(t, rc, open(t))
+	})
 	t.Run("RoundTrips", func(t *testing.T) {
 		s := open(t)
 		p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 100, Window: time.Minute})
@@ -572,6 +580,68 @@ func testCheckAllOnceRecordsPastDeadline(t *testing.T, rc rueidis.Client, other 
 		cancel()
 		if err != nil || !replayed || !out[0].Allowed || out[0].Remaining != 3 {
 			t.Errorf("retry of a batch decided past its caller's deadline: replayed %v, %+v, %v; want the recorded decision (allowed, 3 remaining)", replayed, out[0], err)
+		}
+	}
+	if d := check(t, other, store.Request{Key: reqs[0].Key, Params: p, Now: t0}); d.Remaining != 3 {
+		t.Errorf("after the retries, remaining %d, want 3 (charged once)", d.Remaining)
+	}
+}
+
+// slowClient is a client whose script calls, once armed, answer only
+// after delay: a Redis slow to decide.
+type slowClient struct {
+	rueidis.Client
+	armed atomic.Bool
+	delay time.Duration
+}
+
+func (c *slowClient) slow(cmds ...rueidis.Completed) {
+	for _, cmd := range cmds {
+		if name := cmd.Commands()[0]; c.armed.Load() && (name == "EVALSHA" || name == "EVAL") {
+			time.Sleep(c.delay)
+			return
+		}
+	}
+}
+
+func (c *slowClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	c.slow(cmd)
+	return c.Client.Do(ctx, cmd)
+}
+
+func (c *slowClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	c.slow(cmds...)
+	return c.Client.DoMulti(ctx, cmds...)
+}
+
+// testCheckAllOnceRecordsAfterASlowBatch: a batch across slots whose
+// decision takes longer than the store's timeout, within its caller's
+// deadline, is decided and charged; its record must then be written, so
+// that a retry is replayed and charges nothing instead of waiting on the
+// claim and being charged again once it expires.
+func testCheckAllOnceRecordsAfterASlowBatch(t *testing.T, rc rueidis.Client, other *Store) {
+	sc := &slowClient{Client: rc, delay: 150 * time.Millisecond}
+	s := newStore(t, Config{Client: sc, Timeout: 100 * time.Millisecond})
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Hour})
+	reqs := []store.Request{
+		{Key: "rl:onceslow:{user=1}:a", Params: p, Cost: 2, Now: t0},
+		{Key: "rl:onceslow:{user=2}:b", Params: p, Cost: 1, Now: t0},
+	}
+	out := make([]sluice.Decision, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	sc.armed.Store(true)
+	replayed, err := s.CheckAllOnce(ctx, "idem-slow", time.Minute, reqs, out)
+	sc.armed.Store(false)
+	cancel()
+	if err != nil || replayed || !out[0].Allowed || out[0].Remaining != 3 {
+		t.Fatalf("a batch decided in 150ms with a store timeout of 100ms and a 3s deadline: replayed %v, %+v, %v; want decided (allowed, 3 remaining)", replayed, out[0], err)
+	}
+	for _, st := range []*Store{s, other} {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		replayed, err := st.CheckAllOnce(ctx, "idem-slow", time.Minute, reqs, out)
+		cancel()
+		if err != nil || !replayed || !out[0].Allowed || out[0].Remaining != 3 {
+			t.Errorf("retry of a batch decided slowly: replayed %v, %+v, %v; want the recorded decision (allowed, 3 remaining)", replayed, out[0], err)
 		}
 	}
 	if d := check(t, other, store.Request{Key: reqs[0].Key, Params: p, Now: t0}); d.Remaining != 3 {
