@@ -121,9 +121,11 @@ func appendUpper(dst []byte, s string) []byte {
 
 // appendIP appends the address s, escaped as appendEscaped does, in one
 // spelling per address, as the allow and deny lists match it: an IPv6
-// address (zone kept) in its canonical form, an IPv4-mapped one as IPv4.
-// A dotted IPv4 address is canonical when it is valid, and what is not an
-// address is appended as it is. It does not allocate.
+// address in its canonical form without its zone (which the caller may
+// spell at will: "2001:db8::1%1", "%2", ... are one address), an
+// IPv4-mapped one as IPv4. A dotted IPv4 address is canonical when it is
+// valid, and what is not an address is appended as it is. It does not
+// allocate.
 func appendIP(dst []byte, s string) []byte {
 	if strings.IndexByte(s, ':') < 0 {
 		return appendEscaped(dst, s)
@@ -132,9 +134,7 @@ func appendIP(dst []byte, s string) []byte {
 	if err != nil {
 		return appendEscaped(dst, s)
 	}
-	if a.Is4In6() {
-		a = a.Unmap().WithZone("")
-	}
+	a = a.WithZone("").Unmap()
 	var buf [64]byte
 	return appendEscaped(dst, a.AppendTo(buf[:0]))
 }
