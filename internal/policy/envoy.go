@@ -274,11 +274,15 @@ func (l *EnvoyLimit) AppendKey(dst []byte, entries []DescriptorEntry) []byte {
 			dst = append(dst, ':')
 		}
 		// A '=' in the key would make {a=b=c} the key of both
-		// {a: "b=c"} and {"a=b": "c"}.
-		start := len(dst)
-		dst = appendEscaped(dst, e.Key)
-		if strings.IndexByte(e.Key, '=') >= 0 {
-			dst = append(dst[:start], strings.ReplaceAll(string(dst[start:]), "=", "%3D")...)
+		// {a: "b=c"} and {"a=b": "c"}: it is written %3D.
+		k := e.Key
+		for {
+			before, after, found := strings.Cut(k, "=")
+			dst = appendEscaped(dst, before)
+			if !found {
+				break
+			}
+			dst, k = append(dst, "%3D"...), after
 		}
 		dst = append(dst, '=')
 		dst = appendEscaped(dst, e.Value)

@@ -1273,3 +1273,23 @@ descriptors:
 		seen[k] = i
 	}
 }
+
+func TestEnvoyKeyWithEqualsDoesNotAllocate(t *testing.T) {
+	p := mustParse(t, `
+domain: d
+descriptors:
+  - {key: "a=b=c", rate_limit: {unit: second, requests_per_unit: 1}}
+`)
+	d := []DescriptorEntry{{"a=b=c", "v=1"}}
+	l := p.EnvoyLimit("d", d)
+	if l == nil {
+		t.Fatalf("EnvoyLimit(%v) = nil", d)
+	}
+	if got, want := string(l.AppendKey(nil, d)), "{a%3Db%3Dc=v=1}"; !strings.HasSuffix(got, want) {
+		t.Errorf("AppendKey(%v) = %q, want it to end in %q", d, got, want)
+	}
+	buf := make([]byte, 0, 128)
+	if n := testing.AllocsPerRun(100, func() { buf = l.AppendKey(buf[:0], d) }); n != 0 {
+		t.Errorf("AppendKey allocates %v times per call, want 0", n)
+	}
+}
