@@ -42,6 +42,12 @@ func TestLoadCommand(t *testing.T) {
 	if code := run([]string{"load", "--target", "grpc", "--addr", d.GRPCAddr(), "--requests", "10", "--concurrency", "1"}, &out, &errOut, noEnv); code != 0 || !strings.Contains(out.String(), "p99") {
 		t.Errorf("grpc text report: exit %d: %s %s", code, out.String(), errOut.String())
 	}
+	// Too few --conns for the callers and the server's bound on the calls
+	// of a connection: a usage error, though found once connected.
+	errOut.Reset()
+	if code := run([]string{"load", "--target", "envoy", "--addr", d.GRPCAddr(), "--concurrency", "2100", "--conns", "2", "--requests", "1"}, &out, &errOut, noEnv); code != 2 || !strings.Contains(errOut.String(), "give conns 3") {
+		t.Errorf("2100 callers over 2 connections: exit %d, %q; want 2 naming the conns needed", code, errOut.String())
+	}
 	for _, bad := range [][]string{{"load", "--costs", "x"}, {"load", "--target", "smtp"}, {"load", "extra"}, {"load", "--threads", "-1"}} {
 		if code := run(bad, &out, &errOut, noEnv); code != 2 {
 			t.Errorf("run(%q) = %d, want 2", bad, code)

@@ -618,8 +618,9 @@ func newH2Caller(cfg *Config, r *run) (caller, func(), error) {
 	c.mu.Unlock()
 	if maxStreams > 0 && perConn > int(maxStreams) {
 		closeAll()
-		return nil, nil, fmt.Errorf("loadgen: the server allows %d calls at once on a connection, and %d callers over %d connections need %d: give conns %d or more",
-			maxStreams, cfg.Concurrency, cfg.Conns, perConn, (cfg.Concurrency+int(maxStreams)-1)/int(maxStreams))
+		// A Config this server refuses: what to change is Conns.
+		return nil, nil, configError{fmt.Errorf("loadgen: the server allows %d calls at once on a connection, and %d callers over %d connections need %d: give conns %d or more",
+			maxStreams, cfg.Concurrency, cfg.Conns, perConn, (cfg.Concurrency+int(maxStreams)-1)/int(maxStreams))}
 	}
 	return h, closeAll, nil
 }

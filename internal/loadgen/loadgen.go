@@ -472,8 +472,10 @@ type run struct {
 }
 
 // ErrInvalidConfig is the error (tested with errors.Is) of Run for a
-// Config it refuses, before connecting to anything; Run's other errors
-// are those of connecting to the server.
+// Config it refuses: before connecting to anything, or, for the lean gRPC
+// client, once connected, when the callers per connection are more than
+// the server allows at once. Run's other errors are those of connecting
+// to the server.
 var ErrInvalidConfig = errors.New("loadgen: invalid configuration")
 
 // configError is a problem of a Config; its message says which.

@@ -166,6 +166,9 @@ func TestMoreCallersThanTheServerAllowsPerConnection(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "give conns 3 or more") {
 		t.Errorf("2100 callers over 2 connections: %v", err)
 	}
+	if !errors.Is(err, loadgen.ErrInvalidConfig) {
+		t.Errorf("2100 callers over 2 connections: %v is not ErrInvalidConfig: the server was reached, and --conns is what to change", err)
+	}
 	rep, err := loadgen.Run(context.Background(), loadgen.Config{
 		Target: loadgen.TargetEnvoy, Addr: d.GRPCAddr(), Domain: "load", Concurrency: 2048, Conns: 2, Requests: 2048,
 		Duration: 30 * time.Second, KeyPrefix: "streams-",
