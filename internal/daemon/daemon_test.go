@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/internal/events"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -662,43 +663,37 @@ func TestStartRefusesInvalidConfig(t *testing.T) {
 	}
 }
 
-// slowBody is a request body that blocks until released.
-type slowBody struct {
-	first   []byte
-	rest    []byte
-	release chan struct{}
-	state   int
-}
-
-func (b *slowBody) Read(p []byte) (int, error) {
-	switch b.state {
-	case 0:
-		b.state = 1
-		return copy(p, b.first), nil
-	case 1:
-		<-b.release
-		b.state = 2
-		return copy(p, b.rest), nil
-	}
-	return 0, io.EOF
-}
-
+// TestGracefulShutdownFinishesInFlight holds a check inside the daemon
+// (an event sink blocks on its denial, after the decision and before the
+// answer), shuts the daemon down, and sees new connections refused while
+// the held check is still answered.
 func TestGracefulShutdownFinishesInFlight(t *testing.T) {
-	td := start(t, policyText())
-	body := []byte(`{"client_id":"c1","resource":"/api/limited"}`)
-	sb := &slowBody{first: body[:10], rest: body[10:], release: make(chan struct{})}
-	req, err := http.NewRequest("POST", td.base+"/api/v1/check", sb)
-	if err != nil {
-		t.Fatal(err)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var enterOnce, releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	defer unblock() // a failed test does not leave the check held
+	td := start(t, policyText(), func(c *daemon.Config) {
+		c.EventSinks = []events.Sink{sinkFunc(func(ev *events.Event) {
+			if ev.Type == events.RateLimitExceeded && ev.ClientID == "inflight" {
+				enterOnce.Do(func() { close(entered) })
+				<-release
+			}
+		})}
+	})
+	body := `{"client_id":"inflight","resource":"/api/limited"}`
+	for range 3 { // the rule's limit: the next check is denied
+		if r := td.check(t, body); r.status != http.StatusOK {
+			t.Fatalf("check: %d %s", r.status, r.raw)
+		}
 	}
-	req.ContentLength = int64(len(body))
 	type result struct {
 		status int
 		err    error
 	}
 	done := make(chan result, 1)
 	go func() {
-		resp, err := http.DefaultClient.Do(req)
+		c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := c.Post(td.base+"/api/v1/check", "application/json", strings.NewReader(body))
 		if err != nil {
 			done <- result{err: err}
 			return
@@ -707,24 +702,46 @@ func TestGracefulShutdownFinishesInFlight(t *testing.T) {
 		resp.Body.Close()
 		done <- result{status: resp.StatusCode}
 	}()
-	time.Sleep(100 * time.Millisecond) // the request is in flight
+	select {
+	case <-entered: // the daemon holds the check
+	case r := <-done:
+		t.Fatalf("the check was answered before it was held: status %d, err %v", r.status, r.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the check did not reach the daemon in 10s")
+	}
 	shut := make(chan error, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		shut <- td.Shutdown(ctx)
 	}()
-	time.Sleep(100 * time.Millisecond)
-	// New connections are refused while the check in flight finishes.
+	// New connections are refused while the check in flight is held.
+	// Shutdown closes the listener at some point after it is called: a
+	// connection made before then is served, so the test waits for the
+	// first refusal.
 	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
-	if resp, err := c.Get(td.base + "/healthz"); err == nil {
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		resp, err := c.Get(td.base + "/healthz")
+		if err != nil {
+			break
+		}
 		resp.Body.Close()
-		t.Error("a new connection was accepted during shutdown")
+		if time.Now().After(deadline) {
+			t.Fatal("new connections still accepted 5s into the shutdown")
+		}
+		time.Sleep(time.Millisecond)
 	}
-	close(sb.release)
+	select {
+	case r := <-done:
+		t.Fatalf("the held check was answered before it was released: status %d, err %v", r.status, r.err)
+	case err := <-shut:
+		t.Fatalf("Shutdown returned with a check in flight: %v", err)
+	default:
+	}
+	unblock()
 	r := <-done
-	if r.err != nil || r.status != 200 {
-		t.Errorf("in-flight check: status %d, err %v; want 200", r.status, r.err)
+	if r.err != nil || r.status != http.StatusTooManyRequests {
+		t.Errorf("in-flight check: status %d, err %v; want 429", r.status, r.err)
 	}
 	if err := <-shut; err != nil {
 		t.Errorf("Shutdown: %v", err)
