@@ -91,15 +91,29 @@ func TestDeadline(t *testing.T) {
 	}
 }
 
+// TestBreaker opens the breaker, sees it refuse calls without sending
+// them, let a probe through after its open timeout, and close after
+// successful probes. The open timeout is wall-clock time: when the test is
+// held up longer than it (a busy machine), the breaker lets a probe through
+// where the test expected it still open; the probe fails and opens it
+// again. The test allows for exactly these probes, counted by the
+// transitions, and for no more than the time elapsed could have let
+// through.
 func TestBreaker(t *testing.T) {
+	const openTimeout = 100 * time.Millisecond
 	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
 	var mu sync.Mutex
 	var changes []string
+	transitions := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), changes...)
+	}
 	obs := &countObserver{}
 	g := newGuard(t, f, Config{
 		Observer: obs,
 		Deadline: time.Second,
-		Breaker:  BreakerConfig{Window: time.Minute, MinRequests: 10, FailureRatio: 0.5, OpenTimeout: 100 * time.Millisecond, Probes: 2, Sustain: -1},
+		Breaker:  BreakerConfig{Window: time.Minute, MinRequests: 10, FailureRatio: 0.5, OpenTimeout: openTimeout, Probes: 2, Sustain: -1},
 		OnBreakerChange: func(from, to BreakerState) {
 			mu.Lock()
 			changes = append(changes, from.String()+">"+to.String())
@@ -123,28 +137,47 @@ func TestBreaker(t *testing.T) {
 			t.Fatalf("opened after %d failures of %d calls", i+1, 21+i)
 		}
 	}
+	beforeOpen := time.Now()
 	check1(ctx, g, "k", p, 1)
-	if got := g.BreakerState(); got != BreakerOpen {
-		t.Fatalf("after 20 failures in 40 calls: %s, want open", got)
+	if got := fmtList(transitions()); got != "[closed>open]" {
+		t.Fatalf("after 20 failures in 40 calls: transitions %s, want [closed>open]", got)
 	}
-	calls := f.Calls()
+	// Open: calls fail at once and nothing reaches the store, but for the
+	// probes of the half-open states the test was held up into (each
+	// half_open>open).
+	calls, seen := f.Calls(), len(transitions())
+	refused := int64(0)
 	for range 100 {
 		_, _, err := check1(ctx, g, "k", p, 1)
-		if !errors.Is(err, ErrBreakerOpen) || !errors.Is(err, sluice.ErrStoreUnavailable) {
+		if !errors.Is(err, sluice.ErrStoreUnavailable) {
 			t.Fatalf("open breaker: err = %v", err)
 		}
+		if errors.Is(err, ErrBreakerOpen) {
+			refused++
+		}
 	}
-	if f.Calls() != calls {
-		t.Errorf("open breaker: %d calls reached the store", f.Calls()-calls)
+	elapsed := time.Since(beforeOpen)
+	stalls := reopenings(t, transitions()[seen:])
+	if n := f.Calls() - calls; n != int64(stalls) {
+		t.Errorf("open breaker: %d calls reached the store, %d half-open probes", n, stalls)
+	}
+	if refused != int64(100-stalls) {
+		t.Errorf("open breaker: %d of 100 calls refused, %d half-open probes", refused, stalls)
+	}
+	if limit := int(elapsed / openTimeout); stalls > limit {
+		t.Errorf("open breaker: half-open %d times in %s, with an open timeout of %s", stalls, elapsed, openTimeout)
 	}
 	// After the timeout a probe goes through; it fails: open again.
-	time.Sleep(120 * time.Millisecond)
-	check1(ctx, g, "k", p, 1)
-	if got := g.BreakerState(); got != BreakerOpen {
-		t.Fatalf("failed probe: %s, want open", got)
+	time.Sleep(openTimeout + 20*time.Millisecond)
+	calls, seen = f.Calls(), len(transitions())
+	if _, _, err := check1(ctx, g, "k", p, 1); errors.Is(err, ErrBreakerOpen) || !errors.Is(err, sluice.ErrStoreUnavailable) {
+		t.Errorf("probe: err = %v, want the store's failure", err)
+	}
+	if got := fmtList(transitions()[seen:]); got != "[open>half_open half_open>open]" || f.Calls()-calls != 1 {
+		t.Fatalf("failed probe: transitions %s, %d store calls; want [open>half_open half_open>open], 1", got, f.Calls()-calls)
 	}
 	f.SetDown(false)
-	time.Sleep(120 * time.Millisecond)
+	time.Sleep(openTimeout + 20*time.Millisecond)
 	if got := g.BreakerState(); got != BreakerHalfOpen {
 		t.Fatalf("after the open timeout: %s, want half_open", got)
 	}
@@ -156,19 +189,38 @@ func TestBreaker(t *testing.T) {
 	if got := g.BreakerState(); got != BreakerClosed {
 		t.Fatalf("after 2 successful probes: %s, want closed", got)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	want := "[closed>open open>half_open half_open>open open>half_open half_open>closed]"
-	if got := fmtList(changes); got != want {
+	want := "[closed>open"
+	for range stalls + 1 {
+		want += " open>half_open half_open>open"
+	}
+	want += " open>half_open half_open>closed]"
+	if got := fmtList(transitions()); got != want {
 		t.Errorf("transitions %s, want %s", got, want)
 	}
 	st := g.Stats()
-	if st.BreakerOpened != 2 || st.BreakerClosed != 1 || st.BreakerRefused < 100 {
-		t.Errorf("stats %+v", st)
+	opened := int64(2 + stalls)
+	if st.BreakerOpened != opened || st.BreakerClosed != 1 || st.BreakerRefused != refused {
+		t.Errorf("stats %+v, want %d opened, 1 closed, %d refused", st, opened, refused)
 	}
-	if obs.breaker[BreakerOpen].Load() != 2 || obs.breaker[BreakerClosed].Load() != 1 || obs.calls.Load() != st.StoreCalls || obs.errs.Load() != st.StoreErrors {
+	if obs.breaker[BreakerOpen].Load() != opened || obs.breaker[BreakerClosed].Load() != 1 || obs.calls.Load() != st.StoreCalls || obs.errs.Load() != st.StoreErrors {
 		t.Errorf("observer: breaker %d open %d closed, %d calls %d errors; stats %+v", obs.breaker[BreakerOpen].Load(), obs.breaker[BreakerClosed].Load(), obs.calls.Load(), obs.errs.Load(), st)
 	}
+	if stalls > 0 {
+		t.Logf("held up past the open timeout %d times (%d calls took %s)", stalls, 100, elapsed)
+	}
+}
+
+// reopenings returns the number of times changes, the transitions of an
+// open breaker with the store down, went half-open and open again: a
+// failed probe each. The test fails on any other transition.
+func reopenings(t *testing.T, changes []string) int {
+	t.Helper()
+	for i, c := range changes {
+		if want := [2]string{"open>half_open", "half_open>open"}[i%2]; c != want || len(changes)%2 != 0 {
+			t.Fatalf("transitions of an open breaker: %s, want pairs of open>half_open half_open>open", fmtList(changes))
+		}
+	}
+	return len(changes) / 2
 }
 
 // countObserver counts the events it receives.
