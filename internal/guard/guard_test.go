@@ -259,43 +259,91 @@ func fmtList(s []string) string {
 // TestDeadlineWithAStoreThatIgnoresIt: a store that blocks past its
 // context (as a client reconnecting may) still has its callers answered
 // at the deadline, the calls left running are bounded by MaxInFlight, and
-// their goroutines end when the store returns.
+// their goroutines end when the store returns. The store blocks until the
+// test releases it, so that each call's fate follows from the calls in
+// flight before it, whatever the machine's speed: below the bound it is
+// sent; at the bound, with none of the calls in flight able to end (each
+// blocked in the store, or waiting for a gatherer that is), it is refused.
+// Gathered checks whose callers gave up before a gatherer was free end
+// unsent, and free their place early: those are the only ones.
 func TestDeadlineWithAStoreThatIgnoresIt(t *testing.T) {
-	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
-	f.SetHang(300 * time.Millisecond)
-	g := newGuard(t, f, Config{Deadline: 5 * time.Millisecond, MaxInFlight: 20, Breaker: BreakerConfig{Disabled: true}})
-	p := params(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second})
-	base := runtime.NumGoroutine()
-	var worst time.Duration
-	tooMany := 0
-	for range 100 {
-		start := time.Now()
-		_, _, err := check1(context.Background(), g, "k", p, 1)
-		worst = max(worst, time.Since(start))
-		if !errors.Is(err, sluice.ErrStoreUnavailable) {
-			t.Fatalf("err = %v", err)
-		}
-		if errors.Is(err, ErrTooManyInFlight) {
-			tooMany++
-		}
+	for _, gatherers := range []int{0, -1} {
+		t.Run(fmt.Sprintf("gatherers=%d", gatherers), func(t *testing.T) {
+			const maxInFlight = 20
+			s := &blockedStore{Store: newMemory(t, nil), release: make(chan struct{})}
+			var releaseOnce sync.Once
+			unblock := func() { releaseOnce.Do(func() { close(s.release) }) }
+			defer unblock() // a failed test does not leave calls blocked
+			g := newGuard(t, s, Config{Deadline: 5 * time.Millisecond, MaxInFlight: maxInFlight, Gatherers: gatherers, Breaker: BreakerConfig{Disabled: true}})
+			p := params(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second})
+			base := runtime.NumGoroutine()
+			var worst time.Duration
+			tooMany, stuckAtBound := 0, 0
+			for i := range 100 {
+				// The calls in flight only end, before the release, when
+				// a gatherer is not blocked in the store (calls on
+				// goroutines of their own all are). The test's calls are
+				// the only ones: nothing adds to the calls in flight
+				// during one.
+				before := g.inflight.Load()
+				stuck := gatherers < 0 || s.calls.Load() >= DefaultGatherers
+				start := time.Now()
+				_, _, err := check1(context.Background(), g, "k", p, 1)
+				worst = max(worst, time.Since(start))
+				if !errors.Is(err, sluice.ErrStoreUnavailable) {
+					t.Fatalf("err = %v", err)
+				}
+				refused := errors.Is(err, ErrTooManyInFlight)
+				if refused {
+					tooMany++
+				}
+				switch {
+				case before < maxInFlight && refused:
+					t.Errorf("call %d refused for too many in flight with %d in flight (bound %d)", i, before, maxInFlight)
+				case before >= maxInFlight && stuck:
+					stuckAtBound++
+					if !refused {
+						t.Errorf("call %d sent with %d in flight, none of which could end (bound %d): %v", i, before, maxInFlight, err)
+					}
+				}
+				if n := g.inflight.Load(); n > maxInFlight {
+					t.Fatalf("%d calls in flight after call %d, bound %d", n, i, maxInFlight)
+				}
+			}
+			if gatherers < 0 && tooMany != 100-maxInFlight {
+				t.Errorf("%d of 100 calls refused for too many in flight, want %d (bound %d)", tooMany, 100-maxInFlight, maxInFlight)
+			}
+			if worst > 250*time.Millisecond {
+				t.Errorf("worst wait %s against a store blocked past its context", worst)
+			}
+			if n := runtime.NumGoroutine(); n > base+maxInFlight+5 {
+				t.Errorf("%d goroutines, %d before: more than MaxInFlight left running", n, base)
+			}
+			unblock()
+			deadline := time.Now().Add(5 * time.Second)
+			for runtime.NumGoroutine() > base && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n := runtime.NumGoroutine(); n > base {
+				t.Errorf("%d goroutines after the store returned, %d before", n, base)
+			}
+			t.Logf("worst wait %s, %d refused, %d of them with every call in flight stuck", worst, tooMany, stuckAtBound)
+		})
 	}
-	if tooMany < 70 {
-		t.Errorf("%d of 100 calls refused for too many in flight, want at least 70 (bound 20)", tooMany)
-	}
-	if worst > 250*time.Millisecond {
-		t.Errorf("worst wait %s against a store hanging 300ms past its context", worst)
-	}
-	if n := runtime.NumGoroutine(); n > base+25 {
-		t.Errorf("%d goroutines, %d before: more than MaxInFlight left running", n, base)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > base && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := runtime.NumGoroutine(); n > base {
-		t.Errorf("%d goroutines after the store returned, %d before", n, base)
-	}
-	t.Logf("worst wait %s, %d refused", worst, tooMany)
+}
+
+// blockedStore is a store whose checks block, ignoring their context,
+// until release is closed.
+type blockedStore struct {
+	Store
+	calls   atomic.Int64 // checks begun
+	release chan struct{}
+}
+
+func (b *blockedStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	b.calls.Add(1)
+	<-b.release
+	return b.Store.Check(ctx, reqs, out)
 }
 
 func TestBreakerIgnoresCallerCancellation(t *testing.T) {
