@@ -281,16 +281,7 @@ func TestHotKeyGiveBackKeepsToItsLease(t *testing.T) {
 	close(s.release)
 	wg.Wait()
 
-	admitted := 0
-	for range 2 * limit {
-		d, _, err := check1(ctx, g, "h", p, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d.Allowed {
-			admitted++
-		}
-	}
+	admitted := admittedOf(t, ctx, g, "h", p, 2*limit)
 	if admitted > limit {
 		t.Errorf("fixed window of %d: %d checks admitted in one window", limit, admitted)
 	}
@@ -350,16 +341,7 @@ func TestHotKeyTopUpAcrossWindowsStartsANewLease(t *testing.T) {
 	close(s.release)         // and decided in the next one
 	wg.Wait()
 
-	admitted := 0
-	for range 2 * limit {
-		d, _, err := check1(ctx, g, "h", p, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d.Allowed {
-			admitted++
-		}
-	}
+	admitted := admittedOf(t, ctx, g, "h", p, 2*limit)
 	if admitted > limit {
 		t.Errorf("fixed window of %d: %d checks admitted in the window after a top-up sent before it (%d units of the old lease left)", limit, admitted, left)
 	}
@@ -464,4 +446,21 @@ func TestHotKeySyncWithOneNodeDown(t *testing.T) {
 	if lost != leftover {
 		t.Errorf("live hot key: %d units charged by Redis and never admitted, want only the %d left in its lease", lost, leftover)
 	}
+}
+
+// admittedOf makes n checks of cost 1 of key and returns how many were
+// admitted.
+func admittedOf(t *testing.T, ctx context.Context, g *Guard, key string, p *algorithm.Params, n int) int {
+	t.Helper()
+	admitted := 0
+	for range n {
+		d, _, err := check1(ctx, g, key, p, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	return admitted
 }
