@@ -170,6 +170,18 @@ func check(t *testing.T, s Store, r store.Request) sluice.Decision {
 	return out[0]
 }
 
+// decideOne decides r alone through CheckAll (all) or Check, and returns
+// the store's decision and the model's.
+func decideOne(s Store, m *Model, r store.Request, all bool) (got, want sluice.Decision, err error) {
+	out := make([]sluice.Decision, 1)
+	if all {
+		err = s.CheckAll(context.Background(), []store.Request{r}, out)
+		return out[0], m.DecideAll([]store.Request{r})[0], err
+	}
+	err = s.Check(context.Background(), []store.Request{r}, out)
+	return out[0], m.Decide(r), err
+}
+
 // step is one request of a sequence: dt after the previous one.
 type step struct {
 	dt   time.Duration
@@ -422,15 +434,9 @@ func testClockBack(t *testing.T, s Store, key keyFunc) {
 				for i, st := range steps {
 					at = at.Add(st.dt)
 					r := store.Request{Key: k, Params: p, Cost: st.cost, Now: at}
-					var got, want sluice.Decision
-					if all {
-						out := make([]sluice.Decision, 1)
-						if err := s.CheckAll(context.Background(), []store.Request{r}, out); err != nil {
-							t.Fatal(err)
-						}
-						got, want = out[0], m.DecideAll([]store.Request{r})[0]
-					} else {
-						got, want = check(t, s, r), m.Decide(r)
+					got, want, err := decideOne(s, m, r, all)
+					if err != nil {
+						t.Fatal(err)
 					}
 					if got != want {
 						t.Fatalf("all or nothing %v, step %d (cost %d at %+s): got %+v, want %+v", all, i, r.Cost, at.Sub(T0), got, want)
@@ -565,22 +571,13 @@ func testRandomParams(t *testing.T, s Store, key keyFunc) {
 					cost = 1 + rng.Int64N(p.Burst)
 				}
 				r := store.Request{Key: k, Params: p, Cost: cost, Now: time.UnixMicro(at)}
-				out := make([]sluice.Decision, 1)
-				var want sluice.Decision
-				var err error
 				all := rng.IntN(2) == 0
-				if all {
-					err = s.CheckAll(context.Background(), []store.Request{r}, out)
-					want = m.DecideAll([]store.Request{r})[0]
-				} else {
-					err = s.Check(context.Background(), []store.Request{r}, out)
-					want = m.Decide(r)
-				}
+				got, want, err := decideOne(s, m, r, all)
 				if err != nil {
 					t.Fatalf("trace %d request %d: %v", trace, i, err)
 				}
-				if out[0] != want {
-					t.Fatalf("trace %d (%+v) request %d (cost %d at %dµs, all or nothing %v): got %+v, want %+v", trace, *p, i, cost, at, all, out[0], want)
+				if got != want {
+					t.Fatalf("trace %d (%+v) request %d (cost %d at %dµs, all or nothing %v): got %+v, want %+v", trace, *p, i, cost, at, all, got, want)
 				}
 			}
 		}
@@ -606,20 +603,11 @@ func testSharedState(t *testing.T, s Store, key keyFunc) {
 			keys := []string{key(t, "a"), key(t, "b")}
 			decide := func(i int, r store.Request, all bool) {
 				t.Helper()
-				out := make([]sluice.Decision, 1)
-				var want sluice.Decision
-				var err error
-				if all {
-					err = s.CheckAll(context.Background(), []store.Request{r}, out)
-					want = m.DecideAll([]store.Request{r})[0]
-				} else {
-					err = s.Check(context.Background(), []store.Request{r}, out)
-					want = m.Decide(r)
-				}
+				got, want, err := decideOne(s, m, r, all)
 				if err != nil {
 					t.Fatalf("request %d: %v", i, err)
 				}
-				if got := out[0]; got != want || got.Remaining < 0 || (r.Cost == 0 && !got.Allowed) {
+				if got != want || got.Remaining < 0 || (r.Cost == 0 && !got.Allowed) {
 					t.Fatalf("request %d (limit %d, cost %d at +%s, all %v): got %+v, want %+v", i, r.Params.Limit, r.Cost, r.Now.Sub(T0), all, got, want)
 				}
 			}
