@@ -17,6 +17,7 @@
 # runs), GRPC_CLIENT (h2, the load generator's own; grpc-go), THREADS (the load
 # generator's --threads on the gRPC and Envoy targets, default 1; 0: one per core),
 # SERVER_PROCS (GOMAXPROCS of both servers; empty: Go's default, one per core),
+# SERVER_GODEBUG (GODEBUG of both servers; empty: Go's defaults),
 # PORT (base port, default 18180: sluice on PORT and PORT+1, the
 # reference on PORT+10 and PORT+11). Loopback only.
 set -euo pipefail
@@ -31,6 +32,7 @@ PORT=${PORT:-18180}
 GRPC_CLIENT=${GRPC_CLIENT:-h2}
 THREADS=${THREADS:-1}
 SERVER_PROCS=${SERVER_PROCS:-}
+SERVER_GODEBUG=${SERVER_GODEBUG:-}
 mkdir -p bin
 go build -o bin/sluice ./cmd/sluice
 go build -o bin/noop ./internal/loadgen/noop
@@ -46,6 +48,7 @@ redis_calls() { # total commands executed, excluding INFO itself
   redis-cli -u "$STORE" info commandstats | awk -F'[:=,]' '/^cmdstat_/ && $1 != "cmdstat_info" {n += $3} END {print n+0}'
 }
 procs=(); [ -n "$SERVER_PROCS" ] && procs=(GOMAXPROCS="$SERVER_PROCS")
+[ -n "$SERVER_GODEBUG" ] && procs+=(GODEBUG="$SERVER_GODEBUG")
 env "${procs[@]}" bin/sluice serve --config examples/load.yaml --store "$STORE" --log-level warn \
   --http-addr 127.0.0.1:$PORT --grpc-addr 127.0.0.1:$((PORT+1)) 2>"$out/serve.log" &
 SP=$!
@@ -77,7 +80,7 @@ print("%-20s %7.0f req/s %8.0f checks/s  p50 %5.2f  p90 %5.2f  p99 %5.2f  p999 %
          r["allowed"], r["denied"], r["errors"], cpu_us, extra))
 PY
 }
-echo "store $(echo "$STORE" | sed 's|//[^@]*@|//|'), gRPC client $GRPC_CLIENT ($THREADS threads), servers' GOMAXPROCS ${SERVER_PROCS:-default}, $CONCURRENCY callers, $KEYS keys, $DURATION per run; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "store $(echo "$STORE" | sed 's|//[^@]*@|//|'), gRPC client $GRPC_CLIENT ($THREADS threads), servers' GOMAXPROCS ${SERVER_PROCS:-default}${SERVER_GODEBUG:+ and GODEBUG $SERVER_GODEBUG}, $CONCURRENCY callers, $KEYS keys, $DURATION per run; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for t in $TARGETS; do
   p=$((PORT+1)); np=$((PORT+11))
   if [ "$t" = http ]; then p=$PORT; np=$((PORT+10)); fi
