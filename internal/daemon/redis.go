@@ -45,8 +45,14 @@ func openRedis(ctx context.Context, rawURL string, opts RedisOptions, log *slog.
 		Name: "sluice_redis_corrupt_state_resets_total",
 		Help: "Keys whose state the Redis store found corrupt (wrong type, unknown format) and reset.",
 	})
-	if err := reg.Register(corrupt); err != nil {
-		return nil, nil, fmt.Errorf("daemon: metrics: %w", err)
+	tryAgain := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_redis_tryagain_retries_total",
+		Help: "Script calls the Redis store sent again after a Redis Cluster refused them with TRYAGAIN (keys of a slot moving between masters).",
+	})
+	for _, c := range []prometheus.Collector{corrupt, tryAgain} {
+		if err := reg.Register(c); err != nil {
+			return nil, nil, fmt.Errorf("daemon: metrics: %w", err)
+		}
 	}
 	cfg.Logger = log
 	if cfg.MaxFlushDelay == 0 {
@@ -57,6 +63,7 @@ func openRedis(ctx context.Context, rawURL string, opts RedisOptions, log *slog.
 		cfg.MaxFlushDelay = 50 * time.Microsecond
 	}
 	cfg.OnCorrupt = func(n int) { corrupt.Add(float64(n)) }
+	cfg.OnTryAgain = func(n int) { tryAgain.Add(float64(n)) }
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("daemon: store %q: %w", redactURL(rawURL), err)
 	}

@@ -54,6 +54,12 @@ func TestRedisSharedAcrossDaemons(t *testing.T) {
 			if got := ds[1].remaining(t, "shared", "/api/limited", "per-client"); got != 0 {
 				t.Errorf("remaining after the burst = %d, want 0", got)
 			}
+			m := scrape(t, ds[0].base+"/metrics")
+			for _, name := range []string{"sluice_redis_corrupt_state_resets_total", "sluice_redis_tryagain_retries_total"} {
+				if v, ok := m[name]; !ok || v != 0 {
+					t.Errorf("/metrics: %s = %v (exported %v), want 0", name, v, ok)
+				}
+			}
 		})
 	}
 }

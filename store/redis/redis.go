@@ -56,6 +56,11 @@
 // store never admits beyond a limit; in that race it may charge a denied
 // batch for some of its keys.
 //
+// While a slot moves between masters, Redis refuses a call naming several
+// of its keys, some moved and some not, with TRYAGAIN, before running it;
+// the store sends such a call again after a growing pause until it is
+// decided or its deadline is near (TryAgainRetries counts them).
+//
 // # Failures
 //
 // Every call honours its context's deadline (Config.Timeout bounds a call
@@ -214,6 +219,11 @@ type Config struct {
 	// OnCorrupt, when set, is called with the number of corrupt keys reset
 	// by a call (for a metric). It must be safe for concurrent use.
 	OnCorrupt func(n int)
+	// OnTryAgain, when set, is called with the number of script calls sent
+	// again after a Redis Cluster refused them with TRYAGAIN (a slot moving
+	// between masters; see TryAgainRetries), for a metric. It must be safe
+	// for concurrent use.
+	OnTryAgain func(n int)
 }
 
 // Store keeps the state of rate limits in Redis or Redis Cluster. Create
@@ -230,7 +240,10 @@ type Store struct {
 	logger    *slog.Logger
 	onCorrupt func(int)
 	corrupt   atomic.Uint64
-	closed    atomic.Bool
+
+	onTryAgain func(int)
+	retries    atomic.Uint64
+	closed     atomic.Bool
 }
 
 // New connects to Redis as cfg says and returns the store. It fails when
@@ -286,6 +299,8 @@ func New(cfg Config) (*Store, error) {
 		timeout:   cfg.Timeout,
 		logger:    cfg.Logger,
 		onCorrupt: cfg.OnCorrupt,
+
+		onTryAgain: cfg.OnTryAgain,
 	}
 	if s.client == nil {
 		if len(cfg.Addrs) == 0 {
@@ -318,6 +333,14 @@ func (s *Store) Cluster() bool { return s.cluster }
 // CorruptResets returns how many corrupt keys the store has reset since it
 // was created.
 func (s *Store) CorruptResets() uint64 { return s.corrupt.Load() }
+
+// TryAgainRetries returns how many script calls the store has sent again,
+// since it was created, after a Redis Cluster refused them with TRYAGAIN:
+// a call naming several keys of a slot that is moving between masters,
+// when some of the keys have moved and others not. Redis refuses such a
+// call before running it, so the store sends it again, after a pause,
+// until it is decided or its deadline is near.
+func (s *Store) TryAgainRetries() uint64 { return s.retries.Load() }
 
 // MaxLogEntries returns the largest limit a sliding window log may have in
 // this store.
@@ -868,39 +891,39 @@ func instant(r *store.Request) string {
 
 // exec runs one script call per group, concurrently (pipelined per node),
 // and returns their replies. A NOSCRIPT answer is retried once with EVAL,
-// which loads the script. When some calls fail, their replies are nil and
-// the error is the first failure's; the others' replies are there (and
-// their scripts have run).
+// which loads the script; a call refused with TRYAGAIN is sent again until
+// it is not, or its deadline is near (see tryAgain). When some calls fail,
+// their replies are nil and the error is the first failure's; the others'
+// replies are there (and their scripts have run).
 func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
 	c := s.client
 	out := make([][]int64, len(groups))
 	var results []rueidis.RedisResult
 	if len(groups) == 1 {
-		g := groups[0]
-		r := c.Do(ctx, c.B().Evalsha().Sha1(g.script.sha).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build())
-		results = []rueidis.RedisResult{r}
+		results = []rueidis.RedisResult{c.Do(ctx, groups[0].evalsha(c))}
 	} else {
 		cmds := make(rueidis.Commands, len(groups))
 		for i, g := range groups {
-			cmds[i] = c.B().Evalsha().Sha1(g.script.sha).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build()
+			cmds[i] = g.evalsha(c)
 		}
 		results = c.DoMulti(ctx, cmds...)
 	}
-	var retry []int
+	var noScript, refused []int
 	for i, r := range results {
-		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
-			retry = append(retry, i)
+		if e, ok := rueidis.IsRedisErr(r.Error()); ok {
+			switch {
+			case e.IsNoScript():
+				noScript = append(noScript, i)
+			case e.IsTryAgain():
+				refused = append(refused, i)
+			}
 		}
 	}
-	if len(retry) > 0 {
-		cmds := make(rueidis.Commands, len(retry))
-		for j, i := range retry {
-			g := groups[i]
-			cmds[j] = c.B().Eval().Script(g.script.src).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build()
-		}
-		for j, r := range c.DoMulti(ctx, cmds...) {
-			results[retry[j]] = r
-		}
+	if len(noScript) > 0 {
+		refused = append(refused, s.load(ctx, groups, results, noScript)...)
+	}
+	if len(refused) > 0 {
+		s.tryAgain(ctx, groups, results, refused)
 	}
 	total := 0
 	var first error
@@ -927,6 +950,107 @@ func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
 		s.reportCorrupt(total, keys)
 	}
 	return out, first
+}
+
+// evalsha returns the EVALSHA call of g.
+func (g *group) evalsha(c rueidis.Client) rueidis.Completed {
+	return c.B().Evalsha().Sha1(g.script.sha).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build()
+}
+
+// load sends the calls idx of groups again with EVAL, which loads their
+// scripts, after Redis answered NOSCRIPT, and puts their replies in
+// results. It returns those of idx that Redis refused with TRYAGAIN.
+func (s *Store) load(ctx context.Context, groups []*group, results []rueidis.RedisResult, idx []int) (refused []int) {
+	c := s.client
+	cmds := make(rueidis.Commands, len(idx))
+	for j, i := range idx {
+		g := groups[i]
+		cmds[j] = c.B().Eval().Script(g.script.src).Numkeys(int64(len(g.keys))).Key(g.keys...).Arg(g.args...).Build()
+	}
+	for j, r := range c.DoMulti(ctx, cmds...) {
+		results[idx[j]] = r
+		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsTryAgain() {
+			refused = append(refused, idx[j])
+		}
+	}
+	return refused
+}
+
+// Pauses before a call refused with TRYAGAIN is sent again: the first,
+// doubled at each refusal up to the longest. The reserve is the time that
+// must remain before the deadline when a call is sent again: at least
+// tryAgainReserve, a tenth of the time left at the first refusal, and
+// twice the longest round trip of the calls sent again.
+const (
+	tryAgainFirstWait = time.Millisecond
+	tryAgainMaxWait   = 32 * time.Millisecond
+	tryAgainReserve   = 500 * time.Microsecond
+)
+
+// tryAgain sends the calls idx of groups again, after a pause, for as long
+// as Redis refuses them with TRYAGAIN, and puts their replies in results.
+// Redis answers TRYAGAIN, before running anything, to a call naming keys
+// of a slot that is moving between masters when some of them have moved
+// and others not: sending the call again is exact, and once the keys are
+// on one node it is decided. Only TRYAGAIN is retried, never an error
+// after which the call may have run. A call of one key is never refused
+// so (Redis redirects it with ASK), which is why checkOne does not retry.
+// The pauses grow from tryAgainFirstWait to tryAgainMaxWait; a call is
+// sent again only while the reserve remains before the deadline of ctx,
+// so that a slot split for longer than the deadline fails with the
+// TRYAGAIN refusal, in time for the failure mode.
+//
+// rueidis also marks TRYAGAIN for retry, but only for commands marked
+// retryable, and in a pipeline it sends again every retryable command
+// that failed in the same round, a broken connection included, whenever
+// another was redirected: a script marked so could run twice. Hence the
+// retry here, where only a TRYAGAIN refusal is sent again.
+func (s *Store) tryAgain(ctx context.Context, groups []*group, results []rueidis.RedisResult, idx []int) {
+	c := s.client
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(s.timeout)
+	}
+	reserve := max(tryAgainReserve, time.Until(dl)/10)
+	for wait := tryAgainFirstWait; len(idx) > 0; wait = min(2*wait, tryAgainMaxWait) {
+		left := time.Until(dl) - reserve
+		if left <= 0 {
+			return
+		}
+		t := time.NewTimer(min(wait, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		s.retries.Add(uint64(len(idx)))
+		if s.onTryAgain != nil {
+			s.onTryAgain(len(idx))
+		}
+		cmds := make(rueidis.Commands, len(idx))
+		for j, i := range idx {
+			cmds[j] = groups[i].evalsha(c)
+		}
+		sent := time.Now()
+		var noScript, refused []int
+		for j, r := range c.DoMulti(ctx, cmds...) {
+			results[idx[j]] = r
+			if e, ok := rueidis.IsRedisErr(r.Error()); ok {
+				switch {
+				case e.IsNoScript():
+					noScript = append(noScript, idx[j])
+				case e.IsTryAgain():
+					refused = append(refused, idx[j])
+				}
+			}
+		}
+		if len(noScript) > 0 {
+			refused = append(refused, s.load(ctx, groups, results, noScript)...)
+		}
+		reserve = max(reserve, 2*time.Since(sent))
+		idx = refused
+	}
 }
 
 // checkOne decides a single request of every algorithm but the sliding

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1124,35 +1125,101 @@ func testOnceAcrossRecordRefused(t *testing.T, c *redistest.Cluster, s *Store) {
 	t.Logf("repeat: replayed %v, %+v, after %s", replayed, out[0], time.Since(start).Round(time.Millisecond))
 }
 
+// slotMove moves the slot of a key from its master to another by hand, as
+// redis-cli --cluster reshard does: CLUSTER SETSLOT IMPORTING and
+// MIGRATING, MIGRATE of its keys a few at a time, then SETSLOT NODE on
+// every master. While some of its keys have moved and others not, Redis
+// refuses a command naming keys on both nodes with TRYAGAIN.
+type slotMove struct {
+	t        *testing.T
+	c        *redistest.Cluster
+	slot     string
+	src, dst *redistest.Server
+}
+
+// startSlotMove marks the slot of key as moving from its master to another.
+func startSlotMove(t *testing.T, c *redistest.Cluster, key string) *slotMove {
+	t.Helper()
+	m := &slotMove{t: t, c: c, slot: strconv.Itoa(int(slotOf(key))), src: owner(t, c, key)}
+	for _, s := range c.Masters {
+		if s != m.src {
+			m.dst = s
+			break
+		}
+	}
+	m.do(m.dst, "CLUSTER", "SETSLOT", m.slot, "IMPORTING", m.id(m.src))
+	m.do(m.src, "CLUSTER", "SETSLOT", m.slot, "MIGRATING", m.id(m.dst))
+	return m
+}
+
+func (m *slotMove) do(s *redistest.Server, args ...string) string {
+	v, err := s.Do(args...)
+	if err != nil {
+		m.t.Errorf("%s: %v", strings.Join(args, " "), err)
+	}
+	return v
+}
+
+func (m *slotMove) id(s *redistest.Server) string {
+	return strings.TrimSpace(m.do(s, "CLUSTER", "MYID"))
+}
+
+// migrate moves up to n keys of the slot to the destination and returns
+// how many it moved.
+func (m *slotMove) migrate(n int) int {
+	ks := strings.Fields(m.do(m.src, "CLUSTER", "GETKEYSINSLOT", m.slot, strconv.Itoa(n)))
+	if len(ks) > 0 {
+		m.do(m.src, append([]string{"MIGRATE", "127.0.0.1", strconv.Itoa(m.dst.Port), "", "0", "5000", "KEYS"}, ks...)...)
+	}
+	return len(ks)
+}
+
+// finish moves the keys left and gives the slot to the destination.
+func (m *slotMove) finish() {
+	for m.migrate(100) > 0 {
+	}
+	for _, s := range m.c.Masters {
+		m.do(s, "CLUSTER", "SETSLOT", m.slot, "NODE", m.id(m.dst))
+	}
+}
+
+// isTryAgain reports whether err is Redis' TRYAGAIN refusal, wrapped as a
+// store error.
+func isTryAgain(err error) bool {
+	return errors.Is(err, sluice.ErrStoreUnavailable) && strings.Contains(err.Error(), "TRYAGAIN")
+}
+
 // TestClusterSlotMove moves the slot of one identity to another master
-// (CLUSTER SETSLOT IMPORTING and MIGRATING, MIGRATE, SETSLOT NODE) while
-// checks of its keys run: a single-key check follows the ASK and MOVED
-// redirections and is always decided; a check of several keys of the slot
-// is refused by Redis (TRYAGAIN, an error wrapping ErrStoreUnavailable)
-// while the keys lie on both nodes; and what was admitted is exactly what
-// Redis counted.
+// while calls naming its keys run, of every kind: Check of one key, Check
+// of four keys of the slot, CheckAll of three keys of the slot and one of
+// another (two phases across slots), and CheckAllOnce of four keys of the
+// slot (the record on the slot too). A call of one key follows the ASK and
+// MOVED redirections; a call of several keys, which Redis refuses with
+// TRYAGAIN while they lie on both nodes, is sent again until they lie on
+// one. Every call is decided within its deadline, and what was admitted is
+// exactly what Redis counted.
 func TestClusterSlotMove(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")
 	}
 	c := redistest.StartCluster(t, redistest.ClusterOptions{})
-	s := newStore(t, Config{Addrs: c.Addrs()})
-	const limit, keys = 100_000, 50
+	var reported atomic.Int64
+	s := newStore(t, Config{Addrs: c.Addrs(), OnTryAgain: func(n int) { reported.Add(int64(n)) }})
+	const limit, keys, others = 100_000, 50, 5
 	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: limit, Window: 1000 * time.Hour})
 	key := func(i int) string { return "rl:move:{user=7}:k" + strconv.Itoa(i%keys) }
-	src := owner(t, c, key(0))
-	var dst *redistest.Server
-	for _, m := range c.Masters {
-		if m != src {
-			dst = m
-			break
-		}
+	other := func(i int) string { return "rl:move:{user=8}:k" + strconv.Itoa(i%others) }
+	if slotOf(key(0)) == slotOf(other(0)) {
+		t.Fatal("the two identities share a slot")
 	}
-	var admitted, singleErrs, multiErrs, tryAgain atomic.Int64
-	var otherErr atomic.Value
+	kinds := [...]string{"Check of one key", "Check of 4 keys", "CheckAll across slots", "CheckAllOnce"}
+	var admitted atomic.Int64
+	var calls, errs [len(kinds)]atomic.Int64
+	var lastErr [len(kinds)]atomic.Value
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for w := range 8 {
+	for w := range 2 * len(kinds) {
+		kind := w % len(kinds)
 		wg.Go(func() {
 			out := make([]sluice.Decision, 4)
 			for i := 0; ; i++ {
@@ -1162,84 +1229,190 @@ func TestClusterSlotMove(t *testing.T) {
 				default:
 				}
 				reqs := []store.Request{{Key: key(i), Params: p, Cost: 1}}
-				if w%2 == 1 {
+				if kind > 0 {
 					for j := 1; j < 4; j++ {
 						reqs = append(reqs, store.Request{Key: key(i + 13*j), Params: p, Cost: 1})
 					}
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				err := s.Check(ctx, reqs, out)
+				var err error
+				replayed := false
+				switch kind {
+				case 0, 1:
+					err = s.Check(ctx, reqs, out)
+				case 2:
+					reqs[3].Key = other(i)
+					err = s.CheckAll(ctx, reqs, out)
+				case 3:
+					// Few record keys, which expire soon: the slot keeps
+					// few keys to move, and batches are decided anew.
+					replayed, err = s.CheckAllOnce(ctx, fmt.Sprintf("move-%d-%d", w, i%10), 100*time.Millisecond, reqs, out)
+				}
 				cancel()
-				switch {
-				case err == nil:
-					admitted.Add(int64(len(reqs)))
-				case len(reqs) == 1:
-					singleErrs.Add(1)
-					otherErr.Store(err.Error())
-				default:
-					multiErrs.Add(1)
-					if errors.Is(err, sluice.ErrStoreUnavailable) && strings.Contains(err.Error(), "TRYAGAIN") {
-						tryAgain.Add(1)
-					} else {
-						otherErr.Store(err.Error())
+				calls[kind].Add(1)
+				if err != nil {
+					errs[kind].Add(1)
+					lastErr[kind].Store(err.Error())
+					continue
+				}
+				for j := range reqs {
+					if out[j].Allowed && !replayed {
+						admitted.Add(1)
 					}
 				}
 			}
 		})
 	}
 	time.Sleep(200 * time.Millisecond)
-	id := func(s *redistest.Server) string {
-		v, err := s.Do("CLUSTER", "MYID")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.TrimSpace(v)
-	}
-	slot := strconv.Itoa(int(slotOf(key(0))))
-	do := func(s *redistest.Server, args ...string) string {
-		v, err := s.Do(args...)
-		if err != nil {
-			t.Errorf("%s: %v", strings.Join(args, " "), err)
-		}
-		return v
-	}
-	do(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", id(src))
-	do(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", id(dst))
-	// A few keys at a time, so that checks meet the slot half moved.
-	for {
-		ks := strings.Fields(do(src, "CLUSTER", "GETKEYSINSLOT", slot, "5"))
-		if len(ks) == 0 {
-			break
-		}
-		do(src, append([]string{"MIGRATE", "127.0.0.1", strconv.Itoa(dst.Port), "", "0", "5000", "KEYS"}, ks...)...)
+	m := startSlotMove(t, c, key(0))
+	// A few keys at a time, so that calls meet the slot half moved.
+	for m.migrate(5) > 0 {
 		time.Sleep(20 * time.Millisecond)
 	}
-	for _, m := range c.Masters {
-		do(m, "CLUSTER", "SETSLOT", slot, "NODE", id(dst))
-	}
+	m.finish()
 	time.Sleep(300 * time.Millisecond)
 	close(stop)
 	wg.Wait()
 
-	if n := singleErrs.Load(); n > 0 {
-		t.Errorf("%d single-key checks failed during the move, last: %v", n, otherErr.Load())
+	for k, name := range kinds {
+		if n := errs[k].Load(); n > 0 {
+			t.Errorf("%s: %d of %d calls failed during the move, last: %v", name, n, calls[k].Load(), lastErr[k].Load())
+		}
 	}
-	if n := multiErrs.Load() - tryAgain.Load(); n > 0 {
-		t.Errorf("%d checks of several keys failed otherwise than with TRYAGAIN, last: %v", n, otherErr.Load())
+	retries := s.TryAgainRetries()
+	if retries == 0 {
+		t.Error("no call was refused with TRYAGAIN: the calls did not meet the slot split")
+	}
+	if got := reported.Load(); got != int64(retries) {
+		t.Errorf("OnTryAgain reported %d calls sent again, TryAgainRetries %d", got, retries)
 	}
 	var counted int64
 	out := make([]sluice.Decision, 1)
-	for i := range keys {
-		if err := s.Check(context.Background(), []store.Request{{Key: key(i), Params: p}}, out); err != nil {
+	for i := range keys + others {
+		k := key(i)
+		if i >= keys {
+			k = other(i)
+		}
+		if err := s.Check(context.Background(), []store.Request{{Key: k, Params: p}}, out); err != nil {
 			t.Fatal(err)
 		}
 		counted += limit - out[0].Remaining
 	}
 	if got, want := counted, admitted.Load(); got != want {
-		t.Errorf("Redis counted %d units, the checks admitted %d", got, want)
+		t.Errorf("Redis counted %d units, the calls admitted %d", got, want)
 	}
-	if n, _ := dst.Do("CLUSTER", "COUNTKEYSINSLOT", slot); n != strconv.Itoa(keys) {
-		t.Errorf("the destination holds %s keys of the slot, want %d", n, keys)
+	if n, _ := m.src.Do("CLUSTER", "COUNTKEYSINSLOT", m.slot); n != "0" {
+		t.Errorf("the source still holds %s keys of the slot, want 0", n)
 	}
-	t.Logf("admitted %d units; %d checks of several keys refused with TRYAGAIN while the slot was split", admitted.Load(), tryAgain.Load())
+	t.Logf("admitted %d units in %v calls; %d calls sent again after TRYAGAIN while the slot was split", admitted.Load(), func() (n [len(kinds)]int64) {
+		for k := range n {
+			n[k] = calls[k].Load()
+		}
+		return n
+	}(), retries)
+}
+
+// TestClusterSlotSplitPastDeadline holds a slot split between two masters
+// (two of its four keys moved): calls naming its four keys, of every kind,
+// are refused by Redis with TRYAGAIN and sent again until their deadline
+// is near, then fail with the TRYAGAIN refusal, having written nothing; a
+// call made during the split with a deadline longer than the split is
+// decided once the slot has moved.
+func TestClusterSlotSplitPastDeadline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	c := redistest.StartCluster(t, redistest.ClusterOptions{})
+	s := newStore(t, Config{Addrs: c.Addrs()})
+	const limit = 1000
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: limit, Window: 1000 * time.Hour})
+	var reqs []store.Request
+	for i := range 4 {
+		reqs = append(reqs, store.Request{Key: "rl:split:{user=7}:k" + strconv.Itoa(i), Params: p, Cost: 1})
+	}
+	across := append(slices.Clone(reqs[:3]), store.Request{Key: "rl:split:{user=8}:k", Params: p, Cost: 1})
+	if slotOf(across[3].Key) == slotOf(reqs[0].Key) {
+		t.Fatal("the two identities share a slot")
+	}
+	count := func() (n []int64) {
+		out := make([]sluice.Decision, 1)
+		for _, r := range append(slices.Clone(reqs), across[3]) {
+			if err := s.Check(context.Background(), []store.Request{{Key: r.Key, Params: p}}, out); err != nil {
+				t.Fatal(err)
+			}
+			n = append(n, limit-out[0].Remaining)
+		}
+		return n
+	}
+	out := make([]sluice.Decision, 4)
+	if err := s.Check(context.Background(), append(slices.Clone(reqs), across[3]), make([]sluice.Decision, 5)); err != nil {
+		t.Fatal(err)
+	}
+	m := startSlotMove(t, c, reqs[0].Key)
+	if n := m.migrate(2); n != 2 {
+		t.Fatalf("moved %d keys, want 2", n)
+	}
+
+	const deadline = 500 * time.Millisecond
+	for _, call := range []struct {
+		name string
+		f    func(context.Context) error
+	}{
+		{"Check", func(ctx context.Context) error { return s.Check(ctx, reqs, out) }},
+		{"CheckAll", func(ctx context.Context) error { return s.CheckAll(ctx, reqs, out) }},
+		{"CheckAll across slots", func(ctx context.Context) error { return s.CheckAll(ctx, across, out) }},
+		{"CheckAllOnce", func(ctx context.Context) error {
+			_, err := s.CheckAllOnce(ctx, "split", time.Minute, reqs, out)
+			return err
+		}},
+	} {
+		before := s.TryAgainRetries()
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		start := time.Now()
+		err := call.f(ctx)
+		took := time.Since(start)
+		cancel()
+		retries := s.TryAgainRetries() - before
+		if !isTryAgain(err) {
+			t.Errorf("%s during a split longer than its deadline: %v, want TRYAGAIN wrapping ErrStoreUnavailable", call.name, err)
+		}
+		// Pauses of 1, 2, 4, ... ms, until a tenth of the deadline (or
+		// twice the longest round trip, on a busy machine) remains.
+		if retries < 2 || took < deadline/4 {
+			t.Errorf("%s: sent again %d times, failed after %s of its %s: want it sent again until near its deadline", call.name, retries, took, deadline)
+		}
+		t.Logf("%s: %v after %s, sent again %d times", call.name, err, took.Round(time.Millisecond), retries)
+	}
+	if got, want := count(), []int64{1, 1, 1, 1, 1}; !slices.Equal(got, want) {
+		t.Errorf("counts after the refused calls: %v, want %v (nothing written)", got, want)
+	}
+
+	// A deadline longer than the split: decided once the slot has moved.
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		done <- s.Check(ctx, reqs, out)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	m.finish()
+	if err := <-done; err != nil {
+		t.Fatalf("Check during a split shorter than its deadline: %v", err)
+	}
+	if took := time.Since(start); took < 100*time.Millisecond {
+		t.Errorf("Check decided after %s, before the slot moved", took)
+	}
+	for i, d := range out {
+		if !d.Allowed || d.Remaining != limit-2 {
+			t.Errorf("request %d: %+v, want admitted with %d remaining", i, d, limit-2)
+		}
+	}
+	replayed, err := s.CheckAllOnce(context.Background(), "split", time.Minute, reqs, out)
+	if err != nil || replayed {
+		t.Fatalf("CheckAllOnce after the move: replayed %v, %v; want decided (no record written while refused)", replayed, err)
+	}
+	if got, want := count(), []int64{3, 3, 3, 3, 1}; !slices.Equal(got, want) {
+		t.Errorf("counts after the move: %v, want %v", got, want)
+	}
 }
