@@ -55,7 +55,7 @@ func check(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 	req.Cost = cost
 	c, err := client.New(client.Config{BaseURL: *addr, Timeout: *timeout})
 	if err != nil {
-		fmt.Fprintf(stderr, "sluice check: %v\n", err)
+		fmt.Fprintf(stderr, "sluice check: --addr %q: want http://host:port or https://host:port\n", *addr)
 		return 2
 	}
 	d, err := c.Check(context.Background(), req)

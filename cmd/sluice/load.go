@@ -51,8 +51,8 @@ Flags:
 	fs.BoolVar(&cfg.Zipf, "zipf", false, "draw keys from a Zipf distribution (key 0 hottest) instead of uniformly")
 	fs.Float64Var(&cfg.ZipfS, "zipf-s", 1.1, "Zipf exponent, > 1")
 	costs := fs.String("costs", "1", "cost mix cost:weight,... such as 1:90,5:9,10:1")
-	fs.StringVar(&cfg.KeyPrefix, "key-prefix", "load-", "prefix of the key names")
-	fs.StringVar(&cfg.Resource, "resource", "/api/v1/orders", "resource of http and grpc checks")
+	fs.StringVar(&cfg.KeyPrefix, "key-prefix", "load-", "prefix of the key names; empty: the key numbers alone")
+	fs.StringVar(&cfg.Resource, "resource", "/api/v1/orders", "resource of http and grpc checks; empty: checks that name none")
 	fs.IntVar(&cfg.Batch, "batch", 0, "send all-or-nothing batches of this many checks of one key to resource/0, resource/1, ... (http and grpc)")
 	fs.StringVar(&cfg.Domain, "domain", "sluice", "Envoy domain")
 	fs.StringVar(&cfg.DescriptorKey, "descriptor-key", "client_id", "Envoy descriptor entry key; the value is the key name")
@@ -63,7 +63,7 @@ Flags:
 	fs.DurationVar(&cfg.Window, "window", 0, "window of --expect-limit, aligned on the Unix epoch like fixed windows; 0: the whole run")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the key and cost draws")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file")
+	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file; empty: none")
 	threads := fs.Int("threads", 0, "OS threads running the load generator's Go code (GOMAXPROCS); 0: Go's default, one per core. Beside the server on one machine, 1 leaves it the other cores: over gRPC in a closed loop one thread drives every caller")
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set, 0 or less: Go's default, 100 (the generator's own CPU per request falls by about a quarter at 400)")
 	fromEnv := envFlags(fs, map[string]string{"addr": "SLUICE_LOAD_ADDR"})
@@ -95,6 +95,28 @@ Flags:
 	} {
 		if f.bad {
 			fmt.Fprintf(stderr, "sluice load: --%s %s: want %s\n", f.name, fs.Lookup(f.name).Value, f.want)
+			return 2
+		}
+	}
+	// loadgen.Config also takes an empty string for its default; an empty
+	// value given here is the user's, kept where it means something
+	// (--key-prefix, --resource, --cpuprofile) and refused where the run
+	// cannot use it.
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, f := range []struct {
+		name string
+		bad  bool
+		want string
+	}{
+		{"target", cfg.Target == "", "http, grpc or envoy"},
+		{"addr", cfg.Addr == "", "host:port"},
+		{"grpc-client", cfg.GRPCClient == "", "h2 or grpc-go"},
+		{"domain", cfg.Domain == "" && cfg.Target == loadgen.TargetEnvoy, "the Envoy domain, which Envoy requests require"},
+		{"descriptor-key", cfg.DescriptorKey == "" && cfg.Target == loadgen.TargetEnvoy, "the descriptor entry key, which Envoy requests require"},
+	} {
+		if given[f.name] && f.bad {
+			fmt.Fprintf(stderr, "sluice load: --%s \"\": want %s\n", f.name, f.want)
 			return 2
 		}
 	}

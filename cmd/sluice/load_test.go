@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -91,5 +94,58 @@ func TestLoadUnreachableServer(t *testing.T) {
 		if code != 1 || !strings.Contains(out.String()+errOut.String(), "refused") {
 			t.Errorf("load --target %s at a closed port: exit %d, %q %q; want 1 and the connection's error", target, code, out.String(), errOut.String())
 		}
+	}
+}
+
+// An empty value given for a string flag is the user's, not the flag's
+// default: refused, naming the flag, where the run cannot use it
+// (--addr "" ran against 127.0.0.1:8080, --target "" drove HTTP, --domain
+// "" sent Envoy requests of domain "sluice").
+func TestLoadRefusesEmptyValues(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		flag string // named in the error
+	}{
+		{[]string{"--addr", ""}, "--addr"},
+		{[]string{"--addr", "127.0.0.1:1", "--target", ""}, "--target"},
+		{[]string{"--addr", "127.0.0.1:1", "--target", "grpc", "--grpc-client", ""}, "--grpc-client"},
+		{[]string{"--addr", "127.0.0.1:1", "--target", "envoy", "--domain", ""}, "--domain"},
+		{[]string{"--addr", "127.0.0.1:1", "--target", "envoy", "--descriptor-key", ""}, "--descriptor-key"},
+		{[]string{"--addr", "127.0.0.1:1", "--costs", ""}, "--costs"},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(append([]string{"load", "--requests", "1"}, tc.args...), &out, &errOut, noEnv)
+		if code != 2 || !strings.Contains(errOut.String(), tc.flag) {
+			t.Errorf("load %q: exit %d, %q; want 2 and an error naming %s", tc.args, code, errOut.String(), tc.flag)
+		}
+	}
+}
+
+// An empty --key-prefix and an empty --resource are sent as given: keys
+// named by their numbers alone, checks that name no resource. They used to
+// be sent as "load-0" and "/api/v1/orders".
+func TestLoadSendsEmptyKeyPrefixAndResource(t *testing.T) {
+	bodies := make(chan string, 10)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		bodies <- string(b)
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	var out, errOut bytes.Buffer
+	args := []string{"load", "--addr", srv.URL, "--key-prefix", "", "--resource", "", "--keys", "1", "--requests", "1", "--concurrency", "1"}
+	if code := run(args, &out, &errOut, noEnv); code != 0 {
+		t.Fatalf("exit %d: %s %s", code, out.String(), errOut.String())
+	}
+	var got struct {
+		ClientID string  `json:"client_id"`
+		Resource *string `json:"resource"`
+	}
+	body := <-bodies
+	if err := json.Unmarshal([]byte(body), &got); err != nil {
+		t.Fatalf("%v: %s", err, body)
+	}
+	if got.ClientID != "0" || got.Resource == nil || *got.Resource != "" {
+		t.Errorf("request %s: want client_id \"0\" and resource \"\"", body)
 	}
 }

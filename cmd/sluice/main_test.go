@@ -132,6 +132,18 @@ func TestCheckUsageErrors(t *testing.T) {
 	}
 }
 
+// An address that is no HTTP URL, the empty one among them, is refused
+// naming --addr.
+func TestCheckRefusesBadAddr(t *testing.T) {
+	for _, addr := range []string{"", "127.0.0.1:8080", "ftp://127.0.0.1:1"} {
+		var out, errOut bytes.Buffer
+		code := run([]string{"check", "--client-id", "x", "--addr", addr}, &out, &errOut, noEnv)
+		if code != 2 || !strings.Contains(errOut.String(), "--addr") {
+			t.Errorf("check --addr %q: exit %d, %q; want 2 and an error naming --addr", addr, code, errOut.String())
+		}
+	}
+}
+
 // A negative --shutdown-timeout is refused at start (exit 2): it used to
 // be found only at the first SIGTERM, which then cut off every check in
 // flight at once.

@@ -156,10 +156,11 @@ type Config struct {
 	ZipfS float64
 	// Costs is the cost mix; nil means cost 1 always.
 	Costs []Cost
-	// KeyPrefix prefixes the key numbers; empty means "load-".
+	// KeyPrefix prefixes the key numbers; empty names the keys by their
+	// numbers alone.
 	KeyPrefix string
-	// Resource is the resource of HTTP and gRPC checks; empty means
-	// "/api/v1/orders". With Batch, check i of a batch goes to
+	// Resource is the resource of HTTP and gRPC checks; empty sends checks
+	// that name none. With Batch, check i of a batch goes to
 	// Resource + "/" + i.
 	Resource string
 	// Batch sends batches of this many checks of one key (HTTP and gRPC,
@@ -243,12 +244,6 @@ func (c *Config) defaults() error {
 		if weights += k.Weight; weights < 0 {
 			return fmt.Errorf("loadgen: costs: the weights add up to more than %d", int64(math.MaxInt64))
 		}
-	}
-	if c.KeyPrefix == "" {
-		c.KeyPrefix = "load-"
-	}
-	if c.Resource == "" {
-		c.Resource = "/api/v1/orders"
 	}
 	if c.Batch < 0 || c.Batch > MaxBatch {
 		return fmt.Errorf("loadgen: batch %d: want 0 to %d", c.Batch, MaxBatch)

@@ -93,7 +93,7 @@ func TestRunAgainstDaemon(t *testing.T) {
 			const requests, keys, limit = 200, 3, 20
 			rep, err := loadgen.Run(context.Background(), loadgen.Config{
 				Target: tt.target, Addr: tt.addr, Concurrency: 4, Requests: requests, Duration: 30 * time.Second,
-				Keys: keys, KeyPrefix: prefix, Domain: "load", Batch: tt.batch, GRPCClient: tt.client,
+				Keys: keys, KeyPrefix: prefix, Resource: "/api/v1/orders", Domain: "load", Batch: tt.batch, GRPCClient: tt.client,
 				ExpectLimit: limit, Window: time.Minute,
 			})
 			if err != nil {
@@ -215,7 +215,7 @@ func TestFixedRateAndZipf(t *testing.T) {
 	d := start(t)
 	rep, err := loadgen.Run(context.Background(), loadgen.Config{
 		Target: loadgen.TargetGRPC, Addr: d.GRPCAddr(), Concurrency: 4, Rate: 400, Duration: time.Second,
-		Keys: 1000, Zipf: true, KeyPrefix: "zipf-", Costs: []loadgen.Cost{{1, 9}, {5, 1}},
+		Keys: 1000, Zipf: true, KeyPrefix: "zipf-", Resource: "/api/v1/orders", Costs: []loadgen.Cost{{1, 9}, {5, 1}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -362,7 +362,7 @@ envoy:
 			prefix := name + "-"
 			rep, err := loadgen.Run(context.Background(), loadgen.Config{
 				Target: tt.target, Addr: tt.addr, Rate: tt.rate, Concurrency: 32, Duration: 300 * time.Millisecond,
-				Keys: 1, KeyPrefix: prefix, Costs: []loadgen.Cost{{Cost: 1, Weight: 1}, {Cost: 3, Weight: 1}},
+				Keys: 1, KeyPrefix: prefix, Resource: "/api/v1/orders", Costs: []loadgen.Cost{{Cost: 1, Weight: 1}, {Cost: 3, Weight: 1}},
 			})
 			if err != nil {
 				t.Fatal(err)
