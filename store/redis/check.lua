@@ -23,7 +23,12 @@
 -- "1:<A>:<B>:<C>"; the sliding window log keeps a sorted set with one
 -- member per admitted unit, scored by its instant in quanta. Anything else
 -- found under a key (another type, another format, numbers out of range) is
--- deleted and counted as corrupt.
+-- deleted and counted as corrupt. The ranges: an instant (B of the buckets,
+-- A of the others, a log entry's score) is in [0, 2^53), for the scripts
+-- take Redis' clock for an instant before the epoch; a count or debt (A of
+-- the buckets, B of the others, C of the sliding window counter) is in
+-- [0, 2^51], for no limit the store accepts counts beyond
+-- algorithm.MaxExact; the C of the other algorithms is 0.
 
 local floor, max = math.floor, math.max
 local fmt = string.format
@@ -31,6 +36,7 @@ local fmt = string.format
 local TOKEN, LEAKY, FIXED, LOG, COUNTER, GCRA = 1, 2, 3, 4, 5, 6
 local ALLOWED, LIMITED, COST_EXCEEDS, DENY_ALL = 0, 1, 2, 3
 local LIMIT = 9007199254740992 -- 2^53: larger numbers are not exact
+local EXACT = 2251799813685248 -- 2^51, algorithm.MaxExact: above any count
 
 -- idiv returns floor(a / b) exactly for integers |a| < 2^53 and b > 0.
 local function idiv(a, b)
@@ -83,9 +89,9 @@ local function reset_corrupt(key)
   corrupt = corrupt + 1
 end
 
--- load returns the State of key, or the zero state when the key is absent
--- or corrupt (and then deletes it).
-local function load(key)
+-- load returns the State of key for algorithm alg, or the zero state when
+-- the key is absent or corrupt (and then deletes it): see the ranges above.
+local function load(key, alg)
   local ok, v = pcall(redis.call, 'GET', key)
   if not ok then
     reset_corrupt(key)
@@ -94,9 +100,13 @@ local function load(key)
   if not v then
     return 0, 0, 0
   end
-  local a, b, c = string.match(v, '^1:(%-?%d+):(%-?%d+):(%-?%d+)$')
+  local a, b, c = string.match(v, '^1:(%d+):(%d+):(%d+)$')
   a, b, c = tonumber(a), tonumber(b), tonumber(c)
-  if not a or not b or not c or a >= LIMIT or a <= -LIMIT or b >= LIMIT or b <= -LIMIT or c >= LIMIT or c <= -LIMIT then
+  local at, count = a, b
+  if alg == TOKEN or alg == LEAKY then
+    at, count = b, a
+  end
+  if not a or not b or not c or at >= LIMIT or count > EXACT or c > EXACT or (c ~= 0 and alg ~= COUNTER) then
     reset_corrupt(key)
     return 0, 0, 0
   end
@@ -305,13 +315,14 @@ end
 
 -- log_at returns the i-th (0-based) live entry of the working log w, or
 -- nil when the entry in Redis is not one the store writes (an instant that
--- is not a whole number of quanta, or beyond 2^53): the log is corrupt.
+-- is not a whole number of quanta, before the epoch or from 2^53): the log
+-- is corrupt.
 local function log_at(key, w, i)
   local inredis = w.card - w.stale
   if i < inredis then
     local r = redis.call('ZRANGE', key, w.stale + i, w.stale + i, 'WITHSCORES')
     local v = tonumber(r[2])
-    if not v or v ~= floor(v) or v >= LIMIT or v <= -LIMIT then
+    if not v or v ~= floor(v) or v >= LIMIT or v < 0 then
       return nil
     end
     return v
@@ -411,7 +422,7 @@ local function decide(i)
   end
   local w = work[key]
   if not w or w.log then
-    local a, b, c = load(key)
+    local a, b, c = load(key, r.alg)
     w = { a, b, c }
     work[key] = w
   end

@@ -62,10 +62,15 @@ local function decide(key, ps, cost, now)
     redis.call('DEL', key)
     corrupt = corrupt + 1
   elseif v then
-    local sa, sb, sc = string.match(v, '^1:(%-?%d+):(%-?%d+):(%-?%d+)$')
+    -- the ranges of check.lua's load: no sign, an instant below 2^53, a
+    -- count at most 2^51, and a C of 0 but for the sliding window counter
+    local sa, sb, sc = string.match(v, '^1:(%d+):(%d+):(%d+)$')
     a, b, c = tonumber(sa), tonumber(sb), tonumber(sc)
-    local lim = 9007199254740992
-    if not a or not b or not c or a >= lim or a <= -lim or b >= lim or b <= -lim or c >= lim or c <= -lim then
+    local at, count = a, b
+    if alg == 1 or alg == 2 then
+      at, count = b, a
+    end
+    if not a or not b or not c or at >= 9007199254740992 or count > 2251799813685248 or c > 2251799813685248 or (c ~= 0 and alg ~= 5) then
       redis.call('DEL', key)
       corrupt = corrupt + 1
       a, b, c = 0, 0, 0

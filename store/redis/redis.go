@@ -36,8 +36,9 @@
 //
 // # Corrupt state
 //
-// A key holding anything the script does not recognise (another type, an
-// older format, numbers out of range) is deleted and decided as a new key.
+// A key holding anything the scripts do not recognise (another type, an
+// older format, numbers out of range: negative, or beyond what any limit
+// the store accepts could write) is deleted and decided as a new key.
 // Each such reset is logged as a warning on Config.Logger and counted by
 // CorruptResets and Config.OnCorrupt; it never becomes a lasting error.
 //

@@ -802,6 +802,82 @@ func TestCorruptState(t *testing.T) {
 	}
 }
 
+// TestOutOfRangeState puts states of the right layout whose numbers no
+// check writes (a negative count, debt or instant, a count beyond any limit
+// the store accepts, a third field where the algorithm keeps two) under
+// keys, and checks that both scripts reset and count them as corrupt, and
+// decide as for a new key. A negative count used to pass: a fixed window
+// at -1 admitted 6 of its 5.
+func TestOutOfRangeState(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	// t0 starts a minute, so it is the start of its fixed window and
+	// sliding window counter window.
+	at := strconv.FormatInt(t0.UnixMicro(), 10)
+	const above = "2251799813685249" // 2^51 + 1
+	for _, tc := range []struct {
+		alg    sluice.Algorithm
+		states []string
+	}{
+		{sluice.TokenBucket, []string{"1:-1:" + at + ":0", "1:0:-1:0", "1:" + above + ":" + at + ":0", "1:0:" + at + ":1"}},
+		{sluice.LeakyBucket, []string{"1:-1:" + at + ":0", "1:0:-1:0", "1:" + above + ":" + at + ":0", "1:0:" + at + ":1"}},
+		{sluice.GCRA, []string{"1:-1:0:0", "1:" + at + ":-1:0", "1:" + at + ":" + above + ":0", "1:" + at + ":0:1"}},
+		{sluice.FixedWindow, []string{"1:-60000000:1:0", "1:" + at + ":-1:0", "1:" + at + ":" + above + ":0", "1:" + at + ":1:1"}},
+		{sluice.SlidingWindowCounter, []string{"1:-60000000:1:0", "1:" + at + ":-1:0", "1:" + at + ":0:-1", "1:" + at + ":" + above + ":0", "1:" + at + ":0:" + above}},
+	} {
+		p := compile(t, sluice.Limit{Algorithm: tc.alg, Limit: 5, Window: time.Minute})
+		for _, st := range tc.states {
+			// Check sends one check to checkeach.lua, CheckAll to check.lua.
+			for _, via := range []string{"Check", "CheckAll"} {
+				key := "rl:range:" + tc.alg.String() + ":" + via + ":" + st
+				if _, err := srv.Do("SET", key, st); err != nil {
+					t.Fatal(err)
+				}
+				before := s.CorruptResets()
+				r := []store.Request{{Key: key, Params: p, Cost: 2, Now: t0}}
+				out := make([]sluice.Decision, 1)
+				do := s.Check
+				if via == "CheckAll" {
+					do = s.CheckAll
+				}
+				if err := do(context.Background(), r, out); err != nil {
+					t.Fatal(err)
+				}
+				if d := out[0]; !d.Allowed || d.Remaining != 3 {
+					t.Errorf("%s %s %q: %+v, want allowed as a new key", via, tc.alg, st, d)
+				}
+				if got := s.CorruptResets() - before; got != 1 {
+					t.Errorf("%s %s %q: %d corrupt resets, want 1", via, tc.alg, st, got)
+				}
+			}
+		}
+	}
+	// A log entry before the epoch.
+	p := compile(t, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Limit: 5, Window: time.Minute})
+	for _, via := range []string{"Check", "CheckAll"} {
+		key := "rl:range:log:" + via
+		if _, err := srv.Do("ZADD", key, "-1", "x"); err != nil {
+			t.Fatal(err)
+		}
+		before := s.CorruptResets()
+		r := []store.Request{{Key: key, Params: p, Cost: 2, Now: time.UnixMicro(30_000_000)}}
+		out := make([]sluice.Decision, 1)
+		do := s.Check
+		if via == "CheckAll" {
+			do = s.CheckAll
+		}
+		if err := do(context.Background(), r, out); err != nil {
+			t.Fatal(err)
+		}
+		if d := out[0]; !d.Allowed || d.Remaining != 3 {
+			t.Errorf("%s log entry at -1: %+v, want allowed as a new key", via, d)
+		}
+		if got := s.CorruptResets() - before; got != 1 {
+			t.Errorf("%s log entry at -1: %d corrupt resets, want 1", via, got)
+		}
+	}
+}
+
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
