@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -18,9 +19,12 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/events"
+	"github.com/sluicehq/sluice/internal/logging"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
@@ -425,5 +429,97 @@ func TestBatchDenialEventsOnlyForTheDenyingRule(t *testing.T) {
 	batch(`{"client_id":"b2","mode":"all_or_nothing","checks":[{"resource":"/batch/a"},{"client_id":"banned","resource":"/batch/a"}]}`)
 	if got := events(); len(got) != 2 || got[0] != "banned deny_list" {
 		t.Errorf("events after a batch with a deny-listed check: %q, want [banned deny_list] added", got)
+	}
+}
+
+// TestAuditEventsCarryRequestID denies checks sent with a request id over
+// HTTP (X-Request-Id), gRPC and Envoy (x-request-id metadata): each
+// rate_limit_exceeded event carries the id as request_id, on GET
+// /api/v1/events and in its log line, as every other line about the
+// request; a denial sent without one, and the configuration event of the
+// start, carry none.
+func TestAuditEventsCarryRequestID(t *testing.T) {
+	var buf lockedBuffer
+	log, err := logging.New(&buf, "json", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	td := start(t, `version: 1
+rules:
+  - { id: one, match: { resource: /r }, dimension: client, limit: 1, window: 1m }
+envoy:
+  - domain: edge
+    descriptors:
+      - key: k
+        rate_limit: { unit: minute, requests_per_unit: 1 }
+`, func(c *daemon.Config) { c.Logger = log })
+	for _, id := range []string{"req-http", ""} {
+		for range 2 {
+			req, _ := http.NewRequest("POST", td.base+"/api/v1/check", strings.NewReader(`{"client_id":"h`+id+`","resource":"/r"}`))
+			req.Header.Set("Content-Type", "application/json")
+			if id != "" {
+				req.Header.Set("X-Request-Id", id)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			read(t, resp)
+		}
+	}
+	conn := dial(t, td.GRPCAddr())
+	gctx := metadata.AppendToOutgoingContext(ctx(t), "x-request-id", "req-grpc")
+	for range 2 {
+		if _, err := sluicev1.NewRateLimiterClient(conn).CheckRateLimit(gctx, &sluicev1.CheckRequest{ClientId: "g", Resource: "/r"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ectx := metadata.AppendToOutgoingContext(ctx(t), "x-request-id", "req-envoy")
+	for range 2 {
+		if _, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ectx, envoyReq("edge", 1, []string{"k", "x"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Who was denied, with which request id.
+	want := map[string]string{"client hreq-http": "req-http", "client h": "", "client g": "req-grpc", "domain edge": "req-envoy"}
+	who := func(m map[string]any) string {
+		if d := str(m["domain"]); d != "" {
+			return "domain " + d
+		}
+		return "client " + str(m["client_id"])
+	}
+	r := get(t, td.base+"/api/v1/events?type=rate_limit_exceeded")
+	evs, _ := r.body["events"].([]any)
+	if len(evs) != len(want) {
+		t.Fatalf("events: %s, want %d rate_limit_exceeded", r.raw, len(want))
+	}
+	for _, e := range evs {
+		m := e.(map[string]any)
+		id, has := m["request_id"]
+		if w, ok := want[who(m)]; !ok || has != (w != "") || (has && id != w) {
+			t.Errorf("event %v: request_id %v, want %q", m, id, w)
+		}
+	}
+	r = get(t, td.base+"/api/v1/events?type=rate_limit_config_updated")
+	if evs, _ := r.body["events"].([]any); len(evs) != 1 || strings.Contains(r.raw, "request_id") {
+		t.Errorf("configuration events: %s, want one, without a request_id", r.raw)
+	}
+	lines := 0
+	for _, line := range strings.Split(buf.String(), "\n") {
+		if !strings.Contains(line, `"msg":"audit event"`) || !strings.Contains(line, `"rate_limit_exceeded"`) {
+			continue
+		}
+		lines++
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("%v: %s", err, line)
+		}
+		id, has := m["request_id"]
+		if w, ok := want[who(m)]; !ok || has != (w != "") || (has && id != w) {
+			t.Errorf("log line %s: request_id %v, want %q", line, id, w)
+		}
+	}
+	if lines != len(want) {
+		t.Errorf("%d rate_limit_exceeded lines, want %d:\n%s", lines, len(want), buf.String())
 	}
 }

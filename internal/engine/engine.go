@@ -388,7 +388,7 @@ func (e *Engine) Check(ctx context.Context, c *Check) (Result, error) {
 	}
 	start := time.Now()
 	res, err := e.decide(ctx, c)
-	e.observeCheck(metrics.APICheck, start, c, &res, err)
+	e.observeCheck(ctx, metrics.APICheck, start, c, &res, err)
 	return res, err
 }
 
@@ -903,7 +903,7 @@ func (e *Engine) BatchCheck(ctx context.Context, checks []Check, mode BatchMode)
 	}
 	start := time.Now()
 	out, err := e.batch(ctx, checks, mode)
-	e.observeBatch(start, checks, out, err)
+	e.observeBatch(ctx, start, checks, out, err)
 	return out, err
 }
 
@@ -1245,7 +1245,7 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		if st.DurationUntilReset == 0 {
 			st.DurationUntilReset = untilWindowEnd(e.now(), l.Unit)
 		}
-		e.observeDescriptor(domain, it, &st)
+		e.observeDescriptor(ctx, domain, it, &st)
 		statuses[r.desc] = st
 	}
 	return statuses, overLimit, nil

@@ -19,9 +19,9 @@ import (
 // observing reports whether the engine reports anything.
 func (e *Engine) observing() bool { return e.metrics != nil || e.events != nil }
 
-// observeCheck records one check c decided as res (or failed with err),
-// which started at start.
-func (e *Engine) observeCheck(api metrics.API, start time.Time, c *Check, res *Result, err error) {
+// observeCheck records one check c of the request whose context is ctx,
+// decided as res (or failed with err), which started at start.
+func (e *Engine) observeCheck(ctx context.Context, api metrics.API, start time.Time, c *Check, res *Result, err error) {
 	if !e.observing() {
 		return
 	}
@@ -29,13 +29,13 @@ func (e *Engine) observeCheck(api metrics.API, start time.Time, c *Check, res *R
 		e.metrics.Check(api, errOutcome(err), time.Since(start))
 		return
 	}
-	e.observeResult(c, res)
+	e.observeResult(ctx, c, res)
 	e.metrics.Check(api, outcome(res), time.Since(start))
 }
 
-// observeBatch records a batch of checks decided as out (or failed with
-// err), which started at start.
-func (e *Engine) observeBatch(start time.Time, checks []Check, out []Result, err error) {
+// observeBatch records a batch of checks of the request whose context is
+// ctx, decided as out (or failed with err), which started at start.
+func (e *Engine) observeBatch(ctx context.Context, start time.Time, checks []Check, out []Result, err error) {
 	if !e.observing() {
 		return
 	}
@@ -45,7 +45,7 @@ func (e *Engine) observeBatch(start time.Time, checks []Check, out []Result, err
 	}
 	o := metrics.OutcomeAllowed
 	for i := range out {
-		e.observeResult(&checks[i], &out[i])
+		e.observeResult(ctx, &checks[i], &out[i])
 		if oi := outcome(&out[i]); oi > o {
 			o = oi
 		}
@@ -81,8 +81,9 @@ func metricResult(rr *RuleResult) metrics.Result {
 	return metrics.Denied
 }
 
-// observeResult counts the decisions of res and emits the denial events.
-func (e *Engine) observeResult(c *Check, res *Result) {
+// observeResult counts the decisions of res and emits the denial events,
+// which carry the request id of ctx.
+func (e *Engine) observeResult(ctx context.Context, c *Check, res *Result) {
 	if len(res.Rules) == 0 {
 		rule := res.Deciding.Rule
 		if rule == "" {
@@ -107,13 +108,14 @@ func (e *Engine) observeResult(c *Check, res *Result) {
 	if d.Allowed || len(res.Rules) == 0 {
 		return
 	}
-	e.events.Denied(e.clock(c), &events.Denial{Rule: d.Rule, Tier: d.Tier, Source: d.Source.String(),
+	e.events.Denied(ctx, e.clock(c), &events.Denial{Rule: d.Rule, Tier: d.Tier, Source: d.Source.String(),
 		ClientID: c.ClientID, User: c.User, IP: c.IP, APIKey: c.APIKey, Resource: c.Resource,
 		Limit: d.Limit, RetryAfter: d.RetryAfter})
 }
 
-// observeDescriptor records the decision of one Envoy limit in domain.
-func (e *Engine) observeDescriptor(domain string, it *item, st *DescriptorStatus) {
+// observeDescriptor records the decision of one Envoy limit in domain, of
+// the request whose context is ctx.
+func (e *Engine) observeDescriptor(ctx context.Context, domain string, it *item, st *DescriptorStatus) {
 	if !e.observing() {
 		return
 	}
@@ -132,7 +134,7 @@ func (e *Engine) observeDescriptor(domain string, it *item, st *DescriptorStatus
 		e.metrics.NearLimit(st.Rule, st.Limit, st.Remaining)
 	}
 	if r == metrics.Denied && e.events != nil {
-		e.events.Denied(e.now(), &events.Denial{Rule: st.Rule, Key: it.key, Domain: domain,
+		e.events.Denied(ctx, e.now(), &events.Denial{Rule: st.Rule, Key: it.key, Domain: domain,
 			Source: it.source.String(), Limit: st.Limit, RetryAfter: st.DurationUntilReset})
 	}
 }

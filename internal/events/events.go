@@ -34,6 +34,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/logging"
 	"github.com/sluicehq/sluice/internal/metrics"
 )
 
@@ -114,6 +115,10 @@ type Event struct {
 	Identity string `json:"identity,omitempty"`
 	// Error is the error of a rejected configuration.
 	Error string `json:"error,omitempty"`
+	// RequestID is the request id of the request the event arose from
+	// (see logging.RequestID): the id its caller sent, or one made at
+	// debug level. Events of no request (configuration, lists) have none.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // Sink receives events. Emit must not block for long (it runs on the
@@ -238,36 +243,38 @@ func (r *Recorder) deliver(ev Event) {
 	}
 }
 
-// Denied records a denial at now: a rate_limit_exceeded event, and the
-// burst events when the key crosses a threshold of the burst rule.
-func (r *Recorder) Denied(now time.Time, d *Denial) {
+// Denied records a denial at now of the request whose context is ctx: a
+// rate_limit_exceeded event, and the burst events when the key crosses a
+// threshold of the burst rule. The events carry the request id ctx holds;
+// it is read only for the events that reach the sinks.
+func (r *Recorder) Denied(ctx context.Context, now time.Time, d *Denial) {
 	if r == nil {
 		return
 	}
 	pass := r.sampled(RateLimitExceeded, now)
 	r.m.Event(string(RateLimitExceeded), !pass)
 	if pass {
-		r.deliver(denialEvent(RateLimitExceeded, SeverityWarning, now, d))
+		r.deliver(denialEvent(ctx, RateLimitExceeded, SeverityWarning, now, d))
 	}
 	if r.burst == nil {
 		return
 	}
 	switch n, crossed := r.burst.denied(now, d); crossed {
 	case BurstWarning:
-		ev := denialEvent(BurstWarning, SeverityWarning, now, d)
+		ev := denialEvent(ctx, BurstWarning, SeverityWarning, now, d)
 		ev.Count, ev.WindowMS = n, r.burst.window.Milliseconds()
 		r.Emit(ev)
 	case BurstBlocked:
-		ev := denialEvent(BurstBlocked, SeverityError, now, d)
+		ev := denialEvent(ctx, BurstBlocked, SeverityError, now, d)
 		ev.Count, ev.WindowMS = n, r.burst.window.Milliseconds()
 		r.Emit(ev)
 	}
 }
 
-func denialEvent(t Type, sev string, now time.Time, d *Denial) Event {
+func denialEvent(ctx context.Context, t Type, sev string, now time.Time, d *Denial) Event {
 	return Event{Type: t, Time: now, Severity: sev, Rule: d.Rule, Key: d.Key, Tier: d.Tier, Source: d.Source,
 		ClientID: d.ClientID, User: d.User, IP: d.IP, APIKey: Fingerprint(d.APIKey), Resource: d.Resource, Domain: d.Domain,
-		Limit: d.Limit, RetryAfterMS: d.RetryAfter.Milliseconds()}
+		Limit: d.Limit, RetryAfterMS: d.RetryAfter.Milliseconds(), RequestID: logging.RequestID(ctx)}
 }
 
 // Fingerprint returns what events show of an API key: "sha256:" and the
@@ -461,5 +468,8 @@ func (s *LogSink) Emit(ev *Event) {
 	str("path", ev.Path)
 	str("identity", ev.Identity)
 	str("error", ev.Error)
+	// The key of the request-scoped field of every other line about the
+	// request (the sink has no context: the event carries the id).
+	str(logging.RequestIDKey, ev.RequestID)
 	s.log.LogAttrs(ctx, level, "audit event", attrs...)
 }

@@ -1,9 +1,16 @@
 package events
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/logging"
 )
 
 // collect is a Sink that keeps what it receives.
@@ -35,7 +42,7 @@ func TestBurstRule(t *testing.T) {
 	r := New(Config{Sinks: []Sink{&c}, SampleFirst: -1, BurstWarn: 3, BurstBlock: 5, BurstWindow: 10 * time.Second})
 	d := &Denial{Rule: "r", ClientID: "a"}
 	for i := range 6 {
-		r.Denied(t0.Add(time.Duration(i)*time.Second), d)
+		r.Denied(context.Background(), t0.Add(time.Duration(i)*time.Second), d)
 	}
 	if got := c.count(RateLimitExceeded); got != 6 {
 		t.Errorf("rate_limit_exceeded = %d, want 6", got)
@@ -49,9 +56,9 @@ func TestBurstRule(t *testing.T) {
 		}
 	}
 	// Another key, and the next window, start from zero.
-	r.Denied(t0.Add(7*time.Second), &Denial{Rule: "r", ClientID: "b"})
+	r.Denied(context.Background(), t0.Add(7*time.Second), &Denial{Rule: "r", ClientID: "b"})
 	for i := range 2 {
-		r.Denied(t0.Add(10*time.Second+time.Duration(i)), d)
+		r.Denied(context.Background(), t0.Add(10*time.Second+time.Duration(i)), d)
 	}
 	if c.count(BurstWarning) != 1 {
 		t.Errorf("warning after a new window with 2 denials: %d, want still 1", c.count(BurstWarning))
@@ -110,7 +117,7 @@ func TestRing(t *testing.T) {
 func TestNilRecorder(t *testing.T) {
 	var r *Recorder
 	r.Emit(Event{Type: ConfigUpdated})
-	r.Denied(t0, &Denial{})
+	r.Denied(context.Background(), t0, &Denial{})
 }
 
 func BenchmarkDeniedSampledOut(b *testing.B) {
@@ -118,6 +125,60 @@ func BenchmarkDeniedSampledOut(b *testing.B) {
 	d := &Denial{Rule: "r", ClientID: "a"}
 	b.ReportAllocs()
 	for b.Loop() {
-		r.Denied(t0, d)
+		r.Denied(context.Background(), t0, d)
+	}
+}
+
+// TestDenialEventsCarryRequestID checks that the events of a denial carry
+// the request id of its context, on the event, in the JSON of GET
+// /api/v1/events and in the log line as request_id, as every other line
+// about the request; and that events of no request carry none.
+func TestDenialEventsCarryRequestID(t *testing.T) {
+	var c collect
+	var buf bytes.Buffer
+	log, err := logging.New(&buf, "json", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := New(Config{Sinks: []Sink{&c, NewLogSink(log)}, SampleFirst: -1, BurstWarn: 2, BurstBlock: 3})
+	ctx := logging.With(context.Background(), slog.String(logging.RequestIDKey, "req-7"))
+	d := &Denial{Rule: "r", ClientID: "a"}
+	for range 3 {
+		r.Denied(ctx, t0, d)
+	}
+	r.Denied(context.Background(), t0, &Denial{Rule: "r", ClientID: "b"})
+	r.Emit(Event{Type: ConfigUpdated, Time: t0, Severity: SeverityInfo, Version: "v2"})
+	want := map[Type]int{RateLimitExceeded: 3, BurstWarning: 1, BurstBlocked: 1}
+	for _, ev := range c.evs {
+		if ev.ClientID == "a" {
+			want[ev.Type]--
+			if ev.RequestID != "req-7" {
+				t.Errorf("%s event of the request: request id %q, want req-7", ev.Type, ev.RequestID)
+			}
+		} else if ev.RequestID != "" {
+			t.Errorf("%s event of %q: request id %q, want none", ev.Type, ev.ClientID, ev.RequestID)
+		}
+	}
+	for typ, n := range want {
+		if n != 0 {
+			t.Errorf("%s events of the request: %d missing", typ, n)
+		}
+	}
+	if b, _ := json.Marshal(c.evs[0]); !strings.Contains(string(b), `"request_id":"req-7"`) {
+		t.Errorf("JSON %s, want request_id", b)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 7 {
+		t.Fatalf("%d log lines, want 7:\n%s", len(lines), buf.String())
+	}
+	for _, line := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("%v: %s", err, line)
+		}
+		id, has := m[logging.RequestIDKey]
+		if ofRequest := m["client_id"] == "a"; ofRequest != has || (has && id != "req-7") {
+			t.Errorf("log line %s: request_id %v, want req-7 exactly on the lines of the request", line, id)
+		}
 	}
 }

@@ -64,6 +64,22 @@ func Attrs(ctx context.Context) []slog.Attr {
 	return a
 }
 
+// RequestIDKey is the key of the request id among the request-scoped
+// fields, and in every log line about a request.
+const RequestIDKey = "request_id"
+
+// RequestID returns the request id ctx carries (see HTTP and
+// UnaryServerInterceptor), or "" when it carries none. It allocates
+// nothing.
+func RequestID(ctx context.Context) string {
+	for _, a := range Attrs(ctx) {
+		if a.Key == RequestIDKey {
+			return a.Value.String()
+		}
+	}
+	return ""
+}
+
 // ContextHandler adds the request-scoped fields of a record's context to
 // the record before handing it to Handler.
 type ContextHandler struct {
@@ -123,7 +139,7 @@ func HTTP(log *slog.Logger, next http.Handler) http.Handler {
 			id = newRequestID()
 		}
 		w.Header().Set(RequestIDHeader, id)
-		ctx := With(r.Context(), slog.String("request_id", id))
+		ctx := With(r.Context(), slog.String(RequestIDKey, id))
 		r = r.WithContext(ctx)
 		if !debug {
 			next.ServeHTTP(w, r)
@@ -176,7 +192,7 @@ func UnaryServerInterceptor(log *slog.Logger) grpc.UnaryServerInterceptor {
 		if id == "" {
 			id = newRequestID()
 		}
-		ctx = With(ctx, slog.String("request_id", id))
+		ctx = With(ctx, slog.String(RequestIDKey, id))
 		start := time.Now()
 		resp, err := handler(ctx, req)
 		if err != nil {

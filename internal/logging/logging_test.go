@@ -68,3 +68,19 @@ func TestHTTPMiddleware(t *testing.T) {
 		}
 	}
 }
+
+// RequestID finds the request id among the request-scoped fields, without
+// allocating (the denial events read it on the check's path).
+func TestRequestID(t *testing.T) {
+	ctx := With(context.Background(), slog.String("tenant", "t1"))
+	if got := RequestID(ctx); got != "" {
+		t.Errorf("RequestID without one = %q, want empty", got)
+	}
+	ctx = With(ctx, slog.String(RequestIDKey, "r9"))
+	if got := RequestID(ctx); got != "r9" {
+		t.Errorf("RequestID = %q, want r9", got)
+	}
+	if n := testing.AllocsPerRun(100, func() { RequestID(ctx) }); n != 0 {
+		t.Errorf("RequestID allocates %v times, want 0", n)
+	}
+}
