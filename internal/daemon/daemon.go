@@ -285,7 +285,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	// The codec turns invalid UTF-8 in a request into InvalidArgument
 	// naming the field, instead of grpc-go's Internal.
 	d.grpcSrv = grpc.NewServer(grpc.ForceServerCodecV2(grpccodec.Codec{}),
-		grpc.UnaryInterceptor(recoverUnary(d.log, logging.UnaryServerInterceptor(d.log))),
+		grpc.UnaryInterceptor(recoverUnary(d.log, logUnary(d.log))),
 		// Reused workers instead of a goroutine per call: no stack growth
 		// per call (about a tenth of the server's CPU on the Envoy path).
 		grpc.NumStreamWorkers(uint32(max(128, 32*runtime.GOMAXPROCS(0)))),

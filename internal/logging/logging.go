@@ -16,11 +16,6 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 )
 
 // New returns a logger writing to w in format ("text" or "json") at level
@@ -68,8 +63,8 @@ func Attrs(ctx context.Context) []slog.Attr {
 // fields, and in every log line about a request.
 const RequestIDKey = "request_id"
 
-// RequestID returns the request id ctx carries (see HTTP and
-// UnaryServerInterceptor), or "" when it carries none. It allocates
+// RequestID returns the request id ctx carries (see HTTP, and the
+// gRPC interceptor of the daemon), or "" when it carries none. It allocates
 // nothing.
 func RequestID(ctx context.Context) string {
 	for _, a := range Attrs(ctx) {
@@ -119,6 +114,18 @@ func newRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// CallerRequestID returns the request id to use for one a caller sent:
+// id cut to 128 bytes, or a new random one when id is empty.
+func CallerRequestID(id string) string {
+	if len(id) > maxRequestID {
+		id = id[:maxRequestID]
+	}
+	if id == "" {
+		id = newRequestID()
+	}
+	return id
+}
+
 // HTTP wraps next so that each request's context carries its request id
 // (from the X-Request-Id header, echoed in the response) and, at debug
 // level, one line per request is logged with its method, path, status and
@@ -132,12 +139,7 @@ func HTTP(log *slog.Logger, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if len(id) > maxRequestID {
-			id = id[:maxRequestID]
-		}
-		if id == "" {
-			id = newRequestID()
-		}
+		id = CallerRequestID(id)
 		w.Header().Set(RequestIDHeader, id)
 		ctx := With(r.Context(), slog.String(RequestIDKey, id))
 		r = r.WithContext(ctx)
@@ -167,48 +169,3 @@ func (w *statusWriter) WriteHeader(code int) {
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// UnaryServerInterceptor does for gRPC what HTTP does for HTTP: the
-// request id from the x-request-id metadata, and at debug level one line
-// per call with its method, code and duration. Calls that fail with an
-// Internal or Unknown code are logged at error level whatever the level.
-func UnaryServerInterceptor(log *slog.Logger) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		debug := log.Enabled(ctx, slog.LevelDebug)
-		var id string
-		if v := metadata.ValueFromIncomingContext(ctx, "x-request-id"); len(v) > 0 {
-			id = v[0]
-		}
-		if id == "" && !debug {
-			resp, err := handler(ctx, req)
-			if err != nil {
-				logInternal(ctx, log, info.FullMethod, err)
-			}
-			return resp, err
-		}
-		if len(id) > maxRequestID {
-			id = id[:maxRequestID]
-		}
-		if id == "" {
-			id = newRequestID()
-		}
-		ctx = With(ctx, slog.String(RequestIDKey, id))
-		start := time.Now()
-		resp, err := handler(ctx, req)
-		if err != nil {
-			logInternal(ctx, log, info.FullMethod, err)
-		}
-		if debug {
-			log.LogAttrs(ctx, slog.LevelDebug, "grpc call", slog.String("method", info.FullMethod),
-				slog.String("code", status.Code(err).String()), slog.Duration("duration", time.Since(start)))
-		}
-		return resp, err
-	}
-}
-
-func logInternal(ctx context.Context, log *slog.Logger, method string, err error) {
-	switch status.Code(err) {
-	case codes.Internal, codes.Unknown:
-		log.LogAttrs(ctx, slog.LevelError, "grpc call failed", slog.String("method", method), slog.String("err", err.Error()))
-	}
-}
