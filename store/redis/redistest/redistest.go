@@ -11,11 +11,16 @@
 // DEBUG is enabled for local connections, so tests can make a server slow
 // (DEBUG SLEEP). Servers expose their address and process, so that fault tests can kill a
 // server (Kill) and bring it back on the same port (Restart).
+//
+// StartTLS, and ClusterOptions.TLS, start servers that also listen for TLS
+// with certificates of a CA made for the test (NewPKI); those tests are
+// skipped when redis-server was built without TLS.
 package redistest
 
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,6 +47,9 @@ type Server struct {
 	Addr string
 	// Port is the server's port.
 	Port int
+	// TLSAddr is the address of the TLS port of a server started by
+	// StartTLS, "127.0.0.1:port"; empty otherwise.
+	TLSAddr string
 	// Dir is the server's working directory (inside t.TempDir()).
 	Dir string
 
@@ -72,6 +80,12 @@ type ClusterOptions struct {
 	// NodeTimeout is cluster-node-timeout, after which a silent master is
 	// failed over; zero means 2 seconds.
 	NodeTimeout time.Duration
+	// TLS, when set, gives every node a TLS port (Server.TLSAddr) as
+	// StartTLS does, and makes the nodes speak TLS to each other
+	// (tls-cluster, tls-replication), so that a client connected over TLS
+	// is shown the nodes' TLS ports. The test is skipped when
+	// redis-server has no TLS support.
+	TLS *TLSOptions
 }
 
 // lookPath returns the path of a Redis binary, or fails t with a message
@@ -89,11 +103,12 @@ func lookPath(t testing.TB, name string) string {
 // once it answers PING. It is stopped when the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	return start(t, nil)
+	return start(t, nil, false)
 }
 
-// start starts one server with extra arguments.
-func start(t testing.TB, extra []string) *Server {
+// start starts one server with extra arguments, and with a TLS port when
+// withTLS is set (extra then holds the TLS settings).
+func start(t testing.TB, extra []string, withTLS bool) *Server {
 	t.Helper()
 	bin := lookPath(t, "redis-server")
 	dir := t.TempDir()
@@ -116,6 +131,15 @@ func start(t testing.TB, extra []string) *Server {
 			"--logfile", filepath.Join(dir, "redis.log"),
 			"--enable-debug-command", "local",
 		}, extra...)
+		if withTLS {
+			tlsPort, err := freePort()
+			if err != nil {
+				lastErr = err
+				continue
+			}
+			s.TLSAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(tlsPort))
+			s.args = append(s.args, "--tls-port", strconv.Itoa(tlsPort))
+		}
 		if err := s.launch(bin); err != nil {
 			lastErr = err
 			continue
@@ -387,14 +411,22 @@ func StartCluster(t testing.TB, opts ClusterOptions) *Cluster {
 		"--cluster-node-timeout", strconv.FormatInt(opts.NodeTimeout.Milliseconds(), 10),
 		"--cluster-require-full-coverage", "yes",
 	}
+	var cliTLS []string
+	if opts.TLS != nil {
+		skipWithoutTLS(t)
+		extra = append(append(extra, opts.TLS.args(t)...), "--tls-cluster", "yes", "--tls-replication", "yes")
+		p := opts.TLS.PKI
+		cliTLS = []string{"--tls", "--cacert", p.CAFile, "--cert", p.ClientCertFile, "--key", p.ClientKeyFile}
+	}
 	n := opts.Masters * (1 + opts.Replicas)
 	servers := make([]*Server, n)
 	for i := range servers {
-		servers[i] = start(t, extra)
+		servers[i] = start(t, extra, opts.TLS != nil)
 	}
-	args := []string{"--cluster", "create"}
+	// Nodes that speak TLS to each other meet at their TLS ports.
+	args := append(cliTLS, "--cluster", "create")
 	for _, s := range servers {
-		args = append(args, s.Addr)
+		args = append(args, cmp.Or(s.TLSAddr, s.Addr))
 	}
 	args = append(args, "--cluster-replicas", strconv.Itoa(opts.Replicas), "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
@@ -482,6 +514,16 @@ func (c *Cluster) ReplicasOf(m *Server) []*Server {
 		}
 	}
 	return rs
+}
+
+// TLSAddrs returns the TLS addresses of the masters of a cluster started
+// with ClusterOptions.TLS, the seed list for a client over TLS.
+func (c *Cluster) TLSAddrs() []string {
+	a := make([]string, len(c.Masters))
+	for i, s := range c.Masters {
+		a[i] = s.TLSAddr
+	}
+	return a
 }
 
 // Servers returns every node: the masters, then the replicas.
