@@ -2,8 +2,16 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +37,167 @@ type RedisOptions struct {
 	// ConnsPerNode is the number of connections to each node, over which
 	// concurrent calls are pipelined.
 	ConnsPerNode int
+
+	// The TLS options apply to rediss:// and rediss-cluster:// stores
+	// only: given with another store, they make Start fail. The files are
+	// read once, by Start; a configuration reload does not read them
+	// again.
+
+	// TLSCAFile is a PEM file of the certificates of the authorities the
+	// server's certificate must chain to, in place of the system's; empty
+	// means the system's.
+	TLSCAFile string
+	// TLSCertFile and TLSKeyFile are the PEM files of the client
+	// certificate (followed by its intermediates, if any) and of its
+	// private key, presented to a server that asks for one (mutual TLS).
+	// Both or neither.
+	TLSCertFile, TLSKeyFile string
+	// TLSServerName is the name the certificate of every server must
+	// hold; empty means the host of each address dialed.
+	TLSServerName string
+}
+
+// RedisTLSError reports a TLS option of RedisOptions that cannot be used:
+// given for a store that does not use TLS, missing its pair, or naming a
+// file that cannot be read or parsed. Its message never holds key
+// material.
+type RedisTLSError struct {
+	// Option is the name of the RedisOptions field: TLSCAFile,
+	// TLSCertFile, TLSKeyFile or TLSServerName.
+	Option string
+	// File is the file the option names, when the error is about the
+	// file; empty otherwise.
+	File string
+	// Err says what is wrong.
+	Err error
+}
+
+// Error names the option, the file and what is wrong.
+func (e *RedisTLSError) Error() string {
+	if e.File != "" {
+		return fmt.Sprintf("daemon: Redis TLS: %s %q: %v", e.Option, e.File, e.Err)
+	}
+	return fmt.Sprintf("daemon: Redis TLS: %s: %v", e.Option, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *RedisTLSError) Unwrap() error { return e.Err }
+
+// tlsOption returns the name of the first TLS option set in o, or "" when
+// none is.
+func (o RedisOptions) tlsOption() string {
+	switch {
+	case o.TLSCAFile != "":
+		return "TLSCAFile"
+	case o.TLSCertFile != "":
+		return "TLSCertFile"
+	case o.TLSKeyFile != "":
+		return "TLSKeyFile"
+	case o.TLSServerName != "":
+		return "TLSServerName"
+	}
+	return ""
+}
+
+// noTLS returns the error of TLS options given for a store of scheme,
+// which does not use TLS, or nil when none is given.
+func (o RedisOptions) noTLS(scheme string) error {
+	if opt := o.tlsOption(); opt != "" {
+		return &RedisTLSError{Option: opt, Err: fmt.Errorf("applies only to rediss:// and rediss-cluster:// stores, not %s://", scheme)}
+	}
+	return nil
+}
+
+// applyTLS sets in cfg, a TLS client configuration, the CA, the client
+// certificate and the server name of o, reading their files.
+func (o RedisOptions) applyTLS(cfg *tls.Config) error {
+	if o.TLSCAFile != "" {
+		pool, err := loadCAs(o.TLSCAFile)
+		if err != nil {
+			return &RedisTLSError{Option: "TLSCAFile", File: o.TLSCAFile, Err: err}
+		}
+		cfg.RootCAs = pool
+	}
+	switch {
+	case o.TLSCertFile != "" && o.TLSKeyFile == "":
+		return &RedisTLSError{Option: "TLSKeyFile", Err: fmt.Errorf("missing: the client certificate %q needs its key", o.TLSCertFile)}
+	case o.TLSCertFile == "" && o.TLSKeyFile != "":
+		return &RedisTLSError{Option: "TLSCertFile", Err: fmt.Errorf("missing: the client key %q needs its certificate", o.TLSKeyFile)}
+	case o.TLSCertFile != "":
+		cert, err := loadKeyPair(o.TLSCertFile, o.TLSKeyFile)
+		if err != nil {
+			return err
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	cfg.ServerName = o.TLSServerName
+	return nil
+}
+
+// loadCAs reads a PEM file of CA certificates. Every CERTIFICATE block
+// must parse, and there must be at least one; other blocks are skipped.
+func loadCAs(path string) (*x509.CertPool, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	certs, err := parseCerts(data)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	for _, c := range certs {
+		pool.AddCert(c)
+	}
+	return pool, nil
+}
+
+// parseCerts parses the CERTIFICATE blocks of a PEM file, and fails when
+// there is none. Its errors quote nothing of the file.
+func parseCerts(data []byte) ([]*x509.Certificate, error) {
+	var certs []*x509.Certificate
+	for {
+		var b *pem.Block
+		b, data = pem.Decode(data)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("certificate %d: %w", len(certs)+1, err)
+		}
+		certs = append(certs, c)
+	}
+	if len(certs) == 0 {
+		return nil, errors.New("no PEM certificate in the file")
+	}
+	return certs, nil
+}
+
+// loadKeyPair reads a client certificate and its key. An error about the
+// key, or about the pair (a key that is not the certificate's), names the
+// key file; tls.X509KeyPair's errors show no key material.
+func loadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
+	certPEM, err := os.ReadFile(certFile)
+	if err != nil {
+		return tls.Certificate{}, &RedisTLSError{Option: "TLSCertFile", File: certFile, Err: err}
+	}
+	if _, err := parseCerts(certPEM); err != nil {
+		return tls.Certificate{}, &RedisTLSError{Option: "TLSCertFile", File: certFile, Err: err}
+	}
+	keyPEM, err := os.ReadFile(keyFile)
+	if err != nil {
+		return tls.Certificate{}, &RedisTLSError{Option: "TLSKeyFile", File: keyFile, Err: err}
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return tls.Certificate{}, &RedisTLSError{Option: "TLSKeyFile", File: keyFile,
+			Err: fmt.Errorf("not a private key of the certificate %q: %w", certFile, err)}
+	}
+	return cert, nil
 }
 
 // openRedis opens a Redis or Redis Cluster store from its URL
@@ -38,6 +207,14 @@ func openRedis(ctx context.Context, rawURL string, opts RedisOptions, log *slog.
 	cfg, err := redis.ParseURL(rawURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("daemon: store URL %q: %w", redactURL(rawURL), err)
+	}
+	if cfg.TLS == nil {
+		scheme, _, _ := strings.Cut(rawURL, "://")
+		if err := opts.noTLS(scheme); err != nil {
+			return nil, nil, err
+		}
+	} else if err := opts.applyTLS(cfg.TLS); err != nil {
+		return nil, nil, err
 	}
 	cfg.DialTimeout, cfg.WriteTimeout = opts.DialTimeout, opts.WriteTimeout
 	cfg.KeepAlive, cfg.ConnsPerNode = opts.KeepAlive, opts.ConnsPerNode
@@ -69,7 +246,20 @@ func openRedis(ctx context.Context, rawURL string, opts RedisOptions, log *slog.
 	}
 	s, err := redis.New(cfg)
 	if err != nil {
+		if cfg.TLS != nil && len(cfg.TLS.Certificates) == 0 && closedByPeer(err) {
+			// In TLS 1.3 the server checks the client's certificate
+			// after the client has finished its handshake: the client
+			// learns of a missing one from its next write or read,
+			// which may find the connection reset before the alert
+			// that says why.
+			err = fmt.Errorf("%w (a server that requires a client certificate closes the connection of a client without one)", err)
+		}
 		return nil, nil, fmt.Errorf("daemon: store %q: %w", redactURL(rawURL), err)
 	}
 	return s, s.Close, nil
+}
+
+// closedByPeer reports whether err is the peer's closing of a connection.
+func closedByPeer(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF)
 }

@@ -1,13 +1,20 @@
 package daemon_test
 
 import (
+	"context"
+	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/guard"
+	"github.com/sluicehq/sluice/store/redis"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
@@ -132,6 +139,165 @@ rules:
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no hot-key sync in 10s: %s = %v", syncs, m[syncs])
+		}
+	}
+}
+
+// TestRedisTLS runs a daemon on a Redis that speaks TLS with a
+// certificate of a CA made for the test: with that CA (and with the
+// server name the certificate holds), checks are decided by the store;
+// without it, or with another CA or a name the certificate does not hold,
+// Start fails and says why. A server that requires client certificates
+// takes the daemon's and refuses it without one.
+func TestRedisTLS(t *testing.T) {
+	pki := redistest.NewPKI(t)
+	srv := redistest.StartTLS(t, &redistest.TLSOptions{PKI: pki})
+	mutual := redistest.StartTLS(t, &redistest.TLSOptions{PKI: pki, AuthClients: true})
+	other := redistest.NewPKI(t)
+	withCert := daemon.RedisOptions{TLSCAFile: pki.CAFile, TLSCertFile: pki.ClientCertFile, TLSKeyFile: pki.ClientKeyFile}
+	for _, tc := range []struct {
+		name    string
+		srv     *redistest.Server
+		opts    daemon.RedisOptions
+		wantErr string // empty: checks are decided by the store; else any of the texts between '|'s
+	}{
+		{"CA", srv, daemon.RedisOptions{TLSCAFile: pki.CAFile}, ""},
+		{"CA and server name", srv, daemon.RedisOptions{TLSCAFile: pki.CAFile, TLSServerName: pki.ServerName}, ""},
+		{"no CA", srv, daemon.RedisOptions{}, "certificate signed by unknown authority"},
+		{"another CA", srv, daemon.RedisOptions{TLSCAFile: other.CAFile}, "certificate signed by unknown authority"},
+		{"wrong server name", srv, daemon.RedisOptions{TLSCAFile: pki.CAFile, TLSServerName: "other.test"}, "not other.test"},
+		{"client certificate not asked for", srv, withCert, ""},
+		{"client certificate required", mutual, withCert, ""},
+		{"client certificate missing", mutual, daemon.RedisOptions{TLSCAFile: pki.CAFile},
+			// The server's alert, or the connection reset before it.
+			"tls: certificate required|requires a client certificate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// A long dial timeout: on a busy machine, under -race, a
+			// TLS handshake can outlast the default 1s, and the error
+			// would be the timeout's.
+			tc.opts.DialTimeout = 10 * time.Second
+			storeURL := "rediss://" + tc.srv.TLSAddr
+			if tc.wantErr != "" {
+				ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+				defer cancel()
+				d, err := daemon.Start(ctx, daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", StoreURL: storeURL, Redis: tc.opts})
+				if err == nil {
+					d.Close()
+					t.Fatalf("Start succeeded, want an error with %q", tc.wantErr)
+				}
+				if !slices.ContainsFunc(strings.Split(tc.wantErr, "|"), func(s string) bool { return strings.Contains(err.Error(), s) }) {
+					t.Errorf("Start: %v, want an error with %q", err, tc.wantErr)
+				}
+				t.Logf("Start: %v", err)
+				return
+			}
+			client := strings.ReplaceAll(tc.name, " ", "-")
+			td := start(t, policyText(), func(c *daemon.Config) {
+				c.StoreURL = storeURL
+				c.Redis = tc.opts
+				c.Guard.Deadline = 5 * time.Second
+				c.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+			})
+			r := td.check(t, `{"client_id":"`+client+`","resource":"/api/limited"}`)
+			if r.status != 200 || r.header.Get("X-RateLimit-Decision-Source") != "store" {
+				t.Fatalf("check: %d, decision source %q, %s; want 200 decided by the store", r.status, r.header.Get("X-RateLimit-Decision-Source"), r.raw)
+			}
+			keys, err := tc.srv.Do("KEYS", "*"+client+"*")
+			if err != nil || keys == "" {
+				t.Errorf("the server holds no key of %s: %q, %v", client, keys, err)
+			}
+		})
+	}
+}
+
+// TestRedisTLSOptionErrors: a TLS option given for a store without TLS,
+// a file that cannot be read or holds no certificate, a certificate
+// without its key and a key that is not the certificate's each make Start
+// fail with an error naming the option and the file, and never quoting
+// the key.
+func TestRedisTLSOptionErrors(t *testing.T) {
+	pki := redistest.NewPKI(t)
+	missing := filepath.Join(t.TempDir(), "missing.pem")
+	key, err := os.ReadFile(pki.ClientKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A line of the key's base64, which no error may show.
+	keyLine := strings.Split(string(key), "\n")[1]
+	const tlsURL = "rediss://127.0.0.1:1"
+	for _, tc := range []struct {
+		name       string
+		url        string
+		opts       daemon.RedisOptions
+		option     string
+		file       string
+		wantInText string
+	}{
+		{"CA with redis://", "redis://127.0.0.1:1", daemon.RedisOptions{TLSCAFile: pki.CAFile}, "TLSCAFile", "", "only to rediss://"},
+		{"server name with redis-cluster://", "redis-cluster://127.0.0.1:1", daemon.RedisOptions{TLSServerName: "r"}, "TLSServerName", "", "only to rediss://"},
+		{"key with memory://", "memory://", daemon.RedisOptions{TLSCertFile: pki.ClientCertFile, TLSKeyFile: pki.ClientKeyFile}, "TLSCertFile", "", "not memory://"},
+		{"CA missing", tlsURL, daemon.RedisOptions{TLSCAFile: missing}, "TLSCAFile", missing, "no such file"},
+		{"CA file a key", tlsURL, daemon.RedisOptions{TLSCAFile: pki.ClientKeyFile}, "TLSCAFile", pki.ClientKeyFile, "no PEM certificate"},
+		{"certificate without key", tlsURL, daemon.RedisOptions{TLSCertFile: pki.ClientCertFile}, "TLSKeyFile", "", "needs its key"},
+		{"key without certificate", tlsURL, daemon.RedisOptions{TLSKeyFile: pki.ClientKeyFile}, "TLSCertFile", "", "needs its certificate"},
+		{"certificate missing", tlsURL, daemon.RedisOptions{TLSCertFile: missing, TLSKeyFile: pki.ClientKeyFile}, "TLSCertFile", missing, "no such file"},
+		{"certificate file a key", tlsURL, daemon.RedisOptions{TLSCertFile: pki.ClientKeyFile, TLSKeyFile: pki.ClientKeyFile}, "TLSCertFile", pki.ClientKeyFile, "no PEM certificate"},
+		{"key missing", tlsURL, daemon.RedisOptions{TLSCertFile: pki.ClientCertFile, TLSKeyFile: missing}, "TLSKeyFile", missing, "no such file"},
+		{"key of another certificate", tlsURL, daemon.RedisOptions{TLSCertFile: pki.ClientCertFile, TLSKeyFile: pki.ServerKeyFile}, "TLSKeyFile", pki.ServerKeyFile, "does not match"},
+		{"key file a certificate", tlsURL, daemon.RedisOptions{TLSCertFile: pki.ClientCertFile, TLSKeyFile: pki.ClientCertFile}, "TLSKeyFile", pki.ClientCertFile, "certificate rather than a key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := daemon.Start(t.Context(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", StoreURL: tc.url, Redis: tc.opts})
+			if err == nil {
+				d.Close()
+				t.Fatal("Start succeeded")
+			}
+			var te *daemon.RedisTLSError
+			if !errors.As(err, &te) || te.Option != tc.option || te.File != tc.file {
+				t.Fatalf("Start: %v (%#v), want a RedisTLSError of %s, file %q", err, te, tc.option, tc.file)
+			}
+			if msg := err.Error(); !strings.Contains(msg, tc.option) || !strings.Contains(msg, tc.file) || !strings.Contains(msg, tc.wantInText) {
+				t.Errorf("Start: %v, want the option, the file and %q", err, tc.wantInText)
+			}
+			if strings.Contains(err.Error(), keyLine) || strings.Contains(err.Error(), "PRIVATE KEY") {
+				t.Errorf("Start: %v shows the key", err)
+			}
+		})
+	}
+}
+
+// TestRedisClusterTLS runs a daemon on a Redis Cluster whose nodes speak
+// TLS, to clients and to each other, and require client certificates:
+// given the CA and the client certificate, the daemon finds the nodes'
+// TLS ports from its seeds and its checks are decided by the store.
+func TestRedisClusterTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	pki := redistest.NewPKI(t)
+	c := redistest.StartCluster(t, redistest.ClusterOptions{TLS: &redistest.TLSOptions{PKI: pki, AuthClients: true}})
+	td := start(t, policyText(), func(cfg *daemon.Config) {
+		cfg.StoreURL = "rediss-cluster://" + strings.Join(c.TLSAddrs(), ",")
+		cfg.Redis = daemon.RedisOptions{TLSCAFile: pki.CAFile, TLSCertFile: pki.ClientCertFile, TLSKeyFile: pki.ClientKeyFile,
+			DialTimeout: 10 * time.Second} // a TLS handshake under -race on a busy machine
+		cfg.Guard.Deadline = 5 * time.Second
+		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	if !td.Guard().Unwrap().(*redis.Store).Cluster() {
+		t.Fatal("the store does not see a cluster")
+	}
+	// Enough clients for their keys to fall on every master.
+	for i := range 30 {
+		client := strconv.Itoa(i)
+		r := td.check(t, `{"client_id":"tls-`+client+`","resource":"/api/limited"}`)
+		if r.status != 200 || r.header.Get("X-RateLimit-Decision-Source") != "store" {
+			t.Fatalf("check of %s: %d, decision source %q, %s; want 200 decided by the store", client, r.status, r.header.Get("X-RateLimit-Decision-Source"), r.raw)
+		}
+	}
+	for _, m := range c.Masters {
+		if keys, err := m.Do("KEYS", "*tls-*"); err != nil || keys == "" {
+			t.Errorf("master %s holds no key of the checks: %q, %v", m.Addr, keys, err)
 		}
 	}
 }

@@ -20,6 +20,9 @@ func openStore(ctx context.Context, rawURL string, now func() time.Time, opts Re
 	scheme, _, _ := strings.Cut(rawURL, "://")
 	switch scheme {
 	case "memory":
+		if err := opts.noTLS(scheme); err != nil {
+			return nil, nil, err
+		}
 		s, err := memory.New(memory.Config{Now: now})
 		if err != nil {
 			return nil, nil, fmt.Errorf("daemon: memory store: %w", err)
