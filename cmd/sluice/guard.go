@@ -1,7 +1,10 @@
 package main
 
 import (
+	"crypto/x509"
+	"errors"
 	"flag"
+	"fmt"
 
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/guard"
@@ -15,9 +18,44 @@ func redisFlags(fs *flag.FlagSet) func() daemon.RedisOptions {
 	write := fs.Duration("redis-write-timeout", redis.DefaultWriteTimeout, "how long a Redis connection may stay unable to write or answer before it is closed")
 	keepAlive := fs.Duration("redis-keepalive", redis.DefaultKeepAlive, "period of TCP keep-alive probes on Redis connections; negative turns them off")
 	conns := fs.Int("redis-conns-per-node", 0, "connections to each Redis node, over which concurrent calls are pipelined (1 to 256, rounded up to a power of two); 0 is the client's default")
+	ca := fs.String(redisTLSFlags["TLSCAFile"], "", "PEM file of the CA certificates that a rediss:// store's server certificate must chain to, in place of the system's")
+	cert := fs.String(redisTLSFlags["TLSCertFile"], "", "PEM file of the client certificate (and its intermediates) presented to a rediss:// store for mutual TLS; needs --redis-tls-key-file")
+	key := fs.String(redisTLSFlags["TLSKeyFile"], "", "PEM file of the private key of --redis-tls-cert-file")
+	serverName := fs.String(redisTLSFlags["TLSServerName"], "", "name a rediss:// store's server certificate must hold; empty: the host of each address dialed")
 	return func() daemon.RedisOptions {
-		return daemon.RedisOptions{DialTimeout: *dial, WriteTimeout: *write, KeepAlive: *keepAlive, ConnsPerNode: *conns}
+		return daemon.RedisOptions{DialTimeout: *dial, WriteTimeout: *write, KeepAlive: *keepAlive, ConnsPerNode: *conns,
+			TLSCAFile: *ca, TLSCertFile: *cert, TLSKeyFile: *key, TLSServerName: *serverName}
 	}
+}
+
+// redisTLSFlags names the flag of each TLS option of daemon.RedisOptions.
+var redisTLSFlags = map[string]string{
+	"TLSCAFile":     "redis-tls-ca-file",
+	"TLSCertFile":   "redis-tls-cert-file",
+	"TLSKeyFile":    "redis-tls-key-file",
+	"TLSServerName": "redis-tls-server-name",
+}
+
+// flagError returns err, or, when err is about a Redis TLS option, the
+// same error told in terms of its flag; to a server certificate of an
+// unknown authority it adds the flag that names one.
+func flagError(err error) error {
+	var unknownCA x509.UnknownAuthorityError
+	if errors.As(err, &unknownCA) {
+		return fmt.Errorf("%w (a server certificate of a private CA needs that CA in --%s)", err, redisTLSFlags["TLSCAFile"])
+	}
+	var te *daemon.RedisTLSError
+	if !errors.As(err, &te) {
+		return err
+	}
+	name, ok := redisTLSFlags[te.Option]
+	if !ok {
+		return err
+	}
+	if te.File != "" {
+		return fmt.Errorf("--%s %q: %w", name, te.File, te.Err)
+	}
+	return fmt.Errorf("--%s: %w", name, te.Err)
 }
 
 // guardFlags defines the flags of the guard around a Redis store and

@@ -168,7 +168,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	})
 	cancel()
 	if err != nil {
-		logger.Error("cannot start", "err", err)
+		logger.Error("cannot start", "err", flagError(err))
 		return 1
 	}
 	for sig := range sigs {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -134,6 +135,83 @@ rules:
 			}
 		case <-time.After(20 * time.Second):
 			t.Errorf("sluice serve (pid %d) still running 20s after SIGTERM", p.Process.Pid)
+		}
+	}
+}
+
+// TestServeRedisTLS runs `sluice serve` on a Redis that speaks TLS with a
+// certificate of a private CA and requires client certificates: given the
+// CA, the client certificate and its key by flags, the process's checks
+// are decided by the store; without the CA, serve does not start, and its
+// error names the flag that gives one.
+func TestServeRedisTLS(t *testing.T) {
+	pki := redistest.NewPKI(t)
+	srv := redistest.StartTLS(t, &redistest.TLSOptions{PKI: pki, AuthClients: true})
+	var out, errOut bytes.Buffer
+	// A long dial timeout: on a busy machine, under -race, a TLS
+	// handshake can outlast the default 1s, and the error would be the
+	// timeout's.
+	code := run([]string{"serve", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--gc-percent", "0",
+		"--store", "rediss://" + srv.TLSAddr, "--redis-dial-timeout", "10s"}, &out, &errOut, noEnv)
+	if msg := errOut.String(); code != 1 || !strings.Contains(msg, "unknown authority") || !strings.Contains(msg, "--redis-tls-ca-file") {
+		t.Errorf("serve without the CA: exit %d, %q; want 1 and an error naming --redis-tls-ca-file", code, msg)
+	}
+	_, addr := serveProcess(t, "--store", "rediss://"+srv.TLSAddr, "--store-deadline", "2s", "--redis-dial-timeout", "10s",
+		"--redis-tls-ca-file", pki.CAFile, "--redis-tls-cert-file", pki.ClientCertFile, "--redis-tls-key-file", pki.ClientKeyFile,
+		"--redis-tls-server-name", pki.ServerName)
+	resp, err := http.Post("http://"+addr+"/api/v1/check", "application/json", strings.NewReader(`{"client_id":"tls","resource":"/api/v1/demo"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if src := resp.Header.Get("X-RateLimit-Decision-Source"); resp.StatusCode != http.StatusOK || src != "store" {
+		t.Errorf("check: %d, decision source %q; want 200 decided by the store", resp.StatusCode, src)
+	}
+	if keys, err := srv.Do("KEYS", "*tls*"); err != nil || keys == "" {
+		t.Errorf("the server holds no key of the check: %q, %v", keys, err)
+	}
+}
+
+// TestServeRedisTLSErrors: a Redis TLS flag given for a store without
+// TLS, or naming a file that cannot be used, stops serve with an error
+// that names the flag (and the file), whether the flag was given on the
+// command line or by its environment variable, and never shows the key.
+// error names that flag.
+func TestServeRedisTLSErrors(t *testing.T) {
+	pki := redistest.NewPKI(t)
+	key, err := os.ReadFile(pki.ClientKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyLine := strings.Split(string(key), "\n")[1]
+	missing := filepath.Join(t.TempDir(), "missing.pem")
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{[]string{"--redis-tls-ca-file", pki.CAFile}, nil, []string{"--redis-tls-ca-file", "memory://"}},
+		{[]string{"--store", "redis://127.0.0.1:1"}, map[string]string{"SLUICE_REDIS_TLS_SERVER_NAME": "r"}, []string{"--redis-tls-server-name", "redis://"}},
+		{[]string{"--store", "rediss://127.0.0.1:1"}, map[string]string{"SLUICE_REDIS_TLS_CA_FILE": pki.ClientKeyFile}, []string{"--redis-tls-ca-file", pki.ClientKeyFile, "no PEM certificate"}},
+		{[]string{"--store", "rediss://127.0.0.1:1", "--redis-tls-ca-file", missing}, nil, []string{"--redis-tls-ca-file", missing, "no such file"}},
+		{[]string{"--store", "rediss://127.0.0.1:1", "--redis-tls-cert-file", pki.ClientCertFile}, nil, []string{"--redis-tls-key-file", "needs its key"}},
+		{[]string{"--store", "rediss-cluster://127.0.0.1:1", "--redis-tls-cert-file", pki.ClientCertFile, "--redis-tls-key-file", pki.ServerKeyFile}, nil,
+			[]string{"--redis-tls-key-file", pki.ServerKeyFile, pki.ClientCertFile, "does not match"}},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(append([]string{"serve", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--gc-percent", "0"}, tc.args...),
+			&out, &errOut, func(k string) string { return tc.env[k] })
+		msg := errOut.String()
+		if code != 1 {
+			t.Errorf("serve %q with %v: exit %d, want 1: %s", tc.args, tc.env, code, msg)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("serve %q with %v: %q, want %q in it", tc.args, tc.env, msg, w)
+			}
+		}
+		if strings.Contains(msg, keyLine) || strings.Contains(msg, "PRIVATE KEY") {
+			t.Errorf("serve %q: %q shows the key", tc.args, msg)
 		}
 	}
 }
