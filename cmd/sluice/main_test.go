@@ -82,7 +82,8 @@ func TestServeHelpShowsDefaultsNotEnvironment(t *testing.T) {
 		t.Errorf("serve -h prints the environment's store URL:\n%s", help)
 	}
 	for _, want := range []string{`(default "` + daemon.DefaultStoreURL + `")`, `(default "info")`,
-		"SLUICE_STORE", "SLUICE_CONFIG", "SLUICE_GC_PERCENT", "SLUICE_SHUTDOWN_TIMEOUT", "SLUICE_STORE_DEADLINE", "SLUICE_REDIS_DIAL_TIMEOUT"} {
+		"SLUICE_STORE", "SLUICE_CONFIG", "SLUICE_GC_PERCENT", "SLUICE_SHUTDOWN_TIMEOUT", "SLUICE_STORE_DEADLINE", "SLUICE_REDIS_DIAL_TIMEOUT",
+		"SLUICE_GRPC_READ_TIMEOUT"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("serve -h does not show %s:\n%s", want, help)
 		}
@@ -102,6 +103,7 @@ func TestServeFlagsFromEnvironment(t *testing.T) {
 		{[]string{"extra"}, map[string]string{"SLUICE_GC_PERCENT": "lots"}, "SLUICE_GC_PERCENT"},
 		{[]string{"extra"}, map[string]string{"SLUICE_SHUTDOWN_TIMEOUT": "soon"}, "SLUICE_SHUTDOWN_TIMEOUT"},
 		{[]string{"extra"}, map[string]string{"SLUICE_STORE_DEADLINE": "soon"}, "SLUICE_STORE_DEADLINE"},
+		{[]string{"extra"}, map[string]string{"SLUICE_GRPC_READ_TIMEOUT": "soon"}, "SLUICE_GRPC_READ_TIMEOUT"},
 		{nil, map[string]string{"SLUICE_LOG_LEVEL": "loud"}, "--log-format/--log-level"},
 		// Given on the command line, the flags do not read the
 		// environment: the next error is the extra argument.

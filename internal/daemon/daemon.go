@@ -52,6 +52,9 @@ const (
 	DefaultHTTPWriteTimeout = 15 * time.Second
 )
 
+// DefaultGRPCReadTimeout is Config.GRPCReadTimeout when it is zero.
+const DefaultGRPCReadTimeout = 10 * time.Second
+
 // Bounds of the gRPC listener: the calls one connection may have open at
 // once, and the size of a call's metadata as HTTP/2 counts it.
 const (
@@ -109,6 +112,12 @@ type Config struct {
 	// longer, so that a request cut off for its slow body is still
 	// answered.
 	HTTPReadTimeout, HTTPWriteTimeout time.Duration
+	// GRPCReadTimeout bounds the wait for the request of one unary gRPC
+	// call, from its headers to its message and the client's half-close:
+	// a call whose request has not come by then ends with
+	// DeadlineExceeded. Zero means DefaultGRPCReadTimeout; negative, no
+	// bound. Streaming calls (health Watch, reflection) are not bounded.
+	GRPCReadTimeout time.Duration
 	// Guard configures what protects checks from a failing Redis store:
 	// the per-call deadline, the circuit breaker, the over-limit cache and
 	// the hot-key tier (see package guard). It does not apply to the
@@ -282,10 +291,17 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		MaxHeaderBytes: 64 << 10,
 		ErrorLog:       slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 	}
-	// The codec turns invalid UTF-8 in a request into InvalidArgument
-	// naming the field, instead of grpc-go's Internal.
-	d.grpcSrv = grpc.NewServer(grpc.ForceServerCodecV2(grpccodec.Codec{}),
-		grpc.UnaryInterceptor(recoverUnary(d.log, logUnary(d.log))),
+	intercept := recoverUnary(d.log, logUnary(d.log))
+	var waits *requestWaits
+	if bound := cmp.Or(cfg.GRPCReadTimeout, DefaultGRPCReadTimeout); bound > 0 {
+		waits = newRequestWaits(bound)
+		intercept = waits.unaryInterceptor(intercept)
+	}
+	opts := []grpc.ServerOption{
+		// The codec turns invalid UTF-8 in a request into InvalidArgument
+		// naming the field, instead of grpc-go's Internal.
+		grpc.ForceServerCodecV2(grpccodec.Codec{}),
+		grpc.UnaryInterceptor(intercept),
 		// Reused workers instead of a goroutine per call: no stack growth
 		// per call (about a tenth of the server's CPU on the Envoy path).
 		grpc.NumStreamWorkers(uint32(max(128, 32*runtime.GOMAXPROCS(0)))),
@@ -294,11 +310,12 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		// messages of a few hundred bytes never ask. 1 to 10% more Envoy
 		// checks per second on Redis in six paired load runs
 		// (docs/PERFORMANCE.md).
-		grpc.InitialWindowSize(1<<20), grpc.InitialConnWindowSize(1<<20),
+		grpc.InitialWindowSize(1 << 20), grpc.InitialConnWindowSize(1 << 20),
 		// A bound on the calls one connection may have open at once (grpc-go
-		// has none): a call whose message never comes holds its handler
-		// for ever, and grpc-go's defence against streams reset as soon as
-		// opened limits the handlers of a connection to this number.
+		// has none): a call whose message does not come holds its handler
+		// until the read timeout, and grpc-go's defence against streams
+		// reset as soon as opened limits the handlers of a connection to
+		// this number.
 		// Envoy opens another connection when it needs more; a grpc-go
 		// client queues its calls.
 		grpc.MaxConcurrentStreams(maxStreamsPerConn),
@@ -309,7 +326,14 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		// call of a few hundred kilobytes held tens of megabytes until its
 		// message came. A check's metadata is a few hundred bytes; 16 KiB
 		// leaves room for tracing and authentication headers.
-		grpc.MaxHeaderListSize(maxHeaderListSize))
+		grpc.MaxHeaderListSize(maxHeaderListSize),
+	}
+	if waits != nil {
+		// A unary call's request must come within the read timeout (see
+		// requestWaits).
+		opts = append(opts, grpc.InTapHandle(waits.tap))
+	}
+	d.grpcSrv = grpc.NewServer(opts...)
 	svc.Register(d.grpcSrv)
 	rls.Register(d.grpcSrv)
 	d.health = health.NewServer()
@@ -318,6 +342,10 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 
 	bg, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
+	if waits != nil {
+		waits.boundMethods(d.grpcSrv)
+		d.wg.Go(func() { waits.sweep(bg) })
+	}
 	if w != nil {
 		d.wg.Go(func() { d.watch(bg, w) })
 	}

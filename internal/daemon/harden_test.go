@@ -114,8 +114,8 @@ func TestClientThatDoesNotReadIsCutOff(t *testing.T) {
 
 // TestGRPCStreamsPerConnectionBounded opens many calls on one HTTP/2
 // connection, each sending its headers and never its message: every one
-// holds a handler waiting for ever, so the server must bound how many one
-// connection may open, and refuse the others.
+// holds a handler until the read timeout, so the server must bound how
+// many one connection may open, and refuse the others.
 func TestGRPCStreamsPerConnectionBounded(t *testing.T) {
 	td := start(t, policyText())
 	conn, err := net.Dial("tcp", td.GRPCAddr())
