@@ -115,6 +115,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	httpAddr := fs.String("http-addr", daemon.DefaultHTTPAddr, "listen address of the HTTP JSON API")
 	grpcAddr := fs.String("grpc-addr", daemon.DefaultGRPCAddr, "listen address of the gRPC and Envoy APIs")
 	grpcReadTimeout := fs.Duration("grpc-read-timeout", daemon.DefaultGRPCReadTimeout, "how long a unary gRPC call may take to send its request (message and half-close) after its headers; it then ends with DeadlineExceeded; negative: no bound")
+	grpcMaxConns := fs.Int("grpc-max-conns", daemon.DefaultGRPCMaxConns, "gRPC connections open at once at most; more wait until one closes; negative: no bound")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	debugAddr := fs.String("debug-addr", "", "listen address of the debug listener (pprof, /metrics); empty: none; loopback only unless --debug-allow-remote")
@@ -165,6 +166,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 		Redis:      redisOpts(),
 
 		GRPCReadTimeout: *grpcReadTimeout,
+		GRPCMaxConns:    *grpcMaxConns,
 
 		DebugAddr:        *debugAddr,
 		DebugAllowRemote: *debugRemote,

@@ -83,7 +83,7 @@ func TestServeHelpShowsDefaultsNotEnvironment(t *testing.T) {
 	}
 	for _, want := range []string{`(default "` + daemon.DefaultStoreURL + `")`, `(default "info")`,
 		"SLUICE_STORE", "SLUICE_CONFIG", "SLUICE_GC_PERCENT", "SLUICE_SHUTDOWN_TIMEOUT", "SLUICE_STORE_DEADLINE", "SLUICE_REDIS_DIAL_TIMEOUT",
-		"SLUICE_GRPC_READ_TIMEOUT"} {
+		"SLUICE_GRPC_READ_TIMEOUT", "SLUICE_GRPC_MAX_CONNS"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("serve -h does not show %s:\n%s", want, help)
 		}
@@ -104,6 +104,7 @@ func TestServeFlagsFromEnvironment(t *testing.T) {
 		{[]string{"extra"}, map[string]string{"SLUICE_SHUTDOWN_TIMEOUT": "soon"}, "SLUICE_SHUTDOWN_TIMEOUT"},
 		{[]string{"extra"}, map[string]string{"SLUICE_STORE_DEADLINE": "soon"}, "SLUICE_STORE_DEADLINE"},
 		{[]string{"extra"}, map[string]string{"SLUICE_GRPC_READ_TIMEOUT": "soon"}, "SLUICE_GRPC_READ_TIMEOUT"},
+		{[]string{"extra"}, map[string]string{"SLUICE_GRPC_MAX_CONNS": "many"}, "SLUICE_GRPC_MAX_CONNS"},
 		{nil, map[string]string{"SLUICE_LOG_LEVEL": "loud"}, "--log-format/--log-level"},
 		// Given on the command line, the flags do not read the
 		// environment: the next error is the extra argument.

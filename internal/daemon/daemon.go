@@ -52,8 +52,12 @@ const (
 	DefaultHTTPWriteTimeout = 15 * time.Second
 )
 
-// DefaultGRPCReadTimeout is Config.GRPCReadTimeout when it is zero.
-const DefaultGRPCReadTimeout = 10 * time.Second
+// Defaults of the gRPC listener's bounds (Config.GRPCReadTimeout and
+// Config.GRPCMaxConns).
+const (
+	DefaultGRPCReadTimeout = 10 * time.Second
+	DefaultGRPCMaxConns    = 10000
+)
 
 // Bounds of the gRPC listener: the calls one connection may have open at
 // once, and the size of a call's metadata as HTTP/2 counts it.
@@ -118,6 +122,10 @@ type Config struct {
 	// DeadlineExceeded. Zero means DefaultGRPCReadTimeout; negative, no
 	// bound. Streaming calls (health Watch, reflection) are not bounded.
 	GRPCReadTimeout time.Duration
+	// GRPCMaxConns bounds the gRPC connections open at once: beyond it, new
+	// connections wait (in the kernel's accept queue) until one closes.
+	// Zero means DefaultGRPCMaxConns; negative, no bound.
+	GRPCMaxConns int
 	// Guard configures what protects checks from a failing Redis store:
 	// the per-call deadline, the circuit breaker, the over-limit cache and
 	// the hot-key tier (see package guard). It does not apply to the
@@ -276,6 +284,13 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	if d.grpcLn, err = lc.Listen(ctx, "tcp", cfg.GRPCAddr); err != nil {
 		return fail(fmt.Errorf("daemon: gRPC listener: %w", err))
+	}
+	// Each connection holds goroutines and buffers, and up to
+	// maxStreamsPerConn calls whose request may take up to the read
+	// timeout to come: without a bound on connections, nothing bounds
+	// what they hold.
+	if n := cmp.Or(cfg.GRPCMaxConns, DefaultGRPCMaxConns); n > 0 {
+		d.grpcLn = newConnLimit(d.grpcLn, n, d.log)
 	}
 
 	d.httpSrv = &http.Server{
