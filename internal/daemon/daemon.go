@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/sluicehq/sluice/internal/engine"
@@ -52,11 +54,19 @@ const (
 	DefaultHTTPWriteTimeout = 15 * time.Second
 )
 
-// Defaults of the gRPC listener's bounds (Config.GRPCReadTimeout and
-// Config.GRPCMaxConns).
+// Defaults of the gRPC listener's bounds (Config.GRPCReadTimeout,
+// Config.GRPCMaxConns and Config.GRPCKeepalive).
 const (
 	DefaultGRPCReadTimeout = 10 * time.Second
 	DefaultGRPCMaxConns    = 10000
+	DefaultGRPCKeepalive   = time.Minute
+)
+
+// Keepalive of the gRPC listener: how long a client's ping may take to be
+// answered at most, and how often a client may ping.
+const (
+	maxKeepaliveTimeout = 20 * time.Second
+	minClientPing       = 5 * time.Second
 )
 
 // Bounds of the gRPC listener: the calls one connection may have open at
@@ -126,6 +136,13 @@ type Config struct {
 	// connections wait (in the kernel's accept queue) until one closes.
 	// Zero means DefaultGRPCMaxConns; negative, no bound.
 	GRPCMaxConns int
+	// GRPCKeepalive is how long a gRPC connection may receive nothing
+	// before the server pings the client (1s at least); a connection whose
+	// ping is not answered within 20s, or GRPCKeepalive when that is
+	// shorter, is closed, and so is one whose data the client does not
+	// acknowledge for as long (the socket's TCP_USER_TIMEOUT). Zero means
+	// DefaultGRPCKeepalive; negative, no pings.
+	GRPCKeepalive time.Duration
 	// Guard configures what protects checks from a failing Redis store:
 	// the per-call deadline, the circuit breaker, the over-limit cache and
 	// the hot-key tier (see package guard). It does not apply to the
@@ -342,6 +359,14 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		// message came. A check's metadata is a few hundred bytes; 16 KiB
 		// leaves room for tracing and authentication headers.
 		grpc.MaxHeaderListSize(maxHeaderListSize),
+		// A dead client's connection, and the calls on it, are closed
+		// within a minute and a half rather than grpc-go's two hours and
+		// more. Clients may ping every 5s, with or without calls open:
+		// grpc-go's default (every 5 minutes, and only with calls open)
+		// disconnects an Envoy whose connection keepalive pings an idle
+		// connection more often.
+		grpc.KeepaliveParams(keepaliveParams(cfg.GRPCKeepalive)),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: minClientPing, PermitWithoutStream: true}),
 	}
 	if waits != nil {
 		// A unary call's request must come within the read timeout (see
@@ -380,6 +405,16 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.log.Info("sluice listening", "http", d.HTTPAddr(), "grpc", d.GRPCAddr(),
 		"store", redactURL(cfg.StoreURL), "config", configName(cfg.ConfigPath), "version", pol.Version)
 	return d, nil
+}
+
+// keepaliveParams returns the server's keepalive parameters for
+// Config.GRPCKeepalive ka.
+func keepaliveParams(ka time.Duration) keepalive.ServerParameters {
+	ka = cmp.Or(ka, DefaultGRPCKeepalive)
+	if ka < 0 {
+		return keepalive.ServerParameters{Time: time.Duration(math.MaxInt64)} // grpc-go's "never"
+	}
+	return keepalive.ServerParameters{Time: ka, Timeout: min(ka, maxKeepaliveTimeout)}
 }
 
 func configName(path string) string {

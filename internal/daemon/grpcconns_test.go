@@ -47,3 +47,72 @@ func TestGRPCConnectionsBounded(t *testing.T) {
 		t.Error("the waiting connection not served after one of the two closed")
 	}
 }
+
+// TestGRPCDeadClientClosed opens a connection whose client then answers
+// nothing, as a client whose host died: the server must ping it once the
+// connection has been silent for the keepalive, and close it when the
+// ping is not answered, with the calls on it.
+func TestGRPCDeadClientClosed(t *testing.T) {
+	t.Parallel()
+	td := start(t, policyText(), func(c *daemon.Config) { c.GRPCKeepalive = time.Second })
+	c := dialH2(t, td.GRPCAddr())
+	if err := c.headers(1, callHeaders("/sluice.v1.RateLimiter/CheckRateLimit")); err != nil {
+		t.Fatal(err)
+	}
+	// The client reads what the server sends and answers nothing: with a
+	// keepalive of 1s, the ping comes after 1s and goes unanswered 1s
+	// later.
+	if closed, _ := serverCloses(c.conn, 10*time.Second); !closed {
+		t.Error("the connection of a client that answers nothing is open after 10s, with a keepalive of 1s")
+	}
+}
+
+// TestGRPCClientPingsAllowed pings the server every 6s on a connection
+// with no call open, as Envoy's connection keepalive may: grpc-go's
+// default policy (a ping every 5 minutes at most, none without calls)
+// answered the fourth ping with GOAWAY ENHANCE_YOUR_CALM.
+func TestGRPCClientPingsAllowed(t *testing.T) {
+	t.Parallel()
+	td := start(t, policyText())
+	c := dialH2(t, td.GRPCAddr())
+	goaway := make(chan *http2.GoAwayFrame, 1)
+	go func() {
+		for {
+			f, err := c.fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					c.mu.Lock()
+					c.fr.WriteSettingsAck()
+					c.mu.Unlock()
+				}
+			case *http2.GoAwayFrame:
+				goaway <- f
+				return
+			}
+		}
+	}()
+	for i := range 4 {
+		if i > 0 {
+			select {
+			case f := <-goaway:
+				t.Fatalf("ping %d: GOAWAY %v %q", i, f.ErrCode, f.DebugData())
+			case <-time.After(6 * time.Second):
+			}
+		}
+		c.mu.Lock()
+		err := c.fr.WritePing(false, [8]byte{byte(i)})
+		c.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case f := <-goaway:
+		t.Errorf("after 4 pings 6s apart: GOAWAY %v %q", f.ErrCode, f.DebugData())
+	case <-time.After(time.Second):
+	}
+}
