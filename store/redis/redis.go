@@ -55,7 +55,9 @@
 // callers may consume; when a part's commit is then denied, the batch is
 // reported denied, and the parts already committed keep their cost. The
 // store never admits beyond a limit; in that race it may charge a denied
-// batch for some of its keys.
+// batch for some of its keys. CheckParts sends each master's part as a
+// call of its own and reports it as soon as that master answers, so that
+// a master that does not answer holds up only its own requests.
 //
 // While a slot moves between masters, Redis refuses a call naming several
 // of its keys, some moved and some not, with TRYAGAIN, before running it;
@@ -85,6 +87,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -245,6 +248,16 @@ type Store struct {
 	onTryAgain func(int)
 	retries    atomic.Uint64
 	closed     atomic.Bool
+
+	// The slot map of a cluster (see CheckParts), read again in the
+	// background by the goroutine refreshSlots starts; stop ends it.
+	slots        atomic.Pointer[slotMap]
+	slotsTried   atomic.Int64 // when the last read began, in ns since the epoch
+	slotsMu      sync.Mutex
+	slotsReading bool // guarded by slotsMu
+	slotsWG      sync.WaitGroup
+	stop         context.Context
+	cancel       context.CancelFunc
 }
 
 // New connects to Redis as cfg says and returns the store. It fails when
@@ -325,6 +338,15 @@ func New(cfg Config) (*Store, error) {
 		s.client, s.ownClient = c, true
 	}
 	s.cluster = s.client.Mode() == rueidis.ClientModeCluster
+	s.stop, s.cancel = context.WithCancel(context.Background())
+	if s.cluster {
+		ctx, cancel := context.WithTimeout(s.stop, cfg.Timeout)
+		s.slotsTried.Store(time.Now().UnixNano())
+		if m, err := s.readSlots(ctx); err == nil {
+			s.slots.Store(m)
+		}
+		cancel()
+	}
 	return s, nil
 }
 
@@ -674,6 +696,10 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	s.slotsMu.Lock() // no read of the slot map starts after this
+	s.slotsMu.Unlock()
+	s.cancel()
+	s.slotsWG.Wait()
 	if s.ownClient {
 		s.client.Close()
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -1490,5 +1491,148 @@ func TestClusterSlotSplitPastDeadline(t *testing.T) {
 	}
 	if got, want := count(), []int64{3, 3, 3, 3, 1}; !slices.Equal(got, want) {
 		t.Errorf("counts after the move: %v, want %v", got, want)
+	}
+}
+
+// TestClusterCheckParts checks that CheckParts reports every request once,
+// decided as Check decides it, on a standalone server and on a cluster,
+// and that with one master of a cluster killed or stopped (SIGSTOP: it
+// answers nothing, as a host that froze or dropped off the network), the
+// requests of the live masters are reported decided before the stopped
+// master's fail, at the deadline.
+func TestClusterCheckParts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Hour})
+	reqsOf := func(name string) []store.Request {
+		var reqs []store.Request
+		for i := range 30 {
+			key := fmt.Sprintf("rl:parts-%s:{user=%d}:x", name, i)
+			reqs = append(reqs, store.Request{Key: key, Params: p, Cost: 1, Now: t0})
+			if i%5 == 0 { // a key twice: the second sees the first
+				reqs = append(reqs, store.Request{Key: key, Params: p, Cost: 1, Now: t0})
+			}
+		}
+		return reqs
+	}
+	// parts runs CheckParts and returns, per request, how often it was
+	// reported, its error and when it was reported.
+	type report struct {
+		times int
+		err   error
+		at    time.Time
+	}
+	parts := func(t *testing.T, s *Store, ctx context.Context, reqs []store.Request, out []sluice.Decision) []report {
+		t.Helper()
+		got := make([]report, len(reqs))
+		err := s.CheckParts(ctx, reqs, out, func(idx []int, err error) {
+			now := time.Now()
+			for _, i := range idx {
+				got[i].times++
+				got[i].err, got[i].at = err, now
+			}
+		})
+		if err != nil {
+			t.Fatalf("CheckParts: %v", err)
+		}
+		for i, r := range got {
+			if r.times != 1 {
+				t.Errorf("request %d reported %d times, want once", i, r.times)
+			}
+		}
+		return got
+	}
+	same := func(t *testing.T, s *Store, name string) {
+		reqs := reqsOf(name)
+		for round := range 2 { // the second round sees the first's counts
+			// Check decides a copy of the keys, CheckParts the keys.
+			out, want := make([]sluice.Decision, len(reqs)), make([]sluice.Decision, len(reqs))
+			for i := range reqs {
+				reqs[i].Key += "!"
+			}
+			if err := s.Check(context.Background(), reqs, want); err != nil {
+				t.Fatal(err)
+			}
+			for i := range reqs {
+				reqs[i].Key = strings.TrimSuffix(reqs[i].Key, "!")
+			}
+			for i, r := range parts(t, s, context.Background(), reqs, out) {
+				if r.err != nil || out[i] != want[i] {
+					t.Errorf("round %d, request %d: %+v, %v; want %+v as Check decided", round, i, out[i], r.err, want[i])
+				}
+			}
+		}
+	}
+	t.Run("Standalone", func(t *testing.T) {
+		srv := redistest.Start(t)
+		same(t, newStore(t, Config{Addrs: []string{srv.Addr}}), "standalone")
+	})
+	t.Run("Cluster", func(t *testing.T) {
+		c := redistest.StartCluster(t, redistest.ClusterOptions{})
+		same(t, newStore(t, Config{Addrs: c.Addrs()}), "cluster")
+	})
+	for _, how := range []string{"killed", "stopped"} {
+		t.Run("Master"+how, func(t *testing.T) {
+			c := redistest.StartCluster(t, redistest.ClusterOptions{NodeTimeout: 30 * time.Second})
+			s := newStore(t, Config{Addrs: c.Addrs()})
+			reqs := reqsOf(how)
+			out := make([]sluice.Decision, len(reqs))
+			if err := s.Check(context.Background(), reqs, out); err != nil {
+				t.Fatal(err)
+			}
+			dead := c.Masters[0]
+			onDead := map[int]bool{}
+			for i, r := range reqs {
+				if n, err := dead.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(int(slotOf(r.Key)))); err == nil && n != "0" {
+					onDead[i] = true
+				}
+			}
+			if len(onDead) == 0 || len(onDead) == len(reqs) {
+				t.Fatalf("%d of %d keys on the master to stop", len(onDead), len(reqs))
+			}
+			if how == "killed" {
+				dead.Kill()
+			} else {
+				if err := dead.Process().Signal(syscall.SIGSTOP); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { dead.Process().Signal(syscall.SIGCONT) })
+			}
+			const deadline = time.Second // long, for a busy machine
+			start := time.Now()          // before the deadline is set
+			ctx, cancel := context.WithDeadline(context.Background(), start.Add(deadline))
+			defer cancel()
+			got := parts(t, s, ctx, reqs, out)
+			var lastLive, firstDead, lastDead time.Time
+			for i, r := range got {
+				switch {
+				case onDead[i] && !errors.Is(r.err, sluice.ErrStoreUnavailable):
+					t.Errorf("request %d, on the %s master: %+v, %v; want an error", i, how, out[i], r.err)
+				case !onDead[i] && (r.err != nil || out[i].Remaining != 0 && out[i].Remaining != 1):
+					t.Errorf("request %d, on a live master: %+v, %v; want decided", i, out[i], r.err)
+				}
+				if onDead[i] {
+					if firstDead.IsZero() || r.at.Before(firstDead) {
+						firstDead = r.at
+					}
+					if r.at.After(lastDead) {
+						lastDead = r.at
+					}
+				} else if r.at.After(lastLive) {
+					lastLive = r.at
+				}
+			}
+			t.Logf("live masters' requests reported after %s, the %s master's after %s to %s",
+				lastLive.Sub(start), how, firstDead.Sub(start), lastDead.Sub(start))
+			if how == "stopped" {
+				if !lastLive.Before(firstDead) {
+					t.Errorf("a live master's request was reported %s after the stopped master's failed: it waited for the stopped master", lastLive.Sub(firstDead))
+				}
+				if d := lastDead.Sub(start); d < deadline || d > deadline+time.Second {
+					t.Errorf("the stopped master's requests failed after %s, want at the deadline of %s", d, deadline)
+				}
+			}
+		})
 	}
 }
