@@ -93,6 +93,26 @@ func BenchmarkGuardRedis(b *testing.B) {
 	}, keys, p)
 }
 
+// BenchmarkGuardRedisCluster is BenchmarkGuardRedis on a 3-master Redis
+// Cluster: a gathered call's checks are split per master, and each
+// master's are reported as it answers.
+func BenchmarkGuardRedisCluster(b *testing.B) {
+	c := redistest.StartCluster(b, redistest.ClusterOptions{})
+	p := params(b, sluice.Limit{Algorithm: sluice.GCRA, Limit: 1 << 30, Window: time.Second})
+	keys := make([]string, 10_000)
+	for i := range keys {
+		keys[i] = "rl:bench:{" + strconv.Itoa(i) + "}"
+	}
+	benchParallel64(b, func(b *testing.B) Store {
+		st, err := redis.New(redis.Config{Addrs: c.Addrs()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { st.Close() })
+		return st
+	}, keys, p)
+}
+
 // benchParallel64 runs 64 concurrent callers checking keys (with a
 // stride, so that concurrent checks rarely share one) through a guard on
 // the store newStore returns, their checks gathered (the default) and one

@@ -337,11 +337,11 @@ func (g *Guard) sweep() {
 }
 
 // giveUp tells the callers of the jobs of js that are past their deadline,
-// or whose context ended, that they may stop waiting. The gatherer's mu
-// is held.
+// or whose context ended, that they may stop waiting; nil entries (jobs
+// handed back already) are skipped. The gatherer's mu is held.
 func giveUp(js []*job, now time.Time) {
 	for _, j := range js {
-		if j.state.Load() != jobRunning || (now.Before(j.expires) && !closed(j.gone)) {
+		if j == nil || j.state.Load() != jobRunning || (now.Before(j.expires) && !closed(j.gone)) {
 			continue
 		}
 		v := doneGaveUp
@@ -370,18 +370,54 @@ type gatherScratch struct {
 	batch, live []*job
 	reqs        []store.Request
 	out         []sluice.Decision
+
+	// For a store that reports parts (see partChecker): the guard; for
+	// each live job, its index in batch, the index of its first request
+	// in reqs and the number of its requests not reported yet; the live
+	// job of each request; the live jobs a part completed; onPart, bound
+	// once; and the number of live jobs not handed back yet.
+	g       *Guard
+	pos     []int
+	off     []int
+	left    []int
+	jobOf   []int32
+	ready   []int
+	part    func(idx []int, err error)
+	waiting int
+	// yielded is set when the goroutine gave its gathering slot up (see
+	// yield).
+	yielded bool
 }
 
 var gatherPool = sync.Pool{New: func() any { return new(gatherScratch) }}
+
+// partChecker is a store whose Check decides its requests in parts that
+// may end at different times (store/redis: the masters of a Redis
+// Cluster), and that reports each as it ends: CheckParts calls part, one
+// call at a time on its own goroutine, for every request once, decided
+// (err nil, its decision in out) or not (err). When it returns an error,
+// it decided and reported nothing. The guard hands a gathered check back
+// as soon as its own requests are reported, so that a master that does
+// not answer holds up only the checks with a key on it.
+type partChecker interface {
+	CheckParts(ctx context.Context, reqs []store.Request, out []sluice.Decision, part func(idx []int, err error)) error
+}
 
 // gatherLoop makes store calls of the queued checks until none is left.
 func (g *Guard) gatherLoop() {
 	q := &g.gather
 	sc := gatherPool.Get().(*gatherScratch)
+	sc.g = g
+	if sc.part == nil {
+		sc.part = sc.onPart // once per scratch: a method value allocates
+	}
 	for {
 		q.mu.Lock()
-		if len(q.queue) == 0 {
-			q.running--
+		if len(q.queue) == 0 || sc.yielded {
+			if !sc.yielded { // else its slot was given up already
+				q.running--
+			}
+			sc.yielded, sc.g = false, nil
 			q.mu.Unlock()
 			if cap(sc.batch) <= MaxGathered {
 				gatherPool.Put(sc)
@@ -401,11 +437,12 @@ func (g *Guard) gatherLoop() {
 		// The jobs to send are chosen and marked sent under mu, where the
 		// sweeper gives up on them: a job it reports not sent is never
 		// sent, and one it finds sent is.
-		sc.live = sc.live[:0]
-		for _, j := range sc.batch {
+		sc.live, sc.pos = sc.live[:0], sc.pos[:0]
+		for i, j := range sc.batch {
 			if j.state.Load() != jobAbandoned {
 				j.sent.Store(true)
 				sc.live = append(sc.live, j)
+				sc.pos = append(sc.pos, i)
 			}
 		}
 		q.mu.Unlock()
@@ -413,6 +450,22 @@ func (g *Guard) gatherLoop() {
 		clear(sc.batch) // the jobs are recycled
 		clear(sc.live)
 	}
+}
+
+// yield gives up the gathering slot of sc's goroutine, whose store call
+// handed some of its checks back and still waits for a part (a master
+// that does not answer, until the deadline): the checks queued meanwhile
+// get a call at once, from a new goroutine that takes the slot over,
+// rather than waiting for that part. sc's goroutine ends when its call
+// returns. The gatherer's mu is held.
+func (g *Guard) yield(sc *gatherScratch) {
+	q := &g.gather
+	sc.yielded = true
+	if len(q.queue) == 0 {
+		q.running--
+		return
+	}
+	go g.gatherLoop() // takes the slot over
 }
 
 // execGathered decides the checks of sc.live, the jobs of sc.batch (an
@@ -446,7 +499,9 @@ func (g *Guard) execGathered(sc *gatherScratch) {
 	}
 	q.mu.Unlock()
 	for _, j := range sc.batch {
-		g.finish(j) // hands a live job back; recycles an abandoned one
+		if j != nil { // not handed back by onPart
+			g.finish(j) // hands a live job back; recycles an abandoned one
+		}
 	}
 }
 
@@ -457,8 +512,16 @@ func (g *Guard) checkGathered(ctx context.Context, sc *gatherScratch) {
 		sc.reqs = append(sc.reqs, j.reqs...)
 	}
 	sc.out = grow(sc.out, len(sc.reqs))
-	err := g.inner.Check(ctx, sc.reqs, sc.out)
+	var err error
+	if g.parts != nil {
+		err = g.checkParts(ctx, sc)
+	} else {
+		err = g.inner.Check(ctx, sc.reqs, sc.out)
+	}
 	clear(sc.reqs) // drop the references to keys and params
+	if g.parts != nil && err == nil {
+		return // every job was handed back by onPart
+	}
 	if err != nil && !errors.Is(err, sluice.ErrStoreUnavailable) {
 		// One invalid request fails the whole call: decide each job on
 		// its own, so that the error is only its own.
@@ -492,5 +555,83 @@ func (g *Guard) checkGathered(ctx context.Context, sc *gatherScratch) {
 			}
 		}
 		off += n
+	}
+}
+
+// checkParts decides the jobs of sc.live with the store's CheckParts, and
+// hands each back (through onPart) as soon as its requests are reported.
+// When it returns an error, no job was handed back.
+func (g *Guard) checkParts(ctx context.Context, sc *gatherScratch) error {
+	sc.off, sc.left = sc.off[:0], sc.left[:0]
+	sc.jobOf = sc.jobOf[:0]
+	off := 0
+	for k, j := range sc.live {
+		sc.off = append(sc.off, off)
+		sc.left = append(sc.left, len(j.reqs))
+		for range j.reqs {
+			sc.jobOf = append(sc.jobOf, int32(k))
+		}
+		off += len(j.reqs)
+	}
+	sc.waiting = len(sc.live)
+	err := g.parts.CheckParts(ctx, sc.reqs, sc.out, sc.part)
+	if err != nil {
+		return err
+	}
+	// A store that left requests unreported fails their jobs.
+	sc.ready = sc.ready[:0]
+	for k, n := range sc.left {
+		if n > 0 {
+			sc.left[k] = 0
+			sc.live[k].err = fmt.Errorf("%w: the store did not decide the check", sluice.ErrStoreUnavailable)
+			sc.ready = append(sc.ready, k)
+		}
+	}
+	sc.handBack()
+	return nil
+}
+
+// onPart takes a part reported by the store's CheckParts: the requests
+// idx of sc.reqs, decided or failed with err. It hands back the jobs
+// whose requests are now all reported; a job with a failed request fails
+// as a whole.
+func (sc *gatherScratch) onPart(idx []int, err error) {
+	sc.ready = sc.ready[:0]
+	for _, i := range idx {
+		k := sc.jobOf[i]
+		if err != nil && sc.live[k].err == nil {
+			sc.live[k].err = err
+		}
+		if sc.left[k]--; sc.left[k] == 0 {
+			sc.ready = append(sc.ready, int(k))
+		}
+	}
+	sc.handBack()
+}
+
+// handBack hands the live jobs sc.ready back to their callers, with their
+// decisions: it takes them out of their active batch first, under the
+// gatherer's mu, as their callers may recycle them at once.
+func (sc *gatherScratch) handBack() {
+	if len(sc.ready) == 0 {
+		return
+	}
+	q := &sc.g.gather
+	q.mu.Lock()
+	for _, k := range sc.ready {
+		sc.batch[sc.pos[k]] = nil
+	}
+	q.mu.Unlock()
+	for _, k := range sc.ready {
+		j := sc.live[k]
+		copy(j.out, sc.out[sc.off[k]:sc.off[k]+len(j.reqs)])
+		sc.g.finish(j)
+	}
+	if sc.waiting -= len(sc.ready); sc.waiting > 0 {
+		q.mu.Lock()
+		if !sc.yielded {
+			sc.g.yield(sc)
+		}
+		q.mu.Unlock()
 	}
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -361,4 +363,170 @@ func TestGatheredCheckReportedUnsentIsNotSent(t *testing.T) {
 		g.Close()
 	}
 	t.Logf("%d checks reported not sent, %d of them decided by the store", unsent, charged)
+}
+
+// gatePartsStore is a Redis store that holds its first call until open is
+// closed, so that the checks that arrive meanwhile queue in the guard and
+// are gathered; it reports the parts of a gathered call as the store
+// does (CheckParts).
+type gatePartsStore struct {
+	*redis.Store
+	open  chan struct{}
+	first atomic.Bool
+}
+
+func (s *gatePartsStore) hold() {
+	if s.first.CompareAndSwap(false, true) {
+		<-s.open
+	}
+}
+
+func (s *gatePartsStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	s.hold()
+	return s.Store.Check(ctx, reqs, out)
+}
+
+func (s *gatePartsStore) CheckParts(ctx context.Context, reqs []store.Request, out []sluice.Decision, part func([]int, error)) error {
+	s.hold()
+	return s.Store.CheckParts(ctx, reqs, out, part)
+}
+
+// TestGatheredChecksOneNodeStopped gathers checks of keys on every master
+// of a Redis Cluster into one store call while one master is stopped
+// (SIGSTOP: it accepts connections and answers nothing, as a host that
+// froze or dropped off the network). The checks of the live masters are
+// answered by the store as soon as their masters answer, before the
+// stopped master's checks fail at the deadline; so are checks made
+// meanwhile, which must not queue behind the call that waits for the
+// stopped master. The stopped master's checks fail at the deadline.
+func TestGatheredChecksOneNodeStopped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	c := redistest.StartCluster(t, redistest.ClusterOptions{NodeTimeout: 30 * time.Second})
+	rs, err := redis.New(redis.Config{Addrs: c.Addrs(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	s := &gatePartsStore{Store: rs, open: make(chan struct{})}
+	// A deadline long enough for a busy machine: the live masters answer
+	// well within it, and the stopped master's checks fail at it.
+	const deadline = time.Second
+	g := newGuard(t, s, Config{Deadline: deadline, Gatherers: 1,
+		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour})
+
+	const n = 30
+	keys := make([]string, n)
+	onDead := make([]bool, n)
+	dead := c.Masters[0]
+	// Keys of live masters: the first for the call the store holds, the
+	// others for the checks made meanwhile.
+	var live []string
+	for i := 0; i < n || len(live) < 11; i++ {
+		key := fmt.Sprintf("rl:stopped:{user=%d}:x", i)
+		slot, err := dead.Do("CLUSTER", "KEYSLOT", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner, err := dead.Do("CLUSTER", "COUNTKEYSINSLOT", slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rs.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1}}, make([]sluice.Decision, 1)); err != nil {
+			t.Fatal(err)
+		}
+		held, err := dead.Do("CLUSTER", "COUNTKEYSINSLOT", slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		onKill := held != owner
+		if i < n {
+			keys[i], onDead[i] = key, onKill
+		} else if !onKill {
+			live = append(live, key)
+		}
+	}
+
+	var wg sync.WaitGroup
+	held := live[0]
+	live = live[1:]
+	wg.Go(func() { check1(context.Background(), g, held, p, 1) })
+	for g.Stats().GatheredCalls == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	errs := make([]error, n)
+	decided := make([]sluice.Decision, n)
+	answered := make([]time.Time, n)
+	for i, key := range keys {
+		wg.Go(func() {
+			decided[i], _, errs[i] = check1(context.Background(), g, key, p, 1)
+			answered[i] = time.Now()
+		})
+	}
+	for queued(g) < n {
+		time.Sleep(time.Millisecond)
+	}
+	if err := dead.Process().Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dead.Process().Signal(syscall.SIGCONT) })
+	stopped := time.Now()
+	close(s.open)
+
+	// Checks of live keys made while the gathered call waits for the
+	// stopped master: each has a call of its own, at once.
+	laterErrs := make([]error, len(live))
+	var laterDone time.Time
+	for {
+		if n := g.Stats().GatheredCalls; n >= 2 {
+			break
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	for i, key := range live {
+		_, _, laterErrs[i] = check1(context.Background(), g, key, p, 1)
+	}
+	laterDone = time.Now()
+	wg.Wait()
+
+	var lastLive, firstDead time.Time
+	var deadWaits []time.Duration
+	for i := range n {
+		switch {
+		case onDead[i] && !errors.Is(errs[i], sluice.ErrStoreUnavailable):
+			t.Errorf("check %d, on the stopped master: %+v, %v; want an error", i, decided[i], errs[i])
+		case !onDead[i] && (errs[i] != nil || !decided[i].Allowed || decided[i].Remaining != 8):
+			t.Errorf("check %d, on a live master: %+v, %v; want allowed by the store, 8 remaining", i, decided[i], errs[i])
+		}
+		if onDead[i] {
+			deadWaits = append(deadWaits, answered[i].Sub(stopped))
+			if firstDead.IsZero() || answered[i].Before(firstDead) {
+				firstDead = answered[i]
+			}
+		} else if answered[i].After(lastLive) {
+			lastLive = answered[i]
+		}
+	}
+	if len(deadWaits) == 0 || len(deadWaits) == n {
+		t.Fatalf("%d of %d checks on the stopped master", len(deadWaits), n)
+	}
+	if !lastLive.Before(firstDead) {
+		t.Errorf("the last live master's check was answered %s after the first check of the stopped master: it waited for the stopped master", lastLive.Sub(firstDead))
+	}
+	for i, err := range laterErrs {
+		if err != nil {
+			t.Errorf("later check %d, on a live master: %v", i, err)
+		}
+	}
+	if !laterDone.Before(firstDead) {
+		t.Errorf("checks made while the gathered call waited for the stopped master ended %s after its first check failed: they queued behind it", laterDone.Sub(firstDead))
+	}
+	slices.Sort(deadWaits)
+	t.Logf("live checks answered %s after the master stopped; stopped master's checks failed after %s to %s (deadline %s)",
+		lastLive.Sub(stopped), deadWaits[0], deadWaits[len(deadWaits)-1], deadline)
+	if worst := deadWaits[len(deadWaits)-1]; worst > deadline+time.Second {
+		t.Errorf("a check on the stopped master failed after %s, want about the deadline of %s", worst, deadline)
+	}
 }

@@ -95,9 +95,13 @@ type Config struct {
 	// at once. Checks (Store.Check) that arrive while that many calls are
 	// with the store wait, and the next call takes them all (up to
 	// MaxGathered requests): under load, one call decides many checks, and
-	// a Redis store decides them in one script call per node. Zero means
-	// DefaultGatherers; a negative number gives every check a call of its
-	// own.
+	// a Redis store decides them in one script call per node. A store that
+	// reports the parts of a call as they end (the Redis store on a
+	// cluster, one part per master) has each check answered with its
+	// part; a call still waiting for a part once some of its checks are
+	// answered (a master that does not answer) no longer counts. Zero
+	// means DefaultGatherers; a negative number gives every check a call
+	// of its own.
 	Gatherers int
 	// OnBreakerChange, when set, is called on every change of the
 	// breaker's state, synchronously, while the breaker's lock is held: it
@@ -156,6 +160,7 @@ func (nopObserver) Gathered(int)                        {}
 // cache and a hot-key tier. Create it with New; stop it with Close.
 type Guard struct {
 	inner    Store
+	parts    partChecker // inner, when it reports parts of its calls
 	deadline time.Duration
 	now      func() time.Time
 	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
@@ -193,6 +198,7 @@ func New(inner Store, cfg Config) (*Guard, error) {
 		return nil, fmt.Errorf("guard: config: deadline must not be negative, got %s", cfg.Deadline)
 	}
 	g := &Guard{inner: inner, deadline: cfg.Deadline, now: cfg.Now, onChange: cfg.OnBreakerChange, obs: cfg.Observer}
+	g.parts, _ = inner.(partChecker)
 	if g.obs == nil {
 		g.obs = nopObserver{}
 	}
