@@ -3,13 +3,12 @@ package redis
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"strconv"
-	"strings"
-	"sync"
+
+	"github.com/sluicehq/sluice/internal/keyslot"
 )
 
 // maxTagLength is the longest hash tag a hashed key keeps as is; a longer
-// tag is replaced by the short tag of its slot (slotTag), so the hashed key
+// tag is replaced by the short tag of its slot (keyslot.Tag), so the hashed key
 // stays on the slot of the keys sharing the tag.
 const maxTagLength = 64
 
@@ -38,65 +37,13 @@ func redisKey(prefix, k string, maxLen int) string {
 	case !ok:
 		return prefix + "#" + h
 	case len(tag) > maxTagLength:
-		tag = slotTag()[crc16(tag)&16383]
+		tag = keyslot.Tag(keyslot.TagSlot(tag))
 	}
 	return prefix + "{" + tag + "}#" + h
 }
 
-// hashTag returns the Redis Cluster hash tag of key: the bytes between the
-// first '{' and the first '}' after it, when there are any.
-func hashTag(key string) (string, bool) {
-	i := strings.IndexByte(key, '{')
-	if i < 0 {
-		return "", false
-	}
-	j := strings.IndexByte(key[i+1:], '}')
-	if j <= 0 {
-		return "", false
-	}
-	return key[i+1 : i+1+j], true
-}
+// hashTag returns the Redis Cluster hash tag of key (see keyslot.HashTag).
+func hashTag(key string) (string, bool) { return keyslot.HashTag(key) }
 
 // slotOf returns the Redis Cluster slot of key.
-func slotOf(key string) uint16 {
-	if tag, ok := hashTag(key); ok {
-		key = tag
-	}
-	return crc16(key) & 16383
-}
-
-// crc16 is CRC-16/XMODEM, the checksum Redis Cluster maps keys to slots
-// with.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
-
-// slotTag returns the table of slotTags, built on the first call.
-var slotTag = sync.OnceValue(slotTags)
-
-// slotTags returns, for each of the 16384 slots, a short string whose hash
-// tag lands on that slot, so that a key (an idempotency record, a hashed
-// key with a long tag) can be placed on the slot of other keys.
-func slotTags() []string {
-	tags := make([]string, 16384)
-	left := len(tags)
-	for i := 0; left > 0; i++ {
-		s := strconv.Itoa(i)
-		if sl := crc16(s) & 16383; tags[sl] == "" {
-			tags[sl] = s
-			left--
-		}
-	}
-	return tags
-}
+func slotOf(key string) uint16 { return keyslot.Of(key) }

@@ -95,6 +95,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/keyslot"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -527,7 +528,7 @@ func (s *Store) CheckAllOnce(ctx context.Context, key string, ttl time.Duration,
 	groups := s.split(reqs, modeOnce, ttlMS)
 	if len(groups) == 1 {
 		g := groups[0]
-		tag := slotTag()[slotOf(g.keys[0])]
+		tag := keyslot.Tag(slotOf(g.keys[0]))
 		g.keys = append(g.keys, redisKey(s.prefix, "{"+tag+"}:"+key, s.maxKey))
 		return s.once(ctx, reqs, out, groups)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/keyslot"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 	"github.com/sluicehq/sluice/store/storetest"
@@ -697,7 +698,7 @@ func testCheckAllOnceCorruptRecord(t *testing.T, s *Store) {
 			key := "idem-bad-" + name
 			rec := key // where the store keeps the record
 			if s.cluster && !across {
-				rec = "{" + slotTag()[slotOf(reqs[0].Key)] + "}:" + key
+				rec = "{" + keyslot.Tag(slotOf(reqs[0].Key)) + "}:" + key
 			}
 			if err := c.Do(ctx, bad.put(rec)).Error(); err != nil {
 				t.Fatal(err)
@@ -1047,18 +1048,6 @@ func TestRedisKey(t *testing.T) {
 	}
 	if got := redisKey("p:", "short", 512); got != "p:short" {
 		t.Errorf("redisKey(short) = %q", got)
-	}
-	// Known slots (from CLUSTER KEYSLOT).
-	for k, want := range map[string]uint16{"foo": 12182, "{user1000}.following": 3443, "bar": 5061} {
-		if got := slotOf(k); got != want {
-			t.Errorf("slotOf(%q) = %d, want %d", k, got, want)
-		}
-	}
-	tags := slotTags()
-	for sl, tag := range tags {
-		if slotOf("{"+tag+"}") != uint16(sl) {
-			t.Fatalf("slot tag %q is not on slot %d", tag, sl)
-		}
 	}
 }
 
