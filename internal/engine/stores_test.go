@@ -2,10 +2,14 @@ package engine
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -130,4 +134,107 @@ rules:
 			}
 		}
 	})
+}
+
+// keyWatch is a store that records the longest key it is asked about.
+type keyWatch struct {
+	Store
+	mu      sync.Mutex
+	longest int
+}
+
+func (w *keyWatch) watch(reqs []store.Request) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, r := range reqs {
+		w.longest = max(w.longest, len(r.Key))
+	}
+}
+
+func (w *keyWatch) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	w.watch(reqs)
+	return w.Store.Check(ctx, reqs, out)
+}
+
+func (w *keyWatch) CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	w.watch(reqs)
+	return w.Store.CheckAll(ctx, reqs, out)
+}
+
+// TestLongKeysCount: checks and Envoy descriptors whose store keys would
+// be KiB long (a long resource or descriptor of escaped bytes) reach the store with keys of at most policy.MaxKeyBytes, are
+// counted each on its own key, alike on the memory store and on Redis,
+// and are reset on the key they count on.
+func TestLongKeysCount(t *testing.T) {
+	p, err := policy.Parse("test.yaml", []byte(`
+version: 1
+rules:
+  - {id: per-path, dimension: user+endpoint, limit: 2, window: 1m, algorithm: fixed_window}
+envoy:
+  - domain: edge
+    descriptors:
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 2}
+        descriptors:
+          - {key: user, rate_limit: {unit: minute, requests_per_unit: 2}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores := map[string]func(t *testing.T) Store{
+		"memory": func(t *testing.T) Store { return newStore(t) },
+		"redis": func(t *testing.T) Store {
+			srv := redistest.Start(t)
+			st, err := redis.New(redis.Config{Addrs: []string{srv.Addr}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			return st
+		},
+	}
+	for name, newSt := range stores {
+		t.Run(name, func(t *testing.T) {
+			w := &keyWatch{Store: newSt(t)}
+			e, err := New(Config{Store: w, Local: newStore(t), Policy: p, Now: func() time.Time { return t0 }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			long := "/" + strings.Repeat(":", MaxResourceLen-1) // 6 KiB escaped
+			for i, want := range []bool{true, true, false} {
+				if r := mustCheck(t, e, Check{ClientID: "c", User: "u", Resource: long, Cost: 1}); r.Allowed != want {
+					t.Errorf("check %d of the long resource: allowed %v, want %v (%+v)", i+1, r.Allowed, want, r)
+				}
+			}
+			if r := mustCheck(t, e, Check{ClientID: "c", User: "u", Resource: long[:len(long)-1] + "x", Cost: 1}); !r.Allowed {
+				t.Error("another long resource was counted with the first")
+			}
+			if err := e.Reset(ctx, &Check{ClientID: "c", User: "u", Resource: long}); err != nil {
+				t.Fatal(err)
+			}
+			if r := mustCheck(t, e, Check{ClientID: "c", User: "u", Resource: long, Cost: 1}); !r.Allowed {
+				t.Error("the long resource is still denied after its reset")
+			}
+
+			// 3 KiB escaped.
+			d := desc("path", strings.Repeat(":", 512), "user", strings.Repeat(":", 511)+"1")
+			other := desc("path", strings.Repeat(":", 512), "user", strings.Repeat(":", 511)+"2")
+			for i, want := range []bool{false, false, true} {
+				st, over, err := e.ShouldRateLimit(ctx, "edge", []Descriptor{d}, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if over != want || !st[0].HasLimit {
+					t.Errorf("Envoy call %d: over limit %v, want %v (%+v)", i+1, over, want, st[0])
+				}
+			}
+			if _, over, err := e.ShouldRateLimit(ctx, "edge", []Descriptor{other}, 1); err != nil || over {
+				t.Errorf("another long descriptor: over limit %v, %v; want counted apart", over, err)
+			}
+			if w.longest == 0 || w.longest > policy.MaxKeyBytes {
+				t.Errorf("the store saw keys of up to %d bytes, want at most %d", w.longest, policy.MaxKeyBytes)
+			}
+		})
+	}
 }

@@ -2,6 +2,8 @@ package guard
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -249,4 +251,80 @@ func fmtBools(b []bool) string {
 		}
 	}
 	return fmtList(s)
+}
+
+// TestLongKeysBoundTheCaches: callers that send many distinct long
+// resources and Envoy descriptors (keys of KiB once escaped) fill the
+// over-limit cache and the hot-key tier with keys of at most
+// policy.MaxKeyBytes each, so that the caches' bounds by count bound their
+// bytes: MaxKeys x MaxKeyBytes at most, whatever the callers send.
+func TestLongKeysBoundTheCaches(t *testing.T) {
+	pol, err := policy.Parse("t.yaml", []byte(`version: 1
+rules:
+  - { id: few,  match: { resource: "/few/*" }, dimension: client+endpoint, algorithm: fixed_window, limit: 1, window: 1m }
+  - { id: many, match: { resource: "/many/*" }, dimension: client+endpoint, algorithm: sliding_window_counter, limit: 100000000, window: 1m }
+envoy:
+  - domain: edge
+    descriptors:
+      - { key: path, rate_limit: { unit: minute, requests_per_unit: 1 } }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const maxKeys = 64
+	g := newGuard(t, newMemory(t, nil), Config{Deadline: time.Second, OverLimit: OverLimitConfig{MaxKeys: maxKeys},
+		HotKeys: HotKeyConfig{Enabled: true, Threshold: 200, SyncInterval: 5 * time.Millisecond, Window: 50 * time.Millisecond}})
+	eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	pad := strings.Repeat(":", engine.MaxResourceLen-16) // 6 KiB escaped
+	for i := range 2 * maxKeys {
+		res := "/few/" + strconv.Itoa(i) + pad
+		for range 3 { // admitted, denied by the store, denied from the cache
+			if _, err := eng.Check(ctx, &engine.Check{ClientID: "c", Resource: res, Cost: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d := engine.Descriptor{Entries: []engine.DescriptorEntry{{Key: "path", Value: strconv.Itoa(i) + strings.Repeat(":", 500)}}}
+		for range 3 {
+			if _, _, err := eng.ShouldRateLimit(ctx, "edge", []engine.Descriptor{d}, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	hot := 0
+	for range 2000 {
+		r, err := eng.Check(ctx, &engine.Check{ClientID: "c", Resource: "/many/" + pad, Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Source == engine.SourceHotKey {
+			hot++
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+
+	n, bytes, longest := 0, 0, 0
+	for i := range g.olc.shards {
+		sh := &g.olc.shards[i]
+		sh.mu.Lock()
+		for k := range sh.m {
+			n, bytes, longest = n+1, bytes+len(k), max(longest, len(k))
+		}
+		sh.mu.Unlock()
+	}
+	if n == 0 || n > maxKeys || longest > policy.MaxKeyBytes {
+		t.Errorf("over-limit cache: %d keys of up to %d bytes, want 1 to %d keys of at most %d bytes", n, longest, maxKeys, policy.MaxKeyBytes)
+	}
+	t.Logf("over-limit cache: %d keys, %d bytes of keys", n, bytes)
+	if hot == 0 {
+		t.Error("no check of a key checked 2000 times was decided by the hot-key tier")
+	}
+	for k := range mapOrNil(g.hot.keys.Load()) {
+		if len(k) > policy.MaxKeyBytes {
+			t.Errorf("hot key of %d bytes, want at most %d", len(k), policy.MaxKeyBytes)
+		}
+	}
 }

@@ -266,7 +266,9 @@ func (n *envoyNode) limits(out *[]*Limit) {
 }
 
 // AppendKey appends the store key of l for the descriptor entries to dst.
+// A key longer than MaxKeyBytes is shortened (see Rule.AppendKey).
 func (l *EnvoyLimit) AppendKey(dst []byte, entries []DescriptorEntry) []byte {
+	start := len(dst)
 	dst = append(dst, l.keyPrefix...)
 	dst = append(dst, '{')
 	for i, e := range entries {
@@ -287,7 +289,7 @@ func (l *EnvoyLimit) AppendKey(dst []byte, entries []DescriptorEntry) []byte {
 		dst = append(dst, '=')
 		dst = appendEscaped(dst, e.Value)
 	}
-	return append(dst, '}')
+	return shorten(append(dst, '}'), start)
 }
 
 // envoyDomain decodes one envoyproxy/ratelimit configuration.

@@ -1,8 +1,13 @@
 package policy
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"net/netip"
 	"strings"
+
+	"github.com/sluicehq/sluice/internal/keyslot"
 )
 
 // Store keys.
@@ -36,12 +41,63 @@ import (
 //	rl:envoy:<domain>:override.<tag>:{<key>=<value>...}
 //
 // apart from the configured limit of the same entries.
+//
+// A key longer than MaxKeyBytes (a long resource, an Envoy descriptor of
+// many long entries) is shortened to
+//
+//	<the key up to its hash tag>{<tag>}#<SHA-256 of the whole key, hex>
+//
+// which is at most 131 bytes past the rule's or limit's prefix, so that
+// what is kept per key in process (the over-limit cache, hot keys, burst
+// counts, events) and in the store is bounded whatever the input. <tag> is
+// the key's hash tag when it is at most maxTagBytes long, else the short
+// tag of its Redis Cluster slot (keyslot.Tag): the key stays on the slot
+// of its identity's other keys, long or short. Keys are escaped and end
+// with '}' or a value, so no key written in full ends with '}#' and 64 hex
+// digits: a shortened key is never another key's, and two keys share a
+// shortened form only if their SHA-256 collide. The form depends on the
+// key alone, so every instance and every restart computes it alike.
+
+// MaxKeyBytes is the longest store key written in full; longer ones are
+// shortened (see AppendKey). 1 KiB is some ten times the keys of ordinary
+// identities and paths, so that they never change, and no key is kept
+// longer than 1 KiB (or than its configured prefix and 131 bytes).
+const MaxKeyBytes = 1024
+
+// maxTagBytes is the longest hash tag a shortened key keeps as it is, as
+// the Redis store keeps the tags of the keys it hashes.
+const maxTagBytes = 64
+
+// shorten shortens the key dst[start:] when it is longer than MaxKeyBytes
+// (see AppendKey) and returns dst. It allocates nothing.
+func shorten(dst []byte, start int) []byte {
+	k := dst[start:]
+	if len(k) <= MaxKeyBytes {
+		return dst
+	}
+	sum := sha256.Sum256(k)
+	tag, ok := keyslot.HashTag(k)
+	if !ok {
+		// Not a key this package writes: all of them have a tag.
+		dst = append(dst[:start], '#')
+		return hex.AppendEncode(dst, sum[:])
+	}
+	end := start + bytes.IndexByte(k, '{') + 1 // past the tag's '{'
+	if len(tag) > maxTagBytes {
+		dst = append(dst[:end], keyslot.Tag(keyslot.TagSlot(tag))...)
+	} else {
+		dst = dst[:end+len(tag)] // the tag in place
+	}
+	dst = append(dst, '}', '#')
+	return hex.AppendEncode(dst, sum[:])
+}
 
 // AppendKey appends the store key of r under l for q to dst and returns
 // the extended slice; ok is false when q lacks a value the rule's dimension
 // needs (a per-user rule and a check without user), in which case the rule
-// does not apply.
+// does not apply. A key longer than MaxKeyBytes is shortened.
 func (r *Rule) AppendKey(dst []byte, l *Limit, q *Request) (_ []byte, ok bool) {
+	start := len(dst)
 	dst = append(dst, r.keyPrefix...)
 	dst = append(dst, l.Tag...)
 	dst = append(dst, ':')
@@ -80,7 +136,7 @@ func (r *Rule) AppendKey(dst []byte, l *Limit, q *Request) (_ []byte, ok bool) {
 			dst = append(dst, '}')
 		}
 	}
-	return dst, true
+	return shorten(dst, start), true
 }
 
 const hexDigits = "0123456789ABCDEF"

@@ -2,6 +2,8 @@ package policy
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/keyslot"
 )
 
 func mustParse(t testing.TB, src string) *Policy {
@@ -1292,4 +1295,142 @@ descriptors:
 	if n := testing.AllocsPerRun(100, func() { buf = l.AppendKey(buf[:0], d) }); n != 0 {
 		t.Errorf("AppendKey allocates %v times per call, want 0", n)
 	}
+}
+
+// TestLongKeysAreShortened: a store key longer than MaxKeyBytes is
+// shortened to its prefix, its hash tag (or, when the tag is long, a short
+// tag of the same Redis Cluster slot) and the SHA-256 of the whole key, so
+// that no key held anywhere is longer than its prefix and 131 bytes; keys
+// up to MaxKeyBytes are written in full; distinct long keys stay distinct;
+// a key's shortened form is the same at every call; and every key of one
+// identity, long or short, stays on one slot.
+func TestLongKeysAreShortened(t *testing.T) {
+	p := mustParse(t, `
+version: 1
+rules:
+  - {id: per-user, dimension: user, limit: 1, window: 1s, algorithm: token_bucket}
+  - {id: composite, dimension: user+endpoint, limit: 1, window: 1s, algorithm: token_bucket}
+`)
+	perUser, composite := p.Rules[0], p.Rules[1]
+	const prefix = "rl:composite:tb.1s:"
+	key := func(r *Rule, q *Request) string {
+		t.Helper()
+		k, ok := r.AppendKey([]byte("before"), r.Base, q)
+		if !ok || !strings.HasPrefix(string(k), "before") {
+			t.Fatalf("AppendKey(%+v) = %q, %v", q, k, ok)
+		}
+		return string(k[len("before"):])
+	}
+	// A resource whose key is exactly MaxKeyBytes long is written in
+	// full; one byte more and it is shortened.
+	pad := MaxKeyBytes - len(prefix+"{user=u1}:endpoint=/")
+	full := key(composite, &Request{User: "u1", Resource: "/" + strings.Repeat("r", pad)})
+	if len(full) != MaxKeyBytes || full != prefix+"{user=u1}:endpoint=/"+strings.Repeat("r", pad) {
+		t.Errorf("key of %d bytes: %q, want it in full", MaxKeyBytes, full)
+	}
+	longRes := "/" + strings.Repeat(":", 2000) // escaped: 6000 bytes
+	long := key(composite, &Request{User: "u1", Resource: longRes})
+	whole := prefix + "{user=u1}:endpoint=/" + strings.Repeat("%3A", 2000)
+	sum := sha256.Sum256([]byte(whole))
+	if want := prefix + "{user=u1}#" + hex.EncodeToString(sum[:]); long != want {
+		t.Errorf("long key = %q, want %q", long, want)
+	}
+	if again := key(composite, &Request{User: "u1", Resource: longRes}); again != long {
+		t.Errorf("one long key, two forms: %q and %q", long, again)
+	}
+	if other := key(composite, &Request{User: "u1", Resource: longRes + "x"}); other == long {
+		t.Errorf("two long keys share the form %q", long)
+	}
+	short := key(perUser, &Request{User: "u1"})
+	if keyslot.Of(long) != keyslot.Of(short) {
+		t.Errorf("keys of user u1 on two slots: %q and %q", long, short)
+	}
+
+	// A user id whose escaped form is over maxTagBytes: its own key is
+	// written in full, its long keys carry the short tag of its slot.
+	user := strings.Repeat("{", 200) // escaped: 600 bytes
+	short = key(perUser, &Request{User: user})
+	long = key(composite, &Request{User: user, Resource: longRes})
+	if len(short) > MaxKeyBytes || !strings.Contains(short, strings.Repeat("%7B", 200)) {
+		t.Errorf("key of a long user id = %q, want it in full", short)
+	}
+	if len(long) > len(prefix)+131 || keyslot.Of(long) != keyslot.Of(short) {
+		t.Errorf("long key %q (%d bytes, slot %d) of a long user id: want at most %d bytes on the slot %d of %q",
+			long, len(long), keyslot.Of(long), len(prefix)+131, keyslot.Of(short), short)
+	}
+
+	// An Envoy descriptor of 32 entries of 512-byte keys and values.
+	e := mustParse(t, `
+domain: d
+descriptors:
+  - {key: k, rate_limit: {unit: second, requests_per_unit: 1}}
+`)
+	var entries []DescriptorEntry
+	var tag []string // the descriptor's hash tag, written in full
+	for i := range 32 {
+		k := strings.Repeat(string(rune('a'+i%26)), 512)
+		if i == 0 {
+			k = "k"
+		}
+		entries = append(entries, DescriptorEntry{Key: k, Value: strings.Repeat(":", 512)})
+		tag = append(tag, k+"="+strings.Repeat("%3A", 512))
+	}
+	l := e.EnvoyLimit("d", entries[:1])
+	if l == nil {
+		t.Fatal("EnvoyLimit = nil")
+	}
+	k1 := string(l.AppendKey(nil, entries))
+	if len(k1) > len("rl:envoy:d:fw.1s:")+131 || !strings.HasPrefix(k1, "rl:envoy:d:fw.1s:{") {
+		t.Errorf("long Envoy key %q (%d bytes), want at most %d", k1, len(k1), len("rl:envoy:d:fw.1s:")+131)
+	}
+	if keyslot.Of(k1) != keyslot.TagSlot(strings.Join(tag, ":")) {
+		t.Errorf("long Envoy key %q left the slot of its descriptor", k1)
+	}
+	entries[31].Value = strings.Repeat(":", 511) + "x"
+	if k2 := string(l.AppendKey(nil, entries)); k2 == k1 {
+		t.Errorf("two long Envoy keys share the form %q", k1)
+	}
+
+	buf := make([]byte, 0, 8<<10)
+	q := &Request{User: "u1", Resource: longRes}
+	if n := testing.AllocsPerRun(100, func() { buf, _ = composite.AppendKey(buf[:0], composite.Base, q) }); n != 0 {
+		t.Errorf("AppendKey of a long key allocates %v times per call, want 0", n)
+	}
+}
+
+// FuzzEnvoyKeys: two descriptors have one store key only when they are
+// the same descriptor, however long their entries; and no key is longer
+// than MaxKeyBytes.
+func FuzzEnvoyKeys(f *testing.F) {
+	f.Add("k\x00v", "k\x00w")
+	f.Add("k\x00a=b", "k=a\x00b")
+	f.Add("k\x00"+strings.Repeat(":", 400), "k\x00"+strings.Repeat(":", 399)+"%3A")
+	f.Add("k\x00"+strings.Repeat("{", 600)+"\x01x\x00y", "k\x00"+strings.Repeat("{", 600)+"\x01x\x00z")
+	p := mustParse(f, `
+domain: d
+descriptors:
+  - {key: k, rate_limit: {unit: second, requests_per_unit: 1}}
+`)
+	l := p.EnvoyLimit("d", []DescriptorEntry{{"k", ""}})
+	entries := func(spec string) []DescriptorEntry {
+		var out []DescriptorEntry
+		for _, en := range strings.Split(spec, "\x01") {
+			k, v, _ := strings.Cut(en, "\x00")
+			out = append(out, DescriptorEntry{Key: k, Value: v})
+		}
+		return out
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		ea, eb := entries(a), entries(b)
+		ka, kb := string(l.AppendKey(nil, ea)), string(l.AppendKey(nil, eb))
+		if (ka == kb) != slices.Equal(ea, eb) {
+			t.Errorf("descriptors %q and %q: keys %q and %q", ea, eb, ka, kb)
+		}
+		if len(ka) > MaxKeyBytes {
+			t.Errorf("key of %d bytes, want at most %d", len(ka), MaxKeyBytes)
+		}
+		if again := string(l.AppendKey(nil, ea)); again != ka {
+			t.Errorf("one descriptor, two keys: %q and %q", ka, again)
+		}
+	})
 }
