@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -710,6 +711,45 @@ func TestOverLimitCacheBounded(t *testing.T) {
 				t.Errorf("%d keys cached after 1000 denied keys, bound %d: the bound is not used", held, bound)
 			}
 		})
+	}
+}
+
+// TestCachedKeysKeepOnlyThemselves: a request's key may be cut from a
+// larger string (the engine writes the keys of a check into one). The
+// over-limit cache and the hot-key tier copy the keys they keep, so that
+// an entry keeps alive its key's bytes and not the string it was cut from:
+// their bounds by count then bound their memory.
+func TestCachedKeysKeepOnlyThemselves(t *testing.T) {
+	// A detection window of an hour: no hot key cools down during the
+	// test, however slow the machine.
+	g := newGuard(t, newMemory(t, nil), Config{Deadline: time.Second, HotKeys: HotKeyConfig{Enabled: true, Window: time.Hour}})
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Hour})
+	heap := func() int64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapAlloc)
+	}
+	const n, size = 16, 1 << 20
+	before := heap()
+	for i := range n {
+		head := fmt.Sprintf("rl:r:fw.1h0m0s:{client=%d}", i)
+		big := head + strings.Repeat(":", size)
+		key := big[:len(head)]
+		check1(context.Background(), g, key, p, 1) // admitted
+		check1(context.Background(), g, key, p, 1) // denied, and remembered
+		g.hot.promoteKey(&store.Request{Key: big[:len(head)+1], Params: p, Cost: 1})
+	}
+	if got := g.olc.n.Load(); got != n {
+		t.Fatalf("%d keys in the over-limit cache, want %d", got, n)
+	}
+	if got := len(*g.hot.keys.Load()); got != n {
+		t.Fatalf("%d hot keys, want %d", got, n)
+	}
+	if grown := heap() - before; grown > n*size/4 {
+		t.Errorf("%d cached denials and %d hot keys of 30 bytes keep %d bytes alive, want far fewer than the %d of the strings they were cut from",
+			n, n, grown, n*size)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 	"maps"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -275,14 +276,17 @@ func (t *hotTier) promoteKey(r *store.Request) *hotKey {
 			return nil
 		}
 	}
-	hk := &hotKey{key: r.Key, promoted: time.Now()}
+	// A copy of the key: r.Key may be cut from a larger string, which
+	// the tier would otherwise keep alive.
+	key := strings.Clone(r.Key)
+	hk := &hotKey{key: key, promoted: time.Now()}
 	hk.params.Store(r.Params)
 	// Until the first sync has seen an interval of demand, assume the
 	// threshold rate.
 	hk.demand.Store(int64(math.Ceil(float64(t.promote) * float64(t.interval) / float64(t.window))))
 	m := make(map[string]*hotKey, 1+len(mapOrNil(old)))
 	maps.Copy(m, mapOrNil(old))
-	m[r.Key] = hk
+	m[key] = hk
 	t.keys.Store(&m)
 	t.obs.HotKeyDetected()
 	t.obs.HotKeys(len(m))

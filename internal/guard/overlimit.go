@@ -3,6 +3,7 @@ package guard
 import (
 	"fmt"
 	"hash/maphash"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,7 +40,8 @@ type OverLimitConfig struct {
 	// Disabled turns the cache off.
 	Disabled bool
 	// MaxKeys bounds the keys remembered; zero means
-	// DefaultOverLimitMaxKeys. When full, an expired entry, or else an
+	// DefaultOverLimitMaxKeys. Each entry holds a copy of its key and
+	// about 100 bytes. When full, an expired entry, or else an
 	// arbitrary one, makes room (forgetting an entry only costs a store
 	// call).
 	MaxKeys int
@@ -146,6 +148,10 @@ func (o *overLimitCache) remember(r *store.Request, sent time.Time, epoch uint64
 	}
 	e, ok := sh.m[r.Key]
 	next := olcEntry{until: until, resetAt: sent.Add(d.ResetAfter), cost: r.Cost, limit: d.Limit, params: r.Params}
+	// The key is copied: r.Key may be cut from a larger string (the
+	// engine writes a check's keys into one), which the entry would
+	// otherwise keep alive. A map write stores the key written, so an
+	// update copies it too.
 	if ok {
 		// Keep what the two denials together say: under the same params,
 		// a smaller cost denied as long covers both; otherwise the newest
@@ -153,7 +159,7 @@ func (o *overLimitCache) remember(r *store.Request, sent time.Time, epoch uint64
 		if e.params == r.Params && e.cost <= r.Cost && !e.until.Before(until) {
 			return
 		}
-		sh.m[r.Key] = next
+		sh.m[strings.Clone(r.Key)] = next
 		return
 	}
 	if sh.max == 0 {
@@ -162,7 +168,7 @@ func (o *overLimitCache) remember(r *store.Request, sent time.Time, epoch uint64
 	if len(sh.m) >= sh.max {
 		o.evict(sh, sent)
 	}
-	sh.m[r.Key] = next
+	sh.m[strings.Clone(r.Key)] = next
 	o.obs.OverLimitEntries(int(o.n.Add(1)))
 }
 
