@@ -340,7 +340,7 @@ func TestEnvoyBadInputChangesNothing(t *testing.T) {
 			}
 		}),
 		"too many entries": envoyReq("mongo_cps", 1, manyEntries),
-		"long value":       envoyReq("mongo_cps", 1, []string{"database", "default"}, []string{"database", strings.Repeat("v", 513)}),
+		"long value":       envoyReq("mongo_cps", 1, []string{"database", "default"}, []string{"database", strings.Repeat("v", 64<<10+1)}),
 		"long domain":      envoyReq(strings.Repeat("d", 513), 1, []string{"database", "default"}),
 	} {
 		if _, err := c.ShouldRateLimit(ctx(t), req); status.Code(err) != codes.InvalidArgument {

@@ -83,6 +83,11 @@ const (
 	MaxIdentifierLen = 256
 	// MaxResourceLen bounds resource, in bytes.
 	MaxResourceLen = 2048
+	// MaxEntryLen bounds the key and the value of an Envoy descriptor
+	// entry, in bytes: 64 KiB, above Envoy's default limit on request
+	// headers (60 KiB), which a descriptor's value may come from. Store
+	// keys longer than policy.MaxKeyBytes are shortened.
+	MaxEntryLen = 64 << 10
 	// MaxCost bounds the cost of a check before multipliers.
 	MaxCost = 1 << 30
 	// MaxBatch bounds the checks of one batch.
@@ -1177,8 +1182,8 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 			if en.Key == "" {
 				return nil, false, &FieldError{Field: "descriptors[" + strconv.Itoa(i) + "].entries[" + strconv.Itoa(j) + "].key", Reason: "is required"}
 			}
-			if len(en.Key) > MaxResourceLen || len(en.Value) > MaxResourceLen {
-				return nil, false, &FieldError{Field: "descriptors[" + strconv.Itoa(i) + "].entries[" + strconv.Itoa(j) + "]", Reason: "longer than " + strconv.Itoa(MaxResourceLen) + " bytes"}
+			if len(en.Key) > MaxEntryLen || len(en.Value) > MaxEntryLen {
+				return nil, false, &FieldError{Field: "descriptors[" + strconv.Itoa(i) + "].entries[" + strconv.Itoa(j) + "]", Reason: "longer than " + strconv.Itoa(MaxEntryLen) + " bytes"}
 			}
 		}
 	}

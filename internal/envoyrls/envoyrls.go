@@ -40,8 +40,16 @@ const (
 	MaxDescriptors = 64
 	// MaxEntries is the most entries one descriptor may hold.
 	MaxEntries = 32
-	// MaxStringBytes is the longest domain, key or value accepted.
-	MaxStringBytes = 512
+	// MaxDomainBytes is the longest domain accepted.
+	MaxDomainBytes = 512
+	// MaxEntryBytes is the longest key or value of a descriptor entry
+	// accepted (engine.MaxEntryLen, 64 KiB): above Envoy's own default
+	// limit on request headers (60 KiB), which its request_headers action
+	// takes a value from. A refused descriptor is an error to Envoy, which
+	// lets the request through unless failure_mode_deny is set, so a
+	// shorter bound would let a client that controls such a header past
+	// every limit.
+	MaxEntryBytes = engine.MaxEntryLen
 	// MaxHits is the largest hits addend accepted.
 	MaxHits = 1_000_000_000
 )
@@ -94,10 +102,10 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errInvalid, fmt.Sprintf(format, args...))
 }
 
-func checkString(what, s string) error {
+func checkString(what, s string, limit int) error {
 	switch {
-	case len(s) > MaxStringBytes:
-		return invalid("%s is %d bytes long, the limit is %d", what, len(s), MaxStringBytes)
+	case len(s) > limit:
+		return invalid("%s is %d bytes long, the limit is %d", what, len(s), limit)
 	case !utf8.ValidString(s):
 		return invalid("%s is not valid UTF-8", what)
 	}
@@ -113,7 +121,7 @@ func Descriptors(req *rlsv3.RateLimitRequest) ([]engine.Descriptor, error) {
 	if req.GetDomain() == "" {
 		return nil, invalid("domain: required")
 	}
-	if err := checkString("domain", req.GetDomain()); err != nil {
+	if err := checkString("domain", req.GetDomain(), MaxDomainBytes); err != nil {
 		return nil, err
 	}
 	in := req.GetDescriptors()
@@ -143,11 +151,11 @@ func Descriptors(req *rlsv3.RateLimitRequest) ([]engine.Descriptor, error) {
 			}
 			// The field names are formatted only for an error: this is
 			// the path of every Envoy request.
-			if checkString("", e.GetKey()) != nil {
-				return nil, checkString(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), e.GetKey())
+			if checkString("", e.GetKey(), MaxEntryBytes) != nil {
+				return nil, checkString(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), e.GetKey(), MaxEntryBytes)
 			}
-			if checkString("", e.GetValue()) != nil {
-				return nil, checkString(fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), e.GetValue())
+			if checkString("", e.GetValue(), MaxEntryBytes) != nil {
+				return nil, checkString(fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), e.GetValue(), MaxEntryBytes)
 			}
 			descs[i].Entries[j] = engine.DescriptorEntry{Key: e.GetKey(), Value: e.GetValue()}
 		}
