@@ -90,6 +90,40 @@ func TestReloadWhileTheDirectoryKeepsChanging(t *testing.T) {
 	}
 }
 
+// A file written in place in two pieces, with a pause between them longer
+// than the debounce (a slow writer, a busy machine), is read half-written:
+// the half is rejected and the policy in force stays, and the write of the
+// rest applies the whole file.
+func TestReloadOfHalfWrittenFile(t *testing.T) {
+	td := start(t, policyText(), func(c *daemon.Config) { c.WatchDebounce = 20 * time.Millisecond })
+	text := withLimit(7)
+	// Cut inside a flow mapping, which leaves the first half invalid.
+	cut := strings.Index(text, "{ resource: /api/limited }") + len("{ reso")
+	f, err := os.OpenFile(td.path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(text[:cut]); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := waitFor(3*time.Second, func() bool { return td.ConfigStatus().LastError != "" }); !ok {
+		t.Fatal("the half-written file was never rejected")
+	}
+	if got := td.limitOf(t); got != 3 {
+		t.Errorf("limit with the file half-written = %d, want 3 (the policy in force stays)", got)
+	}
+	if _, err := f.WriteString(text[cut:]); err != nil {
+		t.Fatal(err)
+	}
+	if took, ok := waitFor(3*time.Second, func() bool { return td.limitOf(t) == 7 }); !ok {
+		t.Fatalf("the rest of the file was written, but %s later the limit is %d, want 7", took, td.limitOf(t))
+	}
+	if st := td.ConfigStatus(); st.LastError != "" {
+		t.Errorf("config status after the whole file still shows an error: %q", st.LastError)
+	}
+}
+
 // swapLink points the symlink link at target as ln -sfn and Kubernetes'
 // atomic writer do: a new link renamed over the old one.
 func swapLink(t *testing.T, target, link string) {
