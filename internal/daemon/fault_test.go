@@ -235,11 +235,18 @@ func TestNotReadyWhileRedisRefusesWrites(t *testing.T) {
 // local limiter counts what it admitted in the first outage against the
 // share in the second (those checks were never counted by Redis), rather
 // than granting the share afresh.
+//
+// The outages are kills, whose calls fail at once whatever the deadline,
+// so the deadline is long: once Redis is back, the client redials each of
+// its connections on its first use, and a check that lands on one not yet
+// redialled pays for the dial and the handshake, which on a busy machine
+// (under -race) may take longer than a short deadline, and would then be
+// answered by the local share.
 func TestLocalShareKeptAcrossOutages(t *testing.T) {
 	srv := redistest.Start(t)
 	td := start(t, failurePolicy, func(c *daemon.Config) {
 		c.StoreURL = "redis://" + srv.Addr
-		c.Guard = guard.Config{Deadline: 50 * time.Millisecond,
+		c.Guard = guard.Config{Deadline: 2 * time.Second,
 			Breaker: guard.BreakerConfig{MinRequests: 5, OpenTimeout: 100 * time.Millisecond, Probes: 1, Sustain: -1}}
 	})
 	check := func(client, resource string) (int, string) {
