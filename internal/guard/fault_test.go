@@ -10,6 +10,7 @@ package guard_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/internal/guard"
 	"github.com/sluicehq/sluice/internal/guard/guardtest"
@@ -43,9 +45,21 @@ rules:
 // and close within seconds.
 var faultBreaker = guard.BreakerConfig{Window: time.Second, MinRequests: 20, FailureRatio: 0.5, OpenTimeout: 250 * time.Millisecond, Probes: 3}
 
+// newRedisStore returns a store on addrs whose client gives up a dial
+// after 100ms. New dials once; on a machine busy with other tests that
+// first dial (and its handshake, through the proxy of some tests) may take
+// longer, so it is tried again for up to 10 seconds.
 func newRedisStore(t testing.TB, addrs ...string) *redis.Store {
 	t.Helper()
-	st, err := redis.New(redis.Config{Addrs: addrs, DialTimeout: 100 * time.Millisecond, WriteTimeout: 500 * time.Millisecond})
+	var st *redis.Store
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		st, err = redis.New(redis.Config{Addrs: addrs, DialTimeout: 100 * time.Millisecond, WriteTimeout: 500 * time.Millisecond})
+		if !errors.Is(err, sluice.ErrStoreUnavailable) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
