@@ -163,16 +163,26 @@ func BenchmarkReload(b *testing.B) {
 
 // TestReloadThroughWatcher measures how long a changed file takes to be in
 // force through the file watcher: the debounce (100 ms by default) plus
-// the reload. It logs the figure; its bound is generous.
+// the reload. It logs the figure; its bound is generous: 2s, or, on a
+// machine so busy (under -race) that a reload of the same file called
+// directly takes longer than half a second, the debounce plus twice the
+// slowest direct reload plus a second. What it bounds is what the watcher
+// adds to a reload, not the reload's own cost (BenchmarkReload measures
+// that).
 func TestReloadThroughWatcher(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timed")
 	}
 	td := start(t, manyRules(1000), realClock)
-	var worst time.Duration
+	var worst, direct time.Duration
 	for i := range 3 {
-		text := manyRules(1000) + fmt.Sprintf("  - client: marker%d\n", i)
 		begin := time.Now()
+		if err := td.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		direct = max(direct, time.Since(begin))
+		text := manyRules(1000) + fmt.Sprintf("  - client: marker%d\n", i)
+		begin = time.Now()
 		if err := os.WriteFile(td.path, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -181,8 +191,8 @@ func TestReloadThroughWatcher(t *testing.T) {
 			if r.str("source") == "allow_list" {
 				break
 			}
-			if time.Since(begin) > 5*time.Second {
-				t.Fatalf("change %d not in force after 5s", i)
+			if time.Since(begin) > 30*time.Second {
+				t.Fatalf("change %d not in force after 30s", i)
 			}
 			time.Sleep(time.Millisecond)
 		}
@@ -190,7 +200,9 @@ func TestReloadThroughWatcher(t *testing.T) {
 		worst = max(worst, took)
 		t.Logf("change %d in force after %s (debounce 100ms included)", i, took.Round(time.Millisecond))
 	}
-	if worst > 2*time.Second {
-		t.Errorf("a change took %s to apply, want well under 1s", worst)
+	limit := max(2*time.Second, 100*time.Millisecond+2*direct+time.Second)
+	t.Logf("slowest direct reload of the same file: %s", direct.Round(time.Millisecond))
+	if worst > limit {
+		t.Errorf("a change took %s to apply, want at most %s (the slowest direct reload took %s)", worst, limit, direct.Round(time.Millisecond))
 	}
 }
