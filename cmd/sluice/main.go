@@ -114,7 +114,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	storeURL := fs.String("store", daemon.DefaultStoreURL, "store: memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,... (rediss:// and rediss-cluster:// for TLS)")
 	httpAddr := fs.String("http-addr", daemon.DefaultHTTPAddr, "listen address of the HTTP JSON API")
 	grpcAddr := fs.String("grpc-addr", daemon.DefaultGRPCAddr, "listen address of the gRPC and Envoy APIs")
-	grpcReadTimeout := fs.Duration("grpc-read-timeout", daemon.DefaultGRPCReadTimeout, "how long a unary gRPC call may take to send its request (message and half-close) after its headers; it then ends with DeadlineExceeded; negative: no bound")
+	grpcReadTimeout := fs.Duration("grpc-read-timeout", 0, "how long a unary gRPC call may take to send its request (message and half-close) after its headers; it then ends with DeadlineExceeded; 0 or negative: no bound (costs each call about 5% more CPU; for clients you do not trust)")
 	grpcKeepalive := fs.Duration("grpc-keepalive", daemon.DefaultGRPCKeepalive, "how long a gRPC connection may receive nothing before the server pings the client, closing the connection when the ping is not answered within 20s (or this, when shorter); negative: no pings")
 	grpcMaxConns := fs.Int("grpc-max-conns", daemon.DefaultGRPCMaxConns, "gRPC connections open at once at most; more wait until one closes; negative: no bound")
 	logFormat := fs.String("log-format", "text", "log format: text or json")

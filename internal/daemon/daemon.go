@@ -54,12 +54,11 @@ const (
 	DefaultHTTPWriteTimeout = 15 * time.Second
 )
 
-// Defaults of the gRPC listener's bounds (Config.GRPCReadTimeout,
-// Config.GRPCMaxConns and Config.GRPCKeepalive).
+// Defaults of the gRPC listener's bounds (Config.GRPCMaxConns and
+// Config.GRPCKeepalive).
 const (
-	DefaultGRPCReadTimeout = 10 * time.Second
-	DefaultGRPCMaxConns    = 10000
-	DefaultGRPCKeepalive   = time.Minute
+	DefaultGRPCMaxConns  = 10000
+	DefaultGRPCKeepalive = time.Minute
 )
 
 // Keepalive of the gRPC listener: how long a client's ping may take to be
@@ -129,8 +128,10 @@ type Config struct {
 	// GRPCReadTimeout bounds the wait for the request of one unary gRPC
 	// call, from its headers to its message and the client's half-close:
 	// a call whose request has not come by then ends with
-	// DeadlineExceeded. Zero means DefaultGRPCReadTimeout; negative, no
-	// bound. Streaming calls (health Watch, reflection) are not bounded.
+	// DeadlineExceeded. Zero or negative means no bound (the default: the
+	// bound costs every unary call about 5% more CPU; see
+	// docs/operations.md). Streaming calls (health Watch, reflection) are
+	// not bounded.
 	GRPCReadTimeout time.Duration
 	// GRPCMaxConns bounds the gRPC connections open at once: beyond it, new
 	// connections wait (in the kernel's accept queue) until one closes.
@@ -325,7 +326,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	intercept := recoverUnary(d.log, logUnary(d.log))
 	var waits *requestWaits
-	if bound := cmp.Or(cfg.GRPCReadTimeout, DefaultGRPCReadTimeout); bound > 0 {
+	if bound := cfg.GRPCReadTimeout; bound > 0 {
 		waits = newRequestWaits(bound)
 		intercept = waits.unaryInterceptor(intercept)
 	}
