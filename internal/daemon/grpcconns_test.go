@@ -84,11 +84,7 @@ func TestGRPCClientPingsAllowed(t *testing.T) {
 			}
 			switch f := f.(type) {
 			case *http2.SettingsFrame:
-				if !f.IsAck() {
-					c.mu.Lock()
-					c.fr.WriteSettingsAck()
-					c.mu.Unlock()
-				}
+				c.ackSettings(f)
 			case *http2.GoAwayFrame:
 				goaway <- f
 				return

@@ -68,6 +68,15 @@ func grpcMessage(t *testing.T, m proto.Message) []byte {
 	return append(binary.BigEndian.AppendUint32([]byte{0}, uint32(len(b))), b...)
 }
 
+// ackSettings acknowledges the server's SETTINGS frame f.
+func (c *h2Conn) ackSettings(f *http2.SettingsFrame) {
+	if !f.IsAck() {
+		c.mu.Lock()
+		c.fr.WriteSettingsAck()
+		c.mu.Unlock()
+	}
+}
+
 func (c *h2Conn) headers(id uint32, block []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -92,11 +101,7 @@ func (c *h2Conn) statuses(want int, d time.Duration) (map[uint32]string, map[uin
 		}
 		switch f := f.(type) {
 		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				c.mu.Lock()
-				c.fr.WriteSettingsAck()
-				c.mu.Unlock()
-			}
+			c.ackSettings(f)
 		case *http2.MetaHeadersFrame:
 			if v := f.PseudoValue("status"); v != "" && v != "200" {
 				got[f.StreamID], at[f.StreamID] = "http "+v, time.Now()

@@ -89,12 +89,7 @@ func TestClusterNodeDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := c.Masters[0]
-	onDead := map[int]bool{}
-	for i, r := range reqs {
-		if n, err := dead.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(int(slotOf(r.Key)))); err == nil && n != "0" {
-			onDead[i] = true
-		}
-	}
+	onDead := onNode(dead, reqs)
 	if len(onDead) == 0 || len(onDead) == len(reqs) {
 		t.Fatalf("%d of %d keys on the master to kill", len(onDead), len(reqs))
 	}
@@ -1571,12 +1566,7 @@ func TestClusterCheckParts(t *testing.T) {
 				t.Fatal(err)
 			}
 			dead := c.Masters[0]
-			onDead := map[int]bool{}
-			for i, r := range reqs {
-				if n, err := dead.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(int(slotOf(r.Key)))); err == nil && n != "0" {
-					onDead[i] = true
-				}
-			}
+			onDead := onNode(dead, reqs)
 			if len(onDead) == 0 || len(onDead) == len(reqs) {
 				t.Fatalf("%d of %d keys on the master to stop", len(onDead), len(reqs))
 			}
@@ -1624,4 +1614,16 @@ func TestClusterCheckParts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// onNode returns the indexes of the requests whose keys lie on a slot that
+// node serves (its keys were written by an earlier check).
+func onNode(node *redistest.Server, reqs []store.Request) map[int]bool {
+	on := map[int]bool{}
+	for i, r := range reqs {
+		if n, err := node.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(int(slotOf(r.Key)))); err == nil && n != "0" {
+			on[i] = true
+		}
+	}
+	return on
 }
