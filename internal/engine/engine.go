@@ -445,7 +445,7 @@ func (e *Engine) check(ctx context.Context, p *policy.Policy, c *Check) (Result,
 		// checked on: the same key on other counters is another request.
 		h := counters(s.items)
 		if _, ok := e.store.(IdempotentStore); !ok {
-			return e.idem.do(ctx, e.clock(c), idemKey{c.ClientID, c.IdempotencyKey, h}, func() (Result, error) {
+			return e.idem.do(ctx, e.clock(c), newIdemKey(c.ClientID, c.IdempotencyKey, h), func() (Result, error) {
 				return e.decideItems(ctx, s, c), nil
 			})
 		}

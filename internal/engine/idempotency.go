@@ -2,13 +2,17 @@ package engine
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"sync"
 	"time"
 )
 
 // idemCache remembers the decision of each idempotency key, scoped by
-// client and by the counters of the check (see counters), for a TTL. It lives in process: it makes a retried check charge
-// once on one instance. Concurrent checks with one key wait for the first.
+// client and by the counters of the check (see counters), for a TTL. It
+// lives in process: it makes a retried check charge once on one instance.
+// Concurrent checks with one key wait for the first. A record keeps a hash
+// of its client, key and counters (see newIdemKey), not the strings.
 type idemCache struct {
 	ttl time.Duration
 	max int
@@ -20,9 +24,28 @@ type idemCache struct {
 	swept     time.Time // when m was last swept
 }
 
-type idemKey struct {
-	client, key string
-	counters    uint64 // the hash of the check's keys (see counters)
+// idemKey identifies a record: the first 16 bytes of the SHA-256 of the
+// client id and the idempotency key, each prefixed by its length, and the
+// hash of the check's counters (see counters). Two records share a key
+// only if SHA-256 collides on those 128 bits: finding any two ids that do
+// takes some 2^64 hashes, and those would be the finder's own; answering
+// another client's request with a record would take one that collides
+// with that client's (a second preimage), some 2^128.
+type idemKey [16]byte
+
+// newIdemKey returns the key of the record of client's idempotency key on
+// the counters hashed as counters.
+func newIdemKey(client, key string, counters uint64) idemKey {
+	// Identifiers are at most MaxIdentifierLen bytes: the buffer stays on
+	// the stack.
+	buf := make([]byte, 0, 4+MaxIdentifierLen+4+MaxIdentifierLen+8)
+	buf = binary.BigEndian.AppendUint32(buf, uint32(len(client)))
+	buf = append(buf, client...)
+	buf = binary.BigEndian.AppendUint32(buf, uint32(len(key)))
+	buf = append(buf, key...)
+	buf = binary.BigEndian.AppendUint64(buf, counters)
+	sum := sha256.Sum256(buf)
+	return idemKey(sum[:16])
 }
 
 type idemEntry struct {
