@@ -745,10 +745,9 @@ func FuzzShouldRateLimit(f *testing.F) {
 	})
 }
 
-func BenchmarkCheck(b *testing.B) {
-	if !algorithmsReady() {
-		b.Skip("package algorithm cannot decide yet")
-	}
+// newBenchEngine returns the engine of the check benchmarks: two rules
+// with limits they never reach, on the wall clock.
+func newBenchEngine(b *testing.B) *Engine {
 	e, _ := newEngine(b, `
 version: 1
 rules:
@@ -756,6 +755,14 @@ rules:
   - {id: per-user, match: {resource: "/api/*"}, dimension: user+endpoint, limit: 1000000000, window: 1m, algorithm: sliding_window_counter}
 `)
 	e.now = time.Now
+	return e
+}
+
+func BenchmarkCheck(b *testing.B) {
+	if !algorithmsReady() {
+		b.Skip("package algorithm cannot decide yet")
+	}
+	e := newBenchEngine(b)
 	ctx := context.Background()
 	c := &Check{ClientID: "bench", User: "u1", Resource: "/api/v1/orders", Method: "GET", Cost: 1}
 	b.ReportAllocs()
@@ -774,13 +781,7 @@ func BenchmarkCheckIdempotent(b *testing.B) {
 	if !algorithmsReady() {
 		b.Skip("package algorithm cannot decide yet")
 	}
-	e, _ := newEngine(b, `
-version: 1
-rules:
-  - {id: per-client, limit: 1000000000, window: 1s, algorithm: token_bucket}
-  - {id: per-user, match: {resource: "/api/*"}, dimension: user+endpoint, limit: 1000000000, window: 1m, algorithm: sliding_window_counter}
-`)
-	e.now = time.Now
+	e := newBenchEngine(b)
 	ctx := context.Background()
 	c := &Check{ClientID: strings.Repeat("c", MaxIdentifierLen), User: "u1", Resource: "/api/v1/orders", Method: "GET", Cost: 1,
 		IdempotencyKey: strings.Repeat("k", MaxIdentifierLen)}

@@ -832,14 +832,7 @@ func TestOutOfRangeState(t *testing.T) {
 				}
 				before := s.CorruptResets()
 				r := []store.Request{{Key: key, Params: p, Cost: 2, Now: t0}}
-				out := make([]sluice.Decision, 1)
-				do := s.Check
-				if via == "CheckAll" {
-					do = s.CheckAll
-				}
-				if err := do(context.Background(), r, out); err != nil {
-					t.Fatal(err)
-				}
+				out := checkVia(t, s, via, r)
 				if d := out[0]; !d.Allowed || d.Remaining != 3 {
 					t.Errorf("%s %s %q: %+v, want allowed as a new key", via, tc.alg, st, d)
 				}
@@ -858,14 +851,7 @@ func TestOutOfRangeState(t *testing.T) {
 		}
 		before := s.CorruptResets()
 		r := []store.Request{{Key: key, Params: p, Cost: 2, Now: time.UnixMicro(30_000_000)}}
-		out := make([]sluice.Decision, 1)
-		do := s.Check
-		if via == "CheckAll" {
-			do = s.CheckAll
-		}
-		if err := do(context.Background(), r, out); err != nil {
-			t.Fatal(err)
-		}
+		out := checkVia(t, s, via, r)
 		if d := out[0]; !d.Allowed || d.Remaining != 3 {
 			t.Errorf("%s log entry at -1: %+v, want allowed as a new key", via, d)
 		}
@@ -1626,4 +1612,19 @@ func onNode(node *redistest.Server, reqs []store.Request) map[int]bool {
 		}
 	}
 	return on
+}
+
+// checkVia decides reqs through s.Check or s.CheckAll, as via names, and
+// returns the decisions.
+func checkVia(t *testing.T, s *Store, via string, reqs []store.Request) []sluice.Decision {
+	t.Helper()
+	out := make([]sluice.Decision, len(reqs))
+	do := s.Check
+	if via == "CheckAll" {
+		do = s.CheckAll
+	}
+	if err := do(context.Background(), reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
