@@ -47,11 +47,7 @@ func TestGatheredChecksOneNodeDown(t *testing.T) {
 	}
 	// A long node timeout: the other masters serve their slots throughout.
 	c := redistest.StartCluster(t, redistest.ClusterOptions{NodeTimeout: 30 * time.Second})
-	rs, err := redis.New(redis.Config{Addrs: c.Addrs(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rs.Close() })
+	rs := newClusterStore(t, c)
 	s := &gateStore{Store: rs, open: make(chan struct{}), sizes: make(chan int, 100)}
 	g := newGuard(t, s, Config{Deadline: 10 * time.Second, Gatherers: 1,
 		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
@@ -404,11 +400,7 @@ func TestGatheredChecksOneNodeStopped(t *testing.T) {
 		t.Skip("starts a Redis Cluster")
 	}
 	c := redistest.StartCluster(t, redistest.ClusterOptions{NodeTimeout: 30 * time.Second})
-	rs, err := redis.New(redis.Config{Addrs: c.Addrs(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rs.Close() })
+	rs := newClusterStore(t, c)
 	s := &gatePartsStore{Store: rs, open: make(chan struct{})}
 	// A deadline long enough for a busy machine: the live masters answer
 	// well within it, and the stopped master's checks fail at it.
@@ -529,4 +521,15 @@ func TestGatheredChecksOneNodeStopped(t *testing.T) {
 	if worst := deadWaits[len(deadWaits)-1]; worst > deadline+time.Second {
 		t.Errorf("a check on the stopped master failed after %s, want about the deadline of %s", worst, deadline)
 	}
+}
+
+// newClusterStore returns a Redis store on cluster c, closed with the test.
+func newClusterStore(t *testing.T, c *redistest.Cluster) *redis.Store {
+	t.Helper()
+	rs, err := redis.New(redis.Config{Addrs: c.Addrs(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	return rs
 }
