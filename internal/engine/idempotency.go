@@ -49,7 +49,7 @@ func newIdemKey(client, key string, counters uint64) idemKey {
 }
 
 type idemEntry struct {
-	done    chan struct{} // closed when res is set
+	done    chan struct{} // while being decided; closed and dropped when res is set
 	res     Result
 	expires time.Time
 }
@@ -69,9 +69,10 @@ func (c *idemCache) do(ctx context.Context, now time.Time, k idemKey, decide fun
 		e := c.m[k]
 		if e != nil && e.expires.IsZero() {
 			// Being decided by another caller: wait for it.
+			done := e.done
 			c.mu.Unlock()
 			select {
-			case <-e.done:
+			case <-done:
 				continue
 			case <-ctx.Done():
 				return Result{}, ctx.Err()
@@ -107,6 +108,7 @@ func (c *idemCache) do(ctx context.Context, now time.Time, k idemKey, decide fun
 			e.expires = now.Add(c.ttl)
 		}
 		close(e.done)
+		e.done = nil // a kept record does not keep its channel
 		c.mu.Unlock()
 		return res, err
 	}
