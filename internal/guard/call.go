@@ -277,8 +277,8 @@ const MaxGathered = 256
 type gatherer struct {
 	mu       sync.Mutex
 	queue    []*job
-	active   [][]*job // the batches of the store calls in flight
-	running  int      // gathering goroutines, at most max
+	active   []*gatherScratch // the scratch (and batch) of each store call in flight
+	running  int              // gathering goroutines holding a slot, at most max
 	max      int
 	sweeping bool // a sweeper runs
 }
@@ -329,8 +329,13 @@ func (g *Guard) sweep() {
 			return
 		}
 		giveUp(q.queue, now)
-		for _, b := range q.active {
-			giveUp(b, now)
+		for _, sc := range q.active {
+			if giveUp(sc.batch, now) && !sc.yielded && !now.Before(sc.expires) {
+				// Past its deadline with none of its checks waiting: the
+				// store call is stuck (a client reconnecting), and the
+				// queued checks must not wait for it.
+				g.yield(sc)
+			}
 		}
 		q.mu.Unlock()
 	}
@@ -338,10 +343,16 @@ func (g *Guard) sweep() {
 
 // giveUp tells the callers of the jobs of js that are past their deadline,
 // or whose context ended, that they may stop waiting; nil entries (jobs
-// handed back already) are skipped. The gatherer's mu is held.
-func giveUp(js []*job, now time.Time) {
+// handed back already) are skipped. It reports whether no caller is left
+// waiting. The gatherer's mu is held.
+func giveUp(js []*job, now time.Time) (none bool) {
+	none = true
 	for _, j := range js {
-		if j == nil || j.state.Load() != jobRunning || (now.Before(j.expires) && !closed(j.gone)) {
+		if j == nil || j.state.Load() != jobRunning {
+			continue
+		}
+		if now.Before(j.expires) && !closed(j.gone) {
+			none = false
 			continue
 		}
 		v := doneGaveUp
@@ -352,6 +363,7 @@ func giveUp(js []*job, now time.Time) {
 			j.done <- v
 		}
 	}
+	return none
 }
 
 // closed reports whether c is closed; a nil c (a context that never ends)
@@ -384,8 +396,10 @@ type gatherScratch struct {
 	ready   []int
 	part    func(idx []int, err error)
 	waiting int
-	// yielded is set when the goroutine gave its gathering slot up (see
-	// yield).
+	// expires is the deadline of the store call, and yielded is set when
+	// the goroutine gave its gathering slot up (see yield); both are set
+	// under the gatherer's mu.
+	expires time.Time
 	yielded bool
 }
 
@@ -433,7 +447,8 @@ func (g *Guard) gatherLoop() {
 		rest := copy(q.queue, q.queue[k:])
 		clear(q.queue[rest:])
 		q.queue = q.queue[:rest]
-		q.active = append(q.active, sc.batch)
+		sc.expires = time.Now().Add(g.deadline)
+		q.active = append(q.active, sc)
 		// The jobs to send are chosen and marked sent under mu, where the
 		// sweeper gives up on them: a job it reports not sent is never
 		// sent, and one it finds sent is.
@@ -454,10 +469,13 @@ func (g *Guard) gatherLoop() {
 
 // yield gives up the gathering slot of sc's goroutine, whose store call
 // handed some of its checks back and still waits for a part (a master
-// that does not answer, until the deadline): the checks queued meanwhile
-// get a call at once, from a new goroutine that takes the slot over,
-// rather than waiting for that part. sc's goroutine ends when its call
-// returns. The gatherer's mu is held.
+// that does not answer, until the deadline), or is past its deadline with
+// every check given up or handed back (a client that returns late, while
+// it reconnects): the checks queued meanwhile get a call at once, from a
+// new goroutine that takes the slot over, rather than waiting for that
+// call. sc's goroutine ends when its call returns, its jobs still in
+// flight until then (Config.MaxInFlight bounds the calls so left
+// running). The gatherer's mu is held.
 func (g *Guard) yield(sc *gatherScratch) {
 	q := &g.gather
 	sc.yielded = true
@@ -479,7 +497,7 @@ func (g *Guard) execGathered(sc *gatherScratch) {
 		g.stats.gatheredCalls.Add(1)
 		g.stats.gatheredJobs.Add(int64(len(sc.live)))
 		g.obs.Gathered(len(sc.live))
-		ctx, cancel := context.WithTimeout(context.Background(), g.deadline)
+		ctx, cancel := context.WithDeadline(context.Background(), sc.expires)
 		if len(sc.live) == 1 {
 			g.exec(ctx, sc.live[0])
 		} else {
@@ -489,8 +507,8 @@ func (g *Guard) execGathered(sc *gatherScratch) {
 	}
 	q := &g.gather
 	q.mu.Lock()
-	for i, b := range q.active {
-		if &b[0] == &sc.batch[0] {
+	for i, a := range q.active {
+		if a == sc {
 			last := len(q.active) - 1
 			q.active[i], q.active[last] = q.active[last], nil
 			q.active = q.active[:last]

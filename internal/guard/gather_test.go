@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/guard/guardtest"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memory"
@@ -180,10 +181,11 @@ func queued(g *Guard) int {
 }
 
 // TestGatheredCheckAbandoned: a check whose caller gave up while it was
-// queued is not sent to the store, so it charges nothing.
+// queued (its own deadline passed, before the store deadline of the call
+// it waits behind) is not sent to the store, so it charges nothing.
 func TestGatheredCheckAbandoned(t *testing.T) {
 	s := &gateStore{Store: newMemory(t, nil), open: make(chan struct{}), sizes: make(chan int, 100)}
-	g := newGuard(t, s, Config{Deadline: 20 * time.Millisecond, Gatherers: 1,
+	g := newGuard(t, s, Config{Deadline: 10 * time.Second, Gatherers: 1,
 		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
 	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour})
 	var wg sync.WaitGroup
@@ -191,8 +193,10 @@ func TestGatheredCheckAbandoned(t *testing.T) {
 	for g.Stats().GatheredCalls == 0 {
 		time.Sleep(time.Millisecond)
 	}
-	if _, _, err := check1(context.Background(), g, "late", p, 1); !errors.Is(err, sluice.ErrStoreUnavailable) {
-		t.Fatalf("queued behind a held call past the deadline: err = %v", err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, _, err := check1(ctx, g, "late", p, 1); !errors.Is(err, sluice.ErrStoreUnavailable) {
+		t.Fatalf("queued behind a held call past its own deadline: err = %v", err)
 	}
 	close(s.open)
 	wg.Wait()
@@ -244,16 +248,16 @@ func TestCheckOfAGoneCallerIsNotSent(t *testing.T) {
 
 // TestQueuedTimeoutsKeepBreakerClosed: checks whose deadline passes while
 // they wait behind a held call are answered as unavailable, but do not
-// count against the store for the breaker; the held call, which did reach
-// the store, does.
+// count against the store for the breaker.
 func TestQueuedTimeoutsKeepBreakerClosed(t *testing.T) {
 	s := &gateStore{Store: newMemory(t, nil), open: make(chan struct{}), sizes: make(chan int, 100)}
 	g := newGuard(t, s, Config{Deadline: 5 * time.Millisecond, Gatherers: 1,
 		Breaker:   BreakerConfig{MinRequests: 5, FailureRatio: 0.5, Window: time.Minute, Sustain: -1},
 		OverLimit: OverLimitConfig{Disabled: true}})
 	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1000, Window: time.Hour})
-	var wg sync.WaitGroup
-	wg.Go(func() { check1(context.Background(), g, "held", p, 1) })
+	// The held check's caller waits past the deadline, so that its call
+	// keeps the gathering slot.
+	held := queueJob(g, "held", p, time.Now().Add(time.Hour))
 	for g.Stats().GatheredCalls == 0 {
 		time.Sleep(time.Millisecond)
 	}
@@ -266,7 +270,18 @@ func TestQueuedTimeoutsKeepBreakerClosed(t *testing.T) {
 		t.Errorf("breaker %s after 50 checks timed out in the queue, want closed", st)
 	}
 	close(s.open)
-	wg.Wait()
+	<-held
+}
+
+// queueJob queues a check of key for a gathered call, as run does, with
+// no context: its caller waits until expires, or until the call returns.
+// It returns the job's done channel.
+func queueJob(g *Guard, key string, p *algorithm.Params, expires time.Time) chan uint8 {
+	j := g.newJob(opCheck, []store.Request{{Key: key, Params: p, Cost: 1}}, 1)
+	g.inflight.Add(1)
+	j.gone, j.expires = nil, expires
+	g.gatherJob(j)
+	return j.done
 }
 
 // seenStore holds its first Check until open is closed and records the
@@ -309,17 +324,10 @@ func TestGatheredCheckReportedUnsentIsNotSent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Queue the jobs directly, as run does, with no context, so that
-		// only their expiry ends their wait. The first, which the store
-		// holds, never expires.
-		gather := func(key string, expires time.Time) chan uint8 {
-			j := g.newJob(opCheck, []store.Request{{Key: key, Params: p, Cost: 1}}, 1)
-			g.inflight.Add(1)
-			j.gone, j.expires = nil, expires
-			g.gatherJob(j)
-			return j.done
-		}
-		held := gather("held", time.Now().Add(time.Hour))
+		// Queue the jobs directly, with no context, so that only their
+		// expiry ends their wait. The first, which the store holds, never
+		// expires.
+		held := queueJob(g, "held", p, time.Now().Add(time.Hour))
 		for !s.first.Load() {
 			time.Sleep(50 * time.Microsecond)
 		}
@@ -328,7 +336,7 @@ func TestGatheredCheckReportedUnsentIsNotSent(t *testing.T) {
 		dones := make([]chan uint8, MaxGathered)
 		for i := range keys {
 			keys[i] = fmt.Sprintf("k%d-%d", round, i)
-			dones[i] = gather(keys[i], expires)
+			dones[i] = queueJob(g, keys[i], p, expires)
 		}
 		time.Sleep(time.Until(expires) + time.Duration(round%16)*25*time.Microsecond - 200*time.Microsecond)
 		close(s.open)
@@ -418,22 +426,7 @@ func TestGatheredChecksOneNodeStopped(t *testing.T) {
 	var live []string
 	for i := 0; i < n || len(live) < 11; i++ {
 		key := fmt.Sprintf("rl:stopped:{user=%d}:x", i)
-		slot, err := dead.Do("CLUSTER", "KEYSLOT", key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		owner, err := dead.Do("CLUSTER", "COUNTKEYSINSLOT", slot)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := rs.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1}}, make([]sluice.Decision, 1)); err != nil {
-			t.Fatal(err)
-		}
-		held, err := dead.Do("CLUSTER", "COUNTKEYSINSLOT", slot)
-		if err != nil {
-			t.Fatal(err)
-		}
-		onKill := held != owner
+		onKill := onMaster(t, rs, dead, key, p)
 		if i < n {
 			keys[i], onDead[i] = key, onKill
 		} else if !onKill {
@@ -532,4 +525,186 @@ func newClusterStore(t *testing.T, c *redistest.Cluster) *redis.Store {
 	}
 	t.Cleanup(func() { rs.Close() })
 	return rs
+}
+
+// onMaster checks key once, straight to rs, and reports whether master m
+// of the cluster holds it.
+func onMaster(t *testing.T, rs *redis.Store, m *redistest.Server, key string, p *algorithm.Params) bool {
+	t.Helper()
+	slot, err := m.Do("CLUSTER", "KEYSLOT", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := m.Do("CLUSTER", "COUNTKEYSINSLOT", slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1}}, make([]sluice.Decision, 1)); err != nil {
+		t.Fatal(err)
+	}
+	after, err := m.Do("CLUSTER", "COUNTKEYSINSLOT", slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return after != before
+}
+
+// slowReturnStore is a Redis store that holds its first call until open is
+// closed, and whose calls with a key of late return only once release is
+// closed, whatever their context: as the Redis client does while it
+// reconnects to a master that does not answer (up to its dial timeout).
+type slowReturnStore struct {
+	*redis.Store
+	late    map[string]bool
+	open    chan struct{}
+	first   atomic.Bool
+	release chan struct{}
+	held    atomic.Int32 // calls begun that return late
+}
+
+// begin holds the first call until open is closed, and reports whether
+// a call of reqs returns late.
+func (s *slowReturnStore) begin(reqs []store.Request) bool {
+	if s.first.CompareAndSwap(false, true) {
+		<-s.open
+	}
+	for _, r := range reqs {
+		if s.late[r.Key] {
+			s.held.Add(1)
+			return true
+		}
+	}
+	return false
+}
+
+func (s *slowReturnStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+	late := s.begin(reqs)
+	err := s.Store.Check(ctx, reqs, out)
+	if late {
+		<-s.release
+	}
+	return err
+}
+
+func (s *slowReturnStore) CheckParts(ctx context.Context, reqs []store.Request, out []sluice.Decision, part func([]int, error)) error {
+	late := s.begin(reqs)
+	err := s.Store.CheckParts(ctx, reqs, out, part)
+	if late {
+		<-s.release
+	}
+	return err
+}
+
+// TestGatheredCallsPastTheirDeadline: with both gathering slots held by
+// store calls of checks on a stopped master (SIGSTOP), calls that return
+// long past their deadline, one of a single check and one of several, the
+// checks of the live masters made once the stopped master's checks have
+// failed are decided by the store, not left to queue behind those calls
+// until their own deadline. The calls left running end when the store
+// returns, and their checks are recycled.
+func TestGatheredCallsPastTheirDeadline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	c := redistest.StartCluster(t, redistest.ClusterOptions{NodeTimeout: 30 * time.Second})
+	rs := newClusterStore(t, c)
+	s := &slowReturnStore{Store: rs, late: map[string]bool{}, open: make(chan struct{}), release: make(chan struct{})}
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(s.release) }) }
+	defer release() // a failed test does not leave calls held
+	// A deadline long enough for a busy machine: the checks queued behind
+	// the first call are taken into one call before it.
+	const deadline = time.Second
+	g := newGuard(t, s, Config{Deadline: deadline, Gatherers: 2,
+		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour})
+
+	// Keys of the live masters, and keys of one slot of the stopped
+	// master: a call of several of them waits for one part.
+	dead := c.Masters[0]
+	var tag string
+	var live []string
+	for i := 0; tag == "" || len(live) < 6; i++ {
+		key := fmt.Sprintf("rl:past:{user=%d}:x", i)
+		switch {
+		case !onMaster(t, rs, dead, key, p):
+			live = append(live, key)
+		case tag == "":
+			tag = fmt.Sprintf("{user=%d}", i)
+		}
+	}
+	late := make([]string, 5)
+	for i := range late {
+		late[i] = fmt.Sprintf("rl:past:%s:%d", tag, i)
+		s.late[late[i]] = true
+	}
+	if err := dead.Process().Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dead.Process().Signal(syscall.SIGCONT) })
+
+	// The first slot: a call held until open is closed. The second: a
+	// call of one late check. Then four late checks queue, and the first
+	// slot takes them into one call once open is closed.
+	var wg sync.WaitGroup
+	wg.Go(func() { check1(context.Background(), g, live[0], p, 1) })
+	for g.Stats().GatheredCalls < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	lateErrs := make([]error, len(late))
+	wg.Go(func() { _, _, lateErrs[0] = check1(context.Background(), g, late[0], p, 1) })
+	for s.held.Load() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	for i := 1; i < len(late); i++ {
+		wg.Go(func() { _, _, lateErrs[i] = check1(context.Background(), g, late[i], p, 1) })
+	}
+	for queued(g) < len(late)-1 {
+		time.Sleep(time.Millisecond)
+	}
+	close(s.open)
+	wg.Wait()
+	for i, err := range lateErrs {
+		if !errors.Is(err, sluice.ErrStoreUnavailable) {
+			t.Errorf("late check %d, on the stopped master: %v, want an error", i, err)
+		}
+	}
+	if n := s.held.Load(); n != 2 {
+		t.Fatalf("%d calls of late checks, want 2 (one of one check, one of %d)", n, len(late)-1)
+	}
+
+	// Both slots are held by calls past their deadline, all of whose
+	// checks failed: checks of the live masters get calls of their own.
+	live = live[1:]
+	errs := make([]error, len(live))
+	decided := make([]sluice.Decision, len(live))
+	for i, key := range live {
+		wg.Go(func() { decided[i], _, errs[i] = check1(context.Background(), g, key, p, 1) })
+	}
+	wg.Wait()
+	for i := range live {
+		if errs[i] != nil || !decided[i].Allowed || decided[i].Remaining != 8 {
+			t.Errorf("check %d, on a live master: %+v, %v; want allowed by the store, 8 remaining", i, decided[i], errs[i])
+		}
+	}
+	if n := s.held.Load(); n != 2 {
+		t.Errorf("%d calls of late checks after the live checks, want 2", n)
+	}
+
+	// The held calls return: their goroutines end, and every check of
+	// theirs leaves the calls in flight.
+	release()
+	for end := time.Now().Add(10 * time.Second); g.inflight.Load() != 0 || gathering(g) != 0; {
+		if time.Now().After(end) {
+			t.Fatalf("%d checks in flight, %d gathering goroutines holding a slot, 10s after the store returned", g.inflight.Load(), gathering(g))
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// gathering returns the number of gathering goroutines holding a slot.
+func gathering(g *Guard) int {
+	g.gather.mu.Lock()
+	defer g.gather.mu.Unlock()
+	return g.gather.running
 }

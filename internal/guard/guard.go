@@ -99,7 +99,10 @@ type Config struct {
 	// reports the parts of a call as they end (the Redis store on a
 	// cluster, one part per master) has each check answered with its
 	// part; a call still waiting for a part once some of its checks are
-	// answered (a master that does not answer) no longer counts. Zero
+	// answered (a master that does not answer) no longer counts, nor does
+	// a call past its deadline whose checks were all answered (a store
+	// that returns late, as a Redis client reconnecting does): their
+	// checks count against MaxInFlight until the store returns. Zero
 	// means DefaultGatherers; a negative number gives every check a call
 	// of its own.
 	Gatherers int
