@@ -20,6 +20,13 @@
 # SERVER_GODEBUG (GODEBUG of both servers; empty: Go's defaults),
 # PORT (base port, default 18180: sluice on PORT and PORT+1, the
 # reference on PORT+10 and PORT+11). Loopback only.
+#
+# RATELIMIT_BIN: the path of an envoyproxy/ratelimit server binary, built
+# by you from its repository. With a Redis store, each Envoy run is then
+# followed by one against it, on the same Redis (its own keys), serving the
+# same limit, with the servers' GOMAXPROCS and GODEBUG, its stats off and
+# everything else at its defaults (RATELIMIT_ENV adds settings, as
+# NAME=value words), on PORT+30 to PORT+32.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STORE=${STORE:-memory://}
@@ -33,6 +40,12 @@ GRPC_CLIENT=${GRPC_CLIENT:-h2}
 THREADS=${THREADS:-1}
 SERVER_PROCS=${SERVER_PROCS:-}
 SERVER_GODEBUG=${SERVER_GODEBUG:-}
+RATELIMIT_BIN=${RATELIMIT_BIN:-}
+RATELIMIT_ENV=${RATELIMIT_ENV:-}
+case "$RATELIMIT_BIN:$STORE" in
+  :*|*:redis|*:redis://*) ;;
+  *) echo "RATELIMIT_BIN needs a plain Redis store (STORE=redis)" >&2; exit 2;;
+esac
 mkdir -p bin
 go build -o bin/sluice ./cmd/sluice
 go build -o bin/noop ./internal/loadgen/noop
@@ -54,20 +67,37 @@ env "${procs[@]}" bin/sluice serve --config examples/load.yaml --store "$STORE" 
 SP=$!
 env "${procs[@]}" bin/noop --http-addr 127.0.0.1:$((PORT+10)) --grpc-addr 127.0.0.1:$((PORT+11)) 2>"$out/noop.log" &
 NP=$!
-trap 'kill $SP $NP $RP 2>/dev/null; wait $SP $NP $RP 2>/dev/null; rm -rf "$out"' EXIT
+LP=""
+if [ -n "$RATELIMIT_BIN" ]; then
+  mkdir -p "$out/rt/ratelimit/config"
+  # The limit of examples/load.yaml's envoy section, in its own format.
+  printf 'domain: load\ndescriptors:\n  - key: client_id\n    rate_limit: { unit: minute, requests_per_unit: 1000 }\n' \
+    >"$out/rt/ratelimit/config/load.yaml"
+  hp=${STORE#redis://}; hp=${hp%%/*}
+  # shellcheck disable=SC2086 # RATELIMIT_ENV is a list of words
+  env "${procs[@]}" DISABLE_STATS=true USE_STATSD=false LOG_LEVEL=warn RUNTIME_ROOT="$out/rt" RUNTIME_SUBDIRECTORY=ratelimit \
+    RUNTIME_WATCH_ROOT=false REDIS_SOCKET_TYPE=tcp REDIS_URL="$hp" HOST=127.0.0.1 PORT=$((PORT+30)) \
+    GRPC_HOST=127.0.0.1 GRPC_PORT=$((PORT+31)) DEBUG_HOST=127.0.0.1 DEBUG_PORT=$((PORT+32)) $RATELIMIT_ENV \
+    "$RATELIMIT_BIN" >"$out/ratelimit.log" 2>&1 &
+  LP=$!
+fi
+trap 'kill $SP $NP $RP $LP 2>/dev/null; wait $SP $NP $RP $LP 2>/dev/null; rm -rf "$out"' EXIT
 sleep 1
-kill -0 $SP $NP || { cat "$out"/*.log; exit 1; }
+if [ -n "$LP" ]; then # it loads its configuration and dials Redis first
+  for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$((PORT+31))) 2>/dev/null && break; sleep 0.1; done
+fi
+kill -0 $SP $NP $LP || { cat "$out"/*.log; exit 1; }
 cpu() { awk '{print $14+$15}' /proc/$1/stat; }  # clock ticks
 tck=$(getconf CLK_TCK)
 run() { # name pid target addr [extra flags]
   local name=$1 pid=$2 t=$3 a=$4; shift 4
   local c0; c0=$(cpu $pid)
-  local r0=0; case "$STORE:$name" in redis*:sluice*) r0=$(redis_calls);; esac
+  local r0=0; case "$STORE:$name" in redis*:sluice*|redis*:ratelimit*) r0=$(redis_calls);; esac
   local threads=0; [ "$t" != http ] && threads=$THREADS
   bin/sluice load --target $t --addr $a --duration $DURATION --concurrency $CONCURRENCY \
     --keys $KEYS --domain load --grpc-client $GRPC_CLIENT --threads $threads --json "$@" >"$out/$name.json" || true
   local c1; c1=$(cpu $pid)
-  local r1=0; case "$STORE:$name" in redis*:sluice*) r1=$(redis_calls);; esac
+  local r1=0; case "$STORE:$name" in redis*:sluice*|redis*:ratelimit*) r1=$(redis_calls);; esac
   python3 - "$out/$name.json" "$name" $(( c1 - c0 )) $tck $(( r1 - r0 )) <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -86,6 +116,9 @@ for t in $TARGETS; do
   if [ "$t" = http ]; then p=$PORT; np=$((PORT+10)); fi
   run "sluice-$t" $SP $t 127.0.0.1:$p
   run "reference-$t" $NP $t 127.0.0.1:$np
+  if [ "$t" = envoy ] && [ -n "$LP" ]; then
+    run "ratelimit-$t" $LP $t 127.0.0.1:$((PORT+31))
+  fi
 done
 if [ "$BATCH" -gt 1 ]; then
   run "sluice-http-batch$BATCH" $SP http 127.0.0.1:$PORT --batch $BATCH
