@@ -377,20 +377,10 @@ func TestHotKeySyncWithOneNodeDown(t *testing.T) {
 	var live, doomed string
 	for i := 0; live == "" || doomed == ""; i++ {
 		key := fmt.Sprintf("rl:hot:{user=%d}:x", i)
-		if err := rs.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1}}, make([]sluice.Decision, 1)); err != nil {
-			t.Fatal(err)
-		}
-		slot, err := dead.Do("CLUSTER", "KEYSLOT", key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held, err := dead.Do("CLUSTER", "COUNTKEYSINSLOT", slot)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if held != "0" && doomed == "" {
+		onDead := onMaster(t, rs, dead, key, p)
+		if onDead && doomed == "" {
 			doomed = key
-		} else if held == "0" && live == "" {
+		} else if !onDead && live == "" {
 			live = key
 		}
 	}
