@@ -1,4 +1,4 @@
-// Package events records Sluice's audit events (seed 003): checks denied,
+// Package events records Sluice's audit events: checks denied,
 // bursts detected, configuration applied or rejected, allow and deny list
 // changes. A Recorder counts every event, samples the high-volume ones and
 // hands the rest to its sinks: by default the structured log and a bounded
@@ -56,7 +56,7 @@ const (
 	// stays.
 	ConfigRejected Type = "rate_limit_config_rejected"
 	// AllowListAdded and AllowListRemoved: an identity joined or left the
-	// allow list (seed 003's rate_limit_whitelist_added) on reload.
+	// allow list on reload.
 	AllowListAdded   Type = "rate_limit_allow_list_added"
 	AllowListRemoved Type = "rate_limit_allow_list_removed"
 	// DenyListAdded and DenyListRemoved: the same for the deny list.

@@ -192,7 +192,7 @@ var LatencyBuckets = []float64{
 }
 
 // NearLimitRatio is the share of a limit above which an admitted check is
-// counted as near the limit (seed 001's Warning state).
+// counted as near the limit: the HTTP API's warning state.
 const NearLimitRatio = 0.8
 
 // Kind says what type a metric family is, for Names.
@@ -300,7 +300,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		"Decisions of one rule for one check, by rule id, result (allowed, denied, shadow_denied) and decision source (store, over_limit_cache, hot_key, fail_open, fail_closed, local, idempotent, allow_list, deny_list, no_rule).",
 		"rule", "result", "source")
 	m.nearLimit = counterVec("sluice_near_limit_total",
-		"Checks a rule admitted with more than 80% of its limit used (seed 001's Warning state), by rule id.",
+		"Checks a rule admitted with more than 80% of its limit used (the warning state of the HTTP API), by rule id.",
 		"rule")
 	checks := counterVec("sluice_checks_total",
 		"Checks answered, by API (check, batch, envoy) and outcome (allowed, denied, unavailable, invalid, error). A batch counts once.",
