@@ -20,7 +20,7 @@ const DefaultMaxInFlight = 4096
 // ErrTooManyInFlight is wrapped (with sluice.ErrStoreUnavailable) by the
 // error of a call refused because Config.MaxInFlight store calls are
 // already in flight: the store is too slow to keep up.
-var ErrTooManyInFlight = errors.New("sluice: too many store calls in flight")
+var ErrTooManyInFlight error = &fallbackError{"sluice: too many store calls in flight", engine.FallbackOverloaded}
 
 // The operations a job runs.
 const (
@@ -63,16 +63,21 @@ type job struct {
 	state atomic.Int32
 
 	// When a gathered check's caller stops waiting (see sweep): at
-	// expires, or when gone (its context's Done) is closed.
+	// expires, when gone (its context's Done) is closed, or when the
+	// store stalls (see stallDetector) for stall counted from start.
 	gone    <-chan struct{}
 	expires time.Time
+	start   time.Time
+	stall   time.Duration
 }
 
 // The values a job's done channel receives.
 const (
-	doneFinished     uint8 = iota // the call returned: err and out are the caller's
-	doneGaveUp                    // the sweeper gave up on it after it was sent
-	doneGaveUpUnsent              // the sweeper gave up on it before it was sent
+	doneFinished      uint8 = iota // the call returned: err and out are the caller's
+	doneGaveUp                     // the sweeper gave up on it after it was sent
+	doneGaveUpUnsent               // the sweeper gave up on it before it was sent
+	doneStalled                    // the sweeper gave up on it, sent, as the store stalled
+	doneStalledUnsent              // the sweeper gave up on it, not sent, as the store stalled
 )
 
 const (
@@ -93,6 +98,7 @@ func (g *Guard) newJob(op uint8, reqs []store.Request, n int) *job {
 	j.once, j.idemKey, j.ttl, j.replayed, j.err = nil, "", 0, false, nil
 	j.sent.Store(false)
 	j.state.Store(jobRunning)
+	j.stall = 0
 	return j
 }
 
@@ -122,21 +128,26 @@ func whole(err error) error {
 	return err
 }
 
-// exec runs j against the store.
+// exec runs j against the store, and records whether the store answered.
 func (g *Guard) exec(ctx context.Context, j *job) {
 	j.sent.Store(true)
+	sent := time.Now()
+	var err error
 	switch j.op {
-	case opCheck:
-		j.err = whole(g.inner.Check(ctx, j.reqs, j.out))
+	case opCheck, opSync:
+		err = g.inner.Check(ctx, j.reqs, j.out)
 	case opCheckAll:
-		j.err = g.inner.CheckAll(ctx, j.reqs, j.out)
+		err = g.inner.CheckAll(ctx, j.reqs, j.out)
 	case opReset:
-		j.err = g.inner.Reset(ctx, j.keys...)
+		err = g.inner.Reset(ctx, j.keys...)
 	case opOnce:
-		j.replayed, j.err = j.once.CheckAllOnce(ctx, j.idemKey, j.ttl, j.reqs, j.out)
-	case opSync:
-		j.err = g.inner.Check(ctx, j.reqs, j.out)
+		j.replayed, err = j.once.CheckAllOnce(ctx, j.idemKey, j.ttl, j.reqs, j.out)
 	}
+	g.noteAnswer(sent, err)
+	if j.op == opCheck {
+		err = whole(err)
+	}
+	j.err = err
 }
 
 // runJob runs j on its own goroutine and hands it back to its caller, or
@@ -157,11 +168,12 @@ func (g *Guard) finish(j *job) {
 	j.done <- doneFinished
 }
 
-// run runs j under the breaker and the deadline and, when it returns in
-// time, copies its decisions to out (and its replayed flag to
-// replayed[0]). It consumes j. The caller waits at most until the
-// deadline (its own, or the guard's), plus the scheduling delay of one
-// goroutine waking up and, for a gathered check, the sweeper's period.
+// run runs j under the breaker, the deadline and the stall timeout and,
+// when it returns in time, copies its decisions to out (and its replayed
+// flag to replayed[0]). It consumes j. The caller waits at most until the
+// deadline (its own, or the guard's) or until the store stalls, plus the
+// scheduling delay of one goroutine waking up and, for a gathered check,
+// the sweeper's period.
 func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed ...*bool) error {
 	if err := ctx.Err(); err != nil {
 		// The caller is gone already: nothing is sent, so nothing is
@@ -194,13 +206,15 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 	if dl, ok := ctx.Deadline(); ok && dl.Before(expires) {
 		expires, callerFirst = dl, true
 	}
+	stall := g.stall.timeout()
 	notSent := false
 	g.stats.storeCalls.Add(1)
 	var err error
 	if j.op == opCheck && g.gather.max > 0 {
 		// A gathered check waits on its job alone; the sweeper ends the
-		// wait at the deadline or when ctx ends, whichever comes first.
-		j.gone, j.expires = ctx.Done(), expires
+		// wait at the deadline, when the store stalls or when ctx ends,
+		// whichever comes first.
+		j.gone, j.expires, j.start, j.stall = ctx.Done(), expires, started, stall
 		g.gatherJob(j)
 		switch v := <-j.done; v {
 		case doneFinished:
@@ -208,15 +222,14 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 			copy(out, j.out)
 			putJob(j)
 		default: // the job is no longer ours: it recycles itself
-			why := ctx.Err()
-			if why == nil {
-				why = context.DeadlineExceeded
-			}
-			err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, why)
+			err = g.gaveUp(ctx, v == doneStalled || v == doneStalledUnsent)
+			// A check the store never saw because the server was slow
+			// to send it says nothing of the store; one the store never
+			// saw because it answers nothing does.
 			notSent = v == doneGaveUpUnsent
 		}
 	} else {
-		err, notSent = g.await(ctx, j, out, replayed...)
+		err, notSent = g.await(ctx, j, out, started, stall, replayed...)
 	}
 	if err != nil {
 		g.stats.storeErrors.Add(1)
@@ -240,20 +253,39 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 // comes first. On time, it copies j's decisions to out (and its replayed
 // flag to replayed[0]) and recycles j; otherwise it leaves j to recycle
 // itself and reports whether j was sent.
-func (g *Guard) await(ctx context.Context, j *job, out []sluice.Decision, replayed ...*bool) (err error, notSent bool) {
+func (g *Guard) await(ctx context.Context, j *job, out []sluice.Decision, started time.Time, stall time.Duration, replayed ...*bool) (err error, notSent bool) {
 	cctx, cancel := context.WithTimeout(ctx, g.deadline)
 	defer cancel()
 	go g.runJob(cctx, j)
-	select {
-	case <-j.done:
-	case <-cctx.Done():
+	var wake <-chan time.Time
+	var t *time.Timer
+	if stall > 0 {
+		t = time.NewTimer(time.Until(g.stall.wakeAt(started, stall)))
+		defer t.Stop()
+		wake = t.C
+	}
+wait:
+	for {
+		stalled := false
+		select {
+		case <-j.done:
+			break wait
+		case <-cctx.Done():
+		case now := <-wake:
+			if !g.stall.stalled(started, now, stall) {
+				t.Reset(time.Until(g.stall.wakeAt(started, stall)))
+				continue
+			}
+			stalled = true
+		}
 		sent := j.sent.Load() // before the job may be recycled
 		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
 			// The job finishes on its own (its context is cancelled
 			// when await returns) and recycles itself.
-			return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, cctx.Err()), !sent
+			return g.gaveUp(ctx, stalled), !sent && !stalled
 		}
 		<-j.done // it finished at the same instant
+		break
 	}
 	err = j.err
 	copy(out, j.out)
@@ -328,12 +360,14 @@ func (g *Guard) sweep() {
 			q.mu.Unlock()
 			return
 		}
-		giveUp(q.queue, now)
+		g.giveUp(q.queue, now)
 		for _, sc := range q.active {
-			if giveUp(sc.batch, now) && !sc.yielded && !now.Before(sc.expires) {
-				// Past its deadline with none of its checks waiting: the
-				// store call is stuck (a client reconnecting), and the
-				// queued checks must not wait for it.
+			if g.giveUp(sc.batch, now) && !sc.yielded && (!now.Before(sc.expires) ||
+				g.stall.stalled(sc.expires.Add(-g.deadline), now, g.stall.timeout())) {
+				// Past its deadline, or stalled, with none of its checks
+				// waiting: the store call is stuck (a client
+				// reconnecting, a paused server), and the queued checks
+				// must not wait for it.
 				g.yield(sc)
 			}
 		}
@@ -342,21 +376,27 @@ func (g *Guard) sweep() {
 }
 
 // giveUp tells the callers of the jobs of js that are past their deadline,
-// or whose context ended, that they may stop waiting; nil entries (jobs
-// handed back already) are skipped. It reports whether no caller is left
-// waiting. The gatherer's mu is held.
-func giveUp(js []*job, now time.Time) (none bool) {
+// whose context ended, or whose store stalled, that they may stop
+// waiting; nil entries (jobs handed back already) are skipped. It reports
+// whether no caller is left waiting. The gatherer's mu is held.
+func (g *Guard) giveUp(js []*job, now time.Time) (none bool) {
 	none = true
 	for _, j := range js {
 		if j == nil || j.state.Load() != jobRunning {
 			continue
 		}
-		if now.Before(j.expires) && !closed(j.gone) {
+		stalled := g.stall.stalled(j.start, now, j.stall)
+		if now.Before(j.expires) && !closed(j.gone) && !stalled {
 			none = false
 			continue
 		}
 		v := doneGaveUp
-		if !j.sent.Load() {
+		switch sent := j.sent.Load(); {
+		case stalled && sent:
+			v = doneStalled
+		case stalled:
+			v = doneStalledUnsent
+		case !sent:
 			v = doneGaveUpUnsent
 		}
 		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
@@ -534,7 +574,9 @@ func (g *Guard) checkGathered(ctx context.Context, sc *gatherScratch) {
 	if g.parts != nil {
 		err = g.checkParts(ctx, sc)
 	} else {
+		sent := time.Now()
 		err = g.inner.Check(ctx, sc.reqs, sc.out)
+		g.noteAnswer(sent, err)
 	}
 	clear(sc.reqs) // drop the references to keys and params
 	if g.parts != nil && err == nil {
@@ -594,6 +636,7 @@ func (g *Guard) checkParts(ctx context.Context, sc *gatherScratch) error {
 	sc.waiting = len(sc.live)
 	err := g.parts.CheckParts(ctx, sc.reqs, sc.out, sc.part)
 	if err != nil {
+		g.noteAnswer(sc.expires.Add(-g.deadline), err)
 		return err
 	}
 	// A store that left requests unreported fails their jobs.
@@ -614,6 +657,7 @@ func (g *Guard) checkParts(ctx context.Context, sc *gatherScratch) error {
 // whose requests are now all reported; a job with a failed request fails
 // as a whole.
 func (sc *gatherScratch) onPart(idx []int, err error) {
+	sc.g.noteAnswer(sc.expires.Add(-sc.g.deadline), err)
 	sc.ready = sc.ready[:0]
 	for _, i := range idx {
 		k := sc.jobOf[i]

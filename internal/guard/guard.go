@@ -4,10 +4,15 @@
 //
 // It adds four things, each optional:
 //
-//   - A deadline on every store call (Config.Deadline, 5 ms by default).
-//     A caller's shorter deadline wins. Past it the call returns an error
-//     wrapping sluice.ErrStoreUnavailable, and the engine applies each
-//     rule's failure mode (fail_open, fail_closed, local). The call runs
+//   - A deadline on every store call (Config.Deadline, 1 s by default),
+//     and stall detection: a call gives up sooner when the store has
+//     answered no call at all for the stall timeout (Config.StallTimeout,
+//     learned from the store's latency). A caller's shorter deadline
+//     wins. Past either the call returns an error wrapping
+//     sluice.ErrStoreUnavailable (and ErrStalled or ErrDeadline), and the
+//     engine applies each rule's failure mode (local, fail_closed,
+//     fail_open). A slow store that keeps answering is waited for; one
+//     that answers nothing is given up on quickly. The call runs
 //     on a goroutine of its own, so its caller stops waiting at the
 //     deadline even when the store does not (a Redis client blocked while
 //     it reconnects through a slow network, for instance); at most
@@ -57,7 +62,7 @@ import (
 // ErrBreakerOpen is wrapped (with sluice.ErrStoreUnavailable) by the error
 // of a call refused because the circuit breaker is open, or half-open with
 // its probes already in flight.
-var ErrBreakerOpen = errors.New("sluice: circuit breaker open")
+var ErrBreakerOpen error = &fallbackError{"sluice: circuit breaker open", engine.FallbackBreakerOpen}
 
 // Store is what the guard wraps: the engine's view of a store.
 type Store interface {
@@ -68,16 +73,25 @@ type Store interface {
 
 // Defaults of Config.
 const (
-	DefaultDeadline = 5 * time.Millisecond
+	DefaultDeadline = time.Second
 )
 
-// Config holds the guard's knobs. The zero value is usable: a 5 ms
-// deadline, the breaker with its defaults, the over-limit cache on, the
-// hot-key tier off.
+// Config holds the guard's knobs. The zero value is usable: a 1 s
+// deadline, a learned stall timeout, the breaker with its defaults, the
+// over-limit cache on, the hot-key tier off.
 type Config struct {
-	// Deadline bounds every store call; zero means DefaultDeadline. A
-	// caller's context with an earlier deadline wins.
+	// Deadline bounds every store call, a store that answers slowly
+	// included; zero means DefaultDeadline. A caller's context with an
+	// earlier deadline wins.
 	Deadline time.Duration
+	// StallTimeout ends sooner the wait of a call when the store has
+	// answered no call at all (a decision or an error reply) for that
+	// long, counted from the later of the call's start and the store's
+	// latest answer: a paused or cut-off store, not a busy one. Zero
+	// learns it: 4 times the slowest answer of the last 10 to 20 seconds,
+	// at least DefaultStallFloor; negative turns stall detection off. It
+	// has no effect at or above Deadline.
+	StallTimeout time.Duration
 	// Breaker configures the circuit breaker.
 	Breaker BreakerConfig
 	// OverLimit configures the over-limit cache.
@@ -165,6 +179,7 @@ type Guard struct {
 	inner    Store
 	parts    partChecker // inner, when it reports parts of its calls
 	deadline time.Duration
+	stall    stallDetector
 	now      func() time.Time
 	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
 	olc      *overLimitCache // nil when off
@@ -208,6 +223,7 @@ func New(inner Store, cfg Config) (*Guard, error) {
 	if g.deadline == 0 {
 		g.deadline = DefaultDeadline
 	}
+	g.stall.fixed, g.stall.deadline = cfg.StallTimeout, g.deadline
 	if cfg.MaxInFlight < 0 {
 		return nil, fmt.Errorf("guard: config: max in flight must not be negative, got %d", cfg.MaxInFlight)
 	}
