@@ -16,7 +16,7 @@ import (
 const (
 	// DefaultStallFloor is the least stall timeout learned from the
 	// store's latency.
-	DefaultStallFloor = 200 * time.Millisecond
+	DefaultStallFloor = 500 * time.Millisecond
 	// stallFactor multiplies the slowest recent answer into the learned
 	// stall timeout.
 	stallFactor = 4
