@@ -181,6 +181,14 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		putJob(j)
 		return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, err)
 	}
+	stall := g.stall.timeout()
+	if g.stall.blocked(time.Now(), stall) {
+		// The store stalled and has answered nothing since: fail at
+		// once, as an open breaker does.
+		putJob(j)
+		g.stats.storeErrors.Add(1)
+		return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ErrStalled)
+	}
 	var done func(error)
 	if g.cb != nil {
 		var err error
@@ -206,7 +214,6 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 	if dl, ok := ctx.Deadline(); ok && dl.Before(expires) {
 		expires, callerFirst = dl, true
 	}
-	stall := g.stall.timeout()
 	notSent := false
 	g.stats.storeCalls.Add(1)
 	var err error
@@ -233,6 +240,9 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 	}
 	if err != nil {
 		g.stats.storeErrors.Add(1)
+		if errors.Is(err, ErrStalled) {
+			g.stall.trip(time.Now())
+		}
 		if !errors.Is(err, sluice.ErrStoreUnavailable) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
 			err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, err)
 		}

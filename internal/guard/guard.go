@@ -596,6 +596,10 @@ type Stats struct {
 	SyncLag time.Duration
 	// Breaker is the breaker's state now.
 	Breaker BreakerState
+	// StallTimeout is the stall timeout in force (see
+	// Config.StallTimeout); zero when stall detection is off or at or
+	// above the deadline.
+	StallTimeout time.Duration
 	// BreakerOpened and BreakerClosed count the breaker's transitions to
 	// open and to closed; LastOpened and LastClosed are the latest.
 	BreakerOpened, BreakerClosed int64
@@ -618,6 +622,7 @@ func (g *Guard) Stats() Stats {
 		BreakerOpened:  g.stats.opened.Load(),
 		BreakerClosed:  g.stats.closed.Load(),
 		Breaker:        g.BreakerState(),
+		StallTimeout:   g.stall.timeout(),
 	}
 	if g.hot != nil {
 		if m := g.hot.keys.Load(); m != nil {

@@ -63,6 +63,28 @@ type stallDetector struct {
 	epoch atomic.Int64 // Unix ns at which the current epoch began
 	cur   atomic.Int64 // slowest answer of the current epoch, ns
 	prev  atomic.Int64 // slowest answer of the previous epoch, ns
+
+	// tripped is when a call last gave up because the store stalled, and
+	// probe when a call was last let through to the stalled store (Unix
+	// ns).
+	tripped atomic.Int64
+	probe   atomic.Int64
+}
+
+// trip records that a call gave up at now because the store stalled.
+func (s *stallDetector) trip(now time.Time) { s.tripped.Store(now.UnixNano()) }
+
+// blocked reports whether a call starting at now should fail at once:
+// a call gave up because the store stalled, and the store has answered
+// nothing since. One call per timeout is let through, to see whether the
+// store is back (the calls still in flight see it too).
+func (s *stallDetector) blocked(now time.Time, timeout time.Duration) bool {
+	tr := s.tripped.Load()
+	if timeout == 0 || tr == 0 || tr <= s.last.Load() {
+		return false
+	}
+	p, n := s.probe.Load(), now.UnixNano()
+	return n-p < int64(timeout) || !s.probe.CompareAndSwap(p, n)
 }
 
 // answered records an answer of the store to a call sent at sent,
