@@ -182,9 +182,11 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, err)
 	}
 	stall := g.stall.timeout()
-	if g.stall.blocked(time.Now(), stall) {
+	if !g.nodes && g.stall.blocked(time.Now(), stall) {
 		// The store stalled and has answered nothing since: fail at
-		// once, as an open breaker does.
+		// once, as an open breaker does. Not on a store of several
+		// nodes (a Redis Cluster), where one stalled node must not fail
+		// the checks of the others.
 		putJob(j)
 		g.stats.storeErrors.Add(1)
 		return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ErrStalled)

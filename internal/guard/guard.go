@@ -178,6 +178,7 @@ func (nopObserver) Gathered(int)                        {}
 type Guard struct {
 	inner    Store
 	parts    partChecker // inner, when it reports parts of its calls
+	nodes    bool        // inner has several nodes (a Redis Cluster)
 	deadline time.Duration
 	stall    stallDetector
 	now      func() time.Time
@@ -217,6 +218,9 @@ func New(inner Store, cfg Config) (*Guard, error) {
 	}
 	g := &Guard{inner: inner, deadline: cfg.Deadline, now: cfg.Now, onChange: cfg.OnBreakerChange, obs: cfg.Observer}
 	g.parts, _ = inner.(partChecker)
+	if c, ok := inner.(interface{ Cluster() bool }); ok {
+		g.nodes = c.Cluster()
+	}
 	if g.obs == nil {
 		g.obs = nopObserver{}
 	}
