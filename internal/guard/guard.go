@@ -4,7 +4,7 @@
 //
 // It adds four things, each optional:
 //
-//   - A deadline on every store call (Config.Deadline, 1 s by default),
+//   - A deadline on every store call (Config.Deadline, 5 s by default),
 //     and stall detection: a call gives up sooner when the store has
 //     answered no call at all for the stall timeout (Config.StallTimeout,
 //     learned from the store's latency). A caller's shorter deadline
@@ -73,10 +73,10 @@ type Store interface {
 
 // Defaults of Config.
 const (
-	DefaultDeadline = time.Second
+	DefaultDeadline = 5 * time.Second
 )
 
-// Config holds the guard's knobs. The zero value is usable: a 1 s
+// Config holds the guard's knobs. The zero value is usable: a 5 s
 // deadline, a learned stall timeout, the breaker with its defaults, the
 // over-limit cache on, the hot-key tier off.
 type Config struct {

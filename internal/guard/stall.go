@@ -16,7 +16,7 @@ import (
 const (
 	// DefaultStallFloor is the least stall timeout learned from the
 	// store's latency.
-	DefaultStallFloor = 500 * time.Millisecond
+	DefaultStallFloor = time.Second
 	// stallFactor multiplies the slowest recent answer into the learned
 	// stall timeout.
 	stallFactor = 4
@@ -126,9 +126,12 @@ func (s *stallDetector) timeout() time.Duration {
 // stalled reports whether a call that started at start, waiting at now,
 // should give up: the store answered nothing since max(start, its latest
 // answer) for at least timeout (0: never). An idle period before the call
-// is not a stall, which is why the wait counts from the call's start.
+// is not a stall, which is why the wait counts from the call's start; nor
+// is the time before the store's first answer (a store that never
+// answered has not stopped: its first calls connect and load scripts).
 func (s *stallDetector) stalled(start, now time.Time, timeout time.Duration) bool {
-	return timeout > 0 && now.UnixNano()-max(start.UnixNano(), s.last.Load()) >= int64(timeout)
+	last := s.last.Load()
+	return timeout > 0 && last != 0 && now.UnixNano()-max(start.UnixNano(), last) >= int64(timeout)
 }
 
 // wakeAt returns when a call that started at start should look again
