@@ -318,3 +318,53 @@ func TestBurstRedisKilled(t *testing.T) {
 		t.Errorf("store_fallback event = %v, want its rule, source local and a reason", e)
 	}
 }
+
+// TestSourcesOfTheOtherRules: when the over-limit cache denies one rule of
+// a check, the other rules were not decided by the store either: their
+// source is the cache's, in the answer and in sluice_decisions_total.
+// With Redis killed and the breaker open, every rule says local, reason
+// breaker_open.
+func TestSourcesOfTheOtherRules(t *testing.T) {
+	srv := redistest.Start(t)
+	td := start(t, `version: 1
+rules:
+  - { id: tight, match: { resource: /two }, dimension: client, algorithm: fixed_window, limit: 1, window: 1h }
+  - { id: wide,  match: { resource: /two }, dimension: client, algorithm: fixed_window, limit: 1000, window: 1h }
+`, func(c *daemon.Config) { c.StoreURL = "redis://" + srv.Addr; c.Now = nil })
+	awayFromTheHour()
+	sources := func(r *response) map[string]string {
+		got := map[string]string{}
+		rules, _ := r.body["rules"].([]any)
+		for _, x := range rules {
+			m := x.(map[string]any)
+			got[m["rule"].(string)] = fmt.Sprint(m["source"], "/", m["fallback_reason"])
+		}
+		return got
+	}
+	body := `{"client_id":"two","resource":"/two"}`
+	for i, want := range []map[string]string{
+		{"tight": "store/<nil>", "wide": "store/<nil>"},                       // admitted
+		{"tight": "store/<nil>", "wide": "store/<nil>"},                       // tight denies, with a retry-after
+		{"tight": "over_limit_cache/<nil>", "wide": "over_limit_cache/<nil>"}, // the cache denies: wide was not sent
+	} {
+		r := td.check(t, body)
+		if got := sources(r); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("check %d: sources %v, want %v (%s)", i, got, want, r.raw)
+		}
+	}
+	m := scrape(t, td.base+"/metrics")
+	if v := m[`sluice_decisions_total{result="allowed",rule="wide",source="over_limit_cache"}`]; v != 1 {
+		t.Errorf(`sluice_decisions_total{rule="wide",source="over_limit_cache"} = %v, want 1`, v)
+	}
+	srv.Kill()
+	if _, ok := waitFor(10*time.Second, func() bool {
+		td.check(t, `{"client_id":"other","resource":"/two"}`)
+		return td.Guard().BreakerState() == guard.BreakerOpen
+	}); !ok {
+		t.Fatalf("the breaker did not open in 10 s with Redis killed")
+	}
+	r := td.check(t, `{"client_id":"other","resource":"/two"}`)
+	if got := sources(r); got["tight"] != "local/breaker_open" || got["wide"] != "local/breaker_open" {
+		t.Errorf("breaker open: sources %v, want local/breaker_open for both (%s)", got, r.raw)
+	}
+}
