@@ -292,9 +292,10 @@ type item struct {
 	cost   int64
 	key    string
 	// the outcome
-	dec     sluice.Decision
-	source  Source
-	charged int64
+	dec      sluice.Decision
+	source   Source
+	fallback Fallback // why the store did not decide, when it did not
+	charged  int64
 }
 
 // scratch holds the per-check buffers, pooled.
@@ -611,7 +612,7 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 			return allowed
 		}
 		if err != nil {
-			allowed = e.fallback(ctx, s, now)
+			allowed = e.fallback(ctx, s, now, FallbackOf(err))
 		} else {
 			for j, i := range s.idx {
 				it := &s.items[i]
@@ -692,10 +693,12 @@ func (e *Engine) runShadow(ctx context.Context, s *scratch, now time.Time, allow
 	s.out = grow(s.out, len(s.reqs))
 	s.src = growSource(s.src, len(s.reqs))
 	if err := e.storeCheck(ctx, false, s.reqs, s.out, s.src); err != nil {
+		// A shadow rule never denies: it reports that it could not tell.
+		why := FallbackOf(err)
 		for _, i := range s.idx {
 			it := &s.items[i]
 			it.dec = sluice.Decision{Allowed: true, Limit: it.params.Limit, Remaining: it.params.Limit}
-			it.source = SourceFailOpen
+			it.source, it.fallback = SourceFailOpen, why
 		}
 		return
 	}
@@ -751,55 +754,66 @@ func (e *Engine) storeCheck(ctx context.Context, all bool, reqs []store.Request,
 	return e.store.Check(ctx, reqs, out)
 }
 
-// fallback decides the enforcing items of s after the store failed, by
-// each rule's failure mode: any fail_closed rule denies the check as
-// unavailable (and nothing is consumed locally); otherwise the local rules
-// are decided together on the in-process limiter with their share of the
-// limit, and the fail_open rules allow.
-func (e *Engine) fallback(ctx context.Context, s *scratch, now time.Time) bool {
+// fallback decides the enforcing items of s after the store failed (for
+// the reason why), by each rule's failure mode: any fail_closed rule
+// denies the check as unavailable (and nothing is consumed locally);
+// otherwise the local rules are decided together on the in-process
+// limiter with their share of the limit, and the fail_open rules allow.
+// A local rule without a share (a limit that denies everything) fails
+// closed, and so do the local rules when the in-process limiter fails:
+// only a rule written fail_open admits without a bound.
+func (e *Engine) fallback(ctx context.Context, s *scratch, now time.Time, why Fallback) bool {
 	closed := false
 	for _, i := range s.idx {
-		if s.items[i].mode == policy.FailClosed {
+		it := &s.items[i]
+		it.fallback = why
+		if it.mode == policy.FailLocal && (it.local == nil || it.local.Algorithm == 0) {
+			it.mode = policy.FailClosed
+		}
+		if it.mode == policy.FailClosed {
 			closed = true
 		}
 	}
-	if closed {
+	if !closed {
+		var reqs []store.Request
+		var idx []int
 		for _, i := range s.idx {
 			it := &s.items[i]
-			it.dec = sluice.Decision{Limit: it.params.Limit}
-			if it.mode == policy.FailClosed {
-				it.source = SourceFailClosed
+			if it.mode == policy.FailLocal {
+				reqs = append(reqs, store.Request{Key: it.key, Params: it.local, Cost: it.cost, Now: now})
+				idx = append(idx, i)
 			} else {
-				it.dec.Allowed = true
-				it.source = failSource(it.mode)
+				it.dec = sluice.Decision{Allowed: true, Limit: it.params.Limit, Remaining: it.params.Limit}
+				it.source = SourceFailOpen
 			}
 		}
-		return false
+		if len(reqs) == 0 {
+			return true
+		}
+		out := make([]sluice.Decision, len(reqs))
+		if err := e.local.CheckAll(ctx, reqs, out); err == nil {
+			return e.localDecided(s, idx, out)
+		}
+		for _, i := range idx {
+			s.items[i].mode = policy.FailClosed
+		}
 	}
-	var reqs []store.Request
-	var idx []int
 	for _, i := range s.idx {
 		it := &s.items[i]
-		if it.mode == policy.FailLocal && it.local != nil && it.local.Algorithm != 0 {
-			reqs = append(reqs, store.Request{Key: it.key, Params: it.local, Cost: it.cost, Now: now})
-			idx = append(idx, i)
+		it.dec = sluice.Decision{Limit: it.params.Limit}
+		if it.mode == policy.FailClosed {
+			it.source = SourceFailClosed
 		} else {
-			it.dec = sluice.Decision{Allowed: true, Limit: it.params.Limit, Remaining: it.params.Limit}
-			it.source = SourceFailOpen
+			it.dec.Allowed = true
+			it.source = failSource(it.mode)
 		}
 	}
-	if len(reqs) == 0 {
-		return true
-	}
-	out := make([]sluice.Decision, len(reqs))
-	if err := e.local.CheckAll(ctx, reqs, out); err != nil {
-		for _, i := range idx {
-			it := &s.items[i]
-			it.dec = sluice.Decision{Allowed: true, Limit: it.params.Limit, Remaining: it.params.Limit}
-			it.source = SourceFailOpen
-		}
-		return true
-	}
+	return false
+}
+
+// localDecided takes the decisions out of the in-process limiter for the
+// items idx of s, and reports whether they all allowed.
+func (e *Engine) localDecided(s *scratch, idx []int, out []sluice.Decision) bool {
 	allowed := true
 	for j := range out {
 		if !out[j].Allowed {
@@ -839,7 +853,7 @@ func assemble(items []item, allowed bool) Result {
 		it := &items[i]
 		rr := RuleResult{Rule: it.rule.ID, Tier: it.tier, Allowed: it.dec.Allowed, Shadow: it.shadow,
 			Limit: it.dec.Limit, Remaining: it.dec.Remaining, ResetAfter: it.dec.ResetAfter,
-			RetryAfter: it.dec.RetryAfter, Cost: it.charged, Source: it.source}
+			RetryAfter: it.dec.RetryAfter, Cost: it.charged, Source: it.source, Fallback: it.fallback}
 		if rr.Limit == 0 && !it.params.DenyAll {
 			rr.Limit = it.params.Limit
 		}
@@ -852,6 +866,7 @@ func assemble(items []item, allowed bool) Result {
 		}
 		if it.source == SourceFailClosed {
 			res.Unavailable = true
+			res.Fallback = it.fallback
 		}
 		if allowed {
 			if deciding < 0 || rr.Remaining < res.Rules[deciding].Remaining {
@@ -892,6 +907,8 @@ func assemble(items []item, allowed bool) Result {
 	res.Source = res.Deciding.Source
 	if res.Unavailable {
 		res.Source = SourceFailClosed
+	} else {
+		res.Fallback = res.Deciding.Fallback
 	}
 	return res
 }
@@ -1229,8 +1246,12 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 			hits = descs[i].HitsAddend
 		}
 		s.keys = l.AppendKey(s.keys[:0], descs[i].Entries)
-		s.items = append(s.items, item{params: &l.Limit.Params[PriorityNormal], mode: policy.FailOpen,
-			shadow: l.Shadow, cost: int64(hits), key: string(s.keys), limit: l.Limit})
+		it := item{params: &l.Limit.Params[PriorityNormal], mode: l.FailureMode,
+			shadow: l.Shadow, cost: int64(hits), key: string(s.keys), limit: l.Limit}
+		if it.mode == policy.FailLocal {
+			it.local = &l.Limit.Local[PriorityNormal]
+		}
+		s.items = append(s.items, it)
 		refs = append(refs, ref{i, len(s.items) - 1})
 	}
 	if len(s.items) == 0 {

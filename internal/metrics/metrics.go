@@ -226,6 +226,7 @@ type Metrics struct {
 	hotKeySyncLag      prometheus.Histogram
 	hotKeySyncs        prometheus.Counter
 	storeGathered      prometheus.Histogram
+	storeFallbacks     *prometheus.CounterVec // reason, mode
 
 	configInfo     *prometheus.GaugeVec // version
 	reloadOK       prometheus.Gauge
@@ -339,6 +340,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.names["sluice_breaker_transitions_total"] = KindCounter
 	add("sluice_breaker_state", KindGauge, m.breakerState)
 	m.breakerTransitions = m.breakerState.transitions
+	m.storeFallbacks = counterVec("sluice_store_fallbacks_total",
+		"Rule decisions taken without the store, by reason (unreachable, stalled, deadline, breaker_open, overloaded) and failure mode applied (local, fail_open, fail_closed).",
+		"reason", "mode")
+	for _, r := range FallbackReasons {
+		for _, md := range []string{"local", "fail_open", "fail_closed"} {
+			m.storeFallbacks.WithLabelValues(r, md)
+		}
+	}
 	m.overLimitHits = counter("sluice_over_limit_cache_hits_total",
 		"Rule decisions answered from the over-limit cache, with no store call.")
 	m.overLimitEntries = gauge("sluice_over_limit_cache_entries",
@@ -524,6 +533,20 @@ func (b *breakerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	b.state.Collect(ch)
 	b.transitions.Collect(ch)
+}
+
+// FallbackReasons are the values of the reason label of
+// sluice_store_fallbacks_total, exported at 0 from the start.
+var FallbackReasons = []string{"unreachable", "stalled", "deadline", "breaker_open", "overloaded"}
+
+// StoreFallback counts a rule decision taken without the store, for
+// reason (one of FallbackReasons), by the failure mode mode (local,
+// fail_open, fail_closed).
+func (m *Metrics) StoreFallback(reason, mode string) {
+	if m == nil {
+		return
+	}
+	m.storeFallbacks.WithLabelValues(reason, mode).Inc()
 }
 
 // OverLimitCacheHit counts a rule decision answered from the over-limit

@@ -23,7 +23,7 @@ import (
 // Defaults of the configuration format.
 const (
 	DefaultAlgorithm   = sluice.SlidingWindowCounter
-	DefaultFailureMode = FailOpen
+	DefaultFailureMode = FailLocal
 	// MaxRules bounds the rules of one policy.
 	MaxRules = 100_000
 	// MaxLogLimit bounds the limit (at every priority) of a sliding window

@@ -1164,7 +1164,11 @@ func multiplex(conns int) int {
 	return min(bits.Len(uint(conns-1)), rueidis.MaxPipelineMultiplex)
 }
 
-// unavailable wraps a client error.
+// unavailable wraps a client error; an error reply of the server also
+// wraps store.ErrReplied.
 func (s *Store) unavailable(err error) error {
+	if _, ok := rueidis.IsRedisErr(err); ok {
+		return fmt.Errorf("redis: %w: %w: %w", sluice.ErrStoreUnavailable, store.ErrReplied, err)
+	}
 	return fmt.Errorf("redis: %w: %w", sluice.ErrStoreUnavailable, err)
 }
