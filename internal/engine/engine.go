@@ -97,7 +97,7 @@ const (
 // BatchMode says how a batch of checks is decided.
 type BatchMode uint8
 
-// The batch modes (seed 002, F-08 and F-09).
+// The batch modes.
 const (
 	// AllOrNothing allows every check or consumes nothing.
 	AllOrNothing BatchMode = iota + 1

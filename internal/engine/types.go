@@ -9,7 +9,7 @@ import (
 )
 
 // Priority is how urgent a check is. Priorities scale the limit a rule
-// grants: high 1.2x, normal 1x, low 0.8x by default (seed 002, F-07; the
+// grants: high 1.2x, normal 1x, low 0.8x by default (the
 // policy's defaults.priority_multipliers change them). It is the policy's
 // type, so that the policy can compile one limit per priority.
 type Priority = policy.Priority

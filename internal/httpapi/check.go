@@ -213,7 +213,7 @@ func (h *Handler) handleStatus(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, b.b)
 }
 
-// usageState returns seed 001's state of a rule: "throttled" when denied,
+// usageState returns the usage state of a rule: "throttled" when denied,
 // "warning" when more than 80% of the limit is used, "normal" otherwise.
 func usageState(allowed bool, limit, remaining int64) string {
 	switch {
