@@ -29,9 +29,10 @@ const toolsModule = "internal/tools/toxiproxy"
 const serverPackage = "github.com/Shopify/toxiproxy/v2/cmd/server"
 
 // installHint says how to get toxiproxy-server when the tests cannot.
-const installHint = "install toxiproxy-server on PATH (https://github.com/Shopify/toxiproxy/releases), " +
-	"or let the tests build it: run `make deps`, or `go build -o toxiproxy-server " + serverPackage +
-	"` in " + toolsModule + " with network access to the Go module proxy"
+const installHint = "run `make deps`, which builds it from " + toolsModule + " into the user's cache directory " +
+	"(it needs the Go module proxy), or put toxiproxy-server on PATH: a release from " +
+	"https://github.com/Shopify/toxiproxy/releases, or `cd " + toolsModule +
+	" && go build -o \"$(go env GOPATH)/bin/toxiproxy-server\" " + serverPackage + "`"
 
 var (
 	binaryOnce sync.Once
