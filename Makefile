@@ -17,9 +17,12 @@ run:
 build:
 	$(GO) build -o bin/sluice ./cmd/sluice
 
+# The fault tests' TCP proxy: toxiproxy-server from PATH, or built once from
+# internal/tools/toxiproxy into the user's cache directory by this test.
 deps:
 	@./scripts/ensure-redis.sh
 	@./scripts/ensure-promtool.sh
+	$(GO) test -count=1 -run '^TestProxy$$' ./internal/guard/guardtest/
 
 vet:
 	$(GO) vet ./...
