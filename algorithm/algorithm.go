@@ -22,10 +22,20 @@ type State struct {
 // cost must not be negative. Apply does not handle SlidingWindowLog (see
 // ApplyLog).
 func Apply(p *Params, s State, now, cost int64) (State, sluice.Decision) {
-	if d, done := precheck(p, cost); done {
-		return s, d
+	if p.DenyAll {
+		return s, sluice.Decision{Reason: sluice.ReasonDenyAll}
 	}
 	t := floorDiv(now, p.Quantum)
+	if cost > p.Burst {
+		// Never admitted: report the state as a read does.
+		_, d := apply(p, s, t, 0)
+		return s, exceeds(d)
+	}
+	return apply(p, s, t, cost)
+}
+
+// apply is Apply after the deny-all and capacity checks, at t quanta.
+func apply(p *Params, s State, t, cost int64) (State, sluice.Decision) {
 	switch p.Algorithm {
 	case sluice.TokenBucket, sluice.LeakyBucket:
 		return bucket(p, s, t, cost)
@@ -40,16 +50,12 @@ func Apply(p *Params, s State, now, cost int64) (State, sluice.Decision) {
 	return s, sluice.Decision{Reason: sluice.ReasonLimited, Limit: p.Limit}
 }
 
-// precheck decides the requests that need no state: a deny-all limit and a
-// cost above the capacity. done reports whether d is the decision.
-func precheck(p *Params, cost int64) (d sluice.Decision, done bool) {
-	if p.DenyAll {
-		return sluice.Decision{Reason: sluice.ReasonDenyAll}, true
-	}
-	if cost > p.Burst {
-		return sluice.Decision{Reason: sluice.ReasonCostExceedsCapacity, Limit: p.Limit}, true
-	}
-	return sluice.Decision{}, false
+// exceeds turns d, the decision of a read (cost 0), into the denial of a
+// cost above the capacity: never admitted, so no retry-after, with the
+// remaining and reset of the state as it stands.
+func exceeds(d sluice.Decision) sluice.Decision {
+	d.Allowed, d.Reason, d.RetryAfter = false, sluice.ReasonCostExceedsCapacity, 0
+	return d
 }
 
 // bucket is the token bucket and the leaky bucket: s.A is the debt (or the
@@ -241,8 +247,14 @@ func counterRetry(limit, w, e, cur, prev, cost int64) int64 {
 // It returns the new log, which may share log's array, and the decision.
 // When the request is denied, or cost is 0, log's array is left untouched.
 func ApplyLog(p *Params, log []int64, now, cost int64) ([]int64, sluice.Decision) {
-	if d, done := precheck(p, cost); done {
-		return log, d
+	if p.DenyAll {
+		return log, sluice.Decision{Reason: sluice.ReasonDenyAll}
+	}
+	if cost > p.Burst {
+		// Never admitted: report the log as a read does (a read leaves
+		// log's array untouched).
+		live, d := ApplyLog(p, log, now, 0)
+		return live, exceeds(d)
 	}
 	t := floorDiv(now, p.Quantum)
 	k := 0 // entries at or before t-W have left the window (t-W, t]

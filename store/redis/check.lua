@@ -412,7 +412,12 @@ local function decide(i)
     return 0, DENY_ALL, 0, 0, 0
   end
   if r.cost > r.K then
-    return 0, COST_EXCEEDS, 0, 0, 0
+    -- Never admitted: the key as it stands, as a read reports it.
+    local cost = r.cost
+    r.cost = 0
+    local _, _, rem, reset = decide(i)
+    r.cost = cost
+    return 0, COST_EXCEEDS, rem, reset, 0
   end
   local key = KEYS[i]
   r.nowus = now_of(r.now)

@@ -45,7 +45,9 @@ local function decide(key, ps, cost, now)
     return 0, 3, 0, 0, 0
   end
   if cost > K then
-    return 0, 2, 0, 0, 0
+    -- Never admitted: the key as it stands, as a read reports it.
+    local _, _, rem, reset = decide(key, ps, 0, now)
+    return 0, 2, rem, reset, 0
   end
   if now < 0 then
     if not clock then

@@ -132,6 +132,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("Sequences", func(t *testing.T) { testSequences(t, newStore(t), key) })
 	t.Run("Random", func(t *testing.T) { testRandom(t, newStore(t), key) })
 	t.Run("DenyAll", func(t *testing.T) { testDenyAll(t, newStore(t), key) })
+	t.Run("CostAboveCapacity", func(t *testing.T) { testCostAboveCapacity(t, newStore(t), key) })
 	t.Run("CheckDuplicateKeys", func(t *testing.T) { testCheckDuplicates(t, newStore(t), key) })
 	t.Run("CheckMixed", func(t *testing.T) { testCheckMixed(t, newStore(t), key) })
 	t.Run("CheckAll", func(t *testing.T) { testCheckAll(t, newStore(t), key) })
@@ -251,6 +252,48 @@ func testDenyAll(t *testing.T, s Store, key keyFunc) {
 				t.Errorf("%s cost %d: got %+v, want %+v (deny_all)", a, cost, got, want)
 			}
 		}
+	}
+}
+
+// testCostAboveCapacity checks that a cost above the capacity, never
+// admitted, reports the remaining and the reset of its key as they stand
+// (those a read reports), consumes nothing, through Check and CheckAll,
+// alone and in a batch.
+func testCostAboveCapacity(t *testing.T, s Store, key keyFunc) {
+	ctx := context.Background()
+	for _, a := range sluice.Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			p := compile(t, sluice.Limit{Algorithm: a, Limit: 10, Window: time.Minute})
+			k, other := key(t, "over"), key(t, "other")
+			check(t, s, store.Request{Key: k, Params: p, Cost: 4, Now: T0})
+			at := T0.Add(time.Second)
+			read := check(t, s, store.Request{Key: k, Params: p, Now: at})
+			if read.Remaining < 6 || read.Remaining == 10 || read.ResetAfter <= 0 {
+				t.Fatalf("read after 4 of 10: %+v, want 6 to 9 remaining and a reset", read)
+			}
+			want := sluice.Decision{Reason: sluice.ReasonCostExceedsCapacity, Limit: 10, Remaining: read.Remaining, ResetAfter: read.ResetAfter}
+			over := store.Request{Key: k, Params: p, Cost: 11, Now: at}
+			if got := check(t, s, over); got != want {
+				t.Errorf("Check cost 11: got %+v, want %+v", got, want)
+			}
+			out := make([]sluice.Decision, 2)
+			batch := []store.Request{{Key: other, Params: p, Cost: 1, Now: at}, over}
+			if err := s.Check(ctx, batch, out); err != nil {
+				t.Fatal(err)
+			}
+			if out[1] != want || !out[0].Allowed {
+				t.Errorf("Check batch: got %+v, want an admitted request and %+v", out, want)
+			}
+			if err := s.CheckAll(ctx, batch, out); err != nil {
+				t.Fatal(err)
+			}
+			if out[1] != want || out[0].Allowed {
+				t.Errorf("CheckAll batch: got %+v, want a refused request and %+v", out, want)
+			}
+			if got := check(t, s, store.Request{Key: k, Params: p, Now: at}); got != read {
+				t.Errorf("read after: got %+v, want %+v (nothing consumed)", got, read)
+			}
+		})
 	}
 }
 
