@@ -64,18 +64,18 @@ func TestTokenBucket(t *testing.T) {
 	// 10 per 10 s, burst 5: one token a second.
 	l := sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 10, Window: 10 * time.Second, Burst: 5}
 	runSteps(t, l, []step{
-		{0, 1, true, 4, 0, time.Second, 0},                         // first request
-		{0, 4, true, 0, 0, 5 * time.Second, 0},                     // the rest of the burst at one instant
-		{0, 1, false, 0, time.Second, 5 * time.Second, 1},          // one more
-		{sec / 2, 1, false, 0, 500 * time.Millisecond, any, 1},     // half a token back
-		{sec, 1, true, 0, 0, 5 * time.Second, 0},                   // one token back after exactly 1/rate
-		{sec, 0, true, 0, 0, 5 * time.Second, 0},                   // cost 0 reads
+		{0, 1, true, 4, 0, time.Second, 0},                                       // first request
+		{0, 4, true, 0, 0, 5 * time.Second, 0},                                   // the rest of the burst at one instant
+		{0, 1, false, 0, time.Second, 5 * time.Second, 1},                        // one more
+		{sec / 2, 1, false, 0, 500 * time.Millisecond, any, 1},                   // half a token back
+		{sec, 1, true, 0, 0, 5 * time.Second, 0},                                 // one token back after exactly 1/rate
+		{sec, 0, true, 0, 0, 5 * time.Second, 0},                                 // cost 0 reads
 		{sec, 6, false, 0, 0, 5 * time.Second, sluice.ReasonCostExceedsCapacity}, // above the burst: never, state as read
-		{3 * sec, 3, false, 2, time.Second, 3 * time.Second, 1},    // two back, three asked
-		{1000 * sec, 5, true, 0, 0, 5 * time.Second, 0},            // long inactivity: full, not more
-		{1000 * sec, 1, false, 0, time.Second, 5 * time.Second, 1}, // and nothing beyond the burst
-		{999 * sec, 1, false, 0, any, any, sluice.ReasonLimited},   // the clock went back: no refill
-		{1002*sec + 1, 2, true, 0, 0, any, 0},                      // 2 and a µs later: 2 back
+		{3 * sec, 3, false, 2, time.Second, 3 * time.Second, 1},                  // two back, three asked
+		{1000 * sec, 5, true, 0, 0, 5 * time.Second, 0},                          // long inactivity: full, not more
+		{1000 * sec, 1, false, 0, time.Second, 5 * time.Second, 1},               // and nothing beyond the burst
+		{999 * sec, 1, false, 0, any, any, sluice.ReasonLimited},                 // the clock went back: no refill
+		{1002*sec + 1, 2, true, 0, 0, any, 0},                                    // 2 and a µs later: 2 back
 	})
 }
 
