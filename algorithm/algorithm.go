@@ -27,7 +27,12 @@ func Apply(p *Params, s State, now, cost int64) (State, sluice.Decision) {
 	}
 	t := floorDiv(now, p.Quantum)
 	if cost > p.Burst {
-		// Never admitted: report the state as a read does.
+		// Never admitted: report the state as a read does, or as it is
+		// once charged when refused requests count.
+		if p.countsRefused() {
+			ns, d := fixedWindow(p, s, t, cost)
+			return ns, exceeds(d)
+		}
 		_, d := apply(p, s, t, 0)
 		return s, exceeds(d)
 	}
@@ -48,6 +53,13 @@ func apply(p *Params, s State, t, cost int64) (State, sluice.Decision) {
 	}
 	// An unknown algorithm or the log: deny rather than admit.
 	return s, sluice.Decision{Reason: sluice.ReasonLimited, Limit: p.Limit}
+}
+
+// Counts reports whether Apply, deciding a request of cost under p with the
+// decision d, changed the state: when it admitted a positive cost, and,
+// under CountRefused, when it refused one.
+func Counts(p *Params, d sluice.Decision, cost int64) bool {
+	return cost > 0 && (d.Allowed || p.countsRefused() && d.Reason != sluice.ReasonDenyAll)
 }
 
 // exceeds turns d, the decision of a read (cost 0), into the denial of a
@@ -156,11 +168,17 @@ func fixedWindow(p *Params, s State, t, cost int64) (State, sluice.Decision) {
 	}
 	end := start + p.Window
 	d := sluice.Decision{Limit: p.Limit}
-	if cost > 0 && count+cost > p.Limit {
+	if cost > 0 && count+cost > p.Limit || p.CountRefused && count > p.Limit {
 		d.Reason = sluice.ReasonLimited
 		d.Remaining = max(p.Limit-count, 0)
 		d.ResetAfter = p.Duration(end - t)
 		d.RetryAfter = p.Duration(end - t)
+		if p.CountRefused && cost > 0 {
+			// Refused, and counted all the same (up to MaxExact, far
+			// above any limit).
+			d.Remaining = 0
+			return State{A: start, B: min(count+cost, MaxExact)}, d
+		}
 		return s, d
 	}
 	d.Allowed = true
