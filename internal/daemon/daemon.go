@@ -144,6 +144,16 @@ type Config struct {
 	// acknowledge for as long (the socket's TCP_USER_TIMEOUT). Zero means
 	// DefaultGRPCKeepalive; negative, no pings.
 	GRPCKeepalive time.Duration
+	// EnvoyCompat answers Envoy's API as envoyproxy/ratelimit does where
+	// Sluice differs (docs/api.md, "Differences from
+	// envoyproxy/ratelimit"): descriptors decided each on its own, refused
+	// hits counted on fixed windows, limit_remaining 0 when over the
+	// limit, a descriptor with no entries not limited. Every instance
+	// sharing a store should set it alike.
+	EnvoyCompat bool
+	// EnvoyPreciseReset reports Envoy's duration_until_reset to the
+	// microsecond instead of in whole seconds.
+	EnvoyPreciseReset bool
 	// Guard configures what protects checks from a failing Redis store:
 	// the per-call deadline, the circuit breaker, the over-limit cache and
 	// the hot-key tier (see package guard). It does not apply to the
@@ -267,7 +277,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	applyStart := time.Now()
-	d.eng, err = engine.New(engine.Config{Store: st, Policy: pol, Now: cfg.Now, Metrics: d.metrics, Events: d.events})
+	d.eng, err = engine.New(engine.Config{Store: st, Policy: pol, Now: cfg.Now, Metrics: d.metrics, Events: d.events, EnvoyCompat: cfg.EnvoyCompat})
 	if err != nil {
 		return fail(fmt.Errorf("daemon: %w", err))
 	}
@@ -288,7 +298,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err != nil {
 		return fail(err)
 	}
-	rls, err := envoyrls.New(d.eng)
+	rls, err := envoyrls.New(d.eng, envoyrls.Config{PreciseReset: cfg.EnvoyPreciseReset, Compat: cfg.EnvoyCompat})
 	if err != nil {
 		return fail(err)
 	}
