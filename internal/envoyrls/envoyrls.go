@@ -139,6 +139,9 @@ func Descriptors(req *rlsv3.RateLimitRequest) ([]engine.Descriptor, error) {
 // descriptors is Descriptors; with emptyOK, a descriptor with no entries
 // is kept, with no entries (the engine then needs EnvoyCompat).
 func descriptors(req *rlsv3.RateLimitRequest, emptyOK bool) ([]engine.Descriptor, error) {
+	if reason, ok := grpccodec.Malformed(req); ok {
+		return nil, invalid("malformed request: %s", reason)
+	}
 	if field, ok := grpccodec.InvalidUTF8(req); ok {
 		return nil, invalid("%s: invalid UTF-8", field)
 	}
