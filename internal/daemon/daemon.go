@@ -144,6 +144,11 @@ type Config struct {
 	// acknowledge for as long (the socket's TCP_USER_TIMEOUT). Zero means
 	// DefaultGRPCKeepalive; negative, no pings.
 	GRPCKeepalive time.Duration
+	// GRPCReflection serves gRPC server reflection (grpc.reflection.v1
+	// and v1alpha) on the gRPC address, for tools such as grpcurl. Off by
+	// default: it lists every service and message to whoever reaches the
+	// address.
+	GRPCReflection bool
 	// EnvoyCompat answers Envoy's API as envoyproxy/ratelimit does where
 	// Sluice differs (docs/api.md, "Differences from
 	// envoyproxy/ratelimit"): descriptors decided each on its own, refused
@@ -389,7 +394,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	rls.Register(d.grpcSrv)
 	d.health = health.NewServer()
 	healthpb.RegisterHealthServer(d.grpcSrv, d.health)
-	reflection.Register(d.grpcSrv)
+	if cfg.GRPCReflection {
+		reflection.Register(d.grpcSrv)
+	}
 
 	bg, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel

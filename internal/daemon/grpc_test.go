@@ -98,8 +98,21 @@ func TestGRPCRateLimiter(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-func TestGRPCHealthAndReflection(t *testing.T) {
+// TestGRPCReflectionOffByDefault checks that server reflection is not
+// served unless asked for.
+func TestGRPCReflectionOffByDefault(t *testing.T) {
 	td := start(t, "")
+	stream, err := reflectionpb.NewServerReflectionClient(dial(t, td.GRPCAddr())).ServerReflectionInfo(ctx(t))
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("reflection by default: %v, want Unimplemented", err)
+	}
+}
+
+func TestGRPCHealthAndReflection(t *testing.T) {
+	td := start(t, "", func(c *daemon.Config) { c.GRPCReflection = true })
 	conn := dial(t, td.GRPCAddr())
 	h, err := healthpb.NewHealthClient(conn).Check(ctx(t), &healthpb.HealthCheckRequest{})
 	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
