@@ -587,6 +587,7 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		d.debugSrv.Close()
 	}
 	d.wg.Wait()
+	d.eng.Close()
 	if err := d.closer(); err != nil {
 		errs = append(errs, fmt.Errorf("daemon: closing the store: %w", err))
 	}

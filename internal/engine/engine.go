@@ -158,8 +158,9 @@ type Config struct {
 	IdempotencyTTL time.Duration
 	// MaxIdempotencyKeys bounds the idempotency keys remembered in
 	// process; zero means 1,000,000. Beyond it, new keys are decided
-	// without being remembered until expired records make room, which
-	// is looked for at most every tenth of IdempotencyTTL.
+	// without being remembered until expired records make room. Expired
+	// records are swept by a background goroutine every tenth of
+	// IdempotencyTTL (stopped by Engine.Close), and as new ones arrive.
 	MaxIdempotencyKeys int
 	// Local is the in-process limiter that decides the rules whose
 	// failure mode is local while Store cannot answer, with each rule's
@@ -260,7 +261,7 @@ func New(cfg Config) (*Engine, error) {
 	if maxIdem <= 0 {
 		maxIdem = 1_000_000
 	}
-	e.idem = newIdemCache(ttl, maxIdem)
+	e.idem = newIdemCache(ttl, maxIdem, e.now)
 	e.ttl = ttl
 	e.local = cfg.Local
 	if e.local == nil {
@@ -303,6 +304,15 @@ func (e *Engine) Accepts(p *policy.Policy) error {
 			}
 		}
 	}
+	return nil
+}
+
+// Close stops the engine's background work (the sweep of expired
+// idempotency records) and waits for it. It does not close the stores.
+// Checks after Close are still decided; their idempotency records are
+// then swept only as new ones arrive. Calling it again does nothing.
+func (e *Engine) Close() error {
+	e.idem.close()
 	return nil
 }
 
