@@ -133,8 +133,10 @@ type Config struct {
 	// docs/operations.md). Streaming calls (health Watch, reflection) are
 	// not bounded.
 	GRPCReadTimeout time.Duration
-	// GRPCMaxConns bounds the gRPC connections open at once: beyond it, new
-	// connections wait (in the kernel's accept queue) until one closes.
+	// GRPCMaxConns bounds the gRPC connections open at once: at the bound,
+	// the connection idle the longest (no call in flight for a second) is
+	// closed to make room; when none is idle, new connections wait (in
+	// the kernel's accept queue) until one closes or becomes idle.
 	// Zero means DefaultGRPCMaxConns; negative, no bound.
 	GRPCMaxConns int
 	// GRPCKeepalive is how long a gRPC connection may receive nothing
@@ -322,8 +324,14 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	// maxStreamsPerConn calls whose request may take up to the read
 	// timeout to come: without a bound on connections, nothing bounds
 	// what they hold.
+	// Idle connections do not exhaust the bound: at the bound, the one
+	// idle the longest is closed (see connLimit).
+	var activity *connActivity
 	if n := cmp.Or(cfg.GRPCMaxConns, DefaultGRPCMaxConns); n > 0 {
-		d.grpcLn = newConnLimit(d.grpcLn, n, d.log)
+		cl := newConnLimit(d.grpcLn, n, d.log)
+		activity = newConnActivity()
+		cl.activity = activity
+		d.grpcLn = cl
 	}
 
 	d.httpSrv = &http.Server{
@@ -388,6 +396,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		// A unary call's request must come within the read timeout (see
 		// requestWaits).
 		opts = append(opts, grpc.InTapHandle(waits.tap))
+	}
+	if activity != nil {
+		opts = append(opts, grpc.StatsHandler(activity))
 	}
 	d.grpcSrv = grpc.NewServer(opts...)
 	svc.Register(d.grpcSrv)
