@@ -12,7 +12,7 @@ TESTFLAGS ?= $(RACE) -count=1 -timeout 30m
 .PHONY: run test test-short vet bench fuzz build deps rules
 
 run:
-	$(GO) run ./cmd/sluice serve
+	$(GO) run ./cmd/sluice serve --grpc-reflection
 
 build:
 	$(GO) build -o bin/sluice ./cmd/sluice

@@ -98,9 +98,12 @@ func toStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// checkUTF8 returns the error for a request that held invalid UTF-8 in a
+// checkUTF8 returns the error for a request that was malformed, or held invalid UTF-8 in a
 // string field, as marked by grpccodec.Codec; nil otherwise.
 func checkUTF8(m proto.Message) error {
+	if reason, ok := grpccodec.Malformed(m); ok {
+		return status.Error(codes.InvalidArgument, "malformed request: "+reason)
+	}
 	if field, ok := grpccodec.InvalidUTF8(m); ok {
 		return toStatus(fieldErr(field, "invalid UTF-8"))
 	}

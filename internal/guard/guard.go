@@ -446,8 +446,9 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 	}
 	if all && denied {
 		// One request is denied in process: CheckAll consumes nothing,
-		// and what denied decided the requests never sent.
-		g.refuseRest(s, reqs, out, false)
+		// the others report their state as it stands (read from the
+		// store, at cost 0), and what denied decided them all.
+		g.refuseRest(s, reqs, out, g.readRest(ctx, s, reqs, out))
 		for _, i := range s.idx {
 			setSource(src, i, deniedBy)
 		}
@@ -488,12 +489,38 @@ func setSource(src []engine.Source, i int, s engine.Source) {
 	}
 }
 
+// readRest reads from the store, at cost 0, the requests of a CheckAll
+// that were waiting for it (s.idx) when another was denied in process, so
+// that they report their state as it stands rather than an unknown one:
+// one store call, which consumes nothing (and, for a limit that counts
+// refused requests, reports it over the limit when it is). It reports
+// whether out holds their decisions: false when the store could not
+// answer.
+func (g *Guard) readRest(ctx context.Context, s *scratch, reqs []store.Request, out []sluice.Decision) bool {
+	if len(s.idx) == 0 {
+		return true
+	}
+	s.reqs, s.out = s.reqs[:0], grow(s.out, len(s.idx))
+	for _, i := range s.idx {
+		r := reqs[i]
+		r.Cost = 0
+		s.reqs = append(s.reqs, r)
+	}
+	if err := g.direct(ctx, false, s.reqs, s.out); err != nil {
+		return false
+	}
+	for j, i := range s.idx {
+		out[i] = s.out[j]
+	}
+	return true
+}
+
 // refuseRest turns the admitted requests of a CheckAll that something
 // denied into refusals that consumed nothing, as the store contract has
 // it (ReasonLimited, no retry-after), returning the leases they took.
-// When the store was not called (decided is false), the requests that
-// were waiting for it are reported with their limit and 0 remaining: what
-// remains was not read.
+// When the store could not be read for the requests that were waiting
+// for it (decided is false), they are reported with their limit and 0
+// remaining: what remains is not known.
 func (g *Guard) refuseRest(s *scratch, reqs []store.Request, out []sluice.Decision, decided bool) {
 	g.giveBack(s, reqs)
 	if !decided {

@@ -10,7 +10,8 @@
 -- KEYS[i]  the state key of check i; a key that appears twice sees the
 --          effect of its first check
 -- ARGV     expiry margin (ms), the number of parameter sets P, then 7 per
---          set: algorithm, limit, burst, window, quantum, deny all (0/1),
+--          set: algorithm, limit, burst, window, quantum, deny all (0/1;
+--          2: a fixed window counting refused requests),
 --          expiry limit (algorithm.Params.ExpiryLimit; 0: the limit);
 --          then 3 per check: its parameter set (1 to P), cost, now (µs
 --          since the epoch; -1: Redis TIME)
@@ -44,8 +45,10 @@ local function decide(key, ps, cost, now)
   if ps[6] then
     return 0, 3, 0, 0, 0
   end
-  if cost > K then
-    return 0, 2, 0, 0, 0
+  if cost > K and not ps[8] then
+    -- Never admitted: the key as it stands, as a read reports it.
+    local _, _, rem, reset = decide(key, ps, 0, now)
+    return 0, 2, rem, reset, 0
   end
   if now < 0 then
     if not clock then
@@ -78,6 +81,7 @@ local function decide(key, ps, cost, now)
   end
 
   local na, nb, nc, rem, reset, exp
+  local refused -- count_refused: the reason of a refusal counted all the same
   if alg == 1 or alg == 2 or alg == 6 then
     local cap = K * W
     local debt, lag = 0, 0
@@ -141,8 +145,15 @@ local function decide(key, ps, cost, now)
       end
     end
     local e = start + W
-    if cost > 0 and count + cost > N then
-      return 0, 1, max(N - count, 0), e - t, e - t
+    if cost > 0 and count + cost > N or ps[8] and count > N then
+      if not ps[8] or cost == 0 then
+        return 0, 1, max(N - count, 0), e - t, e - t
+      end
+      refused = 1
+      if cost > K then
+        refused = 2
+      end
+      cost = math.min(count + cost, 2251799813685248) - count
     end
     count = count + cost
     reset = 0
@@ -150,7 +161,7 @@ local function decide(key, ps, cost, now)
       reset = e - t
     end
     rem = max(N - count, 0)
-    if cost == 0 then
+    if cost == 0 and not refused then
       return 1, 0, rem, reset, 0
     end
     na, nb, nc = start, count, 0
@@ -212,6 +223,11 @@ local function decide(key, ps, cost, now)
     px = string.format('%.0f', px)
   end
   redis.call('SET', key, string.format('1:%.0f:%.0f:%.0f', na, nb, nc), 'PX', px)
+  if refused == 1 then
+    return 0, 1, 0, reset, reset
+  elseif refused == 2 then
+    return 0, 2, 0, reset, 0
+  end
   return 1, 0, rem, reset, 0
 end
 
@@ -223,7 +239,7 @@ for s = 1, tonumber(ARGV[2]) do
     E = N
   end
   sets[s] = { tonumber(ARGV[o + 1]), N, tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4]),
-    tonumber(ARGV[o + 5]), ARGV[o + 6] == '1', E }
+    tonumber(ARGV[o + 5]), ARGV[o + 6] == '1', E, ARGV[o + 6] == '2' }
 end
 local reply, n = { 0, 0 }, 2
 local o = 2 + 7 * #sets

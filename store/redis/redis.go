@@ -877,9 +877,12 @@ func (s *Store) eachArgs(reqs []store.Request, idx []int) []string {
 
 // appendParams appends the 7 checkeach.lua arguments of a parameter set.
 func appendParams(args []string, p *algorithm.Params) []string {
-	deny := "0"
-	if p.DenyAll {
+	deny := "0" // deny all: 1; a fixed window counting refused requests: 2
+	switch {
+	case p.DenyAll:
 		deny = "1"
+	case p.CountRefused && p.Algorithm == sluice.FixedWindow:
+		deny = "2"
 	}
 	expiry := "0" // the limit
 	if p.ExpiryLimit > 0 && p.ExpiryLimit < p.Limit {
