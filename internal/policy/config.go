@@ -159,7 +159,7 @@ func parse(name string, data []byte) (*Policy, error) {
 // becomes "name:3: yaml: did not find expected key"), joined as
 // Parse's problems are.
 func syntaxError(name string, err error) error {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	msg := clipTo(strings.TrimPrefix(err.Error(), "yaml: "), maxErrorMsg)
 	e := &ConfigError{File: name, Msg: "yaml: " + msg}
 	if rest, ok := strings.CutPrefix(msg, "line "); ok {
 		if num, what, ok := strings.Cut(rest, ": "); ok {

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,11 +43,23 @@ type EnvoyLimit struct {
 	Shadow bool
 	// DetailedMetric asks for metrics per descriptor value.
 	DetailedMetric bool
+	// ValueToMetric asks for the descriptor's values in the metric's name
+	// (envoyproxy/ratelimit's value_to_metric).
+	ValueToMetric bool
+	// QuotaMode limits are quotas: one over its limit is reported
+	// OVER_LIMIT in its own status, but the request as a whole is over the
+	// limit only when every quota mode descriptor of it is (or another,
+	// ordinary, descriptor is).
+	QuotaMode bool
 	// Limit is the compiled limit (fixed window unless the rate_limit sets
 	// Sluice's `algorithm` extension); nil when Unlimited.
 	Limit *Limit
 
 	keyPrefix string // "rl:envoy:" + escaped domain + ":" + tag + ":"
+	// shared holds, by descriptor entry, the wildcard whose
+	// share_threshold makes all the values it matches share one counter,
+	// or ""; nil when no entry's does.
+	shared []string
 }
 
 type envoyDomain struct {
@@ -76,14 +89,11 @@ type envoyNode struct {
 }
 
 type envoyKey struct {
-	values    map[string]*envoyEntry // value-specific entries
-	wildcards []envoyWildcard        // values ending in '*', in file order
-	any       *envoyEntry            // the entry without a value
-}
-
-type envoyWildcard struct {
-	prefix string
-	entry  *envoyEntry
+	// values holds the entries by value as written, wildcards included:
+	// a value spelled as a wildcard is, literally, that wildcard's.
+	values    map[string]*envoyEntry
+	wildcards wildcardIndex // values holding '*'
+	any       *envoyEntry   // the entry without a value
 }
 
 type envoyEntry struct {
@@ -113,9 +123,10 @@ func (p *Policy) Domains() []string {
 // EnvoyLimit returns the limit of the descriptor entries in domain, or nil
 // when none applies, with envoyproxy/ratelimit's semantics: the entries are
 // matched in order, one nesting level each; at each level an entry with
-// the same key and value wins, then one whose value ends in '*' and
-// prefixes the value (first in file order), then one with the key and no
-// value; the limit is that of the entry matched by the last descriptor
+// the same key and value wins, then the first in file order whose value
+// holds '*' and matches the value, each '*' standing for any run of
+// characters ("foo*", "*bar", "foo*bar", "a*b*c"), then one with the key
+// and no value; the limit is that of the entry matched by the last descriptor
 // entry. A descriptor with more entries than the configuration has levels
 // gets no limit.
 func (p *Policy) EnvoyLimit(domain string, entries []DescriptorEntry) *EnvoyLimit {
@@ -130,13 +141,8 @@ func (p *Policy) EnvoyLimit(domain string, entries []DescriptorEntry) *EnvoyLimi
 			return nil
 		}
 		next := k.values[e.Value]
-		if next == nil {
-			for _, w := range k.wildcards {
-				if strings.HasPrefix(e.Value, w.prefix) {
-					next = w.entry
-					break
-				}
-			}
+		if next == nil && k.wildcards.n > 0 {
+			next = k.wildcards.match(e.Value)
 		}
 		if next == nil {
 			next = k.any
@@ -246,12 +252,9 @@ func (dom *envoyDomain) compileOverride(k envoyOverride) (*EnvoyLimit, error) {
 // limits appends the compiled limits under n to out.
 func (n *envoyNode) limits(out *[]*Limit) {
 	for _, k := range n.keys {
-		entries := make([]*envoyEntry, 0, len(k.values)+len(k.wildcards)+1)
+		entries := make([]*envoyEntry, 0, len(k.values)+1)
 		for _, e := range k.values {
 			entries = append(entries, e)
-		}
-		for _, w := range k.wildcards {
-			entries = append(entries, w.entry)
 		}
 		if k.any != nil {
 			entries = append(entries, k.any)
@@ -266,7 +269,9 @@ func (n *envoyNode) limits(out *[]*Limit) {
 }
 
 // AppendKey appends the store key of l for the descriptor entries to dst.
-// A key longer than MaxKeyBytes is shortened (see Rule.AppendKey).
+// An entry matched by a wildcard with share_threshold is keyed by the
+// wildcard, not by its value, so that all the values it matches share one
+// counter. A key longer than MaxKeyBytes is shortened (see Rule.AppendKey).
 func (l *EnvoyLimit) AppendKey(dst []byte, entries []DescriptorEntry) []byte {
 	start := len(dst)
 	dst = append(dst, l.keyPrefix...)
@@ -287,10 +292,17 @@ func (l *EnvoyLimit) AppendKey(dst []byte, entries []DescriptorEntry) []byte {
 			dst, k = append(dst, "%3D"...), after
 		}
 		dst = append(dst, '=')
-		dst = appendEscaped(dst, e.Value)
+		v := e.Value
+		if i < len(l.shared) && l.shared[i] != "" {
+			v = l.shared[i]
+		}
+		dst = appendEscaped(dst, v)
 	}
 	return shorten(append(dst, '}'), start)
 }
+
+// MaxEnvoyDepth bounds the nesting of Envoy descriptors.
+const MaxEnvoyDepth = 32
 
 // envoyDomain decodes one envoyproxy/ratelimit configuration.
 func (d *decoder) envoyDomain(n *yaml.Node) *envoyDomain {
@@ -312,14 +324,38 @@ func (d *decoder) envoyDomain(n *yaml.Node) *envoyDomain {
 		d.errorf(n, "domain: must not be empty")
 		return nil
 	}
-	st := &settings{alg: sluice.FixedWindow, high: 1, low: 1}
-	d.envoyDescriptors(descs, dom, &dom.root, dom.name, st)
+	d.envoyInto(dom, descs)
 	return dom
 }
 
-var envoyDescriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric"}
+// envoyInto decodes the descriptors descs of dom's configuration into dom,
+// beside those it holds (when a domain's configuration is merged from
+// several files).
+func (d *decoder) envoyInto(dom *envoyDomain, descs *yaml.Node) {
+	st := &settings{alg: sluice.FixedWindow, high: 1, low: 1}
+	d.envoyDescriptors(descs, dom, &dom.root, dom.name, st, nil)
+}
 
-func (d *decoder) envoyDescriptors(n *yaml.Node, dom *envoyDomain, into *envoyNode, parent string, st *settings) {
+var envoyDescriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode",
+	"detailed_metric", "value_to_metric", "share_threshold", "metadata"}
+
+// isNull reports whether n is YAML's null: a key given no value.
+func isNull(n *yaml.Node) bool {
+	n = resolve(n)
+	return n != nil && n.Kind == yaml.ScalarNode && n.Tag == "!!null"
+}
+
+// envoyDescriptors decodes the descriptors n into into; parent is the
+// full key of the level above, and shared, by level, the wildcards above
+// whose share_threshold is set.
+func (d *decoder) envoyDescriptors(n *yaml.Node, dom *envoyDomain, into *envoyNode, parent string, st *settings, shared []string) {
+	if isNull(n) {
+		return // `descriptors:` with no value, as envoyproxy/ratelimit takes it
+	}
+	if len(shared) >= MaxEnvoyDepth {
+		d.errorf(n, "descriptors: nested deeper than %d levels", MaxEnvoyDepth)
+		return
+	}
 	for _, item := range d.seq(n, "descriptors") {
 		fs := d.fields(item, "descriptor", envoyDescriptorKeys...)
 		if fs == nil {
@@ -327,8 +363,8 @@ func (d *decoder) envoyDescriptors(n *yaml.Node, dom *envoyDomain, into *envoyNo
 		}
 		var key, value string
 		var hasKey bool
-		var rl, children *yaml.Node
-		var shadow, detailed bool
+		var rl, children, meta *yaml.Node
+		var shadow, quota, detailed, toMetric, share bool
 		for _, f := range fs {
 			switch f.key {
 			case "key":
@@ -341,19 +377,44 @@ func (d *decoder) envoyDescriptors(n *yaml.Node, dom *envoyDomain, into *envoyNo
 				children = f.v
 			case "shadow_mode":
 				shadow, _ = d.bool(f.v, "descriptor.shadow_mode")
+			case "quota_mode":
+				quota, _ = d.bool(f.v, "descriptor.quota_mode")
 			case "detailed_metric":
 				detailed, _ = d.bool(f.v, "descriptor.detailed_metric")
+			case "value_to_metric":
+				toMetric, _ = d.bool(f.v, "descriptor.value_to_metric")
+			case "share_threshold":
+				share, _ = d.bool(f.v, "descriptor.share_threshold")
+			case "metadata":
+				meta = f.v
 			}
+		}
+		if meta != nil && !isNull(meta) && resolve(meta).Kind != yaml.MappingNode {
+			d.errorf(meta, "descriptor.metadata: want a mapping, got %s", kindName(resolve(meta)))
 		}
 		if !hasKey || key == "" {
 			d.errorf(item, "descriptor has an empty key")
 			continue
+		}
+		// The full key holds the parent's: its bytes are budgeted, since
+		// deep nesting of long keys and values makes them grow with the
+		// square of the depth.
+		size := len(parent) + 1 + len(key)
+		if value != "" {
+			size += 1 + len(value)
+		}
+		if !d.spendBytes(item, size+len(value)) {
+			return
 		}
 		full := key
 		if value != "" {
 			full += "_" + value
 		}
 		full = parent + "." + full
+		if share && !strings.Contains(value, "*") {
+			d.errorf(item, "descriptor.share_threshold: only a value holding '*' can share its counter, got key %q", full)
+			continue
+		}
 		if into.keys == nil {
 			into.keys = map[string]*envoyKey{}
 		}
@@ -370,17 +431,6 @@ func (d *decoder) envoyDescriptors(n *yaml.Node, dom *envoyDomain, into *envoyNo
 				continue
 			}
 			k.any = e
-		case strings.HasSuffix(value, "*"):
-			prefix := strings.TrimSuffix(value, "*")
-			dup := false
-			for _, w := range k.wildcards {
-				dup = dup || w.prefix == prefix
-			}
-			if dup {
-				d.errorf(item, "duplicate descriptor composite key %q", full)
-				continue
-			}
-			k.wildcards = append(k.wildcards, envoyWildcard{prefix: prefix, entry: e})
 		default:
 			if k.values == nil {
 				k.values = map[string]*envoyEntry{}
@@ -390,15 +440,29 @@ func (d *decoder) envoyDescriptors(n *yaml.Node, dom *envoyDomain, into *envoyNo
 				continue
 			}
 			k.values[value] = e
+			if strings.Contains(value, "*") {
+				k.wildcards.add(value, e)
+			}
+		}
+		level := append(shared[:len(shared):len(shared)], "")
+		if share {
+			level[len(level)-1] = value
 		}
 		if rl != nil {
 			e.limit = d.envoyLimit(rl, dom, full, st)
 			if e.limit != nil {
-				e.limit.Shadow, e.limit.DetailedMetric = shadow, detailed
+				e.limit.Shadow, e.limit.QuotaMode = shadow, quota
+				e.limit.DetailedMetric, e.limit.ValueToMetric = detailed, toMetric
+				for _, p := range level {
+					if p != "" {
+						e.limit.shared = level
+						break
+					}
+				}
 			}
 		}
 		if children != nil {
-			d.envoyDescriptors(children, dom, &e.children, full, st)
+			d.envoyDescriptors(children, dom, &e.children, full, st, level)
 		}
 	}
 }
@@ -467,6 +531,10 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 				bad = true
 			}
 		}
+	}
+	if l.Name != "" && slices.Contains(l.Replaces, l.Name) {
+		d.errorf(n, "rate_limit.replaces: names %q, the rate limit's own name: it would disable itself", l.Name)
+		return nil
 	}
 	if l.Unlimited {
 		if hasUnit || hasRPU {
