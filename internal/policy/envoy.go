@@ -306,26 +306,34 @@ const MaxEnvoyDepth = 32
 
 // envoyDomain decodes one envoyproxy/ratelimit configuration.
 func (d *decoder) envoyDomain(n *yaml.Node) *envoyDomain {
-	fs := d.fields(n, "envoy configuration", "domain", "descriptors")
-	if fs == nil {
+	name, descs := d.envoyHead(n)
+	if name == "" {
 		return nil
 	}
-	dom := &envoyDomain{}
-	var descs *yaml.Node
+	dom := &envoyDomain{name: name}
+	d.envoyInto(dom, descs)
+	return dom
+}
+
+// envoyHead decodes the domain of an envoyproxy/ratelimit configuration,
+// "" when it has none, and returns it with the node of its descriptors.
+func (d *decoder) envoyHead(n *yaml.Node) (domain string, descs *yaml.Node) {
+	fs := d.fields(n, "envoy configuration", "domain", "descriptors")
+	if fs == nil {
+		return "", nil
+	}
 	for _, f := range fs {
 		switch f.key {
 		case "domain":
-			dom.name, _ = d.str(f.v, "domain")
+			domain, _ = d.str(f.v, "domain")
 		case "descriptors":
 			descs = f.v
 		}
 	}
-	if dom.name == "" {
+	if domain == "" {
 		d.errorf(n, "domain: must not be empty")
-		return nil
 	}
-	d.envoyInto(dom, descs)
-	return dom
+	return domain, descs
 }
 
 // envoyInto decodes the descriptors descs of dom's configuration into dom,

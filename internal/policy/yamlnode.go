@@ -90,8 +90,9 @@ func (d *decoder) errorf(n *yaml.Node, format string, args ...any) {
 		return
 	}
 	for i, a := range args {
+		// Arguments quoting a value clipped already are a little longer.
 		if s, ok := a.(string); ok {
-			args[i] = clip(s)
+			args[i] = clipTo(s, 2*maxErrorValue)
 		}
 	}
 	msg := fmt.Sprintf(format, args...)
