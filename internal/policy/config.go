@@ -107,7 +107,12 @@ type settings struct {
 
 // parse parses either format.
 func parse(name string, data []byte) (*Policy, error) {
-	d := &decoder{file: name}
+	return parseWith(&decoder{file: name}, data)
+}
+
+// parseWith parses either format with d, whose budgets it spends.
+func parseWith(d *decoder, data []byte) (*Policy, error) {
+	name := d.file
 	var doc yaml.Node
 	more, err := unmarshal(data, &doc)
 	if err != nil {

@@ -304,6 +304,11 @@ func (l *EnvoyLimit) AppendKey(dst []byte, entries []DescriptorEntry) []byte {
 // MaxEnvoyDepth bounds the nesting of Envoy descriptors.
 const MaxEnvoyDepth = 32
 
+// envoyEntryBytes is what a descriptor costs in memory beside its names
+// and values, compiled limit included, for the bytes budget: each
+// descriptor an alias repeats is built anew.
+const envoyEntryBytes = 512
+
 // envoyDomain decodes one envoyproxy/ratelimit configuration.
 func (d *decoder) envoyDomain(n *yaml.Node) *envoyDomain {
 	name, descs := d.envoyHead(n)
@@ -411,7 +416,7 @@ func (d *decoder) envoyDescriptors(n *yaml.Node, dom *envoyDomain, into *envoyNo
 		if value != "" {
 			size += 1 + len(value)
 		}
-		if !d.spendBytes(item, size+len(value)) {
+		if !d.spendBytes(item, size+len(value)+envoyEntryBytes) {
 			return
 		}
 		full := key

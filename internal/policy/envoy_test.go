@@ -317,3 +317,59 @@ func TestEnvoyManyWildcardsAreIndexed(t *testing.T) {
 		t.Errorf("anything-s4: got %d, want 2", got)
 	}
 }
+
+// parseMemoryBound is the memory a parse of n bytes may allocate in all:
+// the yaml.v3 tree of the file (some hundreds of bytes per byte of the
+// worst files, of one-byte scalars), the work budget's entries, and the
+// budget of names and values built.
+func parseMemoryBound(n int) uint64 {
+	return uint64(n)*1024 + maxWork*256 + 2*MaxDecodedBytes
+}
+
+// FuzzParseBudget checks that the parser's budgets hold whatever the
+// file: the bytes of names and values it builds stay within
+// MaxDecodedBytes, the entries it visits within the work budget (and one
+// node's entries beyond), and what it allocates within parseMemoryBound.
+func FuzzParseBudget(f *testing.F) {
+	for _, src := range envoyFiles {
+		f.Add([]byte(src))
+	}
+	for _, name := range []string{"wildcards.yaml", "newer_keys.yaml", "replaces_itself.yaml"} {
+		if data, err := os.ReadFile(envoyFile(name)); err == nil {
+			f.Add(data)
+		}
+	}
+	f.Add([]byte(deepEnvoy(40, 4<<10)))
+	// An alias bomb: 2^40 descriptors once expanded.
+	var bomb strings.Builder
+	bomb.WriteString("domain: d\ndescriptors:\n  - {key: k0, descriptors: &l0 [{key: a}]}\n")
+	for i := 1; i <= 40; i++ {
+		fmt.Fprintf(&bomb, "  - {key: k%d, descriptors: &l%d [{key: a, descriptors: *l%d}, {key: b, descriptors: *l%d}]}\n", i, i, i-1, i-1)
+	}
+	f.Add([]byte(bomb.String()))
+	f.Add([]byte("domain: d\nx: &v " + strings.Repeat("v", 4<<10) + "\ndescriptors: &l [{key: *v, value: *v, descriptors: [{key: *v, value: *v}]}]\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - {key: k, value: \"a*b*\", share_threshold: true, quota_mode: true, descriptors: }\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		d := &decoder{file: "fuzz.yaml"}
+		func() {
+			defer func() { recover() }() // FuzzParse looks for panics
+			parseWith(d, data)
+		}()
+		runtime.ReadMemStats(&after)
+		if d.bytes > MaxDecodedBytes {
+			t.Fatalf("%d bytes of names and values built, budget %d", d.bytes, MaxDecodedBytes)
+		}
+		if d.work > maxWork+len(data)+1 {
+			t.Fatalf("%d entries visited, budget %d", d.work, maxWork)
+		}
+		alloc, bound := after.TotalAlloc-before.TotalAlloc, parseMemoryBound(len(data))
+		if testing.Verbose() && alloc > 64<<20 {
+			t.Logf("parsing %d bytes allocated %d MiB", len(data), alloc>>20)
+		}
+		if alloc > bound {
+			t.Fatalf("parsing %d bytes allocated %d MiB, bound %d MiB", len(data), alloc>>20, bound>>20)
+		}
+	})
+}

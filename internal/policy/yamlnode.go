@@ -23,8 +23,9 @@ const maxWork = 2_000_000
 // MaxDecodedBytes bounds the bytes of the names and values a file may
 // make the decoder build and keep (an Envoy descriptor's full key holds
 // its parents': nesting makes them grow with the square of the depth),
-// beside the file itself. A file beyond it is rejected as too large.
-const MaxDecodedBytes = 64 << 20
+// and of the Envoy descriptors built (aliases expanded), beside the file
+// itself. A file beyond it is rejected as too large.
+const MaxDecodedBytes = 128 << 20
 
 // maxErrorValue bounds the bytes of a value quoted in an error; a longer
 // one is cut, and the error says how long it was.
@@ -38,20 +39,23 @@ type decoder struct {
 	file  string
 	errs  []error
 	work  int
-	bytes int
+	bytes int // spent of MaxDecodedBytes; never more
+	// bytesOut is set once the bytes budget is exhausted.
+	bytesOut bool
 }
 
 // spendBytes takes k bytes from the budget of names and values built,
 // reporting false (once, with an error) when it is exhausted.
 func (d *decoder) spendBytes(n *yaml.Node, k int) bool {
-	if d.bytes > MaxDecodedBytes {
+	if d.bytesOut {
 		return false
 	}
-	d.bytes += k
-	if d.bytes > MaxDecodedBytes {
+	if k > MaxDecodedBytes-d.bytes {
+		d.bytesOut = true
 		d.errorf(n, "the configuration is too large (its names and values take more than %d MiB once built)", MaxDecodedBytes>>20)
 		return false
 	}
+	d.bytes += k
 	return true
 }
 
