@@ -52,7 +52,7 @@ type wildcardIndex struct {
 	rest       []*envoyWildcard // neither prefix nor suffix; in file order
 }
 
-// add files w, the next wildcard in file order.
+// add files the wildcard pattern of entry e, the next in file order.
 func (ix *wildcardIndex) add(pattern string, e *envoyEntry) {
 	w := &envoyWildcard{order: ix.n, pattern: pattern, parts: strings.Split(pattern, "*"), entry: e}
 	ix.n++
