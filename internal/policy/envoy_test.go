@@ -212,7 +212,7 @@ func TestEnvoyDeepNestingIsBounded(t *testing.T) {
 		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 256<<20 {
 			t.Errorf("%d levels (%d bytes): %d MiB allocated, want at most 256", levels, len(src), alloc>>20)
 		}
-		if took > 10*time.Second {
+		if took > 10*time.Second && !raceEnabled {
 			t.Errorf("%d levels: took %s", levels, took)
 		}
 	}
@@ -262,7 +262,7 @@ func TestEnvoyManyWildcardsAreIndexed(t *testing.T) {
 		t.Fatal(err)
 	}
 	parsed := time.Since(start)
-	if parsed > 10*time.Second {
+	if parsed > 10*time.Second && !raceEnabled {
 		t.Errorf("parsing %d wildcards took %s", n, parsed)
 	}
 	start = time.Now()
@@ -276,7 +276,7 @@ func TestEnvoyManyWildcardsAreIndexed(t *testing.T) {
 	}
 	per := time.Since(start) / lookups
 	t.Logf("%d wildcards: parsed in %s, %s per lookup", n, parsed, per)
-	if per > 100*time.Microsecond {
+	if bound := 100 * time.Microsecond; per > bound && !raceEnabled || per > 10*bound {
 		t.Errorf("a lookup among %d wildcards takes %s, want it not to scan them", n, per)
 	}
 	if got := rpu(p, "d", entries("k", "m2AxBy")); got != 3 {
