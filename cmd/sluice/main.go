@@ -1,7 +1,7 @@
 // Command sluice is the Sluice rate limiter's one binary.
 //
 //	sluice serve [flags]            serve the HTTP, gRPC and Envoy APIs
-//	sluice config validate FILE     check a configuration file
+//	sluice config validate PATH     check a configuration file or directory
 //	sluice check [flags]            ask a running server for one decision
 //	sluice load [flags]             load-test a running server
 //
@@ -33,7 +33,7 @@ func main() {
 
 const usage = `Usage:
   sluice serve [flags]              serve the HTTP, gRPC and Envoy rate limit APIs
-  sluice config validate FILE...    check configuration files; exit 1 on the first error
+  sluice config validate PATH...    check configuration files or directories; exit 1 on the first error
   sluice check [flags]              ask a running server for one decision
   sluice load [flags]               load-test a running server (HTTP, gRPC or Envoy's API)
 
@@ -51,7 +51,7 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		return serve(args[1:], stderr, getenv)
 	case "config":
 		if len(args) < 2 || args[1] != "validate" {
-			fmt.Fprint(stderr, "usage: sluice config validate FILE...\n")
+			fmt.Fprint(stderr, validateUsage)
 			return 2
 		}
 		return validate(args[2:], stdout, stderr)
@@ -110,7 +110,8 @@ func envFlags(fs *flag.FlagSet, vars map[string]string) func(getenv func(string)
 func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	configPath := fs.String("config", "", "policy file, Sluice's YAML or envoyproxy/ratelimit's; empty serves the built-in example policy")
+	configPath := fs.String("config", "", "policy file, Sluice's YAML or envoyproxy/ratelimit's, or a directory of envoyproxy/ratelimit files (*.yaml, *.yml), one domain each; empty serves the built-in example policy")
+	mergeDomains := fs.Bool("merge-domain-config", false, "let several files of a --config directory hold one Envoy domain and merge their descriptors, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG; without it such a configuration is rejected")
 	storeURL := fs.String("store", daemon.DefaultStoreURL, "store: memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,... (rediss:// and rediss-cluster:// for TLS)")
 	httpAddr := fs.String("http-addr", daemon.DefaultHTTPAddr, "listen address of the HTTP JSON API")
 	grpcAddr := fs.String("grpc-addr", daemon.DefaultGRPCAddr, "listen address of the gRPC and Envoy APIs")
@@ -161,13 +162,14 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 
 	startCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	d, err := daemon.Start(startCtx, daemon.Config{
-		HTTPAddr:   *httpAddr,
-		GRPCAddr:   *grpcAddr,
-		ConfigPath: *configPath,
-		StoreURL:   *storeURL,
-		Logger:     logger,
-		Guard:      guardCfg(),
-		Redis:      redisOpts(),
+		HTTPAddr:     *httpAddr,
+		GRPCAddr:     *grpcAddr,
+		ConfigPath:   *configPath,
+		MergeDomains: *mergeDomains,
+		StoreURL:     *storeURL,
+		Logger:       logger,
+		Guard:        guardCfg(),
+		Redis:        redisOpts(),
 
 		GRPCReadTimeout: *grpcReadTimeout,
 		GRPCMaxConns:    *grpcMaxConns,
@@ -204,13 +206,22 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	return 0
 }
 
-func validate(files []string, stdout, stderr io.Writer) int {
+const validateUsage = "usage: sluice config validate [--merge-domain-config] PATH...\n"
+
+func validate(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("config validate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	merge := fs.Bool("merge-domain-config", false, "let several files of a directory hold one Envoy domain, merged (as serve's flag)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	files := fs.Args()
 	if len(files) == 0 {
-		fmt.Fprint(stderr, "usage: sluice config validate FILE...\n")
+		fmt.Fprint(stderr, validateUsage)
 		return 2
 	}
 	for _, f := range files {
-		p, err := policy.Load(f)
+		p, err := policy.LoadWith(f, policy.Options{MergeDomains: *merge})
 		if err != nil {
 			var ce *policy.ConfigError
 			if errors.As(err, &ce) || strings.HasPrefix(err.Error(), f) {

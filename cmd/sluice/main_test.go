@@ -38,6 +38,38 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
+func TestConfigValidateDirectory(t *testing.T) {
+	dir := "../../internal/policy/testdata/envoy/merge" // two files of one domain
+	var out, errOut bytes.Buffer
+	if code := run([]string{"config", "validate", dir}, &out, &errOut, noEnv); code != 1 ||
+		!strings.Contains(errOut.String(), "duplicate domain") {
+		t.Errorf("without merging: exit %d, %q; want 1 and a duplicate domain", code, errOut.String())
+	}
+	errOut.Reset()
+	if code := run([]string{"config", "validate", "--merge-domain-config", dir}, &out, &errOut, noEnv); code != 0 {
+		t.Errorf("with --merge-domain-config: exit %d, %s", code, errOut.String())
+	}
+}
+
+// TestConfigValidateDeepNesting checks that a small file of deeply nested
+// descriptors with a long anchored key is rejected without exhausting
+// memory.
+func TestConfigValidateDeepNesting(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("domain: d\ndescriptors:\n  - key: &k " + strings.Repeat("k", 64<<10) + "\n    descriptors:\n")
+	for i := 1; i < 1000; i++ {
+		ind := strings.Repeat(" ", 2*i)
+		b.WriteString(ind + "  - key: *k\n" + ind + "    descriptors:\n")
+	}
+	path := filepath.Join(t.TempDir(), "deep.yaml")
+	os.WriteFile(path, []byte(b.String()), 0o644)
+	var out, errOut bytes.Buffer
+	if code := run([]string{"config", "validate", path}, &out, &errOut, noEnv); code != 1 ||
+		!strings.Contains(errOut.String(), "deeper than") {
+		t.Errorf("deep nesting: exit %d, %.300q; want 1 and an error on the depth", code, errOut.String())
+	}
+}
+
 func TestCheckCommand(t *testing.T) {
 	d, err := daemon.Start(context.Background(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0"})
 	if err != nil {

@@ -14,7 +14,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -84,9 +83,15 @@ type Config struct {
 	// GRPCAddr is the listen address of the gRPC APIs (Sluice's and
 	// Envoy's); empty means DefaultGRPCAddr. Port 0 picks a free port.
 	GRPCAddr string
-	// ConfigPath is the policy file (Sluice's YAML or envoyproxy/ratelimit's).
-	// Empty means the built-in example policy, and no reload.
+	// ConfigPath is the policy file (Sluice's YAML or envoyproxy/ratelimit's),
+	// or a directory of envoyproxy/ratelimit files, each with its domain
+	// (see policy.Read). Empty means the built-in example policy, and no
+	// reload.
 	ConfigPath string
+	// MergeDomains lets several files of a configuration directory hold
+	// one Envoy domain, whose descriptors are then merged (see
+	// policy.Options).
+	MergeDomains bool
 	// StoreURL selects the store: memory://, redis://host:port[/db] or
 	// redis-cluster://host:port,host:port,... (rediss:// and
 	// rediss-cluster:// for TLS; see docs/redis.md). Empty means memory://.
@@ -488,11 +493,12 @@ func (d *Daemon) loadPolicy() (*policy.Policy, []byte, error) {
 	if d.cfg.ConfigPath == "" {
 		return policy.Default(), nil, nil
 	}
-	data, err := os.ReadFile(d.cfg.ConfigPath)
+	files, err := policy.Read(d.cfg.ConfigPath)
 	if err != nil {
 		return nil, nil, fmt.Errorf("daemon: config: %w", err)
 	}
-	p, err := policy.Parse(d.cfg.ConfigPath, data)
+	data := policy.Snapshot(files)
+	p, err := policy.ParseFiles(files, policy.Options{MergeDomains: d.cfg.MergeDomains})
 	if err != nil {
 		return nil, data, err
 	}
@@ -540,7 +546,7 @@ func (d *Daemon) reload(force bool) error {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
 	start := time.Now()
-	data, err := os.ReadFile(d.cfg.ConfigPath)
+	files, err := policy.Read(d.cfg.ConfigPath)
 	if err != nil {
 		err = fmt.Errorf("daemon: config: %w", err)
 		d.log.Error("configuration not reloaded; the policy in force stays", "err", err)
@@ -548,12 +554,13 @@ func (d *Daemon) reload(force bool) error {
 		d.readFailed = true
 		return err
 	}
+	data := policy.Snapshot(files)
 	if !force && !d.readFailed && bytes.Equal(data, d.lastData) {
 		return nil
 	}
 	d.lastData = data
 	d.readFailed = false
-	p, err := policy.Parse(d.cfg.ConfigPath, data)
+	p, err := policy.ParseFiles(files, policy.Options{MergeDomains: d.cfg.MergeDomains})
 	if err != nil {
 		d.log.Error("configuration not reloaded; the policy in force stays", "err", err)
 		d.setFailed(err)

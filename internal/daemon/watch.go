@@ -65,9 +65,16 @@ func (cw *configWatcher) follow() {
 
 // watchDirs returns the directories whose changes can change what reading
 // path reads: its own, that of each symlink it leads through, and that of
-// the file it leads to.
+// the file it leads to; and when path is a directory of configuration
+// files, that directory itself (and the one it leads to).
 func watchDirs(path string) []string {
 	dirs := []string{filepath.Dir(path)}
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		dirs = append(dirs, filepath.Clean(path))
+		if real, err := filepath.EvalSymlinks(path); err == nil {
+			dirs = append(dirs, real)
+		}
+	}
 	p := path
 	for range 40 { // Linux's bound on the symlinks of one lookup
 		target, err := os.Readlink(p)
@@ -107,13 +114,14 @@ func (d *Daemon) watch(ctx context.Context, cw *configWatcher) {
 		select {
 		case <-ctx.Done():
 			return
-		case ev, ok := <-cw.w.Events:
+		case _, ok := <-cw.w.Events:
 			if !ok {
 				return
 			}
-			if ev.Has(fsnotify.Chmod) && !ev.Has(fsnotify.Write|fsnotify.Create|fsnotify.Rename|fsnotify.Remove) {
-				continue
-			}
+			// A change of permissions counts: a file made readable again
+			// may be read now, and a reload that could not read it be
+			// made good. A change that leaves the contents as they were
+			// costs one read.
 			now := time.Now()
 			if deadline.IsZero() {
 				deadline = now.Add(maxDebounces * d.cfg.WatchDebounce)

@@ -1216,7 +1216,10 @@ type DescriptorStatus struct {
 // ShouldRateLimit decides Envoy descriptors for domain, each charged
 // hitsAddend (0 means 1) unless the descriptor sets its own (HitsSet),
 // which may be 0: the descriptor is then decided without being charged.
-// overLimit is true when any descriptor is over its limit.
+// overLimit is true when any descriptor is over its limit, but for
+// quota_mode ones (policy.EnvoyLimit.QuotaMode): those report OverLimit in
+// their own status, and make overLimit true only when every quota_mode
+// descriptor of the request is over its limit, as in envoyproxy/ratelimit.
 //
 // The descriptors are matched as envoyproxy/ratelimit does (see
 // policy.Policy.EnvoyLimit), a descriptor's limit override replaces what
@@ -1224,7 +1227,8 @@ type DescriptorStatus struct {
 // `replaces` drops the limits it names, and the
 // limits that remain are decided like the rules of one check: the
 // non-shadow ones in one CheckAll (a request over one limit consumes none
-// of the others), then the shadow ones. Store failures fail open.
+// of the others), then the shadow and quota_mode ones. Store failures are
+// decided by each limit's failure mode (local by default).
 //
 // With Config.EnvoyCompat, as envoyproxy/ratelimit: the non-shadow limits
 // are decided each on its own (a request over one limit is counted on the
@@ -1317,8 +1321,10 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 			hits = descs[i].HitsAddend
 		}
 		s.keys = l.AppendKey(s.keys[:0], descs[i].Entries)
+		// A quota is decided with the shadow limits: its being over
+		// does not keep the others from being consumed.
 		it := item{params: e.envoyParams(p, &l.Limit.Params[PriorityNormal]), mode: l.FailureMode,
-			shadow: l.Shadow, cost: int64(hits), key: string(s.keys), limit: l.Limit}
+			shadow: l.Shadow || l.QuotaMode, cost: int64(hits), key: string(s.keys), limit: l.Limit}
 		if it.mode == policy.FailLocal {
 			it.local = &l.Limit.Local[PriorityNormal]
 		}
@@ -1331,21 +1337,32 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 	// With EnvoyCompat each descriptor is decided on its own, so that a
 	// request over one limit counts on the others too.
 	e.run(ctx, s, time.Time{}, !e.envoyCompat)
+	quotas, quotasOver := 0, 0
 	for _, r := range refs {
 		it := &s.items[r.item]
 		l := limits[r.desc]
 		over := blocking(it.dec) && it.source != SourceFailOpen
 		st := DescriptorStatus{HasLimit: true, Limit: l.RequestsPerUnit, Unit: l.Unit,
 			Remaining: it.dec.Remaining, DurationUntilReset: it.dec.ResetAfter, Rule: l.FullKey, Shadow: l.Shadow}
+		if l.QuotaMode && !l.Shadow {
+			quotas++
+		}
 		if over && !l.Shadow {
 			st.OverLimit = true
-			overLimit = true
+			if l.QuotaMode {
+				quotasOver++
+			} else {
+				overLimit = true
+			}
 		}
 		if st.DurationUntilReset == 0 {
 			st.DurationUntilReset = untilWindowEnd(e.now(), l.Unit)
 		}
 		e.observeDescriptor(ctx, domain, it, &st)
 		statuses[r.desc] = st
+	}
+	if quotas > 0 && quotasOver == quotas {
+		overLimit = true
 	}
 	return statuses, overLimit, nil
 }

@@ -107,7 +107,12 @@ type settings struct {
 
 // parse parses either format.
 func parse(name string, data []byte) (*Policy, error) {
-	d := &decoder{file: name}
+	return parseWith(&decoder{file: name}, data)
+}
+
+// parseWith parses either format with d, whose budgets it spends.
+func parseWith(d *decoder, data []byte) (*Policy, error) {
+	name := d.file
 	var doc yaml.Node
 	more, err := unmarshal(data, &doc)
 	if err != nil {
@@ -159,7 +164,7 @@ func parse(name string, data []byte) (*Policy, error) {
 // becomes "name:3: yaml: did not find expected key"), joined as
 // Parse's problems are.
 func syntaxError(name string, err error) error {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	msg := clipTo(strings.TrimPrefix(err.Error(), "yaml: "), maxErrorMsg)
 	e := &ConfigError{File: name, Msg: "yaml: " + msg}
 	if rest, ok := strings.CutPrefix(msg, "line "); ok {
 		if num, what, ok := strings.Cut(rest, ": "); ok {

@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
 )
@@ -42,6 +40,14 @@ type EnvoyLimit struct {
 	Shadow bool
 	// DetailedMetric asks for metrics per descriptor value.
 	DetailedMetric bool
+	// ValueToMetric asks for the descriptor's values in the metric's name
+	// (envoyproxy/ratelimit's value_to_metric).
+	ValueToMetric bool
+	// QuotaMode limits are quotas: one over its limit is reported
+	// OVER_LIMIT in its own status, but the request as a whole is over the
+	// limit only when every quota mode descriptor of it is (or another,
+	// ordinary, descriptor is).
+	QuotaMode bool
 	// Limit is the compiled limit (fixed window unless the rate_limit sets
 	// Sluice's `algorithm` extension); nil when Unlimited.
 	Limit *Limit
@@ -51,6 +57,10 @@ type EnvoyLimit struct {
 	FailureMode FailureMode
 
 	keyPrefix string // "rl:envoy:" + escaped domain + ":" + tag + ":"
+	// shared holds, by descriptor entry, the wildcard whose
+	// share_threshold makes all the values it matches share one counter,
+	// or ""; nil when no entry's does.
+	shared []string
 }
 
 type envoyDomain struct {
@@ -80,14 +90,11 @@ type envoyNode struct {
 }
 
 type envoyKey struct {
-	values    map[string]*envoyEntry // value-specific entries
-	wildcards []envoyWildcard        // values ending in '*', in file order
-	any       *envoyEntry            // the entry without a value
-}
-
-type envoyWildcard struct {
-	prefix string
-	entry  *envoyEntry
+	// values holds the entries by value as written, wildcards included:
+	// a value spelled as a wildcard is, literally, that wildcard's.
+	values    map[string]*envoyEntry
+	wildcards wildcardIndex // values holding '*'
+	any       *envoyEntry   // the entry without a value
 }
 
 type envoyEntry struct {
@@ -117,9 +124,10 @@ func (p *Policy) Domains() []string {
 // EnvoyLimit returns the limit of the descriptor entries in domain, or nil
 // when none applies, with envoyproxy/ratelimit's semantics: the entries are
 // matched in order, one nesting level each; at each level an entry with
-// the same key and value wins, then one whose value ends in '*' and
-// prefixes the value (first in file order), then one with the key and no
-// value; the limit is that of the entry matched by the last descriptor
+// the same key and value wins, then the first in file order whose value
+// holds '*' and matches the value, each '*' standing for any run of
+// characters ("foo*", "*bar", "foo*bar", "a*b*c"), then one with the key
+// and no value; the limit is that of the entry matched by the last descriptor
 // entry. A descriptor with more entries than the configuration has levels
 // gets no limit.
 func (p *Policy) EnvoyLimit(domain string, entries []DescriptorEntry) *EnvoyLimit {
@@ -134,13 +142,8 @@ func (p *Policy) EnvoyLimit(domain string, entries []DescriptorEntry) *EnvoyLimi
 			return nil
 		}
 		next := k.values[e.Value]
-		if next == nil {
-			for _, w := range k.wildcards {
-				if strings.HasPrefix(e.Value, w.prefix) {
-					next = w.entry
-					break
-				}
-			}
+		if next == nil && k.wildcards.n > 0 {
+			next = k.wildcards.match(e.Value)
 		}
 		if next == nil {
 			next = k.any
@@ -251,12 +254,9 @@ func (dom *envoyDomain) compileOverride(k envoyOverride) (*EnvoyLimit, error) {
 // limits appends the compiled limits under n to out.
 func (n *envoyNode) limits(out *[]*Limit) {
 	for _, k := range n.keys {
-		entries := make([]*envoyEntry, 0, len(k.values)+len(k.wildcards)+1)
+		entries := make([]*envoyEntry, 0, len(k.values)+1)
 		for _, e := range k.values {
 			entries = append(entries, e)
-		}
-		for _, w := range k.wildcards {
-			entries = append(entries, w.entry)
 		}
 		if k.any != nil {
 			entries = append(entries, k.any)
@@ -271,7 +271,9 @@ func (n *envoyNode) limits(out *[]*Limit) {
 }
 
 // AppendKey appends the store key of l for the descriptor entries to dst.
-// A key longer than MaxKeyBytes is shortened (see Rule.AppendKey).
+// An entry matched by a wildcard with share_threshold is keyed by the
+// wildcard, not by its value, so that all the values it matches share one
+// counter. A key longer than MaxKeyBytes is shortened (see Rule.AppendKey).
 func (l *EnvoyLimit) AppendKey(dst []byte, entries []DescriptorEntry) []byte {
 	start := len(dst)
 	dst = append(dst, l.keyPrefix...)
@@ -292,228 +294,13 @@ func (l *EnvoyLimit) AppendKey(dst []byte, entries []DescriptorEntry) []byte {
 			dst, k = append(dst, "%3D"...), after
 		}
 		dst = append(dst, '=')
-		dst = appendEscaped(dst, e.Value)
+		v := e.Value
+		if i < len(l.shared) && l.shared[i] != "" {
+			v = l.shared[i]
+		}
+		dst = appendEscaped(dst, v)
 	}
 	return shorten(append(dst, '}'), start)
-}
-
-// envoyDomain decodes one envoyproxy/ratelimit configuration.
-func (d *decoder) envoyDomain(n *yaml.Node) *envoyDomain {
-	fs := d.fields(n, "envoy configuration", "domain", "descriptors")
-	if fs == nil {
-		return nil
-	}
-	dom := &envoyDomain{}
-	var descs *yaml.Node
-	for _, f := range fs {
-		switch f.key {
-		case "domain":
-			dom.name, _ = d.str(f.v, "domain")
-		case "descriptors":
-			descs = f.v
-		}
-	}
-	if dom.name == "" {
-		d.errorf(n, "domain: must not be empty")
-		return nil
-	}
-	st := &settings{alg: sluice.FixedWindow, high: 1, low: 1}
-	d.envoyDescriptors(descs, dom, &dom.root, dom.name, st)
-	return dom
-}
-
-var envoyDescriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric"}
-
-func (d *decoder) envoyDescriptors(n *yaml.Node, dom *envoyDomain, into *envoyNode, parent string, st *settings) {
-	for _, item := range d.seq(n, "descriptors") {
-		fs := d.fields(item, "descriptor", envoyDescriptorKeys...)
-		if fs == nil {
-			continue
-		}
-		var key, value string
-		var hasKey bool
-		var rl, children *yaml.Node
-		var shadow, detailed bool
-		for _, f := range fs {
-			switch f.key {
-			case "key":
-				key, hasKey = d.str(f.v, "descriptor.key")
-			case "value":
-				value, _ = d.str(f.v, "descriptor.value")
-			case "rate_limit":
-				rl = f.v
-			case "descriptors":
-				children = f.v
-			case "shadow_mode":
-				shadow, _ = d.bool(f.v, "descriptor.shadow_mode")
-			case "detailed_metric":
-				detailed, _ = d.bool(f.v, "descriptor.detailed_metric")
-			}
-		}
-		if !hasKey || key == "" {
-			d.errorf(item, "descriptor has an empty key")
-			continue
-		}
-		full := key
-		if value != "" {
-			full += "_" + value
-		}
-		full = parent + "." + full
-		if into.keys == nil {
-			into.keys = map[string]*envoyKey{}
-		}
-		k := into.keys[key]
-		if k == nil {
-			k = &envoyKey{}
-			into.keys[key] = k
-		}
-		e := &envoyEntry{}
-		switch {
-		case value == "":
-			if k.any != nil {
-				d.errorf(item, "duplicate descriptor composite key %q", full)
-				continue
-			}
-			k.any = e
-		case strings.HasSuffix(value, "*"):
-			prefix := strings.TrimSuffix(value, "*")
-			dup := false
-			for _, w := range k.wildcards {
-				dup = dup || w.prefix == prefix
-			}
-			if dup {
-				d.errorf(item, "duplicate descriptor composite key %q", full)
-				continue
-			}
-			k.wildcards = append(k.wildcards, envoyWildcard{prefix: prefix, entry: e})
-		default:
-			if k.values == nil {
-				k.values = map[string]*envoyEntry{}
-			}
-			if _, dup := k.values[value]; dup {
-				d.errorf(item, "duplicate descriptor composite key %q", full)
-				continue
-			}
-			k.values[value] = e
-		}
-		if rl != nil {
-			e.limit = d.envoyLimit(rl, dom, full, st)
-			if e.limit != nil {
-				e.limit.Shadow, e.limit.DetailedMetric = shadow, detailed
-			}
-		}
-		if children != nil {
-			d.envoyDescriptors(children, dom, &e.children, full, st)
-		}
-	}
-}
-
-var envoyRateLimitKeys = []string{"unit", "requests_per_unit", "name", "replaces", "unlimited", "algorithm"}
-
-func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *settings) *EnvoyLimit {
-	fs := d.fields(n, "rate_limit", envoyRateLimitKeys...)
-	if fs == nil {
-		return nil
-	}
-	l := &EnvoyLimit{Domain: dom.name, FullKey: full, FailureMode: DefaultFailureMode}
-	// has* report the fields given, bad that one was reported as invalid.
-	var hasUnit, hasRPU, bad bool
-	alg := sluice.FixedWindow
-	for _, f := range fs {
-		switch f.key {
-		case "unit":
-			hasUnit = true
-			s, ok := d.str(f.v, "rate_limit.unit")
-			if !ok {
-				bad = true
-				continue
-			}
-			u, known := envoyUnits[strings.ToLower(s)]
-			if !known {
-				d.errorf(f.v, "rate_limit.unit: invalid rate limit unit %q (want second, minute, hour, day, week, month or year)", s)
-				bad = true
-				continue
-			}
-			l.Unit, l.UnitName = u, strings.ToLower(s)
-		case "requests_per_unit":
-			hasRPU = true
-			v, ok := d.int64(f.v, "rate_limit.requests_per_unit")
-			if !ok {
-				bad = true
-				continue
-			}
-			if v < 0 || v > math.MaxUint32 {
-				d.errorf(f.v, "rate_limit.requests_per_unit: must be between 0 and %d, got %d", uint32(math.MaxUint32), v)
-				bad = true
-				continue
-			}
-			l.RequestsPerUnit = v
-		case "name":
-			l.Name, _ = d.str(f.v, "rate_limit.name")
-		case "replaces":
-			for _, r := range d.seq(f.v, "rate_limit.replaces") {
-				for _, rf := range d.fields(r, "rate_limit.replaces[]", "name") {
-					s, ok := d.str(rf.v, "rate_limit.replaces[].name")
-					if ok && s == "" {
-						d.errorf(rf.v, "rate_limit.replaces: name must not be empty")
-						continue
-					}
-					if ok {
-						l.Replaces = append(l.Replaces, s)
-					}
-				}
-			}
-		case "unlimited":
-			l.Unlimited, _ = d.bool(f.v, "rate_limit.unlimited")
-		case "algorithm":
-			if a, ok := d.algorithm(f.v, "rate_limit.algorithm"); ok {
-				alg = a
-			} else {
-				bad = true
-			}
-		}
-	}
-	if l.Unlimited {
-		if hasUnit || hasRPU {
-			d.errorf(n, "rate_limit: an unlimited rate limit must not set unit or requests_per_unit")
-			return nil
-		}
-		return l
-	}
-	if !hasUnit {
-		d.errorf(n, "rate_limit: missing unit")
-		return nil
-	}
-	if !hasRPU {
-		d.errorf(n, "rate_limit: missing requests_per_unit")
-		return nil
-	}
-	if bad {
-		return nil
-	}
-	spec := limitSpec{alg: alg, limit: l.RequestsPerUnit, window: l.Unit, hasLim: true, hasWin: true, node: n}
-	if l.RequestsPerUnit == 0 {
-		// requests_per_unit: 0 blocks every request (envoyproxy/ratelimit's
-		// way of listing a banned value).
-		lim := &Limit{Spec: sluice.Limit{Algorithm: alg, Window: l.Unit, DenyAll: true}}
-		for pr := range lim.Params {
-			p, err := algorithm.Compile(lim.Spec)
-			if err != nil {
-				d.errorf(n, "rate_limit: %v", err)
-				return nil
-			}
-			lim.Params[pr] = p
-		}
-		lim.Tag = algorithmAbbrev[alg] + "." + l.Unit.String()
-		l.Limit = lim
-	} else {
-		l.Limit = d.compile(spec, st, DefaultFailureMode, 1, "rate_limit", 1)
-		if l.Limit == nil {
-			return nil
-		}
-	}
-	l.keyPrefix = "rl:envoy:" + string(appendEscaped(nil, dom.name)) + ":" + l.Limit.Tag + ":"
-	return l
 }
 
 // ValidateDescriptor reports a problem with Envoy descriptor entries that

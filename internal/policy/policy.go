@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -451,15 +450,6 @@ func Parse(name string, data []byte) (p *Policy, err error) {
 		}
 	}()
 	return parse(name, data)
-}
-
-// Load reads and parses the file at path.
-func Load(path string) (*Policy, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-	}
-	return Parse(path, data)
 }
 
 // Default returns the built-in example policy that `sluice serve` uses with

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 )
@@ -19,14 +20,62 @@ const maxErrors = 50
 // large tree; the budget turns that into an error.
 const maxWork = 2_000_000
 
+// MaxDecodedBytes bounds the bytes of the names and values a file may
+// make the decoder build and keep (an Envoy descriptor's full key holds
+// its parents': nesting makes them grow with the square of the depth),
+// and of the Envoy descriptors built (aliases expanded), beside the file
+// itself. A file beyond it is rejected as too large.
+const MaxDecodedBytes = 128 << 20
+
+// maxErrorValue bounds the bytes of a value quoted in an error; a longer
+// one is cut, and the error says how long it was.
+const maxErrorValue = 128
+
+// maxErrorMsg bounds the bytes of one error's message.
+const maxErrorMsg = 1024
+
 // decoder walks a yaml.Node tree and collects errors with positions.
 type decoder struct {
-	file string
-	errs []error
-	work int
+	file  string
+	errs  []error
+	work  int
+	bytes int // spent of MaxDecodedBytes; never more
+	// bytesOut is set once the bytes budget is exhausted.
+	bytesOut bool
 }
 
-// spend takes n from the work budget, reporting false (once, with an
+// spendBytes takes k bytes from the budget of names and values built,
+// reporting false (once, with an error) when it is exhausted.
+func (d *decoder) spendBytes(n *yaml.Node, k int) bool {
+	if d.bytesOut {
+		return false
+	}
+	if k > MaxDecodedBytes-d.bytes {
+		d.bytesOut = true
+		d.errorf(n, "the configuration is too large (its names and values take more than %d MiB once built)", MaxDecodedBytes>>20)
+		return false
+	}
+	d.bytes += k
+	return true
+}
+
+// clip returns s, or its start and its length when it is longer than
+// maxErrorValue bytes, for errors.
+func clip(s string) string { return clipTo(s, maxErrorValue) }
+
+// clipTo returns s, or its first n bytes (whole UTF-8 characters) and its
+// length when it is longer.
+func clipTo(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return fmt.Sprintf("%s...(%d bytes)", s[:n], len(s))
+}
+
+// spend takes k from the work budget, reporting false (once, with an
 // error) when it is exhausted.
 func (d *decoder) spend(n *yaml.Node, k int) bool {
 	if d.work > maxWork {
@@ -44,7 +93,14 @@ func (d *decoder) errorf(n *yaml.Node, format string, args ...any) {
 	if len(d.errs) >= maxErrors {
 		return
 	}
-	e := &ConfigError{File: d.file, Msg: fmt.Sprintf(format, args...)}
+	for i, a := range args {
+		// Arguments quoting a value clipped already are a little longer.
+		if s, ok := a.(string); ok {
+			args[i] = clipTo(s, 2*maxErrorValue)
+		}
+	}
+	msg := fmt.Sprintf(format, args...)
+	e := &ConfigError{File: d.file, Msg: clipTo(msg, maxErrorMsg)}
 	if n != nil {
 		e.Line, e.Column = n.Line, n.Column
 	}
@@ -134,7 +190,7 @@ func kindName(n *yaml.Node) string {
 		if n.Tag == "!!null" {
 			return "null"
 		}
-		return fmt.Sprintf("%q", n.Value)
+		return fmt.Sprintf("%q", clip(n.Value))
 	}
 	return "something else"
 }
