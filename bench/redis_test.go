@@ -152,11 +152,11 @@ func redisBenchmarkCeiling(b *testing.B, srv *redistest.Server) {
 func ceilingArgs(port int, sha string, n int) []string {
 	return []string{"-h", "127.0.0.1", "-p", strconv.Itoa(port), "-P", "16", "-c", "64", "-n", strconv.Itoa(n), "-r", strconv.Itoa(redisKeys), "--csv",
 		"EVALSHA", sha, "1", "rl:bench:{user=__rand_int__}",
-		// The expiry margin, one parameter set (GCRA), then the check:
-		// set 1, cost 1, Redis' clock.
-		"1000",
-		"1", "6", strconv.Itoa(redisLimit), strconv.Itoa(redisLimit), "1000000", "1", "0", "0",
-		"1", "1", "-1"}
+		// The expiry margin, one parameter set, Redis' clock, the set
+		// (GCRA), then the check: set 1, cost 1.
+		"1000", "1", "1",
+		"6", strconv.Itoa(redisLimit), strconv.Itoa(redisLimit), "1000000", "1", "0", "0",
+		"1", "1"}
 }
 
 // newGoRedis returns a go-redis client for the server, with its default
