@@ -50,7 +50,11 @@ const (
 func BenchmarkRedisCPU(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, a := range sluice.Algorithms {
-		p := algorithm.MustCompile(sluice.Limit{Algorithm: a, Limit: cpuLimit, Window: time.Minute})
+		limit := int64(cpuLimit)
+		if a == sluice.SlidingWindowLog {
+			limit = sluiceredis.DefaultMaxLogEntries // its largest
+		}
+		p := algorithm.MustCompile(sluice.Limit{Algorithm: a, Limit: limit, Window: time.Minute})
 		s, err := sluiceredis.New(sluiceredis.Config{Addrs: []string{srv.Addr}, Prefix: a.String() + ":"})
 		if err != nil {
 			b.Fatal(err)
