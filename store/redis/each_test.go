@@ -75,6 +75,22 @@ func TestEachStateLayouts(t *testing.T) {
 			t.Errorf("%s: %d corrupt resets, want 0", via, s.CorruptResets())
 		}
 	}
+	// A text state of 25 bytes, the length of the binary layout.
+	big := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 2000, Window: time.Minute})
+	st := "1:" + strconv.FormatInt(t0.UnixMicro(), 10) + ":1234:0"
+	if len(st) != 25 {
+		t.Fatalf("%q is %d bytes, want 25", st, len(st))
+	}
+	for _, via := range []string{"Check", "CheckAll"} {
+		key := "rl:layout:25:" + via
+		if _, err := srv.Do("SET", key, st, "PX", "120000"); err != nil {
+			t.Fatal(err)
+		}
+		out := checkVia(t, s, via, []store.Request{{Key: key, Params: big, Cost: 1, Now: t0.Add(time.Second)}})
+		if d := out[0]; !d.Allowed || d.Remaining != 765 || s.CorruptResets() != 0 {
+			t.Errorf("%s on a 25-byte text state: %+v, %d corrupt resets; want allowed with 765 remaining, none reset", via, d, s.CorruptResets())
+		}
+	}
 	// One call at Redis' clock with one set and cost, another with two
 	// costs and an instant: both decide each check on its own.
 	q := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 10, Window: time.Hour})
