@@ -12,14 +12,17 @@ TESTFLAGS ?= $(RACE) -count=1 -timeout 30m
 .PHONY: run test test-short vet bench fuzz build deps rules
 
 run:
-	$(GO) run ./cmd/sluice serve
+	$(GO) run ./cmd/sluice serve --grpc-reflection
 
 build:
 	$(GO) build -o bin/sluice ./cmd/sluice
 
+# The fault tests' TCP proxy: toxiproxy-server from PATH, or built once from
+# internal/tools/toxiproxy into the user's cache directory by this test.
 deps:
 	@./scripts/ensure-redis.sh
 	@./scripts/ensure-promtool.sh
+	$(GO) test -count=1 -run '^TestProxy$$' ./internal/guard/guardtest/
 
 vet:
 	$(GO) vet ./...

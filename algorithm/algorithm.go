@@ -22,10 +22,25 @@ type State struct {
 // cost must not be negative. Apply does not handle SlidingWindowLog (see
 // ApplyLog).
 func Apply(p *Params, s State, now, cost int64) (State, sluice.Decision) {
-	if d, done := precheck(p, cost); done {
-		return s, d
+	if p.DenyAll {
+		return s, sluice.Decision{Reason: sluice.ReasonDenyAll}
 	}
 	t := floorDiv(now, p.Quantum)
+	if cost > p.Burst {
+		// Never admitted: report the state as a read does, or as it is
+		// once charged when refused requests count.
+		if p.countsRefused() {
+			ns, d := fixedWindow(p, s, t, cost)
+			return ns, exceeds(d)
+		}
+		_, d := apply(p, s, t, 0)
+		return s, exceeds(d)
+	}
+	return apply(p, s, t, cost)
+}
+
+// apply is Apply after the deny-all and capacity checks, at t quanta.
+func apply(p *Params, s State, t, cost int64) (State, sluice.Decision) {
 	switch p.Algorithm {
 	case sluice.TokenBucket, sluice.LeakyBucket:
 		return bucket(p, s, t, cost)
@@ -40,16 +55,19 @@ func Apply(p *Params, s State, now, cost int64) (State, sluice.Decision) {
 	return s, sluice.Decision{Reason: sluice.ReasonLimited, Limit: p.Limit}
 }
 
-// precheck decides the requests that need no state: a deny-all limit and a
-// cost above the capacity. done reports whether d is the decision.
-func precheck(p *Params, cost int64) (d sluice.Decision, done bool) {
-	if p.DenyAll {
-		return sluice.Decision{Reason: sluice.ReasonDenyAll}, true
-	}
-	if cost > p.Burst {
-		return sluice.Decision{Reason: sluice.ReasonCostExceedsCapacity, Limit: p.Limit}, true
-	}
-	return sluice.Decision{}, false
+// Counts reports whether Apply, deciding a request of cost under p with the
+// decision d, changed the state: when it admitted a positive cost, and,
+// under CountRefused, when it refused one.
+func Counts(p *Params, d sluice.Decision, cost int64) bool {
+	return cost > 0 && (d.Allowed || p.countsRefused() && d.Reason != sluice.ReasonDenyAll)
+}
+
+// exceeds turns d, the decision of a read (cost 0), into the denial of a
+// cost above the capacity: never admitted, so no retry-after, with the
+// remaining and reset of the state as it stands.
+func exceeds(d sluice.Decision) sluice.Decision {
+	d.Allowed, d.Reason, d.RetryAfter = false, sluice.ReasonCostExceedsCapacity, 0
+	return d
 }
 
 // bucket is the token bucket and the leaky bucket: s.A is the debt (or the
@@ -150,11 +168,17 @@ func fixedWindow(p *Params, s State, t, cost int64) (State, sluice.Decision) {
 	}
 	end := start + p.Window
 	d := sluice.Decision{Limit: p.Limit}
-	if cost > 0 && count+cost > p.Limit {
+	if cost > 0 && count+cost > p.Limit || p.CountRefused && count > p.Limit {
 		d.Reason = sluice.ReasonLimited
 		d.Remaining = max(p.Limit-count, 0)
 		d.ResetAfter = p.Duration(end - t)
 		d.RetryAfter = p.Duration(end - t)
+		if p.CountRefused && cost > 0 {
+			// Refused, and counted all the same (up to MaxExact, far
+			// above any limit).
+			d.Remaining = 0
+			return State{A: start, B: min(count+cost, MaxExact)}, d
+		}
 		return s, d
 	}
 	d.Allowed = true
@@ -241,8 +265,14 @@ func counterRetry(limit, w, e, cur, prev, cost int64) int64 {
 // It returns the new log, which may share log's array, and the decision.
 // When the request is denied, or cost is 0, log's array is left untouched.
 func ApplyLog(p *Params, log []int64, now, cost int64) ([]int64, sluice.Decision) {
-	if d, done := precheck(p, cost); done {
-		return log, d
+	if p.DenyAll {
+		return log, sluice.Decision{Reason: sluice.ReasonDenyAll}
+	}
+	if cost > p.Burst {
+		// Never admitted: report the log as a read does (a read leaves
+		// log's array untouched).
+		live, d := ApplyLog(p, log, now, 0)
+		return live, exceeds(d)
 	}
 	t := floorDiv(now, p.Quantum)
 	k := 0 // entries at or before t-W have left the window (t-W, t]

@@ -64,18 +64,18 @@ func TestTokenBucket(t *testing.T) {
 	// 10 per 10 s, burst 5: one token a second.
 	l := sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 10, Window: 10 * time.Second, Burst: 5}
 	runSteps(t, l, []step{
-		{0, 1, true, 4, 0, time.Second, 0},                         // first request
-		{0, 4, true, 0, 0, 5 * time.Second, 0},                     // the rest of the burst at one instant
-		{0, 1, false, 0, time.Second, 5 * time.Second, 1},          // one more
-		{sec / 2, 1, false, 0, 500 * time.Millisecond, any, 1},     // half a token back
-		{sec, 1, true, 0, 0, 5 * time.Second, 0},                   // one token back after exactly 1/rate
-		{sec, 0, true, 0, 0, 5 * time.Second, 0},                   // cost 0 reads
-		{sec, 6, false, 0, 0, 0, sluice.ReasonCostExceedsCapacity}, // above the burst: never
-		{3 * sec, 3, false, 2, time.Second, 3 * time.Second, 1},    // two back, three asked
-		{1000 * sec, 5, true, 0, 0, 5 * time.Second, 0},            // long inactivity: full, not more
-		{1000 * sec, 1, false, 0, time.Second, 5 * time.Second, 1}, // and nothing beyond the burst
-		{999 * sec, 1, false, 0, any, any, sluice.ReasonLimited},   // the clock went back: no refill
-		{1002*sec + 1, 2, true, 0, 0, any, 0},                      // 2 and a µs later: 2 back
+		{0, 1, true, 4, 0, time.Second, 0},                                       // first request
+		{0, 4, true, 0, 0, 5 * time.Second, 0},                                   // the rest of the burst at one instant
+		{0, 1, false, 0, time.Second, 5 * time.Second, 1},                        // one more
+		{sec / 2, 1, false, 0, 500 * time.Millisecond, any, 1},                   // half a token back
+		{sec, 1, true, 0, 0, 5 * time.Second, 0},                                 // one token back after exactly 1/rate
+		{sec, 0, true, 0, 0, 5 * time.Second, 0},                                 // cost 0 reads
+		{sec, 6, false, 0, 0, 5 * time.Second, sluice.ReasonCostExceedsCapacity}, // above the burst: never, state as read
+		{3 * sec, 3, false, 2, time.Second, 3 * time.Second, 1},                  // two back, three asked
+		{1000 * sec, 5, true, 0, 0, 5 * time.Second, 0},                          // long inactivity: full, not more
+		{1000 * sec, 1, false, 0, time.Second, 5 * time.Second, 1},               // and nothing beyond the burst
+		{999 * sec, 1, false, 0, any, any, sluice.ReasonLimited},                 // the clock went back: no refill
+		{1002*sec + 1, 2, true, 0, 0, any, 0},                                    // 2 and a µs later: 2 back
 	})
 }
 
@@ -98,7 +98,7 @@ func TestFixedWindow(t *testing.T) {
 		{10 * sec, 2, true, 0, 0, 50 * time.Second, 0},
 		{59 * sec, 1, false, 0, time.Second, time.Second, 1},
 		{60 * sec, 3, true, 0, 0, time.Minute, 0}, // exactly at t+T: a new window
-		{61 * sec, 4, false, 0, 0, 0, sluice.ReasonCostExceedsCapacity},
+		{61 * sec, 4, false, 0, 0, 59 * time.Second, sluice.ReasonCostExceedsCapacity},
 		{3600 * sec, 1, true, 2, 0, time.Minute, 0},
 	})
 }
@@ -112,7 +112,7 @@ func TestSlidingWindowLog(t *testing.T) {
 		{5 * sec, 2, false, 0, 7 * time.Second, 7 * time.Second, 1}, // both at 2 must leave
 		{10 * sec, 1, true, 0, 0, 10 * time.Second, 0},              // the entry at 0 left at exactly t+T
 		{10 * sec, 0, true, 0, 0, 10 * time.Second, 0},
-		{10 * sec, 4, false, 0, 0, 0, sluice.ReasonCostExceedsCapacity},
+		{10 * sec, 4, false, 0, 0, 10 * time.Second, sluice.ReasonCostExceedsCapacity},
 		{100 * sec, 3, true, 0, 0, 10 * time.Second, 0},
 	})
 }
@@ -153,7 +153,7 @@ func TestSlidingWindowCounter(t *testing.T) {
 		{0, 100, true, 0, 0, 2 * time.Minute, 0},
 		{59 * sec, 1, false, 0, time.Second + 600*time.Millisecond, any, 1},
 		{121 * sec, 100, true, 0, 0, 119 * time.Second, 0}, // two windows later: nothing counts
-		{500 * sec, 101, false, 0, 0, 0, sluice.ReasonCostExceedsCapacity},
+		{500 * sec, 101, false, 100, 0, 0, sluice.ReasonCostExceedsCapacity},
 	})
 }
 
@@ -168,7 +168,7 @@ func TestGCRA(t *testing.T) {
 		{333333, 1, false, 0, time.Microsecond, any, 1},
 		{333334, 1, true, 0, 0, any, 0},
 		{10 * sec, 3, true, 0, 0, time.Second, 0},
-		{10 * sec, 4, false, 0, 0, 0, sluice.ReasonCostExceedsCapacity},
+		{10 * sec, 4, false, 0, 0, time.Second, sluice.ReasonCostExceedsCapacity},
 	})
 }
 
@@ -637,6 +637,45 @@ func TestClockBackWaits(t *testing.T) {
 				if e := reset.apply(t0+back+d.ResetAfter.Microseconds(), 0); e.Remaining != 2 || e.ResetAfter != 0 {
 					t.Errorf("at %ds: %+v, then after ResetAfter: %+v, want all 2 back", back/sec, d, e)
 				}
+			}
+		})
+	}
+}
+
+// TestCostAboveCapacityReportsRealRemaining checks that a cost above the
+// capacity, never admitted, reports the remaining and the reset of the
+// state as it stands, as a read (cost 0) does, for every algorithm.
+func TestCostAboveCapacityReportsRealRemaining(t *testing.T) {
+	for _, alg := range []sluice.Algorithm{sluice.TokenBucket, sluice.LeakyBucket, sluice.FixedWindow, sluice.SlidingWindowLog, sluice.SlidingWindowCounter, sluice.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			p := MustCompile(sluice.Limit{Algorithm: alg, Limit: 10, Window: 10 * time.Second})
+			var s State
+			var log []int64
+			now := int64(3 * sec)
+			if alg == sluice.SlidingWindowLog {
+				log, _ = ApplyLog(&p, log, now, 4)
+			} else {
+				s, _ = Apply(&p, s, now, 4)
+			}
+			now += sec
+			var read, got sluice.Decision
+			if alg == sluice.SlidingWindowLog {
+				_, read = ApplyLog(&p, log, now, 0)
+				_, got = ApplyLog(&p, log, now, 11)
+			} else {
+				_, read = Apply(&p, s, now, 0)
+				var ns State
+				ns, got = Apply(&p, s, now, 11)
+				if ns != s {
+					t.Errorf("state changed: %+v, want %+v", ns, s)
+				}
+			}
+			want := sluice.Decision{Reason: sluice.ReasonCostExceedsCapacity, Limit: 10, Remaining: read.Remaining, ResetAfter: read.ResetAfter}
+			if got != want {
+				t.Errorf("cost 11: got %+v, want %+v", got, want)
+			}
+			if read.Remaining < 6 || read.Remaining > 7 || read.ResetAfter <= 0 {
+				t.Errorf("read: got %+v, want remaining 6 (7 for the buckets, a unit back) and a reset", read)
 			}
 		})
 	}

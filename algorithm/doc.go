@@ -58,7 +58,7 @@
 // cost that can never be admitted, above B for the bucket algorithms or
 // above N for the window algorithms, is denied with
 // sluice.ReasonCostExceedsCapacity and a RetryAfter of 0, not with an endless
-// wait. A deny-all limit denies everything with sluice.ReasonDenyAll.
+// wait; its Remaining and ResetAfter are those a read reports. A deny-all limit denies everything with sluice.ReasonDenyAll.
 //
 // A state may hold more than the limit allows when it was written under
 // other Params that share it (a rule's priority variants, see ShareState),

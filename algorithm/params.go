@@ -39,6 +39,19 @@ type Params struct {
 	// them would decide it as a key never seen. Zero, or a value above
 	// Limit, means Limit. Compile leaves it zero.
 	ExpiryLimit int64
+	// CountRefused makes a fixed window count the cost of the requests it
+	// refuses, as envoyproxy/ratelimit does: once over the limit, the
+	// window stays over it until it ends, a read (cost 0) included, and
+	// Remaining is 0. The count may then exceed Limit (up to MaxExact).
+	// A limit of 0 with CountRefused (and not DenyAll) refuses every
+	// request of positive cost, counting it, and admits reads until one
+	// is counted. The other algorithms ignore it. Compile leaves it false.
+	CountRefused bool
+}
+
+// countsRefused reports whether p counts the requests it refuses.
+func (p *Params) countsRefused() bool {
+	return p.CountRefused && p.Algorithm == sluice.FixedWindow && !p.DenyAll
 }
 
 // ShareState prepares ps, Params of one algorithm, window and quantum, to

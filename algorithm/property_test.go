@@ -381,6 +381,10 @@ func checkDecision(t *testing.T, where string, before, after *subject, now, cost
 		t.Fatalf("%s: negative field in %+v", where, d)
 	}
 	if d.Reason == sluice.ReasonCostExceedsCapacity {
+		// Never admitted: the state as a read reports it.
+		if e := before.clone().apply(now, 0); d.Remaining != e.Remaining || d.ResetAfter != e.ResetAfter {
+			t.Fatalf("%s: cost %d above the capacity: %+v, a read: %+v", where, cost, d, e)
+		}
 		return
 	}
 	// Remaining units are admitted now, one more is not.

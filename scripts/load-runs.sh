@@ -10,7 +10,7 @@
 #   STORE=redis://127.0.0.1:6390 scripts/load-runs.sh
 #
 # With a Redis store it also prints the Redis commands per check of each
-# Sluice run, from INFO commandstats before and after (P-09).
+# Sluice run, from INFO commandstats before and after.
 #
 # Environment: STORE (default memory://), DURATION (10s), CONCURRENCY (64),
 # KEYS (1000), TARGETS ("http grpc envoy"), BATCH (10; 0 skips the batch

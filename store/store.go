@@ -61,6 +61,12 @@ func (e *PartialError) Error() string {
 
 func (e *PartialError) Unwrap() error { return e.Err }
 
+// ErrReplied is wrapped, with sluice.ErrStoreUnavailable, by the errors of
+// a store whose server answered with an error (a Redis error reply): the
+// store did not decide, but it is reachable and answering, which tells a
+// busy store from one that is down.
+var ErrReplied = errors.New("sluice: the store answered with an error")
+
 // ErrLogTooLarge reports a sliding window log whose limit is above a store's
 // maximum number of log entries per key. Errors wrapping it also wrap
 // sluice.ErrInvalidLimit.

@@ -62,7 +62,8 @@ func flagError(err error) error {
 // returns the function that builds its configuration once they are
 // parsed.
 func guardFlags(fs *flag.FlagSet) func() guard.Config {
-	deadline := fs.Duration("store-deadline", guard.DefaultDeadline, "deadline of every Redis call of a check; a client's shorter deadline wins")
+	deadline := fs.Duration("store-deadline", guard.DefaultDeadline, "deadline of every Redis call of a check, Redis answering slowly included; a client's shorter deadline wins")
+	stall := fs.Duration("store-stall-timeout", 0, "a Redis call gives up when Redis has answered no call at all for this long (paused, cut off); 0 learns it from Redis' latency (4x the slowest recent answer, at least "+guard.DefaultStallFloor.String()+"); negative: off")
 	inflight := fs.Int("store-max-in-flight", guard.DefaultMaxInFlight, "Redis calls in flight at most, those whose checks already gave up at the deadline included")
 	gatherers := fs.Int("store-gatherers", guard.DefaultGatherers, "Redis calls of gathered checks in flight at once: checks that arrive meanwhile wait and go in the next call together; negative: a call per check")
 	breaker := fs.Bool("breaker", true, "circuit breaker around the Redis store")
@@ -81,9 +82,10 @@ func guardFlags(fs *flag.FlagSet) func() guard.Config {
 	hotMax := fs.Int("hot-key-max", guard.DefaultHotMaxKeys, "hot keys at most")
 	return func() guard.Config {
 		return guard.Config{
-			Deadline:    *deadline,
-			MaxInFlight: *inflight,
-			Gatherers:   *gatherers,
+			Deadline:     *deadline,
+			StallTimeout: *stall,
+			MaxInFlight:  *inflight,
+			Gatherers:    *gatherers,
 			Breaker: guard.BreakerConfig{Disabled: !*breaker, Window: *bWindow, MinRequests: uint32(min(*bMin, 1<<31)),
 				FailureRatio: *bRatio, OpenTimeout: *bOpen, Probes: uint32(min(*bProbes, 1<<31)), Sustain: *bSustain},
 			OverLimit: guard.OverLimitConfig{Disabled: !*olc, MaxKeys: *olcKeys},

@@ -35,6 +35,7 @@ Examples:
   sluice load --target http  --addr 127.0.0.1:8080 --duration 10s --concurrency 64
   sluice load --target envoy --addr 127.0.0.1:8081 --domain load --descriptor-key client_id
   sluice load --target grpc  --addr 127.0.0.1:8081 --rate 5000 --keys 100000 --zipf
+  sluice load --all-at-once --concurrency 1000 --keys 1 --expect-limit 100 --window 1h
 
 Flags:
 `)
@@ -62,6 +63,7 @@ Flags:
 	fs.Int64Var(&cfg.ExpectLimit, "expect-limit", 0, "cost the server should admit per key per --window; reports the overshoot")
 	fs.DurationVar(&cfg.Window, "window", 0, "window of --expect-limit, aligned on the Unix epoch like fixed windows; 0: the whole run")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the key and cost draws")
+	fs.BoolVar(&cfg.AllAtOnce, "all-at-once", false, "one burst: --concurrency requests, one per caller, released together once every caller is ready (--duration, --rate and --requests do not apply); with --keys 1 and --expect-limit the report gives admitted against the limit")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file; empty: none")
 	threads := fs.Int("threads", 0, "OS threads running the load generator's Go code (GOMAXPROCS); 0: Go's default, one per core. Beside the server on one machine, 1 leaves it the other cores: over gRPC in a closed loop one thread drives every caller")

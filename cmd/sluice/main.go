@@ -116,7 +116,10 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	grpcAddr := fs.String("grpc-addr", daemon.DefaultGRPCAddr, "listen address of the gRPC and Envoy APIs")
 	grpcReadTimeout := fs.Duration("grpc-read-timeout", 0, "how long a unary gRPC call may take to send its request (message and half-close) after its headers; it then ends with DeadlineExceeded; 0 or negative: no bound (costs each call about 5% more CPU; for clients you do not trust)")
 	grpcKeepalive := fs.Duration("grpc-keepalive", daemon.DefaultGRPCKeepalive, "how long a gRPC connection may receive nothing before the server pings the client, closing the connection when the ping is not answered within 20s (or this, when shorter); negative: no pings")
-	grpcMaxConns := fs.Int("grpc-max-conns", daemon.DefaultGRPCMaxConns, "gRPC connections open at once at most; more wait until one closes; negative: no bound")
+	grpcMaxConns := fs.Int("grpc-max-conns", daemon.DefaultGRPCMaxConns, "gRPC connections open at once at most; at the bound the one idle the longest (no call for 1s) is closed, and when none is idle new ones wait; negative: no bound")
+	grpcReflection := fs.Bool("grpc-reflection", false, "serve gRPC server reflection on the gRPC address, for tools such as grpcurl (it lists every service and message to whoever reaches the address)")
+	envoyCompat := fs.Bool("envoy-compat", false, "answer Envoy's rate limit API as envoyproxy/ratelimit does where Sluice differs: descriptors decided each on its own, refused hits counted (fixed windows), limit_remaining 0 when over the limit, a descriptor with no entries not limited (docs/api.md); set it alike on every instance sharing a store")
+	envoyPreciseReset := fs.Bool("envoy-precise-reset", false, "report Envoy's duration_until_reset to the microsecond instead of in whole seconds (envoyproxy/ratelimit's)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	debugAddr := fs.String("debug-addr", "", "listen address of the debug listener (pprof, /metrics); empty: none; loopback only unless --debug-allow-remote")
@@ -169,6 +172,10 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 		GRPCReadTimeout: *grpcReadTimeout,
 		GRPCMaxConns:    *grpcMaxConns,
 		GRPCKeepalive:   *grpcKeepalive,
+		GRPCReflection:  *grpcReflection,
+
+		EnvoyCompat:       *envoyCompat,
+		EnvoyPreciseReset: *envoyPreciseReset,
 
 		DebugAddr:        *debugAddr,
 		DebugAllowRemote: *debugRemote,

@@ -133,8 +133,10 @@ type Config struct {
 	// docs/operations.md). Streaming calls (health Watch, reflection) are
 	// not bounded.
 	GRPCReadTimeout time.Duration
-	// GRPCMaxConns bounds the gRPC connections open at once: beyond it, new
-	// connections wait (in the kernel's accept queue) until one closes.
+	// GRPCMaxConns bounds the gRPC connections open at once: at the bound,
+	// the connection idle the longest (no call in flight for a second) is
+	// closed to make room; when none is idle, new connections wait (in
+	// the kernel's accept queue) until one closes or becomes idle.
 	// Zero means DefaultGRPCMaxConns; negative, no bound.
 	GRPCMaxConns int
 	// GRPCKeepalive is how long a gRPC connection may receive nothing
@@ -144,6 +146,21 @@ type Config struct {
 	// acknowledge for as long (the socket's TCP_USER_TIMEOUT). Zero means
 	// DefaultGRPCKeepalive; negative, no pings.
 	GRPCKeepalive time.Duration
+	// GRPCReflection serves gRPC server reflection (grpc.reflection.v1
+	// and v1alpha) on the gRPC address, for tools such as grpcurl. Off by
+	// default: it lists every service and message to whoever reaches the
+	// address.
+	GRPCReflection bool
+	// EnvoyCompat answers Envoy's API as envoyproxy/ratelimit does where
+	// Sluice differs (docs/api.md, "Differences from
+	// envoyproxy/ratelimit"): descriptors decided each on its own, refused
+	// hits counted on fixed windows, limit_remaining 0 when over the
+	// limit, a descriptor with no entries not limited. Every instance
+	// sharing a store should set it alike.
+	EnvoyCompat bool
+	// EnvoyPreciseReset reports Envoy's duration_until_reset to the
+	// microsecond instead of in whole seconds.
+	EnvoyPreciseReset bool
 	// Guard configures what protects checks from a failing Redis store:
 	// the per-call deadline, the circuit breaker, the over-limit cache and
 	// the hot-key tier (see package guard). It does not apply to the
@@ -267,7 +284,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	applyStart := time.Now()
-	d.eng, err = engine.New(engine.Config{Store: st, Policy: pol, Now: cfg.Now, Metrics: d.metrics, Events: d.events})
+	d.eng, err = engine.New(engine.Config{Store: st, Policy: pol, Now: cfg.Now, Metrics: d.metrics, Events: d.events, EnvoyCompat: cfg.EnvoyCompat})
 	if err != nil {
 		return fail(fmt.Errorf("daemon: %w", err))
 	}
@@ -288,7 +305,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err != nil {
 		return fail(err)
 	}
-	rls, err := envoyrls.New(d.eng)
+	rls, err := envoyrls.New(d.eng, envoyrls.Config{PreciseReset: cfg.EnvoyPreciseReset, Compat: cfg.EnvoyCompat})
 	if err != nil {
 		return fail(err)
 	}
@@ -307,8 +324,14 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	// maxStreamsPerConn calls whose request may take up to the read
 	// timeout to come: without a bound on connections, nothing bounds
 	// what they hold.
+	// Idle connections do not exhaust the bound: at the bound, the one
+	// idle the longest is closed (see connLimit).
+	var activity *connActivity
 	if n := cmp.Or(cfg.GRPCMaxConns, DefaultGRPCMaxConns); n > 0 {
-		d.grpcLn = newConnLimit(d.grpcLn, n, d.log)
+		cl := newConnLimit(d.grpcLn, n, d.log)
+		activity = newConnActivity()
+		cl.activity = activity
+		d.grpcLn = cl
 	}
 
 	d.httpSrv = &http.Server{
@@ -374,12 +397,17 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		// requestWaits).
 		opts = append(opts, grpc.InTapHandle(waits.tap))
 	}
+	if activity != nil {
+		opts = append(opts, grpc.StatsHandler(activity))
+	}
 	d.grpcSrv = grpc.NewServer(opts...)
 	svc.Register(d.grpcSrv)
 	rls.Register(d.grpcSrv)
 	d.health = health.NewServer()
 	healthpb.RegisterHealthServer(d.grpcSrv, d.health)
-	reflection.Register(d.grpcSrv)
+	if cfg.GRPCReflection {
+		reflection.Register(d.grpcSrv)
+	}
 
 	bg, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
@@ -570,6 +598,7 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		d.debugSrv.Close()
 	}
 	d.wg.Wait()
+	d.eng.Close()
 	if err := d.closer(); err != nil {
 		errs = append(errs, fmt.Errorf("daemon: closing the store: %w", err))
 	}

@@ -98,8 +98,21 @@ func TestGRPCRateLimiter(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-func TestGRPCHealthAndReflection(t *testing.T) {
+// TestGRPCReflectionOffByDefault checks that server reflection is not
+// served unless asked for.
+func TestGRPCReflectionOffByDefault(t *testing.T) {
 	td := start(t, "")
+	stream, err := reflectionpb.NewServerReflectionClient(dial(t, td.GRPCAddr())).ServerReflectionInfo(ctx(t))
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("reflection by default: %v, want Unimplemented", err)
+	}
+}
+
+func TestGRPCHealthAndReflection(t *testing.T) {
+	td := start(t, "", func(c *daemon.Config) { c.GRPCReflection = true })
 	conn := dial(t, td.GRPCAddr())
 	h, err := healthpb.NewHealthClient(conn).Check(ctx(t), &healthpb.HealthCheckRequest{})
 	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
@@ -360,5 +373,30 @@ func TestEnvoyBadInputChangesNothing(t *testing.T) {
 	}
 	if got := remaining(); got != 3 {
 		t.Errorf("after bad input: %d remaining, want 3 (only the good calls counted)", got)
+	}
+}
+
+// TestMalformedProtobufInvalidArgument checks that a request that is not
+// well-formed protobuf gets InvalidArgument on Sluice's and Envoy's gRPC
+// APIs, not grpc-go's Internal, and changes nothing.
+func TestMalformedProtobufInvalidArgument(t *testing.T) {
+	td := start(t, "", func(c *daemon.Config) { c.ConfigPath = "testdata/envoy-ratelimit.yaml" })
+	conn := dial(t, td.GRPCAddr())
+	truncated := []byte{0x0a, 0x05, 'a'} // field 1 claims 5 bytes, has 1
+	badTag := []byte{0x00, 0x01}         // field number 0
+	for _, method := range []string{
+		"/sluice.v1.RateLimiter/CheckRateLimit",
+		"/sluice.v1.RateLimiter/BatchCheck",
+		"/sluice.v1.RateLimiter/GetRemainingQuota",
+		"/sluice.v1.RateLimiter/ResetLimit",
+		"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+	} {
+		for _, raw := range [][]byte{truncated, badTag} {
+			var out []byte
+			err := conn.Invoke(ctx(t), method, &raw, &out, grpc.ForceCodec(rawCodec{}))
+			if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "malformed request") {
+				t.Errorf("%s with %x: %v, want InvalidArgument (malformed request)", method, raw, err)
+			}
+		}
 	}
 }

@@ -12,8 +12,8 @@ import (
 )
 
 // TestGRPCConnectionsBounded opens as many gRPC connections as the bound
-// allows: the next one waits, unserved, until one of them closes, and a
-// warning says why.
+// allows: the next one waits, unserved, until one of them closes (or has
+// been idle for a second), and a warning says why.
 func TestGRPCConnectionsBounded(t *testing.T) {
 	var logs lockedBuffer
 	td := start(t, policyText(), func(c *daemon.Config) {
@@ -110,5 +110,49 @@ func TestGRPCClientPingsAllowed(t *testing.T) {
 	case f := <-goaway:
 		t.Errorf("after 4 pings 6s apart: GOAWAY %v %q", f.ErrCode, f.DebugData())
 	case <-time.After(time.Second):
+	}
+}
+
+// TestGRPCIdleConnectionsDoNotExhaustBound fills the bound with idle
+// connections: a new one is served once the one idle the longest has been
+// idle for a second, and that one is closed; a connection with a call in
+// flight is not.
+func TestGRPCIdleConnectionsDoNotExhaustBound(t *testing.T) {
+	td := start(t, policyText(), func(c *daemon.Config) { c.GRPCMaxConns = 2 })
+	served := func(c *h2Conn, d time.Duration) bool {
+		c.conn.SetReadDeadline(time.Now().Add(d))
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			return false
+		}
+		_, ok := f.(*http2.SettingsFrame)
+		return ok
+	}
+	busy, idle := dialH2(t, td.GRPCAddr()), dialH2(t, td.GRPCAddr())
+	for i, c := range []*h2Conn{busy, idle} {
+		if !served(c, 5*time.Second) {
+			t.Fatalf("connection %d of 2 not served", i+1)
+		}
+	}
+	// A call whose request never comes keeps busy's connection busy.
+	if err := busy.headers(1, callHeaders("/sluice.v1.RateLimiter/CheckRateLimit")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	third := dialH2(t, td.GRPCAddr())
+	if !served(third, 5*time.Second) {
+		t.Fatal("a third connection not served while one of the two is idle")
+	}
+	if closed, _ := serverCloses(idle.conn, 5*time.Second); !closed {
+		t.Error("the idle connection is still open")
+	}
+	busy.conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	for {
+		if _, err := busy.fr.ReadFrame(); err != nil {
+			if ne, ok := err.(interface{ Timeout() bool }); !ok || !ne.Timeout() {
+				t.Errorf("the connection with a call in flight was closed: %v", err)
+			}
+			break
+		}
 	}
 }

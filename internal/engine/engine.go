@@ -97,7 +97,7 @@ const (
 // BatchMode says how a batch of checks is decided.
 type BatchMode uint8
 
-// The batch modes (seed 002, F-08 and F-09).
+// The batch modes.
 const (
 	// AllOrNothing allows every check or consumes nothing.
 	AllOrNothing BatchMode = iota + 1
@@ -158,8 +158,9 @@ type Config struct {
 	IdempotencyTTL time.Duration
 	// MaxIdempotencyKeys bounds the idempotency keys remembered in
 	// process; zero means 1,000,000. Beyond it, new keys are decided
-	// without being remembered until expired records make room, which
-	// is looked for at most every tenth of IdempotencyTTL.
+	// without being remembered until expired records make room. Expired
+	// records are swept by a background goroutine every tenth of
+	// IdempotencyTTL (stopped by Engine.Close), and as new ones arrive.
 	MaxIdempotencyKeys int
 	// Local is the in-process limiter that decides the rules whose
 	// failure mode is local while Store cannot answer, with each rule's
@@ -169,6 +170,11 @@ type Config struct {
 	// LocalMaxKeys bounds the keys of the default Local limiter; zero
 	// means 65,536.
 	LocalMaxKeys int
+	// EnvoyCompat decides Envoy descriptors as envoyproxy/ratelimit does
+	// where Sluice differs (see ShouldRateLimit): each descriptor on its
+	// own, refused hits counted on fixed windows, a descriptor with no
+	// entries not limited.
+	EnvoyCompat bool
 }
 
 // Engine decides checks. It is safe for concurrent use.
@@ -184,6 +190,52 @@ type Engine struct {
 	// metrics and events are optional (nil-safe); see observe.go.
 	metrics *metrics.Metrics
 	events  *events.Recorder
+
+	envoyCompat bool
+	compat      atomic.Pointer[compatParams] // with envoyCompat
+}
+
+// compatParams holds, for the policy pol, the Params of its Envoy limits
+// as envoyCompat decides them (see envoyParams), by the Params they are
+// made from.
+type compatParams struct {
+	pol *policy.Policy
+	m   sync.Map // *algorithm.Params -> *algorithm.Params
+}
+
+// envoyParams returns the Params an Envoy limit of p is decided with:
+// p itself, or with EnvoyCompat, for a fixed window, p counting the hits
+// it refuses, and a limit of 0 counted as such (rather than denying every
+// request, reads included, without a count). The copies are kept per
+// policy, so that their pointers are stable, as the over-limit cache needs.
+func (e *Engine) envoyParams(pol *policy.Policy, p *algorithm.Params) *algorithm.Params {
+	if !e.envoyCompat || p.Algorithm != sluice.FixedWindow {
+		return p
+	}
+	c := e.compat.Load()
+	if c == nil || c.pol != pol {
+		// A new policy: the copies of the previous one are dropped.
+		// (Checks still running on it during a reload make copies that
+		// are not kept, which only costs over-limit cache hits.)
+		c = &compatParams{pol: pol}
+		e.compat.Store(c)
+	}
+	if v, ok := c.m.Load(p); ok {
+		return v.(*algorithm.Params)
+	}
+	v, _ := c.m.LoadOrStore(p, compatOf(p))
+	return v.(*algorithm.Params)
+}
+
+// compatOf returns a copy of p, a fixed window, that counts the hits it
+// refuses; a deny-all p becomes a limit of 0 that does.
+func compatOf(p *algorithm.Params) *algorithm.Params {
+	c := *p
+	c.CountRefused = true
+	if c.DenyAll {
+		c.DenyAll, c.Limit, c.Burst, c.ExpiryLimit = false, 0, 0, 0
+	}
+	return &c
 }
 
 // New returns an engine for cfg.
@@ -197,7 +249,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.IdempotencyTTL < 0 {
 		return nil, fmt.Errorf("engine: config: idempotency TTL must not be negative, got %s", cfg.IdempotencyTTL)
 	}
-	e := &Engine{store: observeStore(cfg.Store, cfg.Metrics), now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events}
+	e := &Engine{store: observeStore(cfg.Store, cfg.Metrics), now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat}
 	if e.now == nil {
 		e.now = time.Now
 	}
@@ -209,7 +261,7 @@ func New(cfg Config) (*Engine, error) {
 	if maxIdem <= 0 {
 		maxIdem = 1_000_000
 	}
-	e.idem = newIdemCache(ttl, maxIdem)
+	e.idem = newIdemCache(ttl, maxIdem, e.now)
 	e.ttl = ttl
 	e.local = cfg.Local
 	if e.local == nil {
@@ -255,6 +307,15 @@ func (e *Engine) Accepts(p *policy.Policy) error {
 	return nil
 }
 
+// Close stops the engine's background work (the sweep of expired
+// idempotency records) and waits for it. It does not close the stores.
+// Checks after Close are still decided; their idempotency records are
+// then swept only as new ones arrive. Calling it again does nothing.
+func (e *Engine) Close() error {
+	e.idem.close()
+	return nil
+}
+
 // ApplyPolicy swaps in p atomically; checks already running finish on the
 // policy they started with. A nil p is ignored.
 func (e *Engine) ApplyPolicy(p *policy.Policy) {
@@ -292,9 +353,10 @@ type item struct {
 	cost   int64
 	key    string
 	// the outcome
-	dec     sluice.Decision
-	source  Source
-	charged int64
+	dec      sluice.Decision
+	source   Source
+	fallback Fallback // why the store did not decide, when it did not
+	charged  int64
 }
 
 // scratch holds the per-check buffers, pooled.
@@ -611,7 +673,7 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 			return allowed
 		}
 		if err != nil {
-			allowed = e.fallback(ctx, s, now)
+			allowed = e.fallback(ctx, s, now, FallbackOf(err))
 		} else {
 			for j, i := range s.idx {
 				it := &s.items[i]
@@ -692,10 +754,12 @@ func (e *Engine) runShadow(ctx context.Context, s *scratch, now time.Time, allow
 	s.out = grow(s.out, len(s.reqs))
 	s.src = growSource(s.src, len(s.reqs))
 	if err := e.storeCheck(ctx, false, s.reqs, s.out, s.src); err != nil {
+		// A shadow rule never denies: it reports that it could not tell.
+		why := FallbackOf(err)
 		for _, i := range s.idx {
 			it := &s.items[i]
 			it.dec = sluice.Decision{Allowed: true, Limit: it.params.Limit, Remaining: it.params.Limit}
-			it.source = SourceFailOpen
+			it.source, it.fallback = SourceFailOpen, why
 		}
 		return
 	}
@@ -751,55 +815,66 @@ func (e *Engine) storeCheck(ctx context.Context, all bool, reqs []store.Request,
 	return e.store.Check(ctx, reqs, out)
 }
 
-// fallback decides the enforcing items of s after the store failed, by
-// each rule's failure mode: any fail_closed rule denies the check as
-// unavailable (and nothing is consumed locally); otherwise the local rules
-// are decided together on the in-process limiter with their share of the
-// limit, and the fail_open rules allow.
-func (e *Engine) fallback(ctx context.Context, s *scratch, now time.Time) bool {
+// fallback decides the enforcing items of s after the store failed (for
+// the reason why), by each rule's failure mode: any fail_closed rule
+// denies the check as unavailable (and nothing is consumed locally);
+// otherwise the local rules are decided together on the in-process
+// limiter with their share of the limit, and the fail_open rules allow.
+// A local rule without a share (a limit that denies everything) fails
+// closed, and so do the local rules when the in-process limiter fails:
+// only a rule written fail_open admits without a bound.
+func (e *Engine) fallback(ctx context.Context, s *scratch, now time.Time, why Fallback) bool {
 	closed := false
 	for _, i := range s.idx {
-		if s.items[i].mode == policy.FailClosed {
+		it := &s.items[i]
+		it.fallback = why
+		if it.mode == policy.FailLocal && (it.local == nil || it.local.Algorithm == 0) {
+			it.mode = policy.FailClosed
+		}
+		if it.mode == policy.FailClosed {
 			closed = true
 		}
 	}
-	if closed {
+	if !closed {
+		var reqs []store.Request
+		var idx []int
 		for _, i := range s.idx {
 			it := &s.items[i]
-			it.dec = sluice.Decision{Limit: it.params.Limit}
-			if it.mode == policy.FailClosed {
-				it.source = SourceFailClosed
+			if it.mode == policy.FailLocal {
+				reqs = append(reqs, store.Request{Key: it.key, Params: it.local, Cost: it.cost, Now: now})
+				idx = append(idx, i)
 			} else {
-				it.dec.Allowed = true
-				it.source = failSource(it.mode)
+				it.dec = sluice.Decision{Allowed: true, Limit: it.params.Limit, Remaining: it.params.Limit}
+				it.source = SourceFailOpen
 			}
 		}
-		return false
+		if len(reqs) == 0 {
+			return true
+		}
+		out := make([]sluice.Decision, len(reqs))
+		if err := e.local.CheckAll(ctx, reqs, out); err == nil {
+			return e.localDecided(s, idx, out)
+		}
+		for _, i := range idx {
+			s.items[i].mode = policy.FailClosed
+		}
 	}
-	var reqs []store.Request
-	var idx []int
 	for _, i := range s.idx {
 		it := &s.items[i]
-		if it.mode == policy.FailLocal && it.local != nil && it.local.Algorithm != 0 {
-			reqs = append(reqs, store.Request{Key: it.key, Params: it.local, Cost: it.cost, Now: now})
-			idx = append(idx, i)
+		it.dec = sluice.Decision{Limit: it.params.Limit}
+		if it.mode == policy.FailClosed {
+			it.source = SourceFailClosed
 		} else {
-			it.dec = sluice.Decision{Allowed: true, Limit: it.params.Limit, Remaining: it.params.Limit}
-			it.source = SourceFailOpen
+			it.dec.Allowed = true
+			it.source = failSource(it.mode)
 		}
 	}
-	if len(reqs) == 0 {
-		return true
-	}
-	out := make([]sluice.Decision, len(reqs))
-	if err := e.local.CheckAll(ctx, reqs, out); err != nil {
-		for _, i := range idx {
-			it := &s.items[i]
-			it.dec = sluice.Decision{Allowed: true, Limit: it.params.Limit, Remaining: it.params.Limit}
-			it.source = SourceFailOpen
-		}
-		return true
-	}
+	return false
+}
+
+// localDecided takes the decisions out of the in-process limiter for the
+// items idx of s, and reports whether they all allowed.
+func (e *Engine) localDecided(s *scratch, idx []int, out []sluice.Decision) bool {
 	allowed := true
 	for j := range out {
 		if !out[j].Allowed {
@@ -839,7 +914,7 @@ func assemble(items []item, allowed bool) Result {
 		it := &items[i]
 		rr := RuleResult{Rule: it.rule.ID, Tier: it.tier, Allowed: it.dec.Allowed, Shadow: it.shadow,
 			Limit: it.dec.Limit, Remaining: it.dec.Remaining, ResetAfter: it.dec.ResetAfter,
-			RetryAfter: it.dec.RetryAfter, Cost: it.charged, Source: it.source}
+			RetryAfter: it.dec.RetryAfter, Cost: it.charged, Source: it.source, Fallback: it.fallback}
 		if rr.Limit == 0 && !it.params.DenyAll {
 			rr.Limit = it.params.Limit
 		}
@@ -852,6 +927,7 @@ func assemble(items []item, allowed bool) Result {
 		}
 		if it.source == SourceFailClosed {
 			res.Unavailable = true
+			res.Fallback = it.fallback
 		}
 		if allowed {
 			if deciding < 0 || rr.Remaining < res.Rules[deciding].Remaining {
@@ -892,6 +968,8 @@ func assemble(items []item, allowed bool) Result {
 	res.Source = res.Deciding.Source
 	if res.Unavailable {
 		res.Source = SourceFailClosed
+	} else {
+		res.Fallback = res.Deciding.Fallback
 	}
 	return res
 }
@@ -1147,6 +1225,14 @@ type DescriptorStatus struct {
 // limits that remain are decided like the rules of one check: the
 // non-shadow ones in one CheckAll (a request over one limit consumes none
 // of the others), then the shadow ones. Store failures fail open.
+//
+// With Config.EnvoyCompat, as envoyproxy/ratelimit: the non-shadow limits
+// are decided each on its own (a request over one limit is counted on the
+// others), fixed windows count the hits they refuse (so that a window
+// stays over its limit until it ends, check-only descriptors included), a
+// requests_per_unit of 0 is such a window (it admits check-only
+// descriptors until a hit is counted), and a descriptor with no entries
+// is not limited instead of refused.
 func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Descriptor, hitsAddend uint64) (statuses []DescriptorStatus, overLimit bool, err error) {
 	if e.metrics != nil {
 		defer e.observeEnvoy(time.Now(), &overLimit, &err)
@@ -1167,7 +1253,7 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		if d.HitsAddend > MaxCost {
 			return nil, false, &FieldError{Field: "descriptors[" + strconv.Itoa(i) + "].hits_addend", Reason: "must be at most " + strconv.Itoa(MaxCost)}
 		}
-		if len(d.Entries) == 0 {
+		if len(d.Entries) == 0 && !e.envoyCompat {
 			return nil, false, &FieldError{Field: "descriptors[" + strconv.Itoa(i) + "].entries", Reason: "must not be empty"}
 		}
 		if o := d.Limit; o != (LimitOverride{}) {
@@ -1198,6 +1284,8 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 				return nil, false, &FieldError{Field: "descriptors[" + strconv.Itoa(i) + "].limit", Reason: err.Error()}
 			}
 			limits = append(limits, l)
+		} else if len(descs[i].Entries) == 0 {
+			limits = append(limits, nil) // (EnvoyCompat) not limited
 		} else {
 			limits = append(limits, p.EnvoyLimit(domain, descs[i].Entries))
 		}
@@ -1229,14 +1317,20 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 			hits = descs[i].HitsAddend
 		}
 		s.keys = l.AppendKey(s.keys[:0], descs[i].Entries)
-		s.items = append(s.items, item{params: &l.Limit.Params[PriorityNormal], mode: policy.FailOpen,
-			shadow: l.Shadow, cost: int64(hits), key: string(s.keys), limit: l.Limit})
+		it := item{params: e.envoyParams(p, &l.Limit.Params[PriorityNormal]), mode: l.FailureMode,
+			shadow: l.Shadow, cost: int64(hits), key: string(s.keys), limit: l.Limit}
+		if it.mode == policy.FailLocal {
+			it.local = &l.Limit.Local[PriorityNormal]
+		}
+		s.items = append(s.items, it)
 		refs = append(refs, ref{i, len(s.items) - 1})
 	}
 	if len(s.items) == 0 {
 		return statuses, false, nil
 	}
-	e.run(ctx, s, time.Time{}, true)
+	// With EnvoyCompat each descriptor is decided on its own, so that a
+	// request over one limit counts on the others too.
+	e.run(ctx, s, time.Time{}, !e.envoyCompat)
 	for _, r := range refs {
 		it := &s.items[r.item]
 		l := limits[r.desc]

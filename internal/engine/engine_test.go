@@ -401,7 +401,7 @@ func TestIdempotencyForgetsFailureModes(t *testing.T) {
 	e, st := newEngine(t, `
 version: 1
 rules:
-  - {id: open, match: {resource: /open}, limit: 1, window: 1m, algorithm: fixed_window}
+  - {id: open, match: {resource: /open}, limit: 1, window: 1m, algorithm: fixed_window, failure_mode: fail_open}
   - {id: closed, match: {resource: /closed}, limit: 1, window: 1m, algorithm: fixed_window, failure_mode: fail_closed}
   - {id: local, match: {resource: /local}, limit: 4, window: 1m, algorithm: fixed_window, failure_mode: local, expected_instances: 2}
 `)
@@ -476,16 +476,25 @@ func TestFailureModes(t *testing.T) {
 	e, st := newEngine(t, `
 version: 1
 rules:
-  - {id: open, match: {resource: /open}, limit: 1, window: 1m}
+  - {id: open, match: {resource: /open}, limit: 1, window: 1m, failure_mode: fail_open}
   - {id: closed, match: {resource: /closed}, limit: 1, window: 1m, failure_mode: fail_closed}
   - {id: local, match: {resource: /local}, limit: 4, window: 1m, algorithm: fixed_window, failure_mode: local, expected_instances: 2}
+  - {id: default, match: {resource: /default}, limit: 2, window: 1m, algorithm: token_bucket}
 `)
 	fs := &flakyStore{Store: st}
 	fs.down.Store(true)
 	e.store = fs
 	for i := 0; i < 3; i++ {
-		if r := mustCheck(t, e, Check{ClientID: "f", Resource: "/open", Cost: 1}); !r.Allowed || r.Source != SourceFailOpen {
+		if r := mustCheck(t, e, Check{ClientID: "f", Resource: "/open", Cost: 1}); !r.Allowed || r.Source != SourceFailOpen || r.Fallback != FallbackUnreachable {
 			t.Fatalf("fail_open: got %+v", r)
+		}
+	}
+	// A rule that names no failure mode is local, with the whole limit
+	// (one expected instance): 2 admitted, then denied.
+	for i, want := range []bool{true, true, false, false} {
+		r := mustCheck(t, e, Check{ClientID: "f", Resource: "/default", Cost: 1})
+		if r.Allowed != want || r.Source != SourceLocal || r.Fallback != FallbackUnreachable {
+			t.Errorf("default failure mode, check %d: allowed %v, source %s, fallback %q; want %v, local, unreachable", i, r.Allowed, r.Source, r.Fallback, want)
 		}
 	}
 	if r := mustCheck(t, e, Check{ClientID: "f", Resource: "/closed", Cost: 1}); r.Allowed || !r.Unavailable || r.Source != SourceFailClosed {

@@ -13,15 +13,28 @@ import (
 // lives in process: it makes a retried check charge once on one instance.
 // Concurrent checks with one key wait for the first. A record keeps a hash
 // of its client, key and counters (see newIdemKey), not the strings.
+//
+// Expired records are swept as the map grows, and by a background
+// goroutine every tenth of the TTL, started with the first record and
+// stopped by close, so that records expire whether or not new keys
+// arrive; a sweep that drops most of the map moves the rest into a new
+// one, for a Go map never gives back the memory of deleted entries.
 type idemCache struct {
 	ttl time.Duration
 	max int
+	now func() time.Time
 
 	mu sync.Mutex
-	// m, nextSweep and swept are guarded by mu.
+	// m, nextSweep, swept, peak and closed are guarded by mu.
 	m         map[idemKey]*idemEntry
 	nextSweep int       // the size at which m is swept next
 	swept     time.Time // when m was last swept
+	peak      int       // the most records m held since it was made
+	closed    bool
+
+	start sync.Once
+	stop  chan struct{}
+	wg    sync.WaitGroup
 }
 
 // idemKey identifies a record: the first 16 bytes of the SHA-256 of the
@@ -54,8 +67,39 @@ type idemEntry struct {
 	expires time.Time
 }
 
-func newIdemCache(ttl time.Duration, max int) *idemCache {
-	return &idemCache{ttl: ttl, max: max, m: map[idemKey]*idemEntry{}, nextSweep: 1024}
+func newIdemCache(ttl time.Duration, max int, now func() time.Time) *idemCache {
+	return &idemCache{ttl: ttl, max: max, now: now, m: map[idemKey]*idemEntry{}, nextSweep: 1024, stop: make(chan struct{})}
+}
+
+// sweepLoop sweeps the expired records every tenth of the TTL (100 ms at
+// least) until close.
+func (c *idemCache) sweepLoop() {
+	defer c.wg.Done()
+	t := time.NewTicker(max(c.ttl/10, 100*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+			c.mu.Lock()
+			c.sweep(c.now())
+			c.mu.Unlock()
+		}
+	}
+}
+
+// close stops the background sweep and waits for it. Calling it again
+// does nothing.
+func (c *idemCache) close() {
+	c.mu.Lock()
+	closed := c.closed
+	c.closed = true
+	c.mu.Unlock()
+	if !closed {
+		close(c.stop)
+		c.wg.Wait()
+	}
 }
 
 // do returns the remembered decision of k at now, or runs
@@ -97,6 +141,13 @@ func (c *idemCache) do(ctx context.Context, now time.Time, k idemKey, decide fun
 		}
 		e = &idemEntry{done: make(chan struct{})}
 		c.m[k] = e
+		c.peak = max(c.peak, len(c.m))
+		if !c.closed {
+			c.start.Do(func() {
+				c.wg.Add(1)
+				go c.sweepLoop()
+			})
+		}
 		c.mu.Unlock()
 
 		res, err := decide()
@@ -124,12 +175,21 @@ func fellBack(r *Result) bool {
 	return false
 }
 
-// sweep drops expired entries; requires mu held.
+// sweep drops expired entries; requires mu held. When the records left
+// are under a quarter of the most m held (and that was more than 1024),
+// they move into a new map, so that the memory of the others is freed.
 func (c *idemCache) sweep(now time.Time) {
 	for k, e := range c.m {
 		if !e.expires.IsZero() && !now.Before(e.expires) {
 			delete(c.m, k)
 		}
+	}
+	if c.peak > 1024 && len(c.m) < c.peak/4 {
+		m := make(map[idemKey]*idemEntry, len(c.m))
+		for k, e := range c.m {
+			m[k] = e
+		}
+		c.m, c.peak = m, len(m)
 	}
 	c.nextSweep = max(2*len(c.m), 1024)
 	c.swept = now

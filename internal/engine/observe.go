@@ -91,12 +91,28 @@ func (e *Engine) observeResult(ctx context.Context, c *Check, res *Result) {
 		}
 		e.metrics.Decision(rule, metricResult(&res.Deciding), res.Deciding.Source.String())
 	}
+	fellBack := -1 // a rule decided without the store
 	for i := range res.Rules {
 		rr := &res.Rules[i]
 		e.metrics.Decision(rr.Rule, metricResult(rr), rr.Source.String())
+		if rr.Fallback != FallbackNone {
+			e.metrics.StoreFallback(rr.Fallback.String(), rr.Source.String())
+			if fellBack < 0 || !rr.Shadow && res.Rules[fellBack].Shadow {
+				fellBack = i
+			}
+		}
 		if res.Allowed && rr.Allowed && !rr.Shadow && rr.Cost > 0 {
 			e.metrics.NearLimit(rr.Rule, rr.Limit, rr.Remaining)
 		}
+	}
+	if e.events != nil && fellBack >= 0 {
+		d := &res.Rules[fellBack]
+		if res.Fallback != FallbackNone {
+			d = &res.Deciding
+		}
+		e.events.Fallback(ctx, e.clock(c), &events.Denial{Rule: d.Rule, Tier: d.Tier, Source: d.Source.String(),
+			Reason: d.Fallback.String(), ClientID: c.ClientID, User: c.User, IP: c.IP, APIKey: c.APIKey,
+			Resource: c.Resource, Limit: d.Limit})
 	}
 	if e.events == nil || res.Allowed || res.Unavailable || res.Source == SourceIdempotent {
 		return
@@ -127,6 +143,13 @@ func (e *Engine) observeDescriptor(ctx context.Context, domain string, it *item,
 		}
 	}
 	e.metrics.Decision(st.Rule, r, it.source.String())
+	if it.fallback != FallbackNone {
+		e.metrics.StoreFallback(it.fallback.String(), it.source.String())
+		if e.events != nil {
+			e.events.Fallback(ctx, e.now(), &events.Denial{Rule: st.Rule, Key: it.key, Domain: domain,
+				Source: it.source.String(), Reason: it.fallback.String(), Limit: st.Limit})
+		}
+	}
 	// Only a descriptor the request was charged for was admitted: when
 	// another one is over its limit, none is charged (as for a check's
 	// rules), and neither is one of hits_addend 0.

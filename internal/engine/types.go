@@ -1,13 +1,15 @@
 package engine
 
 import (
+	"context"
+	"errors"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/policy"
 )
 
 // Priority is how urgent a check is. Priorities scale the limit a rule
-// grants: high 1.2x, normal 1x, low 0.8x by default (seed 002, F-07; the
+// grants: high 1.2x, normal 1x, low 0.8x by default (the
 // policy's defaults.priority_multipliers change them). It is the policy's
 // type, so that the policy can compile one limit per priority.
 type Priority = policy.Priority
@@ -62,6 +64,62 @@ func (s Source) String() string {
 	return "unknown"
 }
 
+// Fallback says why a rule was decided without the store (by its failure
+// mode: SourceFailOpen, SourceLocal, SourceFailClosed). The zero value,
+// FallbackNone, is a decision that did not fall back.
+type Fallback uint8
+
+// The reasons of a fallback. Their String values appear in API
+// responses, the sluice_store_fallbacks_total metric and events.
+const (
+	FallbackNone        Fallback = iota
+	FallbackUnreachable          // the store refused or lost the connection, or failed
+	FallbackStalled              // the store answered no call for the stall timeout
+	FallbackDeadline             // the store answered other calls but not this one by the deadline
+	FallbackBreakerOpen          // the circuit breaker is open: no call was made
+	FallbackOverloaded           // too many store calls in flight: no call was made
+)
+
+var fallbackNames = [...]string{
+	FallbackNone:        "",
+	FallbackUnreachable: "unreachable",
+	FallbackStalled:     "stalled",
+	FallbackDeadline:    "deadline",
+	FallbackBreakerOpen: "breaker_open",
+	FallbackOverloaded:  "overloaded",
+}
+
+// Fallbacks lists the reasons of a fallback, FallbackNone left out.
+var Fallbacks = []Fallback{FallbackUnreachable, FallbackStalled, FallbackDeadline, FallbackBreakerOpen, FallbackOverloaded}
+
+// String returns the wire name of f, such as "stalled"; "" for
+// FallbackNone.
+func (f Fallback) String() string {
+	if int(f) < len(fallbackNames) {
+		return fallbackNames[f]
+	}
+	return "unknown"
+}
+
+// FallbackOf returns why a store call that failed with err did not
+// decide: the reason carried by err (an error with a
+// Fallback() Fallback method in its chain, as the guard's are),
+// FallbackDeadline for a context's deadline, FallbackUnreachable
+// otherwise; FallbackNone for a nil err.
+func FallbackOf(err error) Fallback {
+	if err == nil {
+		return FallbackNone
+	}
+	var r interface{ Fallback() Fallback }
+	if errors.As(err, &r) {
+		return r.Fallback()
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return FallbackDeadline
+	}
+	return FallbackUnreachable
+}
+
 // Check is one request to decide: who, what, how much and how urgent.
 // Transports fill it from their wire formats; the engine validates it.
 type Check struct {
@@ -106,6 +164,9 @@ type RuleResult struct {
 	Cost int64
 	// Source says what decided this rule.
 	Source Source
+	// Fallback says why the store did not decide, when Source is
+	// SourceFailOpen, SourceLocal or SourceFailClosed.
+	Fallback Fallback
 }
 
 // Result is the outcome of a check: allowed only when every rule that
@@ -130,6 +191,9 @@ type Result struct {
 	Rules []RuleResult
 	// Source says what decided the check as a whole.
 	Source Source
+	// Fallback says why the store did not decide the deciding rule, or
+	// a rule that failed closed; FallbackNone when it did.
+	Fallback Fallback
 }
 
 // CallerTier returns the caller's tier as the check applied it: the tier

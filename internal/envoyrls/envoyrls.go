@@ -54,19 +54,36 @@ const (
 	MaxHits = 1_000_000_000
 )
 
+// Config holds the service's knobs. The zero value answers as documented
+// in docs/api.md: durations until reset in whole seconds, as
+// envoyproxy/ratelimit gives them, and Sluice's own answers where the two
+// differ.
+type Config struct {
+	// PreciseReset reports duration_until_reset to the microsecond the
+	// store decided, instead of rounded up to whole seconds.
+	PreciseReset bool
+	// Compat answers as envoyproxy/ratelimit where Sluice's answer
+	// differs: a descriptor with no entries answers OK with no limit
+	// instead of InvalidArgument, and an OVER_LIMIT descriptor reports
+	// limit_remaining 0. The engine must be configured alike
+	// (engine.Config.EnvoyCompat), for what is counted.
+	Compat bool
+}
+
 // Server implements rlsv3.RateLimitServiceServer. It is safe for concurrent
 // use.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	eng Engine
+	cfg Config
 }
 
 // New returns the service for eng.
-func New(eng Engine) (*Server, error) {
+func New(eng Engine, cfg Config) (*Server, error) {
 	if eng == nil {
 		return nil, errors.New("envoyrls: an engine is required")
 	}
-	return &Server{eng: eng}, nil
+	return &Server{eng: eng, cfg: cfg}, nil
 }
 
 // Register registers s on g.
@@ -113,8 +130,18 @@ func checkString(what, s string, limit int) error {
 }
 
 // Descriptors converts and validates the descriptors of req: the mapping
-// from Envoy's wire types to the engine's.
+// from Envoy's wire types to the engine's. A descriptor with no entries is
+// refused.
 func Descriptors(req *rlsv3.RateLimitRequest) ([]engine.Descriptor, error) {
+	return descriptors(req, false)
+}
+
+// descriptors is Descriptors; with emptyOK, a descriptor with no entries
+// is kept, with no entries (the engine then needs EnvoyCompat).
+func descriptors(req *rlsv3.RateLimitRequest, emptyOK bool) ([]engine.Descriptor, error) {
+	if reason, ok := grpccodec.Malformed(req); ok {
+		return nil, invalid("malformed request: %s", reason)
+	}
 	if field, ok := grpccodec.InvalidUTF8(req); ok {
 		return nil, invalid("%s: invalid UTF-8", field)
 	}
@@ -137,7 +164,7 @@ func Descriptors(req *rlsv3.RateLimitRequest) ([]engine.Descriptor, error) {
 	for i, d := range in {
 		entries := d.GetEntries()
 		switch {
-		case len(entries) == 0:
+		case len(entries) == 0 && !emptyOK:
 			return nil, invalid("descriptors[%d]: at least one entry is required", i)
 		case len(entries) > MaxEntries:
 			return nil, invalid("descriptors[%d]: %d entries, the limit is %d", i, len(entries), MaxEntries)
@@ -209,7 +236,7 @@ func limitOverride(o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) (engine
 
 // ShouldRateLimit implements rlsv3.RateLimitServiceServer.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	descs, err := Descriptors(req)
+	descs, err := descriptors(req, s.cfg.Compat)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -224,13 +251,13 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if len(statuses) == 1 {
 		// The common answer, in one allocation.
 		b := new(oneStatus)
-		b.st[0] = b.status.fill(&statuses[0])
+		b.st[0] = b.status.fill(&statuses[0], s.cfg)
 		b.resp.Statuses = b.st[:]
 		resp = &b.resp
 	} else {
 		resp = &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(statuses))}
 		for i := range statuses {
-			resp.Statuses[i] = new(statusBlock).fill(&statuses[i])
+			resp.Statuses[i] = new(statusBlock).fill(&statuses[i], s.cfg)
 		}
 	}
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
@@ -256,8 +283,8 @@ type statusBlock struct {
 	mult  wrapperspb.UInt32Value
 }
 
-// fill makes b's status that of st and returns it.
-func (b *statusBlock) fill(st *engine.DescriptorStatus) *rlsv3.RateLimitResponse_DescriptorStatus {
+// fill makes b's status that of st, answered under cfg, and returns it.
+func (b *statusBlock) fill(st *engine.DescriptorStatus, cfg Config) *rlsv3.RateLimitResponse_DescriptorStatus {
 	ds := &b.ds
 	ds.Code = rlsv3.RateLimitResponse_OK
 	if st.OverLimit {
@@ -279,10 +306,27 @@ func (b *statusBlock) fill(st *engine.DescriptorStatus) *rlsv3.RateLimitResponse
 	}
 	ds.CurrentLimit = &b.limit
 	ds.LimitRemaining = clampU32(st.Remaining)
-	ns := st.DurationUntilReset.Nanoseconds()
+	if st.OverLimit && cfg.Compat {
+		ds.LimitRemaining = 0 // as envoyproxy/ratelimit: 0 whatever remains
+	}
+	reset := st.DurationUntilReset
+	if !cfg.PreciseReset {
+		reset = wholeSeconds(reset)
+	}
+	ns := reset.Nanoseconds()
 	b.reset.Seconds, b.reset.Nanos = ns/1e9, int32(ns%1e9)
 	ds.DurationUntilReset = &b.reset
 	return ds
+}
+
+// wholeSeconds returns d rounded up to whole seconds, as
+// envoyproxy/ratelimit reports the time to the end of a window (the unit
+// less the Unix second's remainder: the true time rounded up).
+func wholeSeconds(d time.Duration) time.Duration {
+	if r := d % time.Second; r > 0 {
+		d += time.Second - r
+	}
+	return d
 }
 
 // units are Envoy's rate limit units, longest first, with the lengths

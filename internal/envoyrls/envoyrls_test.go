@@ -35,7 +35,7 @@ func newServer(t *testing.T, yaml string) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(eng)
+	s, err := New(eng, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestStatusBlock(t *testing.T) {
 					UnitMultiplier: wrapperspb.UInt32(10)},
 				DurationUntilReset: durationpb.New(3 * time.Second)}},
 	} {
-		if got := new(statusBlock).fill(&tt.in); !proto.Equal(got, tt.want) {
+		if got := new(statusBlock).fill(&tt.in, Config{PreciseReset: true}); !proto.Equal(got, tt.want) {
 			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
 		}
 	}

@@ -1,4 +1,4 @@
-// Package events records Sluice's audit events (seed 003): checks denied,
+// Package events records Sluice's audit events: checks denied,
 // bursts detected, configuration applied or rejected, allow and deny list
 // changes. A Recorder counts every event, samples the high-volume ones and
 // hands the rest to its sinks: by default the structured log and a bounded
@@ -56,12 +56,16 @@ const (
 	// stays.
 	ConfigRejected Type = "rate_limit_config_rejected"
 	// AllowListAdded and AllowListRemoved: an identity joined or left the
-	// allow list (seed 003's rate_limit_whitelist_added) on reload.
+	// allow list on reload.
 	AllowListAdded   Type = "rate_limit_allow_list_added"
 	AllowListRemoved Type = "rate_limit_allow_list_removed"
 	// DenyListAdded and DenyListRemoved: the same for the deny list.
 	DenyListAdded   Type = "rate_limit_deny_list_added"
 	DenyListRemoved Type = "rate_limit_deny_list_removed"
+	// StoreFallback: a check was decided without the store, by its
+	// rule's failure mode (source local, fail_open or fail_closed), for
+	// the reason in Reason.
+	StoreFallback Type = "store_fallback"
 )
 
 // Severities of events.
@@ -98,6 +102,10 @@ type Event struct {
 	Tier string `json:"tier,omitempty"`
 	// Source is the decision source, such as "store".
 	Source string `json:"source,omitempty"`
+	// Reason says why a store_fallback event's check was decided
+	// without the store: unreachable, stalled, deadline, breaker_open or
+	// overloaded.
+	Reason string `json:"reason,omitempty"`
 	// Limit is the limit that denied.
 	Limit int64 `json:"limit,omitempty"`
 	// RetryAfterMS is the retry-after of a denial, in milliseconds.
@@ -134,6 +142,7 @@ type Sink interface {
 // of the rate_limit_exceeded event.
 type Denial struct {
 	Rule, Key, Tier, Source    string
+	Reason                     string // of a fallback (Recorder.Fallback)
 	ClientID, User, IP, APIKey string
 	Resource, Domain           string
 	Limit                      int64
@@ -166,7 +175,7 @@ type Recorder struct {
 	m        *metrics.Metrics
 	first    int64
 	after    int64
-	samplers [3]sampler // by highVolume index
+	samplers [4]sampler // by highVolume index
 	burst    *burstDetector
 }
 
@@ -194,6 +203,8 @@ func highVolume(t Type) int {
 		return 1
 	case BurstBlocked:
 		return 2
+	case StoreFallback:
+		return 3
 	}
 	return -1
 }
@@ -271,8 +282,23 @@ func (r *Recorder) Denied(ctx context.Context, now time.Time, d *Denial) {
 	}
 }
 
+// Fallback records at now a check of the request whose context is ctx
+// that was decided without the store: a store_fallback event, sampled as
+// denials are, naming the deciding rule, its source (local, fail_open,
+// fail_closed) and the reason (d.Reason).
+func (r *Recorder) Fallback(ctx context.Context, now time.Time, d *Denial) {
+	if r == nil {
+		return
+	}
+	pass := r.sampled(StoreFallback, now)
+	r.m.Event(string(StoreFallback), !pass)
+	if pass {
+		r.deliver(denialEvent(ctx, StoreFallback, SeverityWarning, now, d))
+	}
+}
+
 func denialEvent(ctx context.Context, t Type, sev string, now time.Time, d *Denial) Event {
-	return Event{Type: t, Time: now, Severity: sev, Rule: d.Rule, Key: d.Key, Tier: d.Tier, Source: d.Source,
+	return Event{Type: t, Time: now, Severity: sev, Rule: d.Rule, Key: d.Key, Tier: d.Tier, Source: d.Source, Reason: d.Reason,
 		ClientID: d.ClientID, User: d.User, IP: d.IP, APIKey: Fingerprint(d.APIKey), Resource: d.Resource, Domain: d.Domain,
 		Limit: d.Limit, RetryAfterMS: d.RetryAfter.Milliseconds(), RequestID: logging.RequestID(ctx)}
 }

@@ -98,9 +98,12 @@ func toStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// checkUTF8 returns the error for a request that held invalid UTF-8 in a
+// checkUTF8 returns the error for a request that was malformed, or held invalid UTF-8 in a
 // string field, as marked by grpccodec.Codec; nil otherwise.
 func checkUTF8(m proto.Message) error {
+	if reason, ok := grpccodec.Malformed(m); ok {
+		return status.Error(codes.InvalidArgument, "malformed request: "+reason)
+	}
 	if field, ok := grpccodec.InvalidUTF8(m); ok {
 		return toStatus(fieldErr(field, "invalid UTF-8"))
 	}
@@ -332,20 +335,21 @@ func (s *Server) response(res *engine.Result) *sluicev1.CheckResponse {
 		retry = 0
 	}
 	resp := &sluicev1.CheckResponse{
-		Allowed:      res.Allowed,
-		Limit:        d.Limit,
-		Remaining:    d.Remaining,
-		ResetAt:      resetAt(now, d.ResetAfter),
-		RetryAfter:   ceilDiv(retry, time.Second),
-		RetryAfterMs: ceilDiv(retry, time.Millisecond),
-		Rule:         d.Rule,
-		Tier:         res.CallerTier(),
-		Source:       res.Source.String(),
-		Cost:         d.Cost,
-		ShadowDenied: res.ShadowDenied,
-		State:        state(res.Allowed, d.Limit, d.Remaining),
-		CurrentCount: max(d.Limit-d.Remaining, 0),
-		Rules:        make([]*sluicev1.RuleStatus, len(res.Rules)),
+		Allowed:        res.Allowed,
+		Limit:          d.Limit,
+		Remaining:      d.Remaining,
+		ResetAt:        resetAt(now, d.ResetAfter),
+		RetryAfter:     ceilDiv(retry, time.Second),
+		RetryAfterMs:   ceilDiv(retry, time.Millisecond),
+		Rule:           d.Rule,
+		Tier:           res.CallerTier(),
+		Source:         res.Source.String(),
+		FallbackReason: res.Fallback.String(),
+		Cost:           d.Cost,
+		ShadowDenied:   res.ShadowDenied,
+		State:          state(res.Allowed, d.Limit, d.Remaining),
+		CurrentCount:   max(d.Limit-d.Remaining, 0),
+		Rules:          make([]*sluicev1.RuleStatus, len(res.Rules)),
 	}
 	for i := range res.Rules {
 		resp.Rules[i] = ruleStatus(&res.Rules[i], now)
@@ -358,6 +362,7 @@ func ruleStatus(r *engine.RuleResult, now time.Time) *sluicev1.RuleStatus {
 		Rule: r.Rule, Tier: r.Tier, Allowed: r.Allowed, Shadow: r.Shadow,
 		Limit: r.Limit, Remaining: r.Remaining, ResetAt: resetAt(now, r.ResetAfter),
 		RetryAfterMs: ceilDiv(r.RetryAfter, time.Millisecond), Cost: r.Cost, Source: r.Source.String(),
+		FallbackReason: r.Fallback.String(),
 	}
 }
 

@@ -8,6 +8,12 @@
 // U+FFFD and marks it with the path of the first bad field, in an unknown
 // field of the request; the services call InvalidUTF8 first and refuse a
 // marked request.
+//
+// Likewise, a request of Sluice's or Envoy's rate limit services that is
+// not well-formed protobuf (truncated, a bad tag) would get Internal: the
+// codec decodes it as an empty request marked with the decoding error,
+// which the services refuse with InvalidArgument (see Malformed). Requests
+// of other services (health, reflection) keep grpc-go's answer.
 package grpccodec
 
 import (
@@ -24,8 +30,12 @@ import (
 )
 
 // markField is the field number of the mark: the largest field number,
-// which none of the services' messages uses.
-const markField = protowire.MaxValidNumber
+// which none of the services' messages uses; malformedField that of the
+// mark of a malformed request.
+const (
+	markField      = protowire.MaxValidNumber
+	malformedField = protowire.MaxValidNumber - 1
+)
 
 // Codec is the codec; its zero value is ready to use and it is safe for
 // concurrent use. Install it with grpc.ForceServerCodecV2(grpccodec.Codec{}).
@@ -53,7 +63,7 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	raw := data.Materialize()
 	fixed, path, ok := repair(raw, m.ProtoReflect().Descriptor(), "")
 	if !ok || path == "" {
-		return err
+		return malformed(m, err)
 	}
 	fixed = protowire.AppendTag(fixed, markField, protowire.BytesType)
 	fixed = protowire.AppendString(fixed, path)
@@ -63,10 +73,38 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	return nil
 }
 
+// malformed marks m, a request that could not be decoded with err, as
+// such, when it belongs to one of the rate limit services; otherwise it
+// returns err.
+func malformed(m proto.Message, err error) error {
+	name := string(m.ProtoReflect().Descriptor().FullName())
+	if !strings.HasPrefix(name, "sluice.") && !strings.HasPrefix(name, "envoy.service.ratelimit.") {
+		return err
+	}
+	proto.Reset(m)
+	var b []byte
+	b = protowire.AppendTag(b, malformedField, protowire.BytesType)
+	b = protowire.AppendString(b, err.Error())
+	m.ProtoReflect().SetUnknown(b)
+	return nil
+}
+
+// Malformed returns the decoding error of a request that was not
+// well-formed protobuf, and true, when the codec marked m so; otherwise
+// "" and false. The request is otherwise empty.
+func Malformed(m proto.Message) (reason string, ok bool) {
+	return mark(m, malformedField)
+}
+
 // InvalidUTF8 returns the path of the first string field of m that held
 // invalid UTF-8, such as "checks[1].user", and true, when the codec marked
 // m; otherwise "" and false.
 func InvalidUTF8(m proto.Message) (field string, ok bool) {
+	return mark(m, markField)
+}
+
+// mark returns the value of the mark field of m, if any.
+func mark(m proto.Message, field protowire.Number) (string, bool) {
 	b := m.ProtoReflect().GetUnknown()
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -74,7 +112,7 @@ func InvalidUTF8(m proto.Message) (field string, ok bool) {
 			return "", false
 		}
 		b = b[n:]
-		if num == markField && typ == protowire.BytesType {
+		if num == field && typ == protowire.BytesType {
 			v, n := protowire.ConsumeString(b)
 			return v, n >= 0
 		}

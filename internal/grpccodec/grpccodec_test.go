@@ -6,6 +6,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
@@ -43,10 +44,24 @@ func TestUnmarshal(t *testing.T) {
 	}
 }
 
+// TestUnmarshalMalformed checks that a request of the rate limit
+// services that is not well-formed protobuf is decoded empty and marked
+// (the services answer InvalidArgument), and that other messages keep
+// the error (grpc-go's Internal).
 func TestUnmarshalMalformed(t *testing.T) {
 	raw := []byte{0x0a, 0x05, 'a'} // client_id claims 5 bytes, has 1
-	if err := (Codec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &sluicev1.CheckRequest{}); err == nil {
-		t.Error("Unmarshal of a truncated message: nil error")
+	m := &sluicev1.CheckRequest{}
+	if err := (Codec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, m); err != nil {
+		t.Fatalf("Unmarshal of a truncated request: %v", err)
+	}
+	if reason, ok := Malformed(m); !ok || reason == "" || m.GetClientId() != "" {
+		t.Errorf("Malformed = %q, %v; client_id %q: want a reason, marked, empty", reason, ok, m.GetClientId())
+	}
+	if _, ok := InvalidUTF8(m); ok {
+		t.Error("a malformed request marked as invalid UTF-8")
+	}
+	if err := (Codec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &durationpb.Duration{}); err == nil {
+		t.Error("Unmarshal of a truncated message of another package: nil error")
 	}
 }
 
@@ -62,6 +77,9 @@ func FuzzUnmarshal(f *testing.F) {
 		var got sluicev1.BatchCheckRequest
 		err := (Codec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &got)
 		_, marked := InvalidUTF8(&got)
+		if _, bad := Malformed(&got); bad {
+			marked = true
+		}
 		switch {
 		case wantErr == nil && err != nil:
 			t.Fatalf("protobuf accepts %q, the codec refuses it: %v", raw, err)

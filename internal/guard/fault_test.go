@@ -176,6 +176,7 @@ type sample struct {
 type outcome struct {
 	Allowed, Unavailable bool
 	Source               engine.Source
+	Fallback             engine.Fallback
 }
 
 // load runs checks from workers goroutines, each pacing itself to one
@@ -203,7 +204,7 @@ func startLoad(eng *engine.Engine, workers int, pace time.Duration, next func(wo
 				start := time.Now()
 				res, err := eng.Check(context.Background(), &c)
 				local = append(local, sample{at: start, lat: time.Since(start), late: late, resource: c.Resource, client: c.ClientID,
-					res: outcome{res.Allowed, res.Unavailable, res.Source}, err: err})
+					res: outcome{res.Allowed, res.Unavailable, res.Source, res.Fallback}, err: err})
 				late = -1
 				if pace > 0 {
 					tick = tick.Add(pace)

@@ -4,10 +4,15 @@
 //
 // It adds four things, each optional:
 //
-//   - A deadline on every store call (Config.Deadline, 5 ms by default).
-//     A caller's shorter deadline wins. Past it the call returns an error
-//     wrapping sluice.ErrStoreUnavailable, and the engine applies each
-//     rule's failure mode (fail_open, fail_closed, local). The call runs
+//   - A deadline on every store call (Config.Deadline, 5 s by default),
+//     and stall detection: a call gives up sooner when the store has
+//     answered no call at all for the stall timeout (Config.StallTimeout,
+//     learned from the store's latency). A caller's shorter deadline
+//     wins. Past either the call returns an error wrapping
+//     sluice.ErrStoreUnavailable (and ErrStalled or ErrDeadline), and the
+//     engine applies each rule's failure mode (local, fail_closed,
+//     fail_open). A slow store that keeps answering is waited for; one
+//     that answers nothing is given up on quickly. The call runs
 //     on a goroutine of its own, so its caller stops waiting at the
 //     deadline even when the store does not (a Redis client blocked while
 //     it reconnects through a slow network, for instance); at most
@@ -57,7 +62,7 @@ import (
 // ErrBreakerOpen is wrapped (with sluice.ErrStoreUnavailable) by the error
 // of a call refused because the circuit breaker is open, or half-open with
 // its probes already in flight.
-var ErrBreakerOpen = errors.New("sluice: circuit breaker open")
+var ErrBreakerOpen error = &fallbackError{"sluice: circuit breaker open", engine.FallbackBreakerOpen}
 
 // Store is what the guard wraps: the engine's view of a store.
 type Store interface {
@@ -68,16 +73,25 @@ type Store interface {
 
 // Defaults of Config.
 const (
-	DefaultDeadline = 5 * time.Millisecond
+	DefaultDeadline = 5 * time.Second
 )
 
-// Config holds the guard's knobs. The zero value is usable: a 5 ms
-// deadline, the breaker with its defaults, the over-limit cache on, the
-// hot-key tier off.
+// Config holds the guard's knobs. The zero value is usable: a 5 s
+// deadline, a learned stall timeout, the breaker with its defaults, the
+// over-limit cache on, the hot-key tier off.
 type Config struct {
-	// Deadline bounds every store call; zero means DefaultDeadline. A
-	// caller's context with an earlier deadline wins.
+	// Deadline bounds every store call, a store that answers slowly
+	// included; zero means DefaultDeadline. A caller's context with an
+	// earlier deadline wins.
 	Deadline time.Duration
+	// StallTimeout ends sooner the wait of a call when the store has
+	// answered no call at all (a decision or an error reply) for that
+	// long, counted from the later of the call's start and the store's
+	// latest answer: a paused or cut-off store, not a busy one. Zero
+	// learns it: 4 times the slowest answer of the last 10 to 20 seconds,
+	// at least DefaultStallFloor; negative turns stall detection off. It
+	// has no effect at or above Deadline.
+	StallTimeout time.Duration
 	// Breaker configures the circuit breaker.
 	Breaker BreakerConfig
 	// OverLimit configures the over-limit cache.
@@ -164,7 +178,9 @@ func (nopObserver) Gathered(int)                        {}
 type Guard struct {
 	inner    Store
 	parts    partChecker // inner, when it reports parts of its calls
+	nodes    bool        // inner has several nodes (a Redis Cluster)
 	deadline time.Duration
+	stall    stallDetector
 	now      func() time.Time
 	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
 	olc      *overLimitCache // nil when off
@@ -202,12 +218,16 @@ func New(inner Store, cfg Config) (*Guard, error) {
 	}
 	g := &Guard{inner: inner, deadline: cfg.Deadline, now: cfg.Now, onChange: cfg.OnBreakerChange, obs: cfg.Observer}
 	g.parts, _ = inner.(partChecker)
+	if c, ok := inner.(interface{ Cluster() bool }); ok {
+		g.nodes = c.Cluster()
+	}
 	if g.obs == nil {
 		g.obs = nopObserver{}
 	}
 	if g.deadline == 0 {
 		g.deadline = DefaultDeadline
 	}
+	g.stall.fixed, g.stall.deadline = cfg.StallTimeout, g.deadline
 	if cfg.MaxInFlight < 0 {
 		return nil, fmt.Errorf("guard: config: max in flight must not be negative, got %d", cfg.MaxInFlight)
 	}
@@ -371,6 +391,7 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 	s.hot = grow(s.hot, len(reqs))
 	s.gen = grow(s.gen, len(reqs))
 	denied := false
+	deniedBy := engine.SourceStore // what denied first in process
 	local := 0
 	for i := range reqs {
 		r := &reqs[i]
@@ -385,6 +406,9 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 				setSource(src, i, engine.SourceOverLimitCache)
 				g.stats.overLimitHits.Add(1)
 				g.obs.OverLimitCacheHit()
+				if !denied {
+					deniedBy = engine.SourceOverLimitCache
+				}
 				denied = true
 				local++
 				continue
@@ -404,6 +428,9 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 					out[i] = d
 					setSource(src, i, engine.SourceHotKey)
 					g.stats.hotDenies.Add(1)
+					if !denied {
+						deniedBy = engine.SourceHotKey
+					}
 					denied = true
 					local++
 					continue
@@ -418,8 +445,13 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 		return g.direct(ctx, all, reqs, out)
 	}
 	if all && denied {
-		// One request is denied in process: CheckAll consumes nothing.
-		g.refuseRest(s, reqs, out, false)
+		// One request is denied in process: CheckAll consumes nothing,
+		// the others report their state as it stands (read from the
+		// store, at cost 0), and what denied decided them all.
+		g.refuseRest(s, reqs, out, g.readRest(ctx, s, reqs, out))
+		for _, i := range s.idx {
+			setSource(src, i, deniedBy)
+		}
 		return nil
 	}
 	if len(s.idx) > 0 {
@@ -457,12 +489,38 @@ func setSource(src []engine.Source, i int, s engine.Source) {
 	}
 }
 
+// readRest reads from the store, at cost 0, the requests of a CheckAll
+// that were waiting for it (s.idx) when another was denied in process, so
+// that they report their state as it stands rather than an unknown one:
+// one store call, which consumes nothing (and, for a limit that counts
+// refused requests, reports it over the limit when it is). It reports
+// whether out holds their decisions: false when the store could not
+// answer.
+func (g *Guard) readRest(ctx context.Context, s *scratch, reqs []store.Request, out []sluice.Decision) bool {
+	if len(s.idx) == 0 {
+		return true
+	}
+	s.reqs, s.out = s.reqs[:0], grow(s.out, len(s.idx))
+	for _, i := range s.idx {
+		r := reqs[i]
+		r.Cost = 0
+		s.reqs = append(s.reqs, r)
+	}
+	if err := g.direct(ctx, false, s.reqs, s.out); err != nil {
+		return false
+	}
+	for j, i := range s.idx {
+		out[i] = s.out[j]
+	}
+	return true
+}
+
 // refuseRest turns the admitted requests of a CheckAll that something
 // denied into refusals that consumed nothing, as the store contract has
 // it (ReasonLimited, no retry-after), returning the leases they took.
-// When the store was not called (decided is false), the requests that
-// were waiting for it are reported with their limit and 0 remaining: what
-// remains was not read.
+// When the store could not be read for the requests that were waiting
+// for it (decided is false), they are reported with their limit and 0
+// remaining: what remains is not known.
 func (g *Guard) refuseRest(s *scratch, reqs []store.Request, out []sluice.Decision, decided bool) {
 	g.giveBack(s, reqs)
 	if !decided {
@@ -551,94 +609,4 @@ func grow[T any](b []T, n int) []T {
 		return make([]T, n)
 	}
 	return b[:n]
-}
-
-// Stats are the guard's counters since New, for metrics and tests.
-type Stats struct {
-	// StoreCalls counts calls made to the store (checks, leases, resets).
-	StoreCalls int64
-	// GatheredCalls counts the store calls that decided gathered checks
-	// (see Config.Gatherers), and GatheredJobs the checks they decided:
-	// their ratio is the mean number of checks per call.
-	GatheredCalls, GatheredJobs int64
-	// StoreErrors counts store calls that failed (down, past the
-	// deadline).
-	StoreErrors int64
-	// BreakerRefused counts calls refused by the breaker, with no network
-	// call.
-	BreakerRefused int64
-	// OverLimitHits counts requests denied by the over-limit cache.
-	OverLimitHits int64
-	// HotAdmits and HotDenies count requests decided by the hot-key tier.
-	HotAdmits, HotDenies int64
-	// Syncs and SyncErrors count the hot-key tier's lease calls.
-	Syncs, SyncErrors int64
-	// HotKeys is the number of keys hot right now.
-	HotKeys int
-	// SyncLag is the time since the hot-key tier's last successful sync;
-	// zero when the tier is off.
-	SyncLag time.Duration
-	// Breaker is the breaker's state now.
-	Breaker BreakerState
-	// BreakerOpened and BreakerClosed count the breaker's transitions to
-	// open and to closed; LastOpened and LastClosed are the latest.
-	BreakerOpened, BreakerClosed int64
-	LastOpened, LastClosed       time.Time
-}
-
-// Stats returns the guard's counters.
-func (g *Guard) Stats() Stats {
-	s := Stats{
-		StoreCalls:     g.stats.storeCalls.Load(),
-		StoreErrors:    g.stats.storeErrors.Load(),
-		GatheredCalls:  g.stats.gatheredCalls.Load(),
-		GatheredJobs:   g.stats.gatheredJobs.Load(),
-		BreakerRefused: g.stats.refused.Load(),
-		OverLimitHits:  g.stats.overLimitHits.Load(),
-		HotAdmits:      g.stats.hotAdmits.Load(),
-		HotDenies:      g.stats.hotDenies.Load(),
-		Syncs:          g.stats.syncs.Load(),
-		SyncErrors:     g.stats.syncErrors.Load(),
-		BreakerOpened:  g.stats.opened.Load(),
-		BreakerClosed:  g.stats.closed.Load(),
-		Breaker:        g.BreakerState(),
-	}
-	if g.hot != nil {
-		if m := g.hot.keys.Load(); m != nil {
-			s.HotKeys = len(*m)
-		}
-		if last := g.hot.lastSync.Load(); last != 0 {
-			s.SyncLag = time.Since(time.Unix(0, last))
-		}
-	}
-	g.mu.Lock()
-	s.LastOpened, s.LastClosed = g.lastOpened, g.lastClosed
-	g.mu.Unlock()
-	return s
-}
-
-// Engine returns g as the engine should hold it: g itself, or, when the
-// wrapped store keeps idempotency records (engine.IdempotentStore), g with
-// a CheckAllOnce that goes through the breaker and the deadline (and not
-// through the over-limit cache or the hot-key tier).
-func (g *Guard) Engine() engine.Store {
-	if is, ok := g.inner.(engine.IdempotentStore); ok {
-		return &onceGuard{Guard: g, once: is}
-	}
-	return g
-}
-
-// onceGuard is a Guard around a store that keeps idempotency records.
-type onceGuard struct {
-	*Guard
-	once engine.IdempotentStore
-}
-
-// CheckAllOnce implements engine.IdempotentStore.
-func (o *onceGuard) CheckAllOnce(ctx context.Context, key string, ttl time.Duration, reqs []store.Request, out []sluice.Decision) (bool, error) {
-	j := o.newJob(opOnce, reqs, len(reqs))
-	j.once, j.idemKey, j.ttl = o.once, key, ttl
-	replayed := false
-	err := o.run(ctx, j, out, &replayed)
-	return replayed, err
 }

@@ -551,7 +551,8 @@ func TestOverLimitCache(t *testing.T) {
 	if _, src, _ := check1(ctx, g, "k", p, 0); src != engine.SourceStore {
 		t.Errorf("read from %s", src)
 	}
-	// CheckAll with a cached key: denied, nothing consumed, no store call.
+	// CheckAll with a cached key: denied, nothing consumed; the other key
+	// is read (one store call, cost 0) and reports its true remaining.
 	reqs := []store.Request{{Key: "other", Params: p, Cost: 1}, {Key: "k", Params: p, Cost: 1}}
 	out := make([]sluice.Decision, 2)
 	src2 := make([]engine.Source, 2)
@@ -559,7 +560,7 @@ func TestOverLimitCache(t *testing.T) {
 	if err := g.CheckSourced(ctx, true, reqs, out, src2); err != nil {
 		t.Fatal(err)
 	}
-	if out[0].Allowed || out[1].Allowed || out[0].RetryAfter != 0 || out[1].RetryAfter == 0 || src2[1] != engine.SourceOverLimitCache || inner.Calls() != n {
+	if out[0].Allowed || out[1].Allowed || out[0].RetryAfter != 0 || out[0].Remaining != 3 || out[1].RetryAfter == 0 || src2[1] != engine.SourceOverLimitCache || inner.Calls() != n+1 {
 		t.Errorf("CheckAll with a cached key: %+v %v, %d store calls", out, src2, inner.Calls()-n)
 	}
 	if d, _, _ := check1(ctx, g, "other", p, 3); !d.Allowed {

@@ -213,7 +213,7 @@ func (h *Handler) handleStatus(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, b.b)
 }
 
-// usageState returns seed 001's state of a rule: "throttled" when denied,
+// usageState returns the usage state of a rule: "throttled" when denied,
 // "warning" when more than 80% of the limit is used, "normal" otherwise.
 func usageState(allowed bool, limit, remaining int64) string {
 	switch {
@@ -282,6 +282,9 @@ func setHeaders(hdr http.Header, res *engine.Result, now time.Time, latencyUS in
 	var nb [64]byte
 	num := func(v int64) []string { return one(string(strconv.AppendInt(nb[:0], v, 10))) }
 	hdr["X-Ratelimit-Decision-Source"] = one(res.Source.String())
+	if res.Fallback != engine.FallbackNone {
+		hdr["X-Ratelimit-Fallback-Reason"] = one(res.Fallback.String())
+	}
 	hdr["X-Ratelimit-Decision-Latency-Us"] = num(latencyUS)
 	if d.Rule == "" || res.Source == engine.SourceAllowList {
 		// No limit applies: a quota of 0 with 0 remaining would tell a
@@ -385,6 +388,10 @@ func appendResult(b []byte, res *engine.Result, status int, now time.Time, resou
 	b = appendString(b, res.CallerTier())
 	b = append(b, `,"source":`...)
 	b = appendString(b, res.Source.String())
+	if res.Fallback != engine.FallbackNone {
+		b = append(b, `,"fallback_reason":`...)
+		b = appendString(b, res.Fallback.String())
+	}
 	b = append(b, `,"cost":`...)
 	b = strconv.AppendInt(b, d.Cost, 10)
 	b = append(b, `,"state":`...)
@@ -447,6 +454,10 @@ func appendRule(b []byte, r *engine.RuleResult, now time.Time) []byte {
 	b = strconv.AppendInt(b, r.Cost, 10)
 	b = append(b, `,"source":`...)
 	b = appendString(b, r.Source.String())
+	if r.Fallback != engine.FallbackNone {
+		b = append(b, `,"fallback_reason":`...)
+		b = appendString(b, r.Fallback.String())
+	}
 	return append(b, '}')
 }
 

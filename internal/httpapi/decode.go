@@ -523,7 +523,7 @@ func (cr *checkRequest) parseStatusQuery(raw string) error {
 	return nil
 }
 
-// statusFlag checks one of seed 002's include_* options of the status
+// statusFlag checks one of the include_* options of the status
 // endpoint.
 func statusFlag(name, val string) error {
 	if val != "true" && val != "false" {

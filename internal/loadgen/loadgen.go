@@ -186,6 +186,11 @@ type Config struct {
 	Window time.Duration
 	// Seed seeds the key and cost draws; zero means 1.
 	Seed uint64
+	// AllAtOnce sends one request per caller, Concurrency in all, released
+	// together once every caller is ready: a burst. Rate, Duration and
+	// Requests do not apply. With one key and ExpectLimit, the report
+	// says how many of the burst the server admitted against the limit.
+	AllAtOnce bool
 }
 
 func (c *Config) defaults() error {
@@ -308,6 +313,9 @@ type Report struct {
 	Rate        float64 `json:"rate,omitempty"`
 	Batch       int     `json:"batch,omitempty"`
 	Keys        int     `json:"keys"`
+	// AllAtOnce repeats Config.AllAtOnce: the run was one burst of
+	// Concurrency requests.
+	AllAtOnce bool `json:"all_at_once,omitempty"`
 	// Distribution is "uniform" or "zipf(s)".
 	Distribution string `json:"distribution"`
 	// Elapsed is the measured time, in seconds: Duration (or less, with
@@ -518,7 +526,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		workers[i] = w
 	}
 	start := time.Now()
-	if h, ok := cl.(*h2Caller); ok && cfg.Rate == 0 {
+	if cfg.AllAtOnce {
+		start = r.burst(ctx, cl, workers)
+	} else if h, ok := cl.(*h2Caller); ok && cfg.Rate == 0 {
 		h.loop(ctx, sending, workers)
 	} else {
 		var wg sync.WaitGroup
@@ -529,6 +539,34 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	elapsed := time.Since(start)
 	return r.report(workers, elapsed, start), nil
+}
+
+// burst sends one request from each worker, all released together once
+// every worker's goroutine runs, and returns the instant of the release.
+func (r *run) burst(ctx context.Context, cl caller, workers []*worker) time.Time {
+	var ready, done sync.WaitGroup
+	release := make(chan struct{})
+	for _, w := range workers {
+		ready.Add(1)
+		done.Go(func() {
+			key, cost := r.pickKey(w), r.pickCost(w)
+			ready.Done()
+			<-release
+			due := time.Now()
+			rctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+			allowed, err := cl.call(rctx, w, key, cost)
+			cancel()
+			if err != nil && ctx.Err() != nil {
+				return // the run was abandoned during the call
+			}
+			r.record(w, key, cost, due, allowed, err)
+		})
+	}
+	ready.Wait()
+	start := time.Now()
+	close(release)
+	done.Wait()
+	return start
 }
 
 // work runs one caller until sending ends or the request budget is
@@ -626,7 +664,7 @@ func (r *run) pickCost(w *worker) int64 {
 func (r *run) report(workers []*worker, elapsed time.Duration, start time.Time) *Report {
 	cfg := r.cfg
 	rep := &Report{Target: cfg.Target, Addr: cfg.Addr, Concurrency: cfg.Concurrency, Rate: cfg.Rate,
-		Keys: cfg.Keys, Distribution: "uniform", Elapsed: elapsed.Seconds()}
+		Keys: cfg.Keys, Distribution: "uniform", Elapsed: elapsed.Seconds(), AllAtOnce: cfg.AllAtOnce}
 	if cfg.Batch > 1 {
 		rep.Batch = cfg.Batch
 	}
@@ -698,6 +736,9 @@ func (rep *Report) Text(w io.Writer) error {
 	if rep.Batch > 1 {
 		fmt.Fprintf(&b, ", batches of %d", rep.Batch)
 	}
+	if rep.AllAtOnce {
+		fmt.Fprintf(&b, ", all at once (one request each)")
+	}
 	fmt.Fprintf(&b, ", %d keys (%s)\n", rep.Keys, rep.Distribution)
 	fmt.Fprintf(&b, "elapsed     %.2fs\n", rep.Elapsed)
 	fmt.Fprintf(&b, "requests    %d (%.0f/s)", rep.Requests, rep.Throughput)
@@ -718,6 +759,10 @@ func (rep *Report) Text(w io.Writer) error {
 		b.WriteString("latency ms  none: no request answered\n")
 	}
 	fmt.Fprintf(&b, "admitted    %d units of cost\n", rep.AdmittedCost)
+	if o := rep.Overshoot; o != nil && rep.AllAtOnce && rep.Keys == 1 {
+		fmt.Fprintf(&b, "burst       %d of %d requests admitted (cost %d) against a limit of %d per %.3gs window (%d windows)\n",
+			rep.Allowed, rep.Requests, rep.AdmittedCost, o.ExpectLimit, o.Window, o.Windows)
+	}
 	if o := rep.Overshoot; o != nil {
 		fmt.Fprintf(&b, "overshoot   limit %d per key per %.3gs window (%d windows): %d keys over, max %d, total %d (%.4f%%)\n",
 			o.ExpectLimit, o.Window, o.Windows, o.KeysOver, o.Max, o.Total, 100*o.Ratio)

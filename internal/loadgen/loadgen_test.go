@@ -390,3 +390,35 @@ envoy:
 		})
 	}
 }
+
+// TestAllAtOnce sends one burst of 200 requests on one key of limit 20 per
+// minute (in fixed windows aligned on the epoch: a burst that straddles
+// the minute may be admitted twice), over each target: each caller sends
+// one request, and the report says what the server admitted.
+func TestAllAtOnce(t *testing.T) {
+	d := start(t)
+	for _, target := range []string{loadgen.TargetHTTP, loadgen.TargetGRPC, loadgen.TargetEnvoy} {
+		t.Run(target, func(t *testing.T) {
+			addr := d.GRPCAddr()
+			if target == loadgen.TargetHTTP {
+				addr = d.HTTPAddr()
+			}
+			rep, err := loadgen.Run(t.Context(), loadgen.Config{Target: target, Addr: addr, Domain: "load", AllAtOnce: true,
+				Concurrency: 200, Keys: 1, KeyPrefix: "burst-" + target, Resource: "/api/burst", ExpectLimit: 20, Window: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Requests != 200 || rep.Errors != 0 || !rep.AllAtOnce {
+				t.Errorf("requests %d, errors %d %v, all at once %v; want 200, none", rep.Requests, rep.Errors, rep.ErrorSamples, rep.AllAtOnce)
+			}
+			if want := 20 * rep.Overshoot.Windows; rep.Allowed != want {
+				t.Errorf("admitted %d of the burst, want %d (%d windows)", rep.Allowed, want, rep.Overshoot.Windows)
+			}
+			var b strings.Builder
+			rep.Text(&b)
+			if !strings.Contains(b.String(), "burst       ") {
+				t.Errorf("report without the burst line:\n%s", b.String())
+			}
+		})
+	}
+}

@@ -192,7 +192,7 @@ var LatencyBuckets = []float64{
 }
 
 // NearLimitRatio is the share of a limit above which an admitted check is
-// counted as near the limit (seed 001's Warning state).
+// counted as near the limit: the HTTP API's warning state.
 const NearLimitRatio = 0.8
 
 // Kind says what type a metric family is, for Names.
@@ -226,6 +226,7 @@ type Metrics struct {
 	hotKeySyncLag      prometheus.Histogram
 	hotKeySyncs        prometheus.Counter
 	storeGathered      prometheus.Histogram
+	storeFallbacks     *prometheus.CounterVec // reason, mode
 
 	configInfo     *prometheus.GaugeVec // version
 	reloadOK       prometheus.Gauge
@@ -300,7 +301,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		"Decisions of one rule for one check, by rule id, result (allowed, denied, shadow_denied) and decision source (store, over_limit_cache, hot_key, fail_open, fail_closed, local, idempotent, allow_list, deny_list, no_rule).",
 		"rule", "result", "source")
 	m.nearLimit = counterVec("sluice_near_limit_total",
-		"Checks a rule admitted with more than 80% of its limit used (seed 001's Warning state), by rule id.",
+		"Checks a rule admitted with more than 80% of its limit used (the warning state of the HTTP API), by rule id.",
 		"rule")
 	checks := counterVec("sluice_checks_total",
 		"Checks answered, by API (check, batch, envoy) and outcome (allowed, denied, unavailable, invalid, error). A batch counts once.",
@@ -339,6 +340,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.names["sluice_breaker_transitions_total"] = KindCounter
 	add("sluice_breaker_state", KindGauge, m.breakerState)
 	m.breakerTransitions = m.breakerState.transitions
+	m.storeFallbacks = counterVec("sluice_store_fallbacks_total",
+		"Rule decisions taken without the store, by reason (unreachable, stalled, deadline, breaker_open, overloaded) and failure mode applied (local, fail_open, fail_closed).",
+		"reason", "mode")
+	for _, r := range FallbackReasons {
+		for _, md := range []string{"local", "fail_open", "fail_closed"} {
+			m.storeFallbacks.WithLabelValues(r, md)
+		}
+	}
 	m.overLimitHits = counter("sluice_over_limit_cache_hits_total",
 		"Rule decisions answered from the over-limit cache, with no store call.")
 	m.overLimitEntries = gauge("sluice_over_limit_cache_entries",
@@ -524,6 +533,20 @@ func (b *breakerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	b.state.Collect(ch)
 	b.transitions.Collect(ch)
+}
+
+// FallbackReasons are the values of the reason label of
+// sluice_store_fallbacks_total, exported at 0 from the start.
+var FallbackReasons = []string{"unreachable", "stalled", "deadline", "breaker_open", "overloaded"}
+
+// StoreFallback counts a rule decision taken without the store, for
+// reason (one of FallbackReasons), by the failure mode mode (local,
+// fail_open, fail_closed).
+func (m *Metrics) StoreFallback(reason, mode string) {
+	if m == nil {
+		return
+	}
+	m.storeFallbacks.WithLabelValues(reason, mode).Inc()
 }
 
 // OverLimitCacheHit counts a rule decision answered from the over-limit

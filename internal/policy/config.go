@@ -23,7 +23,7 @@ import (
 // Defaults of the configuration format.
 const (
 	DefaultAlgorithm   = sluice.SlidingWindowCounter
-	DefaultFailureMode = FailOpen
+	DefaultFailureMode = FailLocal
 	// MaxRules bounds the rules of one policy.
 	MaxRules = 100_000
 	// MaxLogLimit bounds the limit (at every priority) of a sliding window
@@ -33,12 +33,12 @@ const (
 )
 
 // DefaultCostMultipliers are the cost multipliers by operation when the
-// configuration sets none (seed 002): read 1, write 5, delete 10.
+// configuration sets none: read 1, write 5, delete 10.
 func DefaultCostMultipliers() map[string]int64 {
 	return map[string]int64{"read": 1, "write": 5, "delete": 10}
 }
 
-// Default priority multipliers (seed 002, F-07).
+// Default priority multipliers.
 const (
 	DefaultHighMultiplier = 1.2
 	DefaultLowMultiplier  = 0.8

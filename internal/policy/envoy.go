@@ -45,6 +45,10 @@ type EnvoyLimit struct {
 	// Limit is the compiled limit (fixed window unless the rate_limit sets
 	// Sluice's `algorithm` extension); nil when Unlimited.
 	Limit *Limit
+	// FailureMode is what the limit does when the store cannot answer:
+	// DefaultFailureMode (local, with the whole limit per instance, as
+	// an Envoy file names no expected instances).
+	FailureMode FailureMode
 
 	keyPrefix string // "rl:envoy:" + escaped domain + ":" + tag + ":"
 }
@@ -236,10 +240,11 @@ func (dom *envoyDomain) compileOverride(k envoyOverride) (*EnvoyLimit, error) {
 	lim := &Limit{Spec: sluice.Limit{Algorithm: sluice.FixedWindow, Limit: k.requests, Window: k.window}}
 	for pr := range lim.Params {
 		lim.Params[pr] = params
+		lim.Local[pr] = params // the whole limit per instance, as for the file's limits
 	}
 	lim.Tag = layoutTag(sluice.FixedWindow, &params)
 	return &EnvoyLimit{Domain: dom.name, FullKey: dom.name + ".limit_override", Unit: k.window,
-		RequestsPerUnit: k.requests, Limit: lim,
+		RequestsPerUnit: k.requests, Limit: lim, FailureMode: DefaultFailureMode,
 		keyPrefix: "rl:envoy:" + string(appendEscaped(nil, dom.name)) + ":override." + lim.Tag + ":"}, nil
 }
 
@@ -410,7 +415,7 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 	if fs == nil {
 		return nil
 	}
-	l := &EnvoyLimit{Domain: dom.name, FullKey: full}
+	l := &EnvoyLimit{Domain: dom.name, FullKey: full, FailureMode: DefaultFailureMode}
 	// has* report the fields given, bad that one was reported as invalid.
 	var hasUnit, hasRPU, bad bool
 	alg := sluice.FixedWindow
@@ -502,7 +507,7 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 		lim.Tag = algorithmAbbrev[alg] + "." + l.Unit.String()
 		l.Limit = lim
 	} else {
-		l.Limit = d.compile(spec, st, FailOpen, 1, "rate_limit", 1)
+		l.Limit = d.compile(spec, st, DefaultFailureMode, 1, "rate_limit", 1)
 		if l.Limit == nil {
 			return nil
 		}

@@ -88,13 +88,14 @@ type FailureMode uint8
 
 // The failure modes.
 const (
-	// FailOpen admits the request (the default: an outage of the rate
-	// limiter must not take the API down with it).
+	// FailOpen admits the request, without a bound: only when a rule or
+	// the defaults say so.
 	FailOpen FailureMode = iota + 1
 	// FailClosed refuses the request as unavailable.
 	FailClosed
 	// FailLocal decides from an in-process limiter holding
-	// limit/expected_instances of the limit.
+	// limit/expected_instances of the limit (the default: an outage of
+	// the store neither takes the API down nor lifts the limit).
 	FailLocal
 )
 

@@ -308,7 +308,7 @@ func TestDefaultCostAndPriorityMultipliers(t *testing.T) {
 			t.Errorf("%s-priority local share: limit %d, ExpiryLimit %d, want 4", Priority(pr), lp.Limit, lp.ExpiryLimit)
 		}
 	}
-	if r.FailureMode != FailOpen || r.Base.Spec.Algorithm != DefaultAlgorithm {
+	if r.FailureMode != FailLocal || r.Base.Spec.Algorithm != DefaultAlgorithm || r.Base.Local[PriorityNormal].Limit != r.Base.Params[PriorityNormal].Limit {
 		t.Errorf("defaults: failure mode %s, algorithm %s", r.FailureMode, r.Base.Spec.Algorithm)
 	}
 }

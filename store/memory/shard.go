@@ -94,7 +94,7 @@ func (sh *shard) decide(h uint64, p *algorithm.Params, now, cost int64) sluice.D
 	}
 	ns, d := algorithm.Apply(p, st, now, cost)
 	if !ok {
-		if !d.Allowed || cost == 0 {
+		if !algorithm.Counts(p, d, cost) {
 			return d // the state of a new key is unchanged: keep nothing
 		}
 		slot = sh.insert(h, now)

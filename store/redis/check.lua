@@ -13,7 +13,7 @@
 -- ARGV[2]      the expiry margin in milliseconds
 -- ARGV[3]      the record's time to live in milliseconds (mode 2)
 -- ARGV[4..]    9 per request: algorithm, limit, burst, window, quantum,
---              deny all (0/1), expiry limit (algorithm.Params.ExpiryLimit;
+--              deny all (0/1; 2: a fixed window counting refused requests), expiry limit (algorithm.Params.ExpiryLimit;
 --              0: the limit), cost, now (µs since the epoch; -1: Redis TIME)
 --
 -- Reply: {corrupt keys reset, replayed (0/1), then 5 per request: allowed
@@ -178,7 +178,7 @@ end
 -- apply is algorithm.Apply after the precheck, at t in quanta. It returns
 -- the new state (a, b, c) and the decision (allowed, reason, remaining,
 -- reset, retry).
-local function apply(alg, N, K, W, a, b, c, t, cost)
+local function apply(alg, N, K, W, a, b, c, t, cost, refused)
   if alg == TOKEN or alg == LEAKY then
     local debt = drain(a, t - b, N)
     local last = max(b, t)
@@ -206,7 +206,14 @@ local function apply(alg, N, K, W, a, b, c, t, cost)
       end
     end
     local e = start + W
-    if cost > 0 and count + cost > N then
+    if cost > 0 and count + cost > N or refused and count > N then
+      if refused and cost > 0 then
+        -- count_refused: refused, and counted all the same
+        if cost > K then
+          return start, math.min(count + cost, EXACT), 0, 0, COST_EXCEEDS, 0, e - t, 0
+        end
+        return start, math.min(count + cost, EXACT), 0, 0, LIMITED, 0, e - t, e - t
+      end
       return a, b, c, 0, LIMITED, max(N - count, 0), e - t, e - t
     end
     count = count + cost
@@ -407,6 +414,7 @@ for i = 1, n do
     W = tonumber(ARGV[o + 4]),
     Q = tonumber(ARGV[o + 5]),
     deny = ARGV[o + 6] == '1',
+    refused = ARGV[o + 6] == '2',
     E = tonumber(ARGV[o + 7]),
     cost = tonumber(ARGV[o + 8]),
     now = tonumber(ARGV[o + 9]),
@@ -423,8 +431,13 @@ local function decide(i)
   if r.deny then
     return 0, DENY_ALL, 0, 0, 0
   end
-  if r.cost > r.K then
-    return 0, COST_EXCEEDS, 0, 0, 0
+  if r.cost > r.K and not r.refused then
+    -- Never admitted: the key as it stands, as a read reports it.
+    local cost = r.cost
+    r.cost = 0
+    local _, _, rem, reset = decide(i)
+    r.cost = cost
+    return 0, COST_EXCEEDS, rem, reset, 0
   end
   local key = KEYS[i]
   r.nowus = now_of(r.now)
@@ -438,8 +451,10 @@ local function decide(i)
     w = { a, b, c }
     work[key] = w
   end
-  local a, b, c, ok, reason, rem, reset, retry = apply(r.alg, r.N, r.K, r.W, w[1], w[2], w[3], t, r.cost)
-  if ok == 1 and r.cost > 0 then
+  local a, b, c, ok, reason, rem, reset, retry = apply(r.alg, r.N, r.K, r.W, w[1], w[2], w[3], t, r.cost, r.refused)
+  -- (a refusal counted under count_refused is kept only by a check of
+  -- each request on its own: all or nothing consumes nothing)
+  if r.cost > 0 and (ok == 1 or r.refused and mode == 0) then
     w[1], w[2], w[3] = a, b, c
     w.dirty, w.r = true, r
   end

@@ -23,7 +23,8 @@
 --          (double), the number of parameter sets P (uint16), U (uint16)
 --          and C (double): when U is not 0 every check uses set U at cost
 --          C and Redis' clock; then P sets of 7 doubles: algorithm,
---          limit, burst, window, quantum, deny all (0/1), expiry limit
+--          limit, burst, window, quantum, deny all (0/1; 2: a fixed window
+--          counting refused requests), expiry limit
 --          (algorithm.Params.ExpiryLimit; 0: the limit); then, when U is
 --          0, per check in the order of KEYS its set (1 to P, uint16), its
 --          cost and its instant (doubles; the instant in µs since the
@@ -64,16 +65,20 @@ local corrupt = 0
 local clock -- Redis' TIME in µs, read once
 
 -- decide decides one check of key with the parameter set ps, writes the
--- key when it is admitted with a positive cost, and returns the check's
+-- key when it is admitted with a positive cost (or refused and counted, in
+-- a fixed window counting refused requests), and returns the check's
 -- reason, remaining, reset after and retry after.
 local function decide(key, ps, cost, now)
   local alg, N, K, W, Q = ps[1], ps[2], ps[3], ps[4], ps[5]
   if ps[6] then
     return 3, 0, 0, 0
   end
-  -- A cost above the capacity: reason 2, nothing read or written.
-  if cost > K then
-    return 2, 0, 0, 0
+  -- A cost above the capacity is never admitted: it is decided as a read
+  -- (cost 0) and reported with reason 2, the key's real remaining and
+  -- reset. A fixed window counting refused requests counts it instead.
+  local over = 0
+  if cost > K and not ps[8] then
+    over, cost = 2, 0
   end
   if now < 0 then
     if not clock then
@@ -122,6 +127,7 @@ local function decide(key, ps, cost, now)
   -- holds the 25-byte layout and its time to live already ends there.
   local na, nb, nc, rem, reset, exp
   local keep = false
+  local refused -- a refusal counted all the same: its reason (1 or 2)
   if alg == 3 then
     local start = idiv(t, W) * W
     local count = b
@@ -132,8 +138,19 @@ local function decide(key, ps, cost, now)
       end
     end
     local e = start + W
-    if cost > 0 and count + cost > N then
-      return 1, max(N - count, 0), e - t, e - t
+    if cost > 0 and count + cost > N or ps[8] and count > N then
+      if not ps[8] or cost == 0 then
+        return 1, max(N - count, 0), e - t, e - t
+      end
+      -- counting refused requests: refused, and counted all the same (up
+      -- to 2^51)
+      refused = 1
+      if cost > K then
+        refused = 2
+      end
+      if count + cost > EXACT then
+        cost = EXACT - count
+      end
     end
     count = count + cost
     reset = 0
@@ -144,8 +161,8 @@ local function decide(key, ps, cost, now)
     if rem < 0 then
       rem = 0
     end
-    if cost == 0 then
-      return 0, rem, reset, 0
+    if cost == 0 and not refused then
+      return over, rem, reset, 0
     end
     -- A state of this window with a count expires at its end already.
     keep = bin and a == start and b > 0
@@ -199,7 +216,7 @@ local function decide(key, ps, cost, now)
       reset = idiv(nxt + N - 1, N) + lag
     end
     if cost == 0 then
-      return 0, rem, reset, 0
+      return over, rem, reset, 0
     end
     if alg == 6 then
       local q = idiv(nxt, N)
@@ -265,7 +282,7 @@ local function decide(key, ps, cost, now)
       reset = 0
     end
     if cost == 0 then
-      return 0, rem, reset, 0
+      return over, rem, reset, 0
     end
     -- A state of this window with a count expires two windows on
     -- already, and its A and C stay.
@@ -292,6 +309,12 @@ local function decide(key, ps, cost, now)
     end
     call('SET', key, pack('<Bddd', 2, na, nb, nc), 'PX', px)
   end
+  if refused then
+    if refused == 1 then
+      return 1, 0, reset, reset
+    end
+    return 2, 0, reset, 0
+  end
   return 0, rem, reset, 0
 end
 
@@ -302,7 +325,7 @@ for k = 1, nsets do
   if E == 0 then
     E = N
   end
-  sets[k] = { alg, N, K, W, Q, deny == 1, E }
+  sets[k] = { alg, N, K, W, Q, deny == 1, E, deny == 2 }
 end
 local reply, n = { 0 }, 1
 for i = 1, #KEYS do

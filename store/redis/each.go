@@ -112,9 +112,14 @@ func (s *Store) appendEachHead(b []byte, sets, uniform int, cost int64) []byte {
 
 // appendEachSet appends the 7 doubles of a parameter set of checkeach.lua.
 func appendEachSet(b []byte, p *algorithm.Params) []byte {
-	var deny, expiry int64 // expiry 0: the limit
-	if p.DenyAll {
+	// deny: 1 deny all, 2 a fixed window counting refused requests;
+	// expiry 0: the limit
+	var deny, expiry int64
+	switch {
+	case p.DenyAll:
 		deny = 1
+	case p.CountRefused && p.Algorithm == sluice.FixedWindow:
+		deny = 2
 	}
 	if p.ExpiryLimit > 0 && p.ExpiryLimit < p.Limit {
 		expiry = p.ExpiryLimit

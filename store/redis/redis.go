@@ -832,9 +832,12 @@ func (s *Store) splitEach(reqs []store.Request) []*group {
 
 // appendParams appends the 7 check.lua arguments of a parameter set.
 func appendParams(args []string, p *algorithm.Params) []string {
-	deny := "0"
-	if p.DenyAll {
+	deny := "0" // deny all: 1; a fixed window counting refused requests: 2
+	switch {
+	case p.DenyAll:
 		deny = "1"
+	case p.CountRefused && p.Algorithm == sluice.FixedWindow:
+		deny = "2"
 	}
 	expiry := "0" // the limit
 	if p.ExpiryLimit > 0 && p.ExpiryLimit < p.Limit {
@@ -1084,7 +1087,11 @@ func multiplex(conns int) int {
 	return min(bits.Len(uint(conns-1)), rueidis.MaxPipelineMultiplex)
 }
 
-// unavailable wraps a client error.
+// unavailable wraps a client error; an error reply of the server also
+// wraps store.ErrReplied.
 func (s *Store) unavailable(err error) error {
+	if _, ok := rueidis.IsRedisErr(err); ok {
+		return fmt.Errorf("redis: %w: %w: %w", sluice.ErrStoreUnavailable, store.ErrReplied, err)
+	}
 	return fmt.Errorf("redis: %w: %w", sluice.ErrStoreUnavailable, err)
 }

@@ -70,6 +70,12 @@ func NewModel() *Model {
 
 // Decide decides r, which must have a non-zero Now.
 func (m *Model) Decide(r store.Request) sluice.Decision {
+	return m.decide(r, true)
+}
+
+// decide decides r; a refusal counted under CountRefused is kept only
+// when counted is true (CheckAll keeps none).
+func (m *Model) decide(r store.Request, counted bool) sluice.Decision {
 	now := r.Now.UnixMicro()
 	if r.Params.Algorithm == sluice.SlidingWindowLog {
 		nl, d := algorithm.ApplyLog(r.Params, append([]int64(nil), m.logs[r.Key]...), now, r.Cost)
@@ -79,7 +85,9 @@ func (m *Model) Decide(r store.Request) sluice.Decision {
 		return d
 	}
 	ns, d := algorithm.Apply(r.Params, m.states[r.Key], now, r.Cost)
-	m.states[r.Key] = ns
+	if d.Allowed || counted {
+		m.states[r.Key] = ns
+	}
 	return d
 }
 
@@ -91,7 +99,7 @@ func (m *Model) DecideAll(reqs []store.Request) []sluice.Decision {
 	out := make([]sluice.Decision, len(reqs))
 	all := true
 	for i, r := range reqs {
-		out[i] = m.Decide(r)
+		out[i] = m.decide(r, false)
 		all = all && out[i].Allowed
 	}
 	if all {
@@ -132,6 +140,8 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("Sequences", func(t *testing.T) { testSequences(t, newStore(t), key) })
 	t.Run("Random", func(t *testing.T) { testRandom(t, newStore(t), key) })
 	t.Run("DenyAll", func(t *testing.T) { testDenyAll(t, newStore(t), key) })
+	t.Run("CostAboveCapacity", func(t *testing.T) { testCostAboveCapacity(t, newStore(t), key) })
+	t.Run("CountRefused", func(t *testing.T) { testCountRefused(t, newStore(t), key) })
 	t.Run("CheckDuplicateKeys", func(t *testing.T) { testCheckDuplicates(t, newStore(t), key) })
 	t.Run("CheckMixed", func(t *testing.T) { testCheckMixed(t, newStore(t), key) })
 	t.Run("CheckAll", func(t *testing.T) { testCheckAll(t, newStore(t), key) })
@@ -249,6 +259,132 @@ func testDenyAll(t *testing.T, s Store, key keyFunc) {
 			want := NewModel().Decide(r)
 			if got := check(t, s, r); got != want || got.Allowed || got.Reason != sluice.ReasonDenyAll {
 				t.Errorf("%s cost %d: got %+v, want %+v (deny_all)", a, cost, got, want)
+			}
+		}
+	}
+}
+
+// testCostAboveCapacity checks that a cost above the capacity, never
+// admitted, reports the remaining and the reset of its key as they stand
+// (those a read reports), consumes nothing, through Check and CheckAll,
+// alone and in a batch.
+func testCostAboveCapacity(t *testing.T, s Store, key keyFunc) {
+	ctx := context.Background()
+	for _, a := range sluice.Algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			p := compile(t, sluice.Limit{Algorithm: a, Limit: 10, Window: time.Minute})
+			k, other := key(t, "over"), key(t, "other")
+			check(t, s, store.Request{Key: k, Params: p, Cost: 4, Now: T0})
+			at := T0.Add(time.Second)
+			read := check(t, s, store.Request{Key: k, Params: p, Now: at})
+			if read.Remaining < 6 || read.Remaining == 10 || read.ResetAfter <= 0 {
+				t.Fatalf("read after 4 of 10: %+v, want 6 to 9 remaining and a reset", read)
+			}
+			want := sluice.Decision{Reason: sluice.ReasonCostExceedsCapacity, Limit: 10, Remaining: read.Remaining, ResetAfter: read.ResetAfter}
+			over := store.Request{Key: k, Params: p, Cost: 11, Now: at}
+			if got := check(t, s, over); got != want {
+				t.Errorf("Check cost 11: got %+v, want %+v", got, want)
+			}
+			out := make([]sluice.Decision, 2)
+			batch := []store.Request{{Key: other, Params: p, Cost: 1, Now: at}, over}
+			if err := s.Check(ctx, batch, out); err != nil {
+				t.Fatal(err)
+			}
+			if out[1] != want || !out[0].Allowed {
+				t.Errorf("Check batch: got %+v, want an admitted request and %+v", out, want)
+			}
+			if err := s.CheckAll(ctx, batch, out); err != nil {
+				t.Fatal(err)
+			}
+			if out[1] != want || out[0].Allowed {
+				t.Errorf("CheckAll batch: got %+v, want a refused request and %+v", out, want)
+			}
+			if got := check(t, s, store.Request{Key: k, Params: p, Now: at}); got != read {
+				t.Errorf("read after: got %+v, want %+v (nothing consumed)", got, read)
+			}
+		})
+	}
+}
+
+// testCountRefused checks a fixed window that counts the requests it
+// refuses (algorithm.Params.CountRefused): refused costs are charged
+// through Check, so that the window stays over its limit, reads included,
+// until it ends; CheckAll still consumes nothing when it refuses; a limit
+// of 0 admits reads until a refusal is counted.
+func testCountRefused(t *testing.T, s Store, key keyFunc) {
+	ctx := context.Background()
+	p := *compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Minute})
+	p.CountRefused = true
+	zero := p
+	zero.Limit, zero.Burst = 0, 0
+	m := NewModel()
+	k, k0 := key(t, "refused"), key(t, "zero")
+	at := T0.Add(time.Second)
+	const limited, never = sluice.ReasonLimited, sluice.ReasonCostExceedsCapacity
+	for i, st := range []struct {
+		p         *algorithm.Params
+		key       string
+		dt        time.Duration
+		cost      int64
+		allowed   bool
+		reason    sluice.Reason
+		remaining int64
+	}{
+		{&p, k, 0, 2, true, 0, 1},
+		{&p, k, 0, 0, true, 0, 1},
+		{&p, k, 0, 2, false, limited, 0}, // refused, counted: 4 of 3
+		{&p, k, 0, 0, false, limited, 0}, // a read stays over the limit
+		{&p, k, 0, 1, false, limited, 0},
+		{&p, k, 0, 4, false, never, 0},
+		{&p, k, time.Minute, 0, true, 0, 3}, // the next window
+		{&p, k, 0, 4, false, never, 0},      // counted: over for the window
+		{&p, k, 0, 1, false, limited, 0},
+		{&zero, k0, 0, 0, true, 0, 0}, // a limit of 0 admits reads
+		{&zero, k0, 0, 1, false, never, 0},
+		{&zero, k0, 0, 0, false, limited, 0}, // until a refusal is counted
+	} {
+		at = at.Add(st.dt)
+		r := store.Request{Key: st.key, Params: st.p, Cost: st.cost, Now: at}
+		want := m.Decide(r)
+		got := check(t, s, r)
+		if got != want || got.Allowed != st.allowed || got.Reason != st.reason || got.Remaining != st.remaining || got.ResetAfter <= 0 && got.Remaining < st.p.Limit {
+			t.Fatalf("step %d (limit %d, cost %d): got %+v, want %+v (allowed %v, %s, remaining %d)", i, st.p.Limit, st.cost, got, want, st.allowed, st.reason, st.remaining)
+		}
+	}
+	// CheckAll refuses without counting, and its requests, alone or with
+	// the same key twice, decide as the model's.
+	a, b := key(t, "all-a"), key(t, "all-b")
+	batch := []store.Request{{Key: a, Params: &p, Cost: 2, Now: at}, {Key: b, Params: &p, Cost: 2, Now: at}, {Key: a, Params: &p, Cost: 2, Now: at}}
+	out := make([]sluice.Decision, len(batch))
+	if err := s.CheckAll(ctx, batch, out); err != nil {
+		t.Fatal(err)
+	}
+	if want := m.DecideAll(batch); fmt.Sprint(out) != fmt.Sprint(want) || out[2].Allowed {
+		t.Errorf("CheckAll: got %+v, want %+v", out, want)
+	}
+	for _, kk := range []string{a, b} {
+		r := store.Request{Key: kk, Params: &p, Now: at}
+		if got, want := check(t, s, r), m.Decide(r); got != want || got.Remaining != 3 {
+			t.Errorf("%s after CheckAll: got %+v, want %+v (nothing counted)", kk, got, want)
+		}
+	}
+	// A random sequence, through Check alone and in batches.
+	rng := rand.New(rand.NewPCG(5, 7))
+	keys := []string{key(t, "r1"), key(t, "r2")}
+	for i := range 200 {
+		at = at.Add(time.Duration(rng.Int64N(int64(20 * time.Second))))
+		n := 1 + rng.IntN(3)
+		reqs := make([]store.Request, n)
+		for j := range reqs {
+			reqs[j] = store.Request{Key: keys[rng.IntN(len(keys))], Params: &p, Cost: rng.Int64N(p.Limit + 2), Now: at}
+		}
+		got := make([]sluice.Decision, n)
+		if err := s.Check(ctx, reqs, got); err != nil {
+			t.Fatal(err)
+		}
+		for j, r := range reqs {
+			if want := m.Decide(r); got[j] != want {
+				t.Fatalf("request %d.%d (cost %d at +%s): got %+v, want %+v", i, j, r.Cost, at.Sub(T0), got[j], want)
 			}
 		}
 	}

@@ -338,9 +338,13 @@ type CheckResponse struct {
 	// current_count is limit - remaining.
 	CurrentCount int64 `protobuf:"varint,13,opt,name=current_count,json=currentCount,proto3" json:"current_count,omitempty"`
 	// rules holds the outcome of every rule that matched.
-	Rules         []*RuleStatus `protobuf:"bytes,14,rep,name=rules,proto3" json:"rules,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Rules []*RuleStatus `protobuf:"bytes,14,rep,name=rules,proto3" json:"rules,omitempty"`
+	// fallback_reason says why the store did not decide, when source is
+	// local, fail_open or fail_closed: unreachable, stalled, deadline,
+	// breaker_open or overloaded; empty otherwise.
+	FallbackReason string `protobuf:"bytes,15,opt,name=fallback_reason,json=fallbackReason,proto3" json:"fallback_reason,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CheckResponse) Reset() {
@@ -471,6 +475,13 @@ func (x *CheckResponse) GetRules() []*RuleStatus {
 	return nil
 }
 
+func (x *CheckResponse) GetFallbackReason() string {
+	if x != nil {
+		return x.FallbackReason
+	}
+	return ""
+}
+
 // RuleStatus is the outcome or state of one rule.
 type RuleStatus struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -481,12 +492,14 @@ type RuleStatus struct {
 	Limit     int64                  `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
 	Remaining int64                  `protobuf:"varint,6,opt,name=remaining,proto3" json:"remaining,omitempty"`
 	// reset_at is in Unix seconds.
-	ResetAt       int64  `protobuf:"varint,7,opt,name=reset_at,json=resetAt,proto3" json:"reset_at,omitempty"`
-	RetryAfterMs  int64  `protobuf:"varint,8,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
-	Cost          int64  `protobuf:"varint,9,opt,name=cost,proto3" json:"cost,omitempty"`
-	Source        string `protobuf:"bytes,10,opt,name=source,proto3" json:"source,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ResetAt      int64  `protobuf:"varint,7,opt,name=reset_at,json=resetAt,proto3" json:"reset_at,omitempty"`
+	RetryAfterMs int64  `protobuf:"varint,8,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	Cost         int64  `protobuf:"varint,9,opt,name=cost,proto3" json:"cost,omitempty"`
+	Source       string `protobuf:"bytes,10,opt,name=source,proto3" json:"source,omitempty"`
+	// fallback_reason is as in CheckResponse, for this rule.
+	FallbackReason string `protobuf:"bytes,11,opt,name=fallback_reason,json=fallbackReason,proto3" json:"fallback_reason,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RuleStatus) Reset() {
@@ -585,6 +598,13 @@ func (x *RuleStatus) GetCost() int64 {
 func (x *RuleStatus) GetSource() string {
 	if x != nil {
 		return x.Source
+	}
+	return ""
+}
+
+func (x *RuleStatus) GetFallbackReason() string {
+	if x != nil {
+		return x.FallbackReason
 	}
 	return ""
 }
@@ -1041,7 +1061,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\aapi_key\x18\t \x01(\tR\x06apiKey\x12\x16\n" +
 	"\x06method\x18\n" +
 	" \x01(\tR\x06methodB\a\n" +
-	"\x05_cost\"\xb2\x03\n" +
+	"\x05_cost\"\xdb\x03\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -1058,7 +1078,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\rshadow_denied\x18\v \x01(\bR\fshadowDenied\x12&\n" +
 	"\x05state\x18\f \x01(\x0e2\x10.sluice.v1.StateR\x05state\x12#\n" +
 	"\rcurrent_count\x18\r \x01(\x03R\fcurrentCount\x12+\n" +
-	"\x05rules\x18\x0e \x03(\v2\x15.sluice.v1.RuleStatusR\x05rules\"\x87\x02\n" +
+	"\x05rules\x18\x0e \x03(\v2\x15.sluice.v1.RuleStatusR\x05rules\x12'\n" +
+	"\x0ffallback_reason\x18\x0f \x01(\tR\x0efallbackReason\"\xb0\x02\n" +
 	"\n" +
 	"RuleStatus\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x12\n" +
@@ -1071,7 +1092,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eretry_after_ms\x18\b \x01(\x03R\fretryAfterMs\x12\x12\n" +
 	"\x04cost\x18\t \x01(\x03R\x04cost\x12\x16\n" +
 	"\x06source\x18\n" +
-	" \x01(\tR\x06source\"\xf9\x01\n" +
+	" \x01(\tR\x06source\x12'\n" +
+	"\x0ffallback_reason\x18\v \x01(\tR\x0efallbackReason\"\xf9\x01\n" +
 	"\x11BatchCheckRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\x12\x0e\n" +

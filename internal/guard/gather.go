@@ -1,0 +1,414 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/store"
+)
+
+// DefaultGatherers is Config.Gatherers when it is zero.
+const DefaultGatherers = 2
+
+// MaxGathered is the most requests one gathered store call decides.
+const MaxGathered = 256
+
+// gatherer holds the checks waiting for a store call (see
+// Config.Gatherers). Every job in queue or in an active batch is running
+// or abandoned, never recycled: a job is recycled only once out of both,
+// so the sweeper, which works under mu, never sees a job in its next life.
+type gatherer struct {
+	mu       sync.Mutex
+	queue    []*job
+	active   []*gatherScratch // the scratch (and batch) of each store call in flight
+	running  int              // gathering goroutines holding a slot, at most max
+	max      int
+	sweeping bool // a sweeper runs
+}
+
+// gatherJob queues j, an opCheck job, and starts a gathering goroutine
+// when fewer than the maximum run: with the store idle, j has a call of its
+// own at once. It starts the sweeper when none runs.
+func (g *Guard) gatherJob(j *job) {
+	q := &g.gather
+	q.mu.Lock()
+	q.queue = append(q.queue, j)
+	sweep := !q.sweeping
+	q.sweeping = true
+	gather := q.running < q.max
+	if gather {
+		q.running++
+	}
+	q.mu.Unlock()
+	if sweep {
+		go g.sweep()
+	}
+	if gather {
+		go g.gatherLoop()
+	}
+}
+
+// sweepEvery is how often the sweeper looks for gathered checks whose
+// caller stops waiting: a caller waits at most this much past its
+// deadline, plus scheduling delays.
+func (g *Guard) sweepEvery() time.Duration {
+	return min(max(g.deadline/8, 250*time.Microsecond), 5*time.Millisecond)
+}
+
+// sweep ends the wait of the callers of gathered checks whose deadline
+// passed or whose context ended, until no check is queued or in flight.
+// Their jobs are marked abandoned: a queued one is not sent, and each
+// recycles itself when its call returns. One timer for all the waiting
+// callers costs less than one per check.
+func (g *Guard) sweep() {
+	q := &g.gather
+	t := time.NewTicker(g.sweepEvery())
+	defer t.Stop()
+	for now := range t.C {
+		q.mu.Lock()
+		if len(q.queue) == 0 && len(q.active) == 0 {
+			q.sweeping = false
+			q.mu.Unlock()
+			return
+		}
+		g.giveUp(q.queue, now)
+		for _, sc := range q.active {
+			if g.giveUp(sc.batch, now) && !sc.yielded && (!now.Before(sc.expires) ||
+				g.stall.stalled(sc.expires.Add(-g.deadline), now, g.stall.timeout())) {
+				// Past its deadline, or stalled, with none of its checks
+				// waiting: the store call is stuck (a client
+				// reconnecting, a paused server), and the queued checks
+				// must not wait for it.
+				g.yield(sc)
+			}
+		}
+		q.mu.Unlock()
+	}
+}
+
+// giveUp tells the callers of the jobs of js that are past their deadline,
+// whose context ended, or whose store stalled, that they may stop
+// waiting; nil entries (jobs handed back already) are skipped. It reports
+// whether no caller is left waiting. The gatherer's mu is held.
+func (g *Guard) giveUp(js []*job, now time.Time) (none bool) {
+	none = true
+	for _, j := range js {
+		if j == nil || j.state.Load() != jobRunning {
+			continue
+		}
+		stalled := g.stall.stalled(j.start, now, j.stall)
+		if now.Before(j.expires) && !closed(j.gone) && !stalled {
+			none = false
+			continue
+		}
+		v := doneGaveUp
+		switch sent := j.sent.Load(); {
+		case stalled && sent:
+			v = doneStalled
+		case stalled:
+			v = doneStalledUnsent
+		case !sent:
+			v = doneGaveUpUnsent
+		}
+		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
+			j.done <- v
+		}
+	}
+	return none
+}
+
+// closed reports whether c is closed; a nil c (a context that never ends)
+// never is.
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// gatherScratch is the scratch space of a gathering goroutine.
+type gatherScratch struct {
+	batch, live []*job
+	reqs        []store.Request
+	out         []sluice.Decision
+
+	// For a store that reports parts (see partChecker): the guard; for
+	// each live job, its index in batch, the index of its first request
+	// in reqs and the number of its requests not reported yet; the live
+	// job of each request; the live jobs a part completed; onPart, bound
+	// once; and the number of live jobs not handed back yet.
+	g       *Guard
+	pos     []int
+	off     []int
+	left    []int
+	jobOf   []int32
+	ready   []int
+	part    func(idx []int, err error)
+	waiting int
+	// expires is the deadline of the store call, and yielded is set when
+	// the goroutine gave its gathering slot up (see yield); both are set
+	// under the gatherer's mu.
+	expires time.Time
+	yielded bool
+}
+
+var gatherPool = sync.Pool{New: func() any { return new(gatherScratch) }}
+
+// partChecker is a store whose Check decides its requests in parts that
+// may end at different times (store/redis: the masters of a Redis
+// Cluster), and that reports each as it ends: CheckParts calls part, one
+// call at a time on its own goroutine, for every request once, decided
+// (err nil, its decision in out) or not (err). When it returns an error,
+// it decided and reported nothing. The guard hands a gathered check back
+// as soon as its own requests are reported, so that a master that does
+// not answer holds up only the checks with a key on it.
+type partChecker interface {
+	CheckParts(ctx context.Context, reqs []store.Request, out []sluice.Decision, part func(idx []int, err error)) error
+}
+
+// gatherLoop makes store calls of the queued checks until none is left.
+func (g *Guard) gatherLoop() {
+	q := &g.gather
+	sc := gatherPool.Get().(*gatherScratch)
+	sc.g = g
+	if sc.part == nil {
+		sc.part = sc.onPart // once per scratch: a method value allocates
+	}
+	for {
+		q.mu.Lock()
+		if len(q.queue) == 0 || sc.yielded {
+			if !sc.yielded { // else its slot was given up already
+				q.running--
+			}
+			sc.yielded, sc.g = false, nil
+			q.mu.Unlock()
+			if cap(sc.batch) <= MaxGathered {
+				gatherPool.Put(sc)
+			}
+			return
+		}
+		n, k := 0, 0
+		for k < len(q.queue) && (k == 0 || n+len(q.queue[k].reqs) <= MaxGathered) {
+			n += len(q.queue[k].reqs)
+			k++
+		}
+		sc.batch = append(sc.batch[:0], q.queue[:k]...)
+		rest := copy(q.queue, q.queue[k:])
+		clear(q.queue[rest:])
+		q.queue = q.queue[:rest]
+		sc.expires = time.Now().Add(g.deadline)
+		q.active = append(q.active, sc)
+		// The jobs to send are chosen and marked sent under mu, where the
+		// sweeper gives up on them: a job it reports not sent is never
+		// sent, and one it finds sent is.
+		sc.live, sc.pos = sc.live[:0], sc.pos[:0]
+		for i, j := range sc.batch {
+			if j.state.Load() != jobAbandoned {
+				j.sent.Store(true)
+				sc.live = append(sc.live, j)
+				sc.pos = append(sc.pos, i)
+			}
+		}
+		q.mu.Unlock()
+		g.execGathered(sc)
+		clear(sc.batch) // the jobs are recycled
+		clear(sc.live)
+	}
+}
+
+// yield gives up the gathering slot of sc's goroutine, whose store call
+// handed some of its checks back and still waits for a part (a master
+// that does not answer, until the deadline), or is past its deadline with
+// every check given up or handed back (a client that returns late, while
+// it reconnects): the checks queued meanwhile get a call at once, from a
+// new goroutine that takes the slot over, rather than waiting for that
+// call. sc's goroutine ends when its call returns, its jobs still in
+// flight until then (Config.MaxInFlight bounds the calls so left
+// running). The gatherer's mu is held.
+func (g *Guard) yield(sc *gatherScratch) {
+	q := &g.gather
+	sc.yielded = true
+	if len(q.queue) == 0 {
+		q.running--
+		return
+	}
+	go g.gatherLoop() // takes the slot over
+}
+
+// execGathered decides the checks of sc.live, the jobs of sc.batch (an
+// active batch) chosen to be sent, in one store call and hands each job
+// of the batch back. A job whose caller gave up before the batch was taken
+// is not in sc.live: its caller has answered already, so it must not be
+// charged. The batch leaves the active ones before any of its jobs is
+// handed back or recycled.
+func (g *Guard) execGathered(sc *gatherScratch) {
+	if len(sc.live) > 0 {
+		g.stats.gatheredCalls.Add(1)
+		g.stats.gatheredJobs.Add(int64(len(sc.live)))
+		g.obs.Gathered(len(sc.live))
+		ctx, cancel := context.WithDeadline(context.Background(), sc.expires)
+		if len(sc.live) == 1 {
+			g.exec(ctx, sc.live[0])
+		} else {
+			g.checkGathered(ctx, sc)
+		}
+		cancel()
+	}
+	q := &g.gather
+	q.mu.Lock()
+	for i, a := range q.active {
+		if a == sc {
+			last := len(q.active) - 1
+			q.active[i], q.active[last] = q.active[last], nil
+			q.active = q.active[:last]
+			break
+		}
+	}
+	q.mu.Unlock()
+	for _, j := range sc.batch {
+		if j != nil { // not handed back by onPart
+			g.finish(j) // hands a live job back; recycles an abandoned one
+		}
+	}
+}
+
+// checkGathered decides the jobs of sc.live, several, in one store call.
+func (g *Guard) checkGathered(ctx context.Context, sc *gatherScratch) {
+	sc.reqs = sc.reqs[:0]
+	for _, j := range sc.live {
+		sc.reqs = append(sc.reqs, j.reqs...)
+	}
+	sc.out = grow(sc.out, len(sc.reqs))
+	var err error
+	if g.parts != nil {
+		err = g.checkParts(ctx, sc)
+	} else {
+		sent := time.Now()
+		err = g.inner.Check(ctx, sc.reqs, sc.out)
+		g.noteAnswer(sent, err)
+	}
+	clear(sc.reqs) // drop the references to keys and params
+	if g.parts != nil && err == nil {
+		return // every job was handed back by onPart
+	}
+	if err != nil && !errors.Is(err, sluice.ErrStoreUnavailable) {
+		// One invalid request fails the whole call: decide each job on
+		// its own, so that the error is only its own.
+		for _, j := range sc.live {
+			g.exec(ctx, j)
+		}
+		return
+	}
+	// A store that answered for some requests and not for others (a node
+	// of a cluster down) fails only the jobs with a request it left out,
+	// each as a whole.
+	var partial *store.PartialError
+	if err != nil {
+		var pe *store.PartialError // its address escapes: only on an error
+		if errors.As(err, &pe) {
+			partial = pe
+		}
+		err = whole(err)
+	}
+	off, k := 0, 0
+	for _, j := range sc.live {
+		n := len(j.reqs)
+		copy(j.out, sc.out[off:off+n])
+		j.err = err
+		if partial != nil {
+			for k < len(partial.Failed) && partial.Failed[k] < off {
+				k++
+			}
+			if k == len(partial.Failed) || partial.Failed[k] >= off+n {
+				j.err = nil
+			}
+		}
+		off += n
+	}
+}
+
+// checkParts decides the jobs of sc.live with the store's CheckParts, and
+// hands each back (through onPart) as soon as its requests are reported.
+// When it returns an error, no job was handed back.
+func (g *Guard) checkParts(ctx context.Context, sc *gatherScratch) error {
+	sc.off, sc.left = sc.off[:0], sc.left[:0]
+	sc.jobOf = sc.jobOf[:0]
+	off := 0
+	for k, j := range sc.live {
+		sc.off = append(sc.off, off)
+		sc.left = append(sc.left, len(j.reqs))
+		for range j.reqs {
+			sc.jobOf = append(sc.jobOf, int32(k))
+		}
+		off += len(j.reqs)
+	}
+	sc.waiting = len(sc.live)
+	err := g.parts.CheckParts(ctx, sc.reqs, sc.out, sc.part)
+	if err != nil {
+		g.noteAnswer(sc.expires.Add(-g.deadline), err)
+		return err
+	}
+	// A store that left requests unreported fails their jobs.
+	sc.ready = sc.ready[:0]
+	for k, n := range sc.left {
+		if n > 0 {
+			sc.left[k] = 0
+			sc.live[k].err = fmt.Errorf("%w: the store did not decide the check", sluice.ErrStoreUnavailable)
+			sc.ready = append(sc.ready, k)
+		}
+	}
+	sc.handBack()
+	return nil
+}
+
+// onPart takes a part reported by the store's CheckParts: the requests
+// idx of sc.reqs, decided or failed with err. It hands back the jobs
+// whose requests are now all reported; a job with a failed request fails
+// as a whole.
+func (sc *gatherScratch) onPart(idx []int, err error) {
+	sc.g.noteAnswer(sc.expires.Add(-sc.g.deadline), err)
+	sc.ready = sc.ready[:0]
+	for _, i := range idx {
+		k := sc.jobOf[i]
+		if err != nil && sc.live[k].err == nil {
+			sc.live[k].err = err
+		}
+		if sc.left[k]--; sc.left[k] == 0 {
+			sc.ready = append(sc.ready, int(k))
+		}
+	}
+	sc.handBack()
+}
+
+// handBack hands the live jobs sc.ready back to their callers, with their
+// decisions: it takes them out of their active batch first, under the
+// gatherer's mu, as their callers may recycle them at once.
+func (sc *gatherScratch) handBack() {
+	if len(sc.ready) == 0 {
+		return
+	}
+	q := &sc.g.gather
+	q.mu.Lock()
+	for _, k := range sc.ready {
+		sc.batch[sc.pos[k]] = nil
+	}
+	q.mu.Unlock()
+	for _, k := range sc.ready {
+		j := sc.live[k]
+		copy(j.out, sc.out[sc.off[k]:sc.off[k]+len(j.reqs)])
+		sc.g.finish(j)
+	}
+	if sc.waiting -= len(sc.ready); sc.waiting > 0 {
+		q.mu.Lock()
+		if !sc.yielded {
+			sc.g.yield(sc)
+		}
+		q.mu.Unlock()
+	}
+}
