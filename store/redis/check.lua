@@ -19,8 +19,9 @@
 -- Reply: {corrupt keys reset, replayed (0/1), then 5 per request: allowed
 -- (0/1), reason, remaining, reset after (quanta), retry after (quanta)}.
 --
--- State layout: the algorithms with three integers keep the string
--- "1:<A>:<B>:<C>"; the sliding window log keeps a sorted set with one
+-- State layout: the algorithms with three integers keep the 25 bytes
+-- struct.pack('<Bddd', 2, A, B, C), integers in doubles (the text
+-- "1:<A>:<B>:<C>" of earlier versions is read too); the sliding window log keeps a sorted set with one
 -- member per admitted unit, scored by its instant in quanta. Anything else
 -- found under a key (another type, another format, numbers out of range) is
 -- deleted and counted as corrupt. The ranges: an instant (B of the buckets,
@@ -100,13 +101,24 @@ local function load(key, alg)
   if not v then
     return 0, 0, 0
   end
-  local a, b, c = string.match(v, '^1:(%d+):(%d+):(%d+)$')
-  a, b, c = tonumber(a), tonumber(b), tonumber(c)
+  local a, b, c
+  if #v == 25 and string.byte(v) == 2 then
+    local _
+    _, a, b, c = struct.unpack('<Bddd', v)
+  else
+    a, b, c = string.match(v, '^1:(%d+):(%d+):(%d+)$')
+    a, b, c = tonumber(a), tonumber(b), tonumber(c)
+  end
+  if not a or not b or not c then
+    reset_corrupt(key)
+    return 0, 0, 0
+  end
   local at, count = a, b
   if alg == TOKEN or alg == LEAKY then
     at, count = b, a
   end
-  if not a or not b or not c or at >= LIMIT or count > EXACT or c > EXACT or (c ~= 0 and alg ~= COUNTER) then
+  if not (a >= 0 and b >= 0 and c >= 0 and a == floor(a) and b == floor(b) and c == floor(c))
+    or at >= LIMIT or count > EXACT or c > EXACT or (c ~= 0 and alg ~= COUNTER) then
     reset_corrupt(key)
     return 0, 0, 0
   end
@@ -481,7 +493,7 @@ local function commit()
         local r = w.r
         local exp = expires_at(r.alg, r.E, r.W, w[1], w[2], w[3])
         if exp then
-          redis.call('SET', key, '1:' .. int(w[1]) .. ':' .. int(w[2]) .. ':' .. int(w[3]), 'PX', ttl(exp, r.Q, r.nowus))
+          redis.call('SET', key, struct.pack('<Bddd', 2, w[1], w[2], w[3]), 'PX', ttl(exp, r.Q, r.nowus))
         else
           redis.call('DEL', key)
         end

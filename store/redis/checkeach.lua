@@ -1,29 +1,55 @@
 -- Sluice: decide checks of the three-integer algorithms (token bucket,
 -- leaky bucket, fixed window, sliding window counter, GCRA), each on its
 -- own, in one atomic step. It is check.lua's arithmetic for the most common
--- call, written inline: a script's whole body runs on every call, so every
--- function and table it creates is paid per call, and the checks a server
--- gathers share one call (its cost, the reading of its arguments and of
--- Redis' clock). The conformance suite holds both scripts to package
--- algorithm.
+-- call, written for the least Redis CPU per check: a script's whole body
+-- runs on every call, so the checks a server gathers share one call (its
+-- cost, the reading of its arguments and of Redis' clock), and each check
+-- pays only its GET, its SET and a few conversions. The conformance suite
+-- holds both scripts to package algorithm.
+--
+-- Where the Redis CPU goes (docs/redis.md, "Sizing"): per call, the
+-- arguments (each a string made by Redis, and tonumber is strtod) and the
+-- reply (about as much again per integer); per check, its GET and its
+-- write. So the parameters and checks come in one binary argument read
+-- with struct.unpack, the reply carries 2 integers per admitted check,
+-- and the window algorithms, whose expiry every write of one window
+-- shares, overwrite the state in place (SETRANGE, which keeps the time to
+-- live) after the first write of a window (SET ... PX, about twice the
+-- cost). The conformance suite holds both scripts to package algorithm.
 --
 -- KEYS[i]  the state key of check i; a key that appears twice sees the
 --          effect of its first check
--- ARGV     expiry margin (ms), the number of parameter sets P, then 7 per
---          set: algorithm, limit, burst, window, quantum, deny all (0/1;
---          2: a fixed window counting refused requests),
---          expiry limit (algorithm.Params.ExpiryLimit; 0: the limit);
---          then 3 per check: its parameter set (1 to P), cost, now (µs
---          since the epoch; -1: Redis TIME)
+-- ARGV[1]  little-endian binary: the expiry margin in milliseconds
+--          (double), the number of parameter sets P (uint16), U (uint16)
+--          and C (double): when U is not 0 every check uses set U at cost
+--          C and Redis' clock; then P sets of 7 doubles: algorithm,
+--          limit, burst, window, quantum, deny all (0/1; 2: a fixed window
+--          counting refused requests), expiry limit
+--          (algorithm.Params.ExpiryLimit; 0: the limit); then, when U is
+--          0, per check in the order of KEYS its set (1 to P, uint16), its
+--          cost and its instant (doubles; the instant in µs since the
+--          epoch, -1: Redis TIME)
 --
--- Reply: {corrupt keys reset, 0, then 5 per check: allowed (0/1), reason,
--- remaining, reset after (quanta), retry after (quanta)}, as check.lua's.
+-- Reply: {corrupt keys reset, then per check: remaining x 4 + reason,
+-- reset after (quanta), and when the reason is not 0 (admitted) the retry
+-- after (quanta)}.
+--
+-- State: the 25 bytes struct.pack('<Bddd', 2, A, B, C) (algorithm.State,
+-- integers in doubles); the text "1:<A>:<B>:<C>" of earlier versions is
+-- read too. The ranges are check.lua's (see its load).
 
-local floor, max = math.floor, math.max
+local max = math.max
+local call, pcall_ = redis.call, redis.pcall
+local pack, unpack_, match = struct.pack, struct.unpack, string.match
+local LIMIT, EXACT = 9007199254740992, 2251799813685248 -- 2^53, 2^51
 
 -- idiv returns floor(a / b) exactly for integers |a| < 2^53 and b > 0.
+-- (In Redis every call of a C function, math.floor's as string.byte's,
+-- costs as much as a few dozen operators: the paths every check takes
+-- use operators; q % 1 is q - floor(q), computed in C.)
 local function idiv(x, y)
-  local q = floor(x / y)
+  local q = x / y
+  q = q - q % 1
   local r = x - q * y
   if r < 0 then
     q = q - 1
@@ -33,56 +59,116 @@ local function idiv(x, y)
   return q
 end
 
-local margin = tonumber(ARGV[1])
+local args = ARGV[1]
+local margin, nsets, U, C, pos = unpack_('<dHHd', args)
 local corrupt = 0
 local clock -- Redis' TIME in µs, read once
 
 -- decide decides one check of key with the parameter set ps, writes the
--- key when it is admitted with a positive cost, and returns the check's 5
--- reply values.
+-- key when it is admitted with a positive cost (or refused and counted, in
+-- a fixed window counting refused requests), and returns the check's
+-- reason, remaining, reset after and retry after.
 local function decide(key, ps, cost, now)
   local alg, N, K, W, Q = ps[1], ps[2], ps[3], ps[4], ps[5]
   if ps[6] then
-    return 0, 3, 0, 0, 0
+    return 3, 0, 0, 0
   end
+  -- A cost above the capacity is never admitted: it is decided as a read
+  -- (cost 0) and reported with reason 2, the key's real remaining and
+  -- reset. A fixed window counting refused requests counts it instead.
+  local over = 0
   if cost > K and not ps[8] then
-    -- Never admitted: the key as it stands, as a read reports it.
-    local _, _, rem, reset = decide(key, ps, 0, now)
-    return 0, 2, rem, reset, 0
+    over, cost = 2, 0
   end
   if now < 0 then
     if not clock then
-      local tm = redis.call('TIME')
-      clock = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+      local tm = call('TIME')
+      clock = tm[1] * 1000000 + tm[2]
     end
     now = clock
   end
   local t = idiv(now, Q)
 
+  -- The state: absent, valid (either layout), or corrupt (reset).
   local a, b, c = 0, 0, 0
-  local ok, v = pcall(redis.call, 'GET', key)
-  if not ok then
-    redis.call('DEL', key)
-    corrupt = corrupt + 1
-  elseif v then
-    -- the ranges of check.lua's load: no sign, an instant below 2^53, a
-    -- count at most 2^51, and a C of 0 but for the sliding window counter
-    local sa, sb, sc = string.match(v, '^1:(%d+):(%d+):(%d+)$')
-    a, b, c = tonumber(sa), tonumber(sb), tonumber(sc)
-    local at, count = a, b
-    if alg == 1 or alg == 2 then
-      at, count = b, a
+  local bin = false -- the state is in the 25-byte layout
+  local v = pcall_('GET', key)
+  if v then
+    -- v is a string, or a table for an error (another type), whose
+    -- length is 0
+    local ok, len, tag = false, #v, nil
+    if len == 25 then
+      tag, a, b, c = unpack_('<Bddd', v)
     end
-    if not a or not b or not c or at >= 9007199254740992 or count > 2251799813685248 or c > 2251799813685248 or (c ~= 0 and alg ~= 5) then
-      redis.call('DEL', key)
+    if tag == 2 then
+      ok, bin = true, true
+    elseif len > 0 then
+      local sa, sb, sc = match(v, '^1:(%d+):(%d+):(%d+)$')
+      a, b, c = tonumber(sa), tonumber(sb), tonumber(sc)
+      ok = a and b and c
+    end
+    if ok then
+      local at, count = a, b
+      if alg == 1 or alg == 2 then
+        at, count = b, a
+      end
+      ok = a >= 0 and b >= 0 and c >= 0 and a % 1 == 0 and b % 1 == 0 and c % 1 == 0
+        and at < LIMIT and count <= EXACT and c <= EXACT and (c == 0 or alg == 5)
+    end
+    if not ok then
+      call('DEL', key)
       corrupt = corrupt + 1
-      a, b, c = 0, 0, 0
+      a, b, c, bin = 0, 0, 0, false
     end
   end
 
+  -- The decision fields (rem, reset; retry on a denial) and the new state
+  -- (na, nb, nc), which expires at exp quanta; keep is set when the key
+  -- holds the 25-byte layout and its time to live already ends there.
   local na, nb, nc, rem, reset, exp
-  local refused -- count_refused: the reason of a refusal counted all the same
-  if alg == 1 or alg == 2 or alg == 6 then
+  local keep = false
+  local refused -- a refusal counted all the same: its reason (1 or 2)
+  if alg == 3 then
+    local start = idiv(t, W) * W
+    local count = b
+    if a ~= start then
+      count = 0
+      if a > start then -- the clock went back: keep the later window
+        start, count = a, b
+      end
+    end
+    local e = start + W
+    if cost > 0 and count + cost > N or ps[8] and count > N then
+      if not ps[8] or cost == 0 then
+        return 1, max(N - count, 0), e - t, e - t
+      end
+      -- counting refused requests: refused, and counted all the same (up
+      -- to 2^51)
+      refused = 1
+      if cost > K then
+        refused = 2
+      end
+      if count + cost > EXACT then
+        cost = EXACT - count
+      end
+    end
+    count = count + cost
+    reset = 0
+    if count > 0 then
+      reset = e - t
+    end
+    rem = N - count
+    if rem < 0 then
+      rem = 0
+    end
+    if cost == 0 and not refused then
+      return over, rem, reset, 0
+    end
+    -- A state of this window with a count expires at its end already.
+    keep = bin and a == start and b > 0
+    na, nb, nc = start, count, 0
+    exp = e
+  elseif alg == 1 or alg == 2 or alg == 6 then
     local cap = K * W
     local debt, lag = 0, 0
     if alg == 6 then
@@ -93,14 +179,21 @@ local function decide(key, ps, cost, now)
         lag = a - t - full - 1
         debt = (full + 1) * N + math.min(b, N)
       elseif a >= t then
-        debt = (a - t) * N + math.min(b, N)
+        debt = a - t
+        if b < N then
+          debt = debt * N + b
+        else
+          debt = debt * N + N
+        end
       end
     else
       -- a clock that went back stands still at b, lag quanta from now
-      lag = max(b - t, 0)
       local el = t - b
+      if el < 0 then
+        lag = -el
+      end
       if el <= 0 or a <= 0 then
-        debt = max(a, 0)
+        debt = a
       elseif el >= idiv(a + N - 1, N) then
         debt = 0
       else
@@ -113,14 +206,17 @@ local function decide(key, ps, cost, now)
       if debt > 0 then
         reset = idiv(debt + N - 1, N) + lag
       end
-      return 0, 1, idiv(max(cap - debt, 0), W), reset, idiv(nxt - cap + N - 1, N) + lag
+      return 1, idiv(max(cap - debt, 0), W), reset, idiv(nxt - cap + N - 1, N) + lag
     end
-    rem, reset = idiv(max(cap - nxt, 0), W), 0
+    rem, reset = 0, 0
+    if nxt < cap then
+      rem = idiv(cap - nxt, W)
+    end
     if nxt > 0 then
       reset = idiv(nxt + N - 1, N) + lag
     end
     if cost == 0 then
-      return 1, 0, rem, reset, 0
+      return over, rem, reset, 0
     end
     if alg == 6 then
       local q = idiv(nxt, N)
@@ -132,40 +228,12 @@ local function decide(key, ps, cost, now)
     else
       -- the state is gone once drained at the slowest refill sharing it
       local E = ps[7]
-      na, nb, nc = nxt, max(b, t), 0
+      na, nb, nc = nxt, b, 0
+      if t > b then
+        nb = t
+      end
       exp = nb + idiv(na + E - 1, E)
     end
-  elseif alg == 3 then
-    local start = idiv(t, W) * W
-    local count = b
-    if a ~= start then
-      count = 0
-      if a > start then
-        start, count = a, b
-      end
-    end
-    local e = start + W
-    if cost > 0 and count + cost > N or ps[8] and count > N then
-      if not ps[8] or cost == 0 then
-        return 0, 1, max(N - count, 0), e - t, e - t
-      end
-      refused = 1
-      if cost > K then
-        refused = 2
-      end
-      cost = math.min(count + cost, 2251799813685248) - count
-    end
-    count = count + cost
-    reset = 0
-    if count > 0 then
-      reset = e - t
-    end
-    rem = max(N - count, 0)
-    if cost == 0 and not refused then
-      return 1, 0, rem, reset, 0
-    end
-    na, nb, nc = start, count, 0
-    exp = start + W
   elseif alg == 5 then
     local w = W
     local start = idiv(t, w) * w
@@ -179,8 +247,11 @@ local function decide(key, ps, cost, now)
     else
       cur, prev = 0, 0
     end
-    local e = max(t - start, 0)
-    local lag = max(start - t, 0) -- a clock that went back stands still at start
+    local e, lag = t - start, 0
+    if e < 0 then
+      -- a clock that went back stands still at start, lag quanta from now
+      e, lag = 0, -e
+    end
     local room = N * w - (prev * (w - e) + cur * w)
     if cost > 0 and (cur + cost) * w > N * w - prev * (w - e) then
       local rs = 0
@@ -196,10 +267,13 @@ local function decide(key, ps, cost, now)
       else
         rt = w - e + max(w - idiv((N - cost) * w, cur), 0)
       end
-      return 0, 1, max(idiv(room, w), 0), rs, rt + lag
+      return 1, max(idiv(room, w), 0), rs, rt + lag
     end
     cur = cur + cost
-    rem = idiv(max(room - cost * w, 0), w)
+    rem = 0
+    if room > cost * w then
+      rem = idiv(room - cost * w, w)
+    end
     if cur > 0 then
       reset = 2 * w - e + lag
     elseif prev > 0 then
@@ -208,45 +282,64 @@ local function decide(key, ps, cost, now)
       reset = 0
     end
     if cost == 0 then
-      return 1, 0, rem, reset, 0
+      return over, rem, reset, 0
     end
+    -- A state of this window with a count expires two windows on
+    -- already, and its A and C stay.
+    keep = bin and a == start and b > 0
     na, nb, nc = start, cur, prev
     exp = start + 2 * w
   else
-    return 0, 1, 0, 0, 0
+    return 1, 0, 0, 0
   end
 
-  local px = max(floor((max(exp * Q - now, 0) + 999) / 1000), 1) + margin
-  if px >= 1e15 then
-    -- Redis writes a number of 17 digits or more in exponent notation,
-    -- which PX refuses; a bucket of a very large burst lives that long.
-    px = string.format('%.0f', px)
+  if keep then
+    -- B alone changes: bytes 9 to 16
+    call('SETRANGE', key, '9', pack('<d', nb))
+  else
+    local px = 1
+    if exp * Q > now then
+      px = idiv(exp * Q - now + 999, 1000)
+    end
+    px = px + margin
+    if px >= 1e15 then
+      -- Redis writes a number of 17 digits or more in exponent notation,
+      -- which PX refuses; a bucket of a very large burst lives that long.
+      px = string.format('%.0f', px)
+    end
+    call('SET', key, pack('<Bddd', 2, na, nb, nc), 'PX', px)
   end
-  redis.call('SET', key, string.format('1:%.0f:%.0f:%.0f', na, nb, nc), 'PX', px)
-  if refused == 1 then
-    return 0, 1, 0, reset, reset
-  elseif refused == 2 then
-    return 0, 2, 0, reset, 0
+  if refused then
+    if refused == 1 then
+      return 1, 0, reset, reset
+    end
+    return 2, 0, reset, 0
   end
-  return 1, 0, rem, reset, 0
+  return 0, rem, reset, 0
 end
 
 local sets = {}
-for s = 1, tonumber(ARGV[2]) do
-  local o = 2 + 7 * (s - 1)
-  local N, E = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 7])
+for k = 1, nsets do
+  local alg, N, K, W, Q, deny, E
+  alg, N, K, W, Q, deny, E, pos = unpack_('<ddddddd', args, pos)
   if E == 0 then
     E = N
   end
-  sets[s] = { tonumber(ARGV[o + 1]), N, tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4]),
-    tonumber(ARGV[o + 5]), ARGV[o + 6] == '1', E, ARGV[o + 6] == '2' }
+  sets[k] = { alg, N, K, W, Q, deny == 1, E, deny == 2 }
 end
-local reply, n = { 0, 0 }, 2
-local o = 2 + 7 * #sets
+local reply, n = { 0 }, 1
 for i = 1, #KEYS do
-  local a, r, rem, reset, retry = decide(KEYS[i], sets[tonumber(ARGV[o + 1])], tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]))
-  reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4], reply[n + 5] = a, r, rem, reset, retry
-  n, o = n + 5, o + 3
+  local k, cost, now = U, C, -1
+  if U == 0 then
+    k, cost, now, pos = unpack_('<Hdd', args, pos)
+  end
+  local reason, rem, reset, retry = decide(KEYS[i], sets[k], cost, now)
+  reply[n + 1], reply[n + 2] = rem * 4 + reason, reset
+  n = n + 2
+  if reason ~= 0 then
+    reply[n + 1] = retry
+    n = n + 1
+  end
 end
 reply[1] = corrupt
 return reply

@@ -28,11 +28,13 @@
 // longer than Config.MaxKeyLength is replaced by a fixed-length form that
 // keeps its hash tag and ends with the SHA-256 of the whole key (see
 // docs/redis.md). The state of the bucket, window and GCRA algorithms is a
-// string "1:<A>:<B>:<C>" (algorithm.State); the sliding window log is a
-// sorted set with one member per admitted unit. Every written key expires
-// once its state is equivalent to no state (algorithm.ExpiresAt, counted
-// from the instant of the request) plus Config.ExpiryMargin. A denied
-// request and a request of cost 0 write nothing.
+// string of 25 bytes, a byte 2 and the three integers of algorithm.State as
+// little-endian doubles (the text "1:<A>:<B>:<C>" of earlier versions is
+// read too); the sliding window log is a sorted set with one member per
+// admitted unit. Every written key expires once its state is equivalent to
+// no state (algorithm.ExpiresAt, counted from the instant of the request)
+// plus Config.ExpiryMargin. A denied request and a request of cost 0 write
+// nothing.
 //
 // # Corrupt state
 //
@@ -239,7 +241,8 @@ type Store struct {
 	cluster   bool
 	prefix    string
 	maxKey    int
-	marginMS  string
+	marginMS  string // the expiry margin in ms, for check.lua
+	margin    int64  // the same, for checkeach.lua
 	maxLog    int64
 	timeout   time.Duration
 	logger    *slog.Logger
@@ -310,6 +313,7 @@ func New(cfg Config) (*Store, error) {
 		prefix:    cfg.Prefix,
 		maxKey:    cfg.MaxKeyLength,
 		marginMS:  strconv.FormatInt(cfg.ExpiryMargin.Milliseconds(), 10),
+		margin:    cfg.ExpiryMargin.Milliseconds(),
 		maxLog:    cfg.MaxLogEntries,
 		timeout:   cfg.Timeout,
 		logger:    cfg.Logger,
@@ -826,56 +830,7 @@ func (s *Store) splitEach(reqs []store.Request) []*group {
 	return groups
 }
 
-// eachArgs returns the arguments of a checkeach.lua call on the requests
-// idx of reqs: the expiry margin, the parameter sets the requests use
-// (each once), then a set, a cost and an instant per request.
-func (s *Store) eachArgs(reqs []store.Request, idx []int) []string {
-	var (
-		sets  []*algorithm.Params
-		which = make([]int, len(idx))
-		index map[algorithm.Params]int // past 8 sets
-	)
-	for j, i := range idx {
-		p := reqs[i].Params
-		n := -1
-		if index != nil {
-			if k, ok := index[*p]; ok {
-				n = k
-			}
-		} else {
-			for k, q := range sets {
-				if q == p || *q == *p {
-					n = k
-					break
-				}
-			}
-		}
-		if n < 0 {
-			n = len(sets)
-			sets = append(sets, p)
-			if index != nil {
-				index[*p] = n
-			} else if len(sets) > 8 {
-				index = make(map[algorithm.Params]int, 2*len(sets))
-				for k, q := range sets {
-					index[*q] = k
-				}
-			}
-		}
-		which[j] = n + 1
-	}
-	args := make([]string, 0, 2+7*len(sets)+3*len(idx))
-	args = append(args, s.marginMS, strconv.Itoa(len(sets)))
-	for _, p := range sets {
-		args = appendParams(args, p)
-	}
-	for j, i := range idx {
-		args = appendCheck(args, which[j], &reqs[i])
-	}
-	return args
-}
-
-// appendParams appends the 7 checkeach.lua arguments of a parameter set.
+// appendParams appends the 7 check.lua arguments of a parameter set.
 func appendParams(args []string, p *algorithm.Params) []string {
 	deny := "0" // deny all: 1; a fixed window counting refused requests: 2
 	switch {
@@ -897,12 +852,6 @@ func appendParams(args []string, p *algorithm.Params) []string {
 		deny,
 		expiry,
 	)
-}
-
-// appendCheck appends the 3 checkeach.lua arguments of r, which uses
-// parameter set n.
-func appendCheck(args []string, n int, r *store.Request) []string {
-	return append(args, strconv.Itoa(n), strconv.FormatInt(r.Cost, 10), instant(r))
 }
 
 // appendArgs appends the 9 check.lua arguments of r: its parameter set,
@@ -960,6 +909,9 @@ func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
 	var first error
 	for i, r := range results {
 		vals, err := r.AsIntSlice()
+		if err == nil && groups[i].script == checkEachScript {
+			vals, err = eachReply(vals, len(groups[i].idx))
+		}
 		switch {
 		case err != nil:
 			err = s.unavailable(err)
@@ -1082,38 +1034,6 @@ func (s *Store) tryAgain(ctx context.Context, groups []*group, results []rueidis
 		reserve = max(reserve, 2*time.Since(sent))
 		idx = refused
 	}
-}
-
-// checkOne decides a single request of every algorithm but the sliding
-// window log with checkeach.lua: the path of most checks, kept free of the
-// batch bookkeeping.
-func (s *Store) checkOne(ctx context.Context, r *store.Request, out *sluice.Decision) error {
-	c := s.client
-	key := redisKey(s.prefix, r.Key, s.maxKey)
-	var argv [12]string
-	args := appendCheck(appendParams(append(argv[:0], s.marginMS, "1"), r.Params), 1, r)
-	res := c.Do(ctx, c.B().Evalsha().Sha1(checkEachScript.sha).Numkeys(1).Key(key).Arg(args...).Build())
-	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
-		res = c.Do(ctx, c.B().Eval().Script(checkEachScript.src).Numkeys(1).Key(key).Arg(args...).Build())
-	}
-	arr, err := res.ToArray()
-	if err != nil {
-		return s.unavailable(err)
-	}
-	if len(arr) != 7 {
-		return fmt.Errorf("redis: %w: script answered %d values for 1 request", sluice.ErrStoreUnavailable, len(arr))
-	}
-	var v [7]int64
-	for i := range arr {
-		if v[i], err = arr[i].AsInt64(); err != nil {
-			return s.unavailable(err)
-		}
-	}
-	if v[0] > 0 {
-		s.reportCorrupt(int(v[0]), []string{key})
-	}
-	*out = decision(r.Params, v[2:])
-	return nil
 }
 
 // reportCorrupt logs and counts n corrupt keys reset by a call on keys.

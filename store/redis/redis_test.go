@@ -343,10 +343,10 @@ func measure(t *testing.T, srv *redistest.Server, f func()) map[string]int {
 	return nil
 }
 
-// scriptCommands are the commands check.lua calls inside its one atomic
+// scriptCommands are the commands the scripts call inside their atomic
 // step; INFO commandstats counts them too.
 var scriptCommands = map[string]bool{
-	"get": true, "set": true, "del": true, "time": true, "pexpire": true,
+	"get": true, "set": true, "setrange": true, "del": true, "time": true, "pexpire": true,
 	"zcard": true, "zcount": true, "zrange": true, "zadd": true, "zremrangebyscore": true,
 }
 

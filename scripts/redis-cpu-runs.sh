@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Measures the Redis CPU per check of docs/PERFORMANCE.md ("Redis CPU per
+# check"): for each algorithm, `sluice serve` on a redis-server of its own
+# serves one Envoy limit of that algorithm (1,000 per minute per client),
+# `sluice load` sends Envoy checks to it, and the Redis server's CPU time
+# (INFO cpu, used_cpu_user + used_cpu_sys) before and after the run is
+# divided by the checks answered. With several binaries, each algorithm is
+# run with each binary in turn, against the same redis-server, ROUNDS
+# times, so that two versions are compared in one run:
+#
+#   scripts/redis-cpu-runs.sh                          # bin/sluice, built here
+#   BINS="/path/old-sluice bin/sluice" scripts/redis-cpu-runs.sh
+#
+# Environment: BINS (default: bin/sluice, built from this tree), ALGS
+# (default: all six), DURATION (10s), CONCURRENCY (64), KEYS (10000),
+# ROUNDS (1), PORT (base port, default 18280: sluice on PORT and PORT+1,
+# Redis on PORT+20). Loopback only. Prints one line per run: the binary,
+# the algorithm, checks/s, Redis CPU µs per check, Redis calls per check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10s}
+CONCURRENCY=${CONCURRENCY:-64}
+KEYS=${KEYS:-10000}
+ROUNDS=${ROUNDS:-1}
+PORT=${PORT:-18280}
+ALGS=${ALGS:-fixed_window token_bucket leaky_bucket gcra sliding_window_counter sliding_window_log}
+if [ -z "${BINS:-}" ]; then
+  mkdir -p bin
+  go build -o bin/sluice ./cmd/sluice
+  BINS=bin/sluice
+fi
+RPORT=$((PORT+20))
+out=$(mktemp -d)
+redis-server --port $RPORT --bind 127.0.0.1 --save '' --appendonly no >"$out/redis.log" 2>&1 &
+RP=$!
+SP=""
+trap 'kill $SP $RP 2>/dev/null; wait $SP $RP 2>/dev/null; rm -rf "$out"' EXIT
+for _ in $(seq 50); do redis-cli -p $RPORT ping >/dev/null 2>&1 && break; sleep 0.1; done
+cpu() { redis-cli -p $RPORT info cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
+calls() { redis-cli -p $RPORT info commandstats | awk -F'[:=,]' '/^cmdstat_(evalsha|eval|fcall):/ {n += $3} END {print n+0}'; }
+echo "Redis $(redis-server --version | awk '{print $3}'), $CONCURRENCY callers, $KEYS keys, $DURATION per run; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+for round in $(seq "$ROUNDS"); do
+  for alg in $ALGS; do
+    for bin in $BINS; do
+      printf 'version: 1\nenvoy:\n  - domain: load\n    descriptors:\n      - key: client_id\n        rate_limit: { unit: minute, requests_per_unit: 1000, algorithm: %s }\n' \
+        "$alg" >"$out/policy.yaml"
+      redis-cli -p $RPORT flushall >/dev/null
+      "$bin" serve --config "$out/policy.yaml" --store redis://127.0.0.1:$RPORT --log-level warn \
+        --http-addr 127.0.0.1:$PORT --grpc-addr 127.0.0.1:$((PORT+1)) 2>"$out/serve.log" &
+      SP=$!
+      for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$((PORT+1))) 2>/dev/null && break; sleep 0.1; done
+      c0=$(cpu); k0=$(calls)
+      "$bin" load --target envoy --addr 127.0.0.1:$((PORT+1)) --duration "$DURATION" --concurrency "$CONCURRENCY" \
+        --keys "$KEYS" --domain load --json >"$out/load.json" || true
+      c1=$(cpu); k1=$(calls)
+      kill $SP; wait $SP 2>/dev/null || true; SP=""
+      python3 - "$out/load.json" "$bin" "$alg" "$c0" "$c1" "$k0" "$k1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+checks = max(r["checks"], 1)
+cpu = (float(sys.argv[5]) - float(sys.argv[4])) * 1e6 / checks
+calls = (int(sys.argv[7]) - int(sys.argv[6])) / checks
+print("%-28s %-24s %8.0f checks/s  redis cpu %5.2f us/check  %.3f script calls/check  allowed %d denied %d errors %d"
+      % (sys.argv[2][-28:], sys.argv[3], r["check_throughput"], cpu, calls, r["allowed"], r["denied"], r["errors"]))
+PY
+    done
+  done
+done

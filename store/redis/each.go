@@ -1,0 +1,225 @@
+package redis
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/store"
+)
+
+// checkeach.lua's arguments and reply. Its parameters and checks travel
+// in one binary argument, and its reply holds 2 integers per admitted
+// check: Redis makes a string of every argument and an integer of every
+// reply value at a cost that, per check, is about that of its GET, and
+// Lua's tonumber is strtod.
+
+// Sizes in the binary argument of checkeach.lua: its head is a double, 2
+// uint16 and a double, a parameter set 7 doubles, a check a uint16 and 2
+// doubles.
+const (
+	eachHeadSize  = 8 + 2 + 2 + 8
+	eachSetSize   = 7 * 8
+	eachCheckSize = 2 + 2*8
+)
+
+// errEachReply reports a checkeach.lua reply of the wrong shape.
+var errEachReply = errors.New("malformed reply of the check script")
+
+// eachArgs returns the argument of a checkeach.lua call on the requests
+// idx of reqs: the expiry margin, the parameter sets the requests use (each
+// once), and a set, a cost and an instant per request, unless all share
+// one set and cost at Redis' clock.
+func (s *Store) eachArgs(reqs []store.Request, idx []int) []string {
+	var (
+		sets  []*algorithm.Params
+		which = make([]int, len(idx))
+		index map[algorithm.Params]int // past 8 sets
+	)
+	for j, i := range idx {
+		p := reqs[i].Params
+		n := -1
+		if index != nil {
+			if k, ok := index[*p]; ok {
+				n = k
+			}
+		} else {
+			for k, q := range sets {
+				if q == p || *q == *p {
+					n = k
+					break
+				}
+			}
+		}
+		if n < 0 {
+			n = len(sets)
+			sets = append(sets, p)
+			if index != nil {
+				index[*p] = n
+			} else if len(sets) > 8 {
+				index = make(map[algorithm.Params]int, 2*len(sets))
+				for k, q := range sets {
+					index[*q] = k
+				}
+			}
+		}
+		which[j] = n + 1
+	}
+	uniform := len(sets) == 1
+	for _, i := range idx {
+		r := &reqs[i]
+		if !r.Now.IsZero() || r.Cost != reqs[idx[0]].Cost {
+			uniform = false
+			break
+		}
+	}
+	size := eachHeadSize + eachSetSize*len(sets)
+	if !uniform {
+		size += eachCheckSize * len(idx)
+	}
+	b := make([]byte, 0, size)
+	if uniform {
+		b = s.appendEachHead(b, 1, 1, reqs[idx[0]].Cost)
+	} else {
+		b = s.appendEachHead(b, len(sets), 0, 0)
+	}
+	for _, p := range sets {
+		b = appendEachSet(b, p)
+	}
+	if !uniform {
+		for j, i := range idx {
+			b = appendEachCheck(b, which[j], &reqs[i])
+		}
+	}
+	return []string{string(b)}
+}
+
+// appendEachHead appends the head of checkeach.lua's argument: the expiry
+// margin, the number of parameter sets and, when every check uses set
+// uniform (not 0) at cost and Redis' clock, that set and cost.
+func (s *Store) appendEachHead(b []byte, sets, uniform int, cost int64) []byte {
+	b = appendDouble(b, s.margin)
+	b = binary.LittleEndian.AppendUint16(b, uint16(sets))
+	b = binary.LittleEndian.AppendUint16(b, uint16(uniform))
+	return appendDouble(b, cost)
+}
+
+// appendEachSet appends the 7 doubles of a parameter set of checkeach.lua.
+func appendEachSet(b []byte, p *algorithm.Params) []byte {
+	// deny: 1 deny all, 2 a fixed window counting refused requests;
+	// expiry 0: the limit
+	var deny, expiry int64
+	switch {
+	case p.DenyAll:
+		deny = 1
+	case p.CountRefused && p.Algorithm == sluice.FixedWindow:
+		deny = 2
+	}
+	if p.ExpiryLimit > 0 && p.ExpiryLimit < p.Limit {
+		expiry = p.ExpiryLimit
+	}
+	for _, v := range [...]int64{int64(p.Algorithm), p.Limit, p.Burst, p.Window, p.Quantum, deny, expiry} {
+		b = appendDouble(b, v)
+	}
+	return b
+}
+
+// appendEachCheck appends the checkeach.lua check of r, which uses
+// parameter set n: the set, the cost and the instant (µs since the epoch,
+// or -1 for Redis' clock).
+func appendEachCheck(b []byte, n int, r *store.Request) []byte {
+	now := int64(-1)
+	if !r.Now.IsZero() {
+		now = r.Now.UnixMicro()
+	}
+	b = binary.LittleEndian.AppendUint16(b, uint16(n))
+	return appendDouble(appendDouble(b, r.Cost), now)
+}
+
+// appendDouble appends v as a little-endian double. Every value the
+// scripts take is an integer within 2^53 (costs and limits within
+// algorithm.MaxExact, instants in µs), which a double holds exactly.
+func appendDouble(b []byte, v int64) []byte {
+	return binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(v)))
+}
+
+// eachReply converts a checkeach.lua reply for n checks into check.lua's
+// layout: the corrupt keys reset, 0, then 5 values per check (allowed,
+// reason, remaining, reset after, retry after).
+func eachReply(vals []int64, n int) ([]int64, error) {
+	out := make([]int64, 2, 2+5*n)
+	if len(vals) < 1+2*n {
+		return nil, fmt.Errorf("%w: %d values for %d checks", errEachReply, len(vals), n)
+	}
+	out[0] = vals[0]
+	k := 1
+	for range n {
+		if k+2 > len(vals) {
+			return nil, fmt.Errorf("%w: %d values for %d checks", errEachReply, len(vals), n)
+		}
+		code, reset := vals[k], vals[k+1]
+		k += 2
+		reason, rem := code&3, code>>2
+		var allowed, retry int64 = 1, 0
+		if reason != 0 {
+			if k >= len(vals) {
+				return nil, fmt.Errorf("%w: %d values for %d checks", errEachReply, len(vals), n)
+			}
+			allowed, retry = 0, vals[k]
+			k++
+		}
+		out = append(out, allowed, reason, rem, reset, retry)
+	}
+	if k != len(vals) {
+		return nil, fmt.Errorf("%w: %d values for %d checks", errEachReply, len(vals), n)
+	}
+	return out, nil
+}
+
+// checkOne decides a single request of every algorithm but the sliding
+// window log with checkeach.lua: the path of most checks, kept free of the
+// batch bookkeeping.
+func (s *Store) checkOne(ctx context.Context, r *store.Request, out *sluice.Decision) error {
+	c := s.client
+	key := redisKey(s.prefix, r.Key, s.maxKey)
+	var buf [eachHeadSize + eachSetSize + eachCheckSize]byte
+	var b []byte
+	if r.Now.IsZero() {
+		b = appendEachSet(s.appendEachHead(buf[:0], 1, 1, r.Cost), r.Params)
+	} else {
+		b = appendEachCheck(appendEachSet(s.appendEachHead(buf[:0], 1, 0, 0), r.Params), 1, r)
+	}
+	arg := string(b)
+	res := c.Do(ctx, c.B().Evalsha().Sha1(checkEachScript.sha).Numkeys(1).Key(key).Arg(arg).Build())
+	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
+		res = c.Do(ctx, c.B().Eval().Script(checkEachScript.src).Numkeys(1).Key(key).Arg(arg).Build())
+	}
+	arr, err := res.ToArray()
+	if err != nil {
+		return s.unavailable(err)
+	}
+	if len(arr) != 3 && len(arr) != 4 {
+		return fmt.Errorf("redis: %w: %w: %d values for 1 check", sluice.ErrStoreUnavailable, errEachReply, len(arr))
+	}
+	var v [4]int64
+	for i := range arr {
+		if v[i], err = arr[i].AsInt64(); err != nil {
+			return s.unavailable(err)
+		}
+	}
+	vals, err := eachReply(v[:len(arr)], 1)
+	if err != nil {
+		return s.unavailable(err)
+	}
+	if vals[0] > 0 {
+		s.reportCorrupt(int(vals[0]), []string{key})
+	}
+	*out = decision(r.Params, vals[2:])
+	return nil
+}

@@ -1,0 +1,118 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+// TestEachReply checks the conversion of checkeach.lua's reply into
+// check.lua's layout, and that a reply of the wrong shape is an error.
+func TestEachReply(t *testing.T) {
+	got, err := eachReply([]int64{1, 7*4 + 0, 50, 0*4 + 1, 60, 60, 0*4 + 2, 0, 0}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []int64{1, 0, 1, 0, 7, 50, 0, 0, 1, 0, 60, 60, 0, 2, 0, 0, 0}
+	if !slices.Equal(got, want) {
+		t.Errorf("eachReply = %v, want %v", got, want)
+	}
+	for _, bad := range []struct {
+		vals []int64
+		n    int
+	}{
+		{[]int64{0}, 1},              // no check
+		{[]int64{0, 4}, 1},           // a check cut short
+		{[]int64{0, 4 + 1, 5}, 1},    // a denial without its retry
+		{[]int64{0, 4, 5, 9}, 1},     // a value too many
+		{[]int64{0, 4, 5, 4 + 1}, 2}, // a second check cut short
+	} {
+		if _, err := eachReply(bad.vals, bad.n); !errors.Is(err, errEachReply) {
+			t.Errorf("eachReply(%v, %d): %v, want errEachReply", bad.vals, bad.n, err)
+		}
+	}
+}
+
+// TestEachStateLayouts checks that both scripts read the state of the
+// three-integer algorithms in its 25-byte layout and in the text layout
+// of earlier versions (a key written before an upgrade keeps its count),
+// that they write the 25-byte layout, and that a call mixing instants and
+// Redis' clock and one at Redis' clock alone decide alike.
+func TestEachStateLayouts(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	ctx := context.Background()
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Minute})
+	for _, via := range []string{"Check", "CheckAll"} {
+		key := "rl:layout:" + via
+		// 3 admitted at t0 (the start of a minute), in the text layout.
+		if _, err := srv.Do("SET", key, "1:"+strconv.FormatInt(t0.UnixMicro(), 10)+":3:0", "PX", "120000"); err != nil {
+			t.Fatal(err)
+		}
+		out := checkVia(t, s, via, []store.Request{{Key: key, Params: p, Cost: 1, Now: t0.Add(time.Second)}})
+		if d := out[0]; !d.Allowed || d.Remaining != 1 {
+			t.Errorf("%s on the text layout: %+v, want allowed with 1 remaining", via, d)
+		}
+		v, err := srv.Do("GET", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(v) != 25 || v[0] != 2 {
+			t.Errorf("%s wrote %q, want the 25-byte layout", via, v)
+		}
+		out = checkVia(t, s, via, []store.Request{{Key: key, Params: p, Cost: 2, Now: t0.Add(2 * time.Second)}})
+		if d := out[0]; d.Allowed || d.Remaining != 1 {
+			t.Errorf("%s on the 25-byte layout: %+v, want denied with 1 remaining", via, d)
+		}
+		if s.CorruptResets() != 0 {
+			t.Errorf("%s: %d corrupt resets, want 0", via, s.CorruptResets())
+		}
+	}
+	// A text state of 25 bytes, the length of the binary layout.
+	big := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 2000, Window: time.Minute})
+	st := "1:" + strconv.FormatInt(t0.UnixMicro(), 10) + ":1234:0"
+	if len(st) != 25 {
+		t.Fatalf("%q is %d bytes, want 25", st, len(st))
+	}
+	for _, via := range []string{"Check", "CheckAll"} {
+		key := "rl:layout:25:" + via
+		if _, err := srv.Do("SET", key, st, "PX", "120000"); err != nil {
+			t.Fatal(err)
+		}
+		out := checkVia(t, s, via, []store.Request{{Key: key, Params: big, Cost: 1, Now: t0.Add(time.Second)}})
+		if d := out[0]; !d.Allowed || d.Remaining != 765 || s.CorruptResets() != 0 {
+			t.Errorf("%s on a 25-byte text state: %+v, %d corrupt resets; want allowed with 765 remaining, none reset", via, d, s.CorruptResets())
+		}
+	}
+	// One call at Redis' clock with one set and cost, another with two
+	// costs and an instant: both decide each check on its own.
+	q := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 10, Window: time.Hour})
+	reqs := []store.Request{
+		{Key: "rl:layout:u1", Params: q, Cost: 4}, {Key: "rl:layout:u2", Params: q, Cost: 4},
+		{Key: "rl:layout:u1", Params: q, Cost: 4},
+	}
+	mixed := []store.Request{
+		{Key: "rl:layout:m1", Params: q, Cost: 4}, {Key: "rl:layout:m2", Params: q, Cost: 3},
+		{Key: "rl:layout:m1", Params: q, Cost: 7}, {Key: "rl:layout:m3", Params: q, Cost: 2, Now: t0},
+	}
+	out := make([]sluice.Decision, len(mixed))
+	if err := s.Check(ctx, reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	if !out[0].Allowed || out[0].Remaining != 6 || !out[1].Allowed || !out[2].Allowed || out[2].Remaining != 2 {
+		t.Errorf("at Redis' clock: %+v", out[:3])
+	}
+	if err := s.Check(ctx, mixed, out); err != nil {
+		t.Fatal(err)
+	}
+	if !out[0].Allowed || out[1].Remaining != 7 || out[2].Allowed || out[2].Remaining != 6 || !out[3].Allowed || out[3].Remaining != 8 {
+		t.Errorf("mixed: %+v", out)
+	}
+}
