@@ -1,0 +1,298 @@
+// The second step of a check, decide: the planned items go to the store in
+// one call (the shadow ones in a second), and when the store cannot answer
+// each rule's failure mode decides.
+
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/store"
+)
+
+// run decides the items of s: the enforcing ones in one CheckAll, then the
+// shadow ones on their own. It reports whether every enforcing item
+// allowed. now is passed to the store (zero: the store's clock).
+func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll bool) bool {
+	s.idx = s.idx[:0]
+	s.reqs = s.reqs[:0]
+	for i := range s.items {
+		it := &s.items[i]
+		if !it.shadow {
+			s.idx = append(s.idx, i)
+			s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Cost: it.cost, Now: now})
+		}
+	}
+	allowed := true
+	if len(s.reqs) == 0 && s.idemKey != "" && e.claimShadow(ctx, s, now) {
+		// A repeat charges nothing, shadow rules included.
+		s.replayed = true
+		e.runShadow(ctx, s, now, false)
+		return true
+	}
+	if len(s.reqs) > 0 {
+		s.out = grow(s.out, len(s.reqs))
+		var err error
+		replayed := false
+		s.src = growSource(s.src, len(s.reqs))
+		if is, ok := e.store.(IdempotentStore); ok && s.idemKey != "" {
+			replayed, err = is.CheckAllOnce(ctx, s.idemKey, e.ttl, s.reqs, s.out)
+			for j := range s.src {
+				s.src[j] = SourceStore
+			}
+		} else {
+			err = e.storeCheck(ctx, atomicAll, s.reqs, s.out, s.src)
+		}
+		if err == nil && replayed {
+			s.replayed = true
+			for j, i := range s.idx {
+				it := &s.items[i]
+				it.dec, it.source = s.out[j], SourceIdempotent
+				if !it.dec.Allowed {
+					allowed = false
+				}
+			}
+			if !allowed {
+				for _, i := range s.idx {
+					if it := &s.items[i]; !blocking(it.dec) {
+						it.dec.Allowed, it.dec.Reason = true, sluice.ReasonAllowed
+					}
+				}
+			}
+			// A repeat charges nothing, shadow rules included.
+			e.runShadow(ctx, s, now, false)
+			return allowed
+		}
+		if err != nil {
+			allowed = e.fallback(ctx, s, now, FallbackOf(err))
+		} else {
+			for j, i := range s.idx {
+				it := &s.items[i]
+				it.dec, it.source = s.out[j], s.src[j]
+				if !it.dec.Allowed {
+					allowed = false
+				}
+			}
+			if allowed {
+				for _, i := range s.idx {
+					s.items[i].charged = s.items[i].cost
+				}
+			} else if atomicAll {
+				// CheckAll consumed nothing: report what each rule
+				// would have decided on its own.
+				for _, i := range s.idx {
+					it := &s.items[i]
+					if !blocking(it.dec) {
+						it.dec.Allowed = true
+						it.dec.Reason = sluice.ReasonAllowed
+					}
+				}
+			} else {
+				for _, i := range s.idx {
+					if s.items[i].dec.Allowed {
+						s.items[i].charged = s.items[i].cost
+					}
+				}
+			}
+		}
+	}
+	e.runShadow(ctx, s, now, allowed)
+	return allowed
+}
+
+// claimShadow claims the idempotency key of a check with no enforcing
+// item in a store that keeps the records, by recording a read of its
+// shadow items, and reports whether the key was already claimed: the check
+// is then a repeat and charges nothing. It reports false when the store
+// does not keep the records or cannot answer (the check is decided anew).
+func (e *Engine) claimShadow(ctx context.Context, s *scratch, now time.Time) bool {
+	is, ok := e.store.(IdempotentStore)
+	if !ok {
+		return false
+	}
+	for i := range s.items {
+		if it := &s.items[i]; it.shadow {
+			s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Now: now})
+		}
+	}
+	if len(s.reqs) == 0 {
+		return false
+	}
+	s.out = grow(s.out, len(s.reqs))
+	replayed, err := is.CheckAllOnce(ctx, s.idemKey, e.ttl, s.reqs, s.out)
+	s.reqs = s.reqs[:0]
+	return err == nil && replayed
+}
+
+// runShadow decides the shadow items: charged when allowed, read otherwise.
+func (e *Engine) runShadow(ctx context.Context, s *scratch, now time.Time, allowed bool) {
+	s.idx = s.idx[:0]
+	s.reqs = s.reqs[:0]
+	for i := range s.items {
+		it := &s.items[i]
+		if it.shadow {
+			cost := it.cost
+			if !allowed {
+				cost = 0
+			}
+			s.idx = append(s.idx, i)
+			s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Cost: cost, Now: now})
+		}
+	}
+	if len(s.reqs) == 0 {
+		return
+	}
+	s.out = grow(s.out, len(s.reqs))
+	s.src = growSource(s.src, len(s.reqs))
+	if err := e.storeCheck(ctx, false, s.reqs, s.out, s.src); err != nil {
+		// A shadow rule never denies: it reports that it could not tell.
+		why := FallbackOf(err)
+		for _, i := range s.idx {
+			it := &s.items[i]
+			it.dec = sluice.Decision{Allowed: true, Limit: it.params.Limit, Remaining: it.params.Limit}
+			it.source, it.fallback = SourceFailOpen, why
+		}
+		return
+	}
+	for j, i := range s.idx {
+		it := &s.items[i]
+		it.dec, it.source = s.out[j], s.src[j]
+		if it.dec.Allowed {
+			it.charged = s.reqs[j].Cost
+		}
+	}
+}
+
+// blocking reports whether d is a denial of its own, rather than a
+// request CheckAll refused because another request of the batch was
+// denied (reported as limited with no retry-after).
+func blocking(d sluice.Decision) bool {
+	return !d.Allowed && (d.Reason != sluice.ReasonLimited || d.RetryAfter > 0)
+}
+
+func grow(out []sluice.Decision, n int) []sluice.Decision {
+	if cap(out) < n {
+		return make([]sluice.Decision, n)
+	}
+	return out[:n]
+}
+
+func growSource(src []Source, n int) []Source {
+	if cap(src) < n {
+		return make([]Source, n)
+	}
+	return src[:n]
+}
+
+// storeCheck is the one place the engine calls the store to decide: all
+// selects CheckAll (one unit) over Check (each on its own). It writes to
+// src what decided each request (see SourcedStore; SourceStore for a
+// plain store). Resilience (per-call deadline, circuit breaker,
+// over-limit cache, hot keys) lives in a store decorator, internal/guard;
+// an error means the store did not decide and the failure modes apply.
+func (e *Engine) storeCheck(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision, src []Source) error {
+	// One request decides alike either way, and Check has the stores'
+	// single-check path (on Redis a script a third of the cost).
+	all = all && len(reqs) > 1
+	if ss, ok := e.store.(SourcedStore); ok {
+		return ss.CheckSourced(ctx, all, reqs, out, src)
+	}
+	for i := range src {
+		src[i] = SourceStore
+	}
+	if all {
+		return e.store.CheckAll(ctx, reqs, out)
+	}
+	return e.store.Check(ctx, reqs, out)
+}
+
+// fallback decides the enforcing items of s after the store failed (for
+// the reason why), by each rule's failure mode: any fail_closed rule
+// denies the check as unavailable (and nothing is consumed locally);
+// otherwise the local rules are decided together on the in-process
+// limiter with their share of the limit, and the fail_open rules allow.
+// A local rule without a share (a limit that denies everything) fails
+// closed, and so do the local rules when the in-process limiter fails:
+// only a rule written fail_open admits without a bound.
+func (e *Engine) fallback(ctx context.Context, s *scratch, now time.Time, why Fallback) bool {
+	closed := false
+	for _, i := range s.idx {
+		it := &s.items[i]
+		it.fallback = why
+		if it.mode == policy.FailLocal && (it.local == nil || it.local.Algorithm == 0) {
+			it.mode = policy.FailClosed
+		}
+		if it.mode == policy.FailClosed {
+			closed = true
+		}
+	}
+	if !closed {
+		var reqs []store.Request
+		var idx []int
+		for _, i := range s.idx {
+			it := &s.items[i]
+			if it.mode == policy.FailLocal {
+				reqs = append(reqs, store.Request{Key: it.key, Params: it.local, Cost: it.cost, Now: now})
+				idx = append(idx, i)
+			} else {
+				it.dec = sluice.Decision{Allowed: true, Limit: it.params.Limit, Remaining: it.params.Limit}
+				it.source = SourceFailOpen
+			}
+		}
+		if len(reqs) == 0 {
+			return true
+		}
+		out := make([]sluice.Decision, len(reqs))
+		if err := e.local.CheckAll(ctx, reqs, out); err == nil {
+			return e.localDecided(s, idx, out)
+		}
+		for _, i := range idx {
+			s.items[i].mode = policy.FailClosed
+		}
+	}
+	for _, i := range s.idx {
+		it := &s.items[i]
+		it.dec = sluice.Decision{Limit: it.params.Limit}
+		if it.mode == policy.FailClosed {
+			it.source = SourceFailClosed
+		} else {
+			it.dec.Allowed = true
+			it.source = failSource(it.mode)
+		}
+	}
+	return false
+}
+
+// localDecided takes the decisions out of the in-process limiter for the
+// items idx of s, and reports whether they all allowed.
+func (e *Engine) localDecided(s *scratch, idx []int, out []sluice.Decision) bool {
+	allowed := true
+	for j := range out {
+		if !out[j].Allowed {
+			allowed = false
+		}
+	}
+	for j, i := range idx {
+		it := &s.items[i]
+		it.dec, it.source = out[j], SourceLocal
+		if allowed {
+			it.charged = it.cost
+		} else if !blocking(it.dec) {
+			it.dec.Allowed, it.dec.Reason = true, sluice.ReasonAllowed
+		}
+	}
+	return allowed
+}
+
+func failSource(m policy.FailureMode) Source {
+	switch m {
+	case policy.FailClosed:
+		return SourceFailClosed
+	case policy.FailLocal:
+		return SourceLocal
+	}
+	return SourceFailOpen
+}

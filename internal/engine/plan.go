@@ -1,0 +1,210 @@
+// The first step of a check, plan: the policy turns the check into items,
+// one limit operation per rule that applies, each with its store key, its
+// cost and the parameters of the check's priority.
+
+package engine
+
+import (
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/store"
+)
+
+// item is one rule (or Envoy limit) applied to one check.
+type item struct {
+	check  int // index of the check in its batch
+	rule   *policy.Rule
+	limit  *policy.Limit
+	tier   string
+	params *algorithm.Params
+	local  *algorithm.Params
+	mode   policy.FailureMode
+	shadow bool
+	cost   int64
+	key    string
+	// the outcome
+	dec      sluice.Decision
+	source   Source
+	fallback Fallback // why the store did not decide, when it did not
+	charged  int64
+}
+
+// scratch holds the per-check buffers, pooled.
+type scratch struct {
+	rules []*policy.Rule
+	items []item
+	keys  []byte
+	ends  []int
+	reqs  []store.Request
+	out   []sluice.Decision
+	src   []Source
+	idx   []int
+	// idemKey is the store key of the check's idempotency record, when
+	// the store keeps them (IdempotentStore).
+	idemKey string
+	// replayed reports that the store answered from an idempotency record.
+	replayed bool
+}
+
+func (e *Engine) getScratch() *scratch {
+	s := e.pool.Get().(*scratch)
+	s.rules, s.items, s.keys, s.ends, s.reqs, s.out, s.idx = s.rules[:0], s.items[:0], s.keys[:0], s.ends[:0], s.reqs[:0], s.out[:0], s.idx[:0]
+	s.idemKey, s.replayed = "", false
+	return s
+}
+
+func (e *Engine) putScratch(s *scratch) {
+	if cap(s.items) > 1024 || cap(s.keys) > 1<<16 {
+		return
+	}
+	clear(s.rules[:cap(s.rules)])
+	clear(s.items[:cap(s.items)])
+	clear(s.reqs[:cap(s.reqs)])
+	e.pool.Put(s)
+}
+
+// validate checks the fields of c; field names are prefixed with prefix.
+func validate(c *Check, prefix string) error {
+	bad := func(field, reason string) error {
+		return &FieldError{Field: prefix + field, Reason: reason}
+	}
+	if c.ClientID == "" {
+		return bad("client_id", "is required")
+	}
+	for _, f := range [...]struct {
+		name, v string
+		max     int
+	}{
+		{"client_id", c.ClientID, MaxIdentifierLen},
+		{"user", c.User, MaxIdentifierLen},
+		{"ip", c.IP, MaxIdentifierLen},
+		{"api_key", c.APIKey, MaxIdentifierLen},
+		{"resource", c.Resource, MaxResourceLen},
+		{"method", c.Method, MaxIdentifierLen},
+		{"operation", c.Operation, MaxIdentifierLen},
+		{"idempotency_key", c.IdempotencyKey, MaxIdentifierLen},
+	} {
+		if len(f.v) > f.max {
+			return bad(f.name, "longer than "+strconv.Itoa(f.max)+" bytes")
+		}
+		if !utf8.ValidString(f.v) {
+			return bad(f.name, "is not valid UTF-8")
+		}
+	}
+	if c.Cost < 0 {
+		return bad("cost", "must not be negative")
+	}
+	if c.Cost > MaxCost {
+		return bad("cost", "must be at most "+strconv.Itoa(MaxCost))
+	}
+	if c.Priority > PriorityLow {
+		return bad("priority", "unknown priority")
+	}
+	return nil
+}
+
+func request(c *Check) policy.Request {
+	return policy.Request{ClientID: c.ClientID, User: c.User, IP: c.IP, APIKey: c.APIKey,
+		Resource: c.Resource, Method: c.Method, Operation: strings.ToLower(c.Operation)}
+}
+
+func (e *Engine) clock(c *Check) time.Time {
+	if !c.Now.IsZero() {
+		return c.Now
+	}
+	return e.now()
+}
+
+// counters returns a hash of the keys that items count on and of which of
+// them are shadow rules: checks with the same hash count on the same
+// state, alike. Keys hold no byte below 0x20 (they are escaped), so the
+// separators keep apart keys that concatenate alike.
+func counters(items []item) uint64 {
+	const prime = 1099511628211
+	h := uint64(14695981039346656037) // FNV-1a
+	for i := range items {
+		it := &items[i]
+		for j := 0; j < len(it.key); j++ {
+			h = (h ^ uint64(it.key[j])) * prime
+		}
+		sep := uint64(0)
+		if it.shadow {
+			sep = 1
+		}
+		h = (h ^ sep) * prime
+	}
+	return h
+}
+
+// escape writes ':', '{', '}' and '%' of s as %XX, as store keys do.
+func escape(s string) string {
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case ':', '{', '}', '%':
+			var b []byte
+			for j := 0; j < len(s); j++ {
+				switch c := s[j]; c {
+				case ':', '{', '}', '%':
+					b = append(b, '%', "0123456789ABCDEF"[c>>4], "0123456789ABCDEF"[c&15])
+				default:
+					b = append(b, c)
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
+}
+
+// plan appends to s.items the rules of p that apply to c, with their keys
+// written into s.keys (see finishKeys).
+func (e *Engine) plan(s *scratch, p *policy.Policy, c *Check, q *policy.Request, check int, prefix string) error {
+	s.rules = p.Match(q, s.rules[:0])
+	if len(s.rules) == 0 {
+		return nil
+	}
+	tier, asg := p.Lookup(q, e.clock(c))
+	for _, r := range s.rules {
+		l := r.LimitFor(tier, asg)
+		if l == nil {
+			continue
+		}
+		keys, ok := r.AppendKey(s.keys, l, q)
+		if !ok {
+			s.keys = keys[:len(s.keys)]
+			continue
+		}
+		s.keys = keys
+		cost, ok := r.Cost(q.Operation, c.Cost)
+		if !ok || cost > sluice.MaxLimit {
+			return &FieldError{Field: prefix + "cost", Reason: "too large after the cost multiplier of rule " + r.ID}
+		}
+		it := item{check: check, rule: r, limit: l, mode: r.FailureMode, shadow: r.Shadow, cost: cost}
+		it.params = &l.Params[c.Priority]
+		if r.FailureMode == policy.FailLocal {
+			it.local = &l.Local[c.Priority]
+		}
+		if l != r.Base {
+			it.tier = tier
+		}
+		s.items = append(s.items, it)
+		s.ends = append(s.ends, len(s.keys))
+	}
+	return nil
+}
+
+// finishKeys turns the key bytes into strings with one allocation.
+func (e *Engine) finishKeys(s *scratch) {
+	all := string(s.keys)
+	start := 0
+	for i := range s.items {
+		s.items[i].key = all[start:s.ends[i]]
+		start = s.ends[i]
+	}
+}
