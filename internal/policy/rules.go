@@ -1,0 +1,227 @@
+// The decoder of the rules: ids, match, dimension, failure mode, and the
+// rule's own limit and its limits per tier.
+
+package policy
+
+import (
+	"fmt"
+	"path"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// validID reports whether s is usable as a rule id or tier name.
+func validID(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+var ruleKeys = []string{"id", "name", "match", "dimension", "algorithm", "limit", "window", "burst",
+	"tiered", "tiers", "cost_multipliers", "shadow", "failure_mode", "expected_instances"}
+
+func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
+	items := d.seq(n, "rules")
+	if len(items) > MaxRules {
+		d.errorf(n, "rules: %d rules is more than the maximum %d", len(items), MaxRules)
+		return
+	}
+	firstLine := map[string]int{}
+	for i, item := range items {
+		what := fmt.Sprintf("rules[%d]", i)
+		fs := d.fields(item, what, ruleKeys...)
+		if fs == nil {
+			continue
+		}
+		r := &Rule{Index: len(p.Rules), FailureMode: st.failure, ExpectedInstances: st.instances, CostMultipliers: st.costs}
+		limitFields := []field{}
+		var tiersNode *yaml.Node
+		dimSet := false
+		ok := true
+		for _, f := range fs {
+			switch f.key {
+			case "id":
+				if s, good := d.str(f.v, what+".id"); good {
+					if !validID(s) {
+						d.errorf(f.v, "%s.id: %q: use 1 to 128 letters, digits, '_', '-' and '.'", what, s)
+						ok = false
+					} else if line, dup := firstLine[s]; dup {
+						d.errorf(f.v, "%s.id: duplicate rule id %q (first at line %d)", what, s, line)
+						ok = false
+					} else {
+						firstLine[s] = f.v.Line
+						r.ID = s
+						what = fmt.Sprintf("rule %q", s)
+					}
+				}
+			case "name":
+				r.Name, _ = d.str(f.v, what+".name")
+			case "match":
+				d.match(f.v, what+".match", r)
+			case "dimension":
+				dimSet = true
+				if s, good := d.str(f.v, what+".dimension"); good {
+					dims, err := parseDimensions(s)
+					if err != "" {
+						d.errorf(f.v, "%s.dimension: %s", what, err)
+						ok = false
+					}
+					r.Dimension, r.DimensionName = dims, s
+				}
+			case "algorithm", "limit", "window", "burst":
+				limitFields = append(limitFields, f)
+			case "tiered":
+				r.Tiered, _ = d.bool(f.v, what+".tiered")
+			case "tiers":
+				tiersNode = f.v
+			case "cost_multipliers":
+				if m := d.costMultipliers(f.v, what+".cost_multipliers"); m != nil {
+					r.CostMultipliers = m
+				}
+			case "shadow":
+				r.Shadow, _ = d.bool(f.v, what+".shadow")
+			case "failure_mode":
+				if m, good := d.failureMode(f.v, what+".failure_mode"); good {
+					r.FailureMode = m
+				}
+			case "expected_instances":
+				if v, good := d.instances(f.v, what+".expected_instances"); good {
+					r.ExpectedInstances = v
+				}
+			}
+		}
+		if r.ID == "" {
+			if ok {
+				d.errorf(item, "%s: missing id", what)
+			}
+			continue
+		}
+		if !dimSet {
+			r.Dimension, r.DimensionName = []Dimension{DimClient}, "client"
+		}
+		r.keyPrefix = "rl:" + r.ID + ":"
+		base := d.limitSpec(item, what, limitFields)
+		base.node = item
+		if base.present && r.Tiered {
+			d.errorf(item, "%s: a tiered rule takes its limits from the tiers; remove algorithm, limit, window and burst, or use tiers: to set this rule's limit per tier", what)
+		} else if base.present {
+			spec := base.over(limitSpec{alg: st.alg})
+			if d.complete(spec, item, what) {
+				r.Base = d.compile(spec, st, r.FailureMode, r.ExpectedInstances, what, 1)
+			}
+		} else if !r.Tiered {
+			d.errorf(item, "%s: set limit and window, or tiered: true to take the limit from the identity's tier", what)
+		}
+		if r.Tiered {
+			if len(st.tierNames) == 0 {
+				d.errorf(item, "%s: tiered: true needs tiers at the top level", what)
+			}
+		}
+		perTier := map[string]limitSpec{}
+		if tiersNode != nil {
+			for _, tf := range d.fields(tiersNode, what+".tiers") {
+				if _, known := st.tiers[tf.key]; !known {
+					d.errorf(tf.k, "%s.tiers: unknown tier %q", what, tf.key)
+					continue
+				}
+				perTier[tf.key] = d.limitSpec(tf.v, what+".tiers."+tf.key, nil)
+			}
+		}
+		if r.Tiered || len(perTier) > 0 {
+			r.byTier = map[string]*Limit{}
+			for _, t := range st.tierNames {
+				s, has := perTier[t]
+				var parent limitSpec
+				if r.Tiered {
+					parent = st.tiers[t]
+				} else {
+					parent = base.over(limitSpec{alg: st.alg})
+				}
+				if !has && !r.Tiered || parent.bad {
+					// A bad parent (a tier's limit, the rule's own) is
+					// reported where it is written.
+					continue
+				}
+				spec := s.over(parent)
+				if !has {
+					spec.node = item
+				}
+				if d.complete(spec, spec.node, what+".tiers."+t) {
+					if l := d.compile(spec, st, r.FailureMode, r.ExpectedInstances, what+".tiers."+t, 1); l != nil {
+						r.byTier[t] = l
+					}
+				}
+			}
+		}
+		p.Rules = append(p.Rules, r)
+	}
+}
+
+func parseDimensions(s string) ([]Dimension, string) {
+	parts := strings.Split(s, "+")
+	dims := make([]Dimension, 0, len(parts))
+	for _, part := range parts {
+		dm, ok := parseDimension(strings.TrimSpace(part))
+		if !ok {
+			return nil, fmt.Sprintf("unknown dimension %q (want client, user, ip, api_key, endpoint, method, operation or global, or a composite such as user+endpoint)", part)
+		}
+		for _, x := range dims {
+			if x == dm {
+				return nil, fmt.Sprintf("dimension %q appears twice", part)
+			}
+		}
+		dims = append(dims, dm)
+	}
+	if len(dims) > 1 {
+		for _, x := range dims {
+			if x == DimGlobal {
+				return nil, "global cannot be part of a composite dimension"
+			}
+		}
+	}
+	return dims, ""
+}
+
+func (d *decoder) match(n *yaml.Node, what string, r *Rule) {
+	for _, f := range d.fields(n, what, "resource", "method", "operation") {
+		switch f.key {
+		case "resource":
+			for _, s := range d.strings(f.v, what+".resource") {
+				if err := checkPattern(s); err != "" {
+					d.errorf(f.v, "%s.resource: %q: %s", what, s, err)
+					continue
+				}
+				r.Resources = append(r.Resources, s)
+			}
+		case "method":
+			for _, s := range d.strings(f.v, what+".method") {
+				r.Methods = append(r.Methods, strings.ToUpper(s))
+			}
+		case "operation":
+			for _, s := range d.strings(f.v, what+".operation") {
+				r.Operations = append(r.Operations, strings.ToLower(s))
+			}
+		}
+	}
+}
+
+// checkPattern validates a resource pattern; "" when it is valid.
+func checkPattern(s string) string {
+	if len(s) > 1024 {
+		return "longer than 1024 bytes"
+	}
+	if isGlob(s) {
+		if _, err := path.Match(s, ""); err != nil {
+			return "bad glob pattern"
+		}
+	}
+	return ""
+}
