@@ -1,0 +1,99 @@
+// Splitting a batch into script calls by cluster slot.
+
+package redis
+
+import (
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/store"
+)
+
+// split groups reqs into script calls: one on a standalone server, one
+// per slot on a cluster, in the order of first appearance.
+func (s *Store) split(reqs []store.Request, mode, ttlMS string) []*group {
+	head := []string{mode, s.marginMS, ttlMS}
+	if !s.cluster {
+		g := &group{script: checkScript, idx: make([]int, len(reqs)), keys: make([]string, len(reqs)), args: make([]string, 0, 3+9*len(reqs))}
+		g.args = append(g.args, head...)
+		for i := range reqs {
+			g.idx[i] = i
+			g.keys[i] = redisKey(s.prefix, reqs[i].Key, s.maxKey)
+			g.args = appendArgs(g.args, &reqs[i])
+		}
+		return []*group{g}
+	}
+	var groups []*group
+	bySlot := map[uint16]*group{}
+	for i := range reqs {
+		k := redisKey(s.prefix, reqs[i].Key, s.maxKey)
+		sl := slotOf(k)
+		g := bySlot[sl]
+		if g == nil {
+			g = &group{script: checkScript, args: append([]string(nil), head...)}
+			bySlot[sl] = g
+			groups = append(groups, g)
+		}
+		g.idx = append(g.idx, i)
+		g.keys = append(g.keys, k)
+		g.args = appendArgs(g.args, &reqs[i])
+	}
+	return groups
+}
+
+// splitEach groups reqs for Check: the requests of every algorithm but the
+// sliding window log go to checkeach.lua, one call for a standalone server
+// and one per slot on a cluster; those of sliding window logs go to
+// check.lua, grouped as split does. exec sends the calls together, so that
+// on one connection they are one write. Within a call Redis decides the
+// requests in the order of reqs, and two requests of one key share an
+// algorithm, so they go the same way and the second sees the first.
+func (s *Store) splitEach(reqs []store.Request) []*group {
+	var (
+		groups []*group
+		logs   []int
+		one    *group // standalone: the one checkeach.lua call
+		bySlot map[uint16]*group
+	)
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Params.Algorithm == sluice.SlidingWindowLog {
+			logs = append(logs, i)
+			continue
+		}
+		g := one
+		k := redisKey(s.prefix, r.Key, s.maxKey)
+		if s.cluster {
+			if bySlot == nil {
+				bySlot = map[uint16]*group{}
+			}
+			sl := slotOf(k)
+			if g = bySlot[sl]; g == nil {
+				g = &group{script: checkEachScript}
+				bySlot[sl] = g
+				groups = append(groups, g)
+			}
+		} else if g == nil {
+			g = &group{script: checkEachScript, idx: make([]int, 0, len(reqs)), keys: make([]string, 0, len(reqs))}
+			one = g
+			groups = append(groups, g)
+		}
+		g.idx = append(g.idx, i)
+		g.keys = append(g.keys, k)
+	}
+	for _, g := range groups {
+		g.args = s.eachArgs(reqs, g.idx)
+	}
+	if len(logs) == 0 {
+		return groups
+	}
+	sub := make([]store.Request, len(logs))
+	for j, i := range logs {
+		sub[j] = reqs[i]
+	}
+	for _, g := range s.split(sub, modeEach, "") {
+		for j, k := range g.idx {
+			g.idx[j] = logs[k]
+		}
+		groups = append(groups, g)
+	}
+	return groups
+}
