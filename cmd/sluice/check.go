@@ -34,7 +34,7 @@ func check(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 	asJSON := fs.Bool("json", false, "print the server's JSON body")
 	fromEnv := envFlags(fs, map[string]string{"addr": "SLUICE_ADDR"})
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseExit(err)
 	}
 	if err := fromEnv(getenv); err != nil {
 		fmt.Fprintf(stderr, "sluice check: %v\n", err)

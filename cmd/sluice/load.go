@@ -70,7 +70,7 @@ Flags:
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set, 0 or less: Go's default, 100 (the generator's own CPU per request falls by about a quarter at 400)")
 	fromEnv := envFlags(fs, map[string]string{"addr": "SLUICE_LOAD_ADDR"})
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseExit(err)
 	}
 	if err := fromEnv(getenv); err != nil {
 		fmt.Fprintf(stderr, "sluice load: %v\n", err)

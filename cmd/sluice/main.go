@@ -67,6 +67,16 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	return 2
 }
 
+// parseExit returns the exit code of a command line that its flag set did
+// not run: 0 when it asked for help (the flag set printed the usage), 2 for
+// a flag it does not know or a value it cannot take.
+func parseExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 2
+}
+
 // sluiceEnv returns the environment variable of every flag of fs: SLUICE_
 // and the flag's name in upper case, with '_' for '-'.
 func sluiceEnv(fs *flag.FlagSet) map[string]string {
@@ -131,7 +141,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	redisOpts := redisFlags(fs)
 	fromEnv := envFlags(fs, sluiceEnv(fs))
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseExit(err)
 	}
 	if err := fromEnv(getenv); err != nil {
 		fmt.Fprintf(stderr, "sluice serve: %v\n", err)
@@ -213,7 +223,7 @@ func validate(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	merge := fs.Bool("merge-domain-config", false, "let several files of a directory hold one Envoy domain, merged (as serve's flag)")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseExit(err)
 	}
 	files := fs.Args()
 	if len(files) == 0 {

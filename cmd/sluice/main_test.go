@@ -102,6 +102,28 @@ func TestCheckCommand(t *testing.T) {
 	}
 }
 
+// Asking a command for help succeeds; an unknown flag does not.
+func TestHelpExitsZero(t *testing.T) {
+	for _, args := range [][]string{
+		{"--help"}, {"serve", "--help"}, {"serve", "-h"}, {"config", "validate", "--help"},
+		{"check", "--help"}, {"load", "--help"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut, noEnv); code != 0 {
+			t.Errorf("sluice %s: exit %d, want 0\n%s", strings.Join(args, " "), code, errOut.String())
+		}
+		if out.Len()+errOut.Len() == 0 {
+			t.Errorf("sluice %s printed no usage", strings.Join(args, " "))
+		}
+	}
+	for _, args := range [][]string{{"serve", "--no-such-flag"}, {"load", "--no-such-flag"}, {"config", "validate", "--no-such-flag"}} {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut, noEnv); code != 2 {
+			t.Errorf("sluice %s: exit %d, want 2", strings.Join(args, " "), code)
+		}
+	}
+}
+
 // serve's usage shows each flag's own default and the environment
 // variable that sets it, never the variable's value: SLUICE_STORE may hold
 // the store's password.
