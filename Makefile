@@ -14,8 +14,16 @@ TESTFLAGS ?= $(RACE) -count=1 -timeout 30m
 run:
 	$(GO) run ./cmd/sluice serve --grpc-reflection
 
+# The build's version, commit and date, as `sluice version`, /healthz and
+# sluice_build_info report them.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+DATE    ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+BUILDINFO = github.com/sluicehq/sluice/internal/buildinfo
+LDFLAGS ?= -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT) -X $(BUILDINFO).date=$(DATE)
+
 build:
-	$(GO) build -o bin/sluice ./cmd/sluice
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/sluice ./cmd/sluice
 
 # The fault tests' TCP proxy: toxiproxy-server from PATH, or built once from
 # internal/tools/toxiproxy into the user's cache directory by this test.

@@ -4,6 +4,7 @@
 //	sluice config validate PATH     check a configuration file or directory
 //	sluice check [flags]            ask a running server for one decision
 //	sluice load [flags]             load-test a running server
+//	sluice version                  print the build's version and commit
 //
 // Every flag of serve has a matching SLUICE_* environment variable (the
 // flag wins). Run `sluice help` or `sluice serve -h` for the flags.
@@ -22,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/buildinfo"
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/logging"
 	"github.com/sluicehq/sluice/internal/policy"
@@ -36,6 +38,7 @@ const usage = `Usage:
   sluice config validate PATH...    check configuration files or directories; exit 1 on the first error
   sluice check [flags]              ask a running server for one decision
   sluice load [flags]               load-test a running server (HTTP, gRPC or Envoy's API)
+  sluice version                    print the version, commit, build date and Go version
 
 Run "sluice COMMAND -h" for a command's flags.
 `
@@ -59,6 +62,9 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		return check(args[1:], stdout, stderr, getenv)
 	case "load":
 		return load(args[1:], stdout, stderr, getenv)
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, buildinfo.Read())
+		return 0
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -102,6 +102,19 @@ func TestCheckCommand(t *testing.T) {
 	}
 }
 
+// sluice version and --version print the build's version and commit.
+func TestVersion(t *testing.T) {
+	for _, arg := range []string{"version", "--version"} {
+		var out, errOut bytes.Buffer
+		if code := run([]string{arg}, &out, &errOut, noEnv); code != 0 {
+			t.Fatalf("sluice %s: exit %d", arg, code)
+		}
+		if got := out.String(); !strings.HasPrefix(got, "sluice ") || !strings.Contains(got, "commit ") {
+			t.Errorf("sluice %s printed %q, want a version and a commit", arg, got)
+		}
+	}
+}
+
 // Asking a command for help succeeds; an unknown flag does not.
 func TestHelpExitsZero(t *testing.T) {
 	for _, args := range [][]string{

@@ -8,11 +8,13 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/buildinfo"
 	"github.com/sluicehq/sluice/internal/engine"
 )
 
@@ -89,6 +91,7 @@ type Handler struct {
 	breaker func() string
 	log     *slog.Logger
 	mux     *http.ServeMux
+	healthz []byte // the body of /healthz: status and build
 }
 
 // New returns the API handler for cfg.
@@ -97,6 +100,7 @@ func New(cfg Config) (*Handler, error) {
 		return nil, errors.New("httpapi: Config.Engine is required")
 	}
 	h := &Handler{
+		healthz: healthzBody(buildinfo.Read()),
 		eng:     cfg.Engine,
 		metrics: cfg.Metrics,
 		cfgStat: cfg.ConfigStatus,
@@ -153,8 +157,17 @@ func methodNotAllowed(method string) http.Handler {
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
 
+// healthzBody returns the body of /healthz for the build b.
+func healthzBody(b buildinfo.Info) []byte {
+	body, _ := json.Marshal(struct {
+		Status string `json:"status"`
+		buildinfo.Info
+	}{"ok", b})
+	return body
+}
+
 func (h *Handler) handleHealthz(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, []byte(`{"status":"ok"}`))
+	writeJSON(w, http.StatusOK, h.healthz)
 }
 
 func (h *Handler) handleReadyz(w http.ResponseWriter, r *http.Request) {

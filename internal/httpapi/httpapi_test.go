@@ -498,8 +498,9 @@ func TestHealthReadyNotFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec := do(h, "GET", "/healthz", ""); rec.Code != 200 {
-		t.Errorf("healthz = %d", rec.Code)
+	if rec := do(h, "GET", "/healthz", ""); rec.Code != 200 || !strings.Contains(rec.Body.String(), `"status":"ok"`) ||
+		!strings.Contains(rec.Body.String(), `"version":`) || !strings.Contains(rec.Body.String(), `"commit":`) {
+		t.Errorf("healthz = %d %s, want 200 with the status and the build", rec.Code, rec.Body)
 	}
 	rec := do(h, "GET", "/readyz", "")
 	if rec.Code != 200 || !strings.Contains(rec.Body.String(), `"last_error":"bad.yaml:3: boom"`) {

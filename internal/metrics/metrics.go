@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/internal/buildinfo"
 )
 
 // BreakerState is the state of the circuit breaker around the store.
@@ -144,6 +146,13 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		add(name, KindHistogram, h)
 		return h
 	}
+
+	bi := buildinfo.Read()
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_build_info",
+		Help: "Always 1; its labels say which build of Sluice runs: version, commit and Go version."},
+		[]string{"version", "commit", "go_version"})
+	build.WithLabelValues(bi.Version, bi.Commit, bi.GoVersion).Set(1)
+	add("sluice_build_info", KindGauge, build)
 
 	m.decisions = counterVec("sluice_decisions_total",
 		"Decisions of one rule for one check, by rule id, result (allowed, denied, shadow_denied) and decision source (store, over_limit_cache, hot_key, fail_open, fail_closed, local, idempotent, allow_list, deny_list, no_rule).",
