@@ -3,6 +3,8 @@
 package redis
 
 import (
+	"math"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/store"
 )
@@ -39,6 +41,10 @@ func (s *Store) split(reqs []store.Request, mode, ttlMS string) []*group {
 	return groups
 }
 
+// maxEachChecks is the most requests of one checkeach.lua call: its
+// binary argument numbers parameter sets in 16 bits.
+const maxEachChecks = math.MaxUint16
+
 // splitEach groups reqs for Check: the requests of every algorithm but the
 // sliding window log go to checkeach.lua, one call for a standalone server
 // and one per slot on a cluster; those of sliding window logs go to
@@ -72,8 +78,20 @@ func (s *Store) splitEach(reqs []store.Request) []*group {
 				groups = append(groups, g)
 			}
 		} else if g == nil {
-			g = &group{script: checkEachScript, idx: make([]int, 0, len(reqs)), keys: make([]string, 0, len(reqs))}
+			n := min(len(reqs), maxEachChecks)
+			g = &group{script: checkEachScript, idx: make([]int, 0, n), keys: make([]string, 0, n)}
 			one = g
+			groups = append(groups, g)
+		}
+		if len(g.idx) == maxEachChecks {
+			// The call is full: the next requests go in another, sent
+			// after it on the same connection, so still in order.
+			g = &group{script: checkEachScript}
+			if s.cluster {
+				bySlot[slotOf(k)] = g
+			} else {
+				one = g
+			}
 			groups = append(groups, g)
 		}
 		g.idx = append(g.idx, i)

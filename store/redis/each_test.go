@@ -116,3 +116,31 @@ func TestEachStateLayouts(t *testing.T) {
 		t.Errorf("mixed: %+v", out)
 	}
 }
+
+// TestCheckOfMoreLimitsThanOneCallNumbers checks a Check whose requests
+// use more distinct limits than one checkeach.lua call can number (16
+// bits): each is decided against its own limit.
+func TestCheckOfMoreLimitsThanOneCallNumbers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a Check of 65,545 requests")
+	}
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	n := maxEachChecks + 10
+	reqs := make([]store.Request, n)
+	for i := range reqs {
+		p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: int64(i + 2), Window: time.Minute})
+		reqs[i] = store.Request{Key: "rl:many:" + strconv.Itoa(i), Params: p, Cost: 1}
+	}
+	out := make([]sluice.Decision, n)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.Check(ctx, reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range out {
+		if !d.Allowed || d.Limit != int64(i+2) || d.Remaining != int64(i+1) {
+			t.Fatalf("request %d: %+v, want allowed with limit %d, remaining %d", i, d, i+2, i+1)
+		}
+	}
+}
