@@ -181,8 +181,8 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		putJob(j)
 		return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, err)
 	}
-	stall := g.stall.timeout()
-	if !g.nodes && g.stall.blocked(time.Now(), stall) {
+	stall, started := g.stall.timeout(), time.Now()
+	if !g.nodes && g.stall.blocked(started, stall) {
 		// The store stalled and has answered nothing since: fail at
 		// once, as an open breaker does. Not on a store of several
 		// nodes (a Redis Cluster), where one stalled node must not fail
@@ -211,7 +211,6 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		}
 		return err
 	}
-	started := time.Now()
 	expires, callerFirst := started.Add(g.deadline), false
 	if dl, ok := ctx.Deadline(); ok && dl.Before(expires) {
 		expires, callerFirst = dl, true
