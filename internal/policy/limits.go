@@ -212,6 +212,17 @@ func (d *decoder) shareQuanta(st *settings, p *Policy) {
 		l   *Limit
 		set func(*Limit)
 	}
+	// The overrides by rule, gathered in one pass over the assignments.
+	overrides := map[string][]use{}
+	for _, byValue := range p.assignments {
+		for _, list := range byValue {
+			for _, a := range list {
+				for id, l := range a.Limits {
+					overrides[id] = append(overrides[id], use{l, func(l *Limit) { a.Limits[id] = l }})
+				}
+			}
+		}
+	}
 	for _, r := range p.Rules {
 		var uses []use
 		if r.Base != nil {
@@ -220,15 +231,7 @@ func (d *decoder) shareQuanta(st *settings, p *Policy) {
 		for t, l := range r.byTier {
 			uses = append(uses, use{l, func(l *Limit) { r.byTier[t] = l }})
 		}
-		for _, byValue := range p.assignments {
-			for _, list := range byValue {
-				for _, a := range list {
-					if l := a.Limits[r.ID]; l != nil {
-						uses = append(uses, use{l, func(l *Limit) { a.Limits[r.ID] = l }})
-					}
-				}
-			}
-		}
+		uses = append(uses, overrides[r.ID]...)
 		coarsest := map[layout]int64{}
 		for _, u := range uses {
 			k := layout{u.l.Spec.Algorithm, u.l.Spec.Window}
