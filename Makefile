@@ -12,7 +12,7 @@ TESTFLAGS ?= $(RACE) -count=1 -timeout 30m
 .PHONY: run test test-short vet bench fuzz build deps rules
 
 run:
-	$(GO) run ./cmd/sluice serve --grpc-reflection
+	$(GO) run ./cmd/sluice serve --grpc-reflection --data-dir .sluice-data
 
 # The build's version, commit and date, as `sluice version`, /healthz and
 # sluice_build_info report them.

@@ -145,6 +145,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	shutdownTimeout := fs.Duration("shutdown-timeout", 15*time.Second, "how long a graceful shutdown waits for checks in flight")
 	guardCfg := guardFlags(fs)
 	redisOpts := redisFlags(fs)
+	controlOpts := controlFlags(fs)
 	fromEnv := envFlags(fs, sluiceEnv(fs))
 	if err := fs.Parse(args); err != nil {
 		return parseExit(err)
@@ -176,8 +177,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	startCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	d, err := daemon.Start(startCtx, daemon.Config{
+	cfg := daemon.Config{
 		HTTPAddr:     *httpAddr,
 		GRPCAddr:     *grpcAddr,
 		ConfigPath:   *configPath,
@@ -197,7 +197,13 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 
 		DebugAddr:        *debugAddr,
 		DebugAllowRemote: *debugRemote,
-	})
+	}
+	if err := controlOpts(&cfg, stderr); err != nil {
+		fmt.Fprintf(stderr, "sluice serve: %v\n", err)
+		return 1
+	}
+	startCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	d, err := daemon.Start(startCtx, cfg)
 	cancel()
 	if err != nil {
 		logger.Error("cannot start", "err", flagError(err))

@@ -7,6 +7,7 @@ package daemon
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,6 +27,9 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/sluicehq/sluice/internal/adminapi"
+	"github.com/sluicehq/sluice/internal/auth"
+	"github.com/sluicehq/sluice/internal/control"
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/internal/envoyrls"
 	"github.com/sluicehq/sluice/internal/events"
@@ -170,6 +174,39 @@ type Config struct {
 	// the hot-key tier (see package guard). It does not apply to the
 	// memory store.
 	Guard guard.Config
+
+	// DataDir is the local data directory: the control plane's objects
+	// when ControlStore is empty (one instance), and in any case the last
+	// layer the control plane applied, served after a restart while its
+	// store cannot be reached. Empty with ControlStore empty: no control
+	// plane, and the admin API says how to turn it on.
+	DataDir string
+	// ControlStore is the control plane's shared store,
+	// etcd://host:2379[,host:2379...][/prefix] (etcds:// for TLS, with
+	// ControlTLS); empty keeps the objects in DataDir.
+	ControlStore string
+	// ControlTLS is the TLS configuration to reach an etcds:// store.
+	ControlTLS *tls.Config
+	// Instance names this instance in the control plane (GET
+	// /api/v1/configs/{id} lists those that lag); empty means host
+	// name and process id.
+	Instance string
+	// Region is this instance's region, for emergency throttles of scope
+	// region.
+	Region string
+	// AdminTokensPath is the file of admin tokens, by hash (see
+	// docs/operations.md).
+	AdminTokensPath string
+	// AdminToken is a token given the admin role besides those of the
+	// file, such as the one `sluice serve` generates for a loopback
+	// listener; empty means none.
+	AdminToken string
+	// AdminAddr, when set, serves the admin API on its own listener
+	// instead of the HTTP API's.
+	AdminAddr string
+	// RequireCheckToken makes the check APIs (HTTP, gRPC and Envoy's)
+	// require a valid token of any role.
+	RequireCheckToken bool
 }
 
 // Daemon is a running server. Its methods are safe for concurrent use.
@@ -205,6 +242,14 @@ type Daemon struct {
 	mu      sync.Mutex
 	status  httpapi.ConfigStatus
 	applied *policy.Policy // the policy in force, for the list-change events
+	base    *policy.Policy // the configuration file's policy, without the layer
+	layer   *policy.Layer  // the control plane's layer in force; nil before any
+
+	plane     *control.Plane      // nil without a control plane
+	admin     *adminapi.Handler   // nil without a control plane
+	checkAuth *auth.Authenticator // nil unless RequireCheckToken
+	adminLn   net.Listener
+	adminSrv  *http.Server
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -282,6 +327,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.closer = closer
 	fail := func(err error) (*Daemon, error) {
+		if d.plane != nil {
+			d.plane.Close()
+		}
 		d.closeListeners()
 		closeWatcher()
 		closer()
@@ -292,7 +340,11 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err != nil {
 		return fail(fmt.Errorf("daemon: %w", err))
 	}
+	d.base = pol
 	d.setApplied(pol, loadTook+time.Since(applyStart))
+	if err := d.startControl(ctx); err != nil {
+		return fail(err)
+	}
 
 	api, err := httpapi.New(httpapi.Config{
 		Engine:       d.eng,
@@ -339,7 +391,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 
 	d.httpSrv = &http.Server{
-		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withEvents(api))),
+		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withEvents(d.withAdmin(api)))),
 		ReadHeaderTimeout: 5 * time.Second,
 		// A request whose body stops coming, or a client that stops
 		// reading its answers, would otherwise hold its connection and
@@ -404,6 +456,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if activity != nil {
 		opts = append(opts, grpc.StatsHandler(activity))
 	}
+	if d.checkAuth != nil {
+		opts = append(opts, grpc.ChainUnaryInterceptor(checkTokenUnary(d.checkAuth)))
+	}
 	d.grpcSrv = grpc.NewServer(opts...)
 	svc.Register(d.grpcSrv)
 	rls.Register(d.grpcSrv)
@@ -434,6 +489,10 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		}
 	})
 	d.serveDebug()
+	if err := d.serveAdminAddr(ctx); err != nil {
+		d.closeListeners()
+		return nil, err
+	}
 	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	d.log.Info("sluice listening", "http", d.HTTPAddr(), "grpc", d.GRPCAddr(),
 		"store", redactURL(cfg.StoreURL), "config", configName(cfg.ConfigPath), "version", pol.Version)
@@ -498,7 +557,15 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 	if d.debugSrv != nil {
 		d.debugSrv.Close()
 	}
+	if d.adminSrv != nil {
+		d.adminSrv.Close()
+	}
 	d.wg.Wait()
+	if d.plane != nil {
+		if err := d.plane.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("daemon: closing the control plane: %w", err))
+		}
+	}
 	d.eng.Close()
 	if err := d.closer(); err != nil {
 		errs = append(errs, fmt.Errorf("daemon: closing the store: %w", err))
@@ -523,5 +590,8 @@ func (d *Daemon) closeListeners() {
 	}
 	if d.debugLn != nil {
 		d.debugLn.Close()
+	}
+	if d.adminLn != nil {
+		d.adminLn.Close()
 	}
 }

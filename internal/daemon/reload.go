@@ -111,8 +111,19 @@ func (d *Daemon) reload(force bool) error {
 		d.setFailed(err)
 		return err
 	}
-	d.eng.ApplyPolicy(p)
-	d.setApplied(p, time.Since(start))
-	d.log.Info("configuration reloaded", "path", d.cfg.ConfigPath, "version", p.Version)
+	// The control plane's layer, if any, applies over the new file.
+	lp, err := d.layered(p)
+	if err != nil {
+		err = fmt.Errorf("daemon: config: the control plane's changes do not apply to it: %w", err)
+		d.log.Error("configuration not reloaded; the policy in force stays", "err", err)
+		d.setFailed(err)
+		return err
+	}
+	d.mu.Lock()
+	d.base = p
+	d.mu.Unlock()
+	d.eng.ApplyPolicy(lp)
+	d.setApplied(lp, time.Since(start))
+	d.log.Info("configuration reloaded", "path", d.cfg.ConfigPath, "version", lp.Version)
 	return nil
 }

@@ -66,6 +66,12 @@ const (
 	// rule's failure mode (source local, fail_open or fail_closed), for
 	// the reason in Reason.
 	StoreFallback Type = "store_fallback"
+	// ControlChange: an object of the control plane (a rule, an
+	// identity's tier, an override, a throttle, a config, a token) was
+	// changed through this instance: Actor and Role say who, Action what
+	// (create, update, delete, rollback, lift), Object and ObjectID which
+	// object, Reason why, Revision at which revision of the store.
+	ControlChange Type = "control_plane_change"
 )
 
 // Severities of events.
@@ -123,6 +129,15 @@ type Event struct {
 	Identity string `json:"identity,omitempty"`
 	// Error is the error of a rejected configuration.
 	Error string `json:"error,omitempty"`
+	// Actor and Role are the admin token's name and role of a control
+	// plane change; Action, Object and ObjectID what it changed, at
+	// Revision.
+	Actor    string `json:"actor,omitempty"`
+	Role     string `json:"role,omitempty"`
+	Action   string `json:"action,omitempty"`
+	Object   string `json:"object,omitempty"`
+	ObjectID string `json:"object_id,omitempty"`
+	Revision int64  `json:"revision,omitempty"`
 	// RequestID is the request id of the request the event arose from
 	// (see logging.RequestID): the id its caller sent, or one made at
 	// debug level. Events of no request (configuration, lists) have none.

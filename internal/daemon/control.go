@@ -1,0 +1,286 @@
+// The control plane: its store (the data directory or etcd), the layer it
+// applies over the configuration file's policy, and the admin API.
+
+package daemon
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/sluicehq/sluice/internal/adminapi"
+	"github.com/sluicehq/sluice/internal/auth"
+	"github.com/sluicehq/sluice/internal/control"
+	"github.com/sluicehq/sluice/internal/control/etcdstore"
+	"github.com/sluicehq/sluice/internal/control/filestore"
+	"github.com/sluicehq/sluice/internal/events"
+	"github.com/sluicehq/sluice/internal/logging"
+	"github.com/sluicehq/sluice/internal/policy"
+)
+
+// controlEnabled reports whether cfg asks for a control plane.
+func (cfg *Config) controlEnabled() bool { return cfg.DataDir != "" || cfg.ControlStore != "" }
+
+// openBackend opens the control plane's store: etcd when cfg.ControlStore
+// names it, else the data directory.
+func openBackend(cfg *Config) (control.Backend, error) {
+	if cfg.ControlStore == "" {
+		s, err := filestore.Open(cfg.DataDir)
+		if err != nil {
+			return nil, fmt.Errorf("daemon: --data-dir: %w", err)
+		}
+		return s, nil
+	}
+	ec, err := etcdstore.ParseURL(cfg.ControlStore)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: --config-store: %w", err)
+	}
+	ec.TLS = cfg.ControlTLS
+	s, err := etcdstore.Open(ec)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: --config-store: %w", err)
+	}
+	return s, nil
+}
+
+// startControl opens the control plane, which applies its layer over the
+// file's policy at once (from its store, or from the data directory's copy
+// of the last layer applied when the store cannot be reached), and builds
+// the admin API. Without a control plane configured it does nothing.
+func (d *Daemon) startControl(ctx context.Context) error {
+	cfg := &d.cfg
+	if !cfg.controlEnabled() {
+		return nil
+	}
+	b, err := openBackend(cfg)
+	if err != nil {
+		return err
+	}
+	d.plane, err = control.Open(ctx, control.Options{
+		Backend:  b,
+		Instance: cfg.Instance,
+		Region:   cfg.Region,
+		CacheDir: cfg.DataDir,
+		Validate: d.validateLayer,
+		Apply:    d.applyLayer,
+		Now:      cfg.Now,
+		Logger:   d.log,
+		Audit:    d.auditEvent,
+	})
+	if err != nil {
+		b.Close()
+		return fmt.Errorf("daemon: control plane: %w", err)
+	}
+	var tokens []control.Token
+	if cfg.AdminTokensPath != "" {
+		if tokens, err = auth.LoadTokens(cfg.AdminTokensPath); err != nil {
+			return fmt.Errorf("daemon: --admin-tokens: %w", err)
+		}
+	}
+	if cfg.AdminToken != "" {
+		tokens = append(tokens, control.Token{Name: "local-admin", Role: control.RoleAdmin, SHA256: auth.Hash(cfg.AdminToken)})
+	}
+	d.admin, err = adminapi.New(adminapi.Config{
+		Plane:  d.plane,
+		Tokens: tokens,
+		Limits: d.effectiveLimits,
+		Now:    cfg.Now,
+		Logger: d.log,
+	})
+	if err != nil {
+		return fmt.Errorf("daemon: admin API: %w", err)
+	}
+	if cfg.RequireCheckToken {
+		if d.checkAuth, err = auth.New(tokens, d.plane.Tokens); err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
+	}
+	return nil
+}
+
+// validateLayer reports whether l applies over the file's policy in force.
+func (d *Daemon) validateLayer(l *policy.Layer) error {
+	d.mu.Lock()
+	base, cur := d.base, d.applied
+	d.mu.Unlock()
+	_, err := base.WithLayer(l, cur)
+	return err
+}
+
+// applyLayer applies l over the file's policy; when it does not apply, the
+// policy in force stays and the error is shown in the configuration status.
+func (d *Daemon) applyLayer(l *policy.Layer) error {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	start := time.Now()
+	d.mu.Lock()
+	base, cur := d.base, d.applied
+	d.mu.Unlock()
+	p, err := base.WithLayer(l, cur)
+	if err != nil {
+		err = fmt.Errorf("daemon: control plane revision %d: %w", l.Revision, err)
+		d.log.Error("control plane change not applied; the policy in force stays", "err", err)
+		d.setFailed(err)
+		return err
+	}
+	d.mu.Lock()
+	d.layer = l
+	d.mu.Unlock()
+	d.eng.ApplyPolicy(p)
+	d.setApplied(p, time.Since(start))
+	d.log.Debug("control plane change applied", "revision", l.Revision, "version", p.Version)
+	return nil
+}
+
+// layered returns the file's policy base with the layer in force applied,
+// or base when there is none (nor a control plane). It requires reloadMu
+// held.
+func (d *Daemon) layered(base *policy.Policy) (*policy.Policy, error) {
+	d.mu.Lock()
+	l := d.layer
+	d.mu.Unlock()
+	if l == nil {
+		return base, nil
+	}
+	return base.WithLayer(l, nil)
+}
+
+// effectiveLimits answers the limits part of GET /api/v1/{kind}/{id}/limits.
+func (d *Daemon) effectiveLimits(kind, value string) any {
+	dim := map[string]policy.Dimension{"user": policy.DimUser, "client": policy.DimClient, "api_key": policy.DimAPIKey}[kind]
+	d.mu.Lock()
+	p := d.applied
+	d.mu.Unlock()
+	now := time.Now
+	if d.cfg.Now != nil {
+		now = d.cfg.Now
+	}
+	return p.EffectiveLimits(dim, value, now())
+}
+
+// auditEvent writes a control plane change to the events log.
+func (d *Daemon) auditEvent(e control.AuditEntry) {
+	d.events.Emit(events.Event{Type: events.ControlChange, Time: e.Time, Severity: events.SeverityInfo,
+		Actor: e.Actor.Name, Role: e.Actor.Role, Action: e.Action, Object: e.Object, ObjectID: e.ID,
+		Reason: e.Reason, Revision: e.Revision})
+}
+
+// adminPaths are the paths the admin API serves; the check API serves the
+// rest.
+var adminPaths = []string{"/api/v1/rules", "/api/v1/users/", "/api/v1/clients/", "/api/v1/api-keys/",
+	"/api/v1/configs", "/api/v1/emergency/", "/api/v1/audit", "/api/v1/tokens", "/api/v1/control/"}
+
+// isAdminPath reports whether the admin API serves path.
+func isAdminPath(path string) bool {
+	for _, p := range adminPaths {
+		if path == strings.TrimSuffix(p, "/") || strings.HasPrefix(path, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// withAdmin routes the admin API's paths to admin (or, without a control
+// plane, answers them saying how to turn it on) and the others to api,
+// which requires a token first when check tokens are asked for.
+func (d *Daemon) withAdmin(api http.Handler) http.Handler {
+	if d.checkAuth != nil {
+		api = checkTokenHTTP(d.checkAuth, api)
+	}
+	if d.cfg.AdminAddr != "" {
+		return api // the admin API has its own listener
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !isAdminPath(r.URL.Path) {
+			api.ServeHTTP(w, r)
+			return
+		}
+		d.serveAdmin(w, r)
+	})
+}
+
+// serveAdmin serves the admin API, or says how to enable it.
+func (d *Daemon) serveAdmin(w http.ResponseWriter, r *http.Request) {
+	if d.admin == nil {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprintln(w, `{"error":"admin_disabled","message":"the admin API needs a control plane: start sluice serve with --data-dir DIR (one instance) or --config-store etcd://host:2379 (many), and --admin-tokens FILE"}`)
+		return
+	}
+	d.admin.ServeHTTP(w, r)
+}
+
+// openPaths answer without a token even when the check APIs require one:
+// probes and metrics.
+var openPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
+
+// checkTokenHTTP requires a token of any role on the check API's paths.
+func checkTokenHTTP(a *auth.Authenticator, next http.Handler) http.Handler {
+	guarded := a.RequireCheckToken(next)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if openPaths[r.URL.Path] {
+			next.ServeHTTP(w, r)
+			return
+		}
+		guarded.ServeHTTP(w, r)
+	})
+}
+
+// checkTokenUnary requires a token of any role on gRPC calls but the
+// health service's.
+func checkTokenUnary(a *auth.Authenticator) grpc.UnaryServerInterceptor {
+	require := a.UnaryInterceptor()
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if strings.HasPrefix(info.FullMethod, "/grpc.health.v1.") {
+			return handler(ctx, req)
+		}
+		return require(ctx, req, info, handler)
+	}
+}
+
+// serveAdminAddr serves the admin API on its own listener when AdminAddr
+// asks for one.
+func (d *Daemon) serveAdminAddr(ctx context.Context) error {
+	if d.cfg.AdminAddr == "" {
+		return nil
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", d.cfg.AdminAddr)
+	if err != nil {
+		return fmt.Errorf("daemon: admin listener: %w", err)
+	}
+	d.adminLn = ln
+	d.adminSrv = &http.Server{
+		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, http.HandlerFunc(d.serveAdmin))),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       cmp.Or(d.cfg.HTTPReadTimeout, DefaultHTTPReadTimeout),
+		WriteTimeout:      cmp.Or(d.cfg.HTTPWriteTimeout, DefaultHTTPWriteTimeout),
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+	d.wg.Go(func() {
+		if err := d.adminSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("admin server stopped", "err", err)
+		}
+	})
+	return nil
+}
+
+// AdminAddr returns the address of the admin API's own listener, or the
+// HTTP API's when it has none.
+func (d *Daemon) AdminAddr() string {
+	if d.adminLn != nil {
+		return d.adminLn.Addr().String()
+	}
+	return d.HTTPAddr()
+}
+
+// Plane returns the control plane, nil without one.
+func (d *Daemon) Plane() *control.Plane { return d.plane }
