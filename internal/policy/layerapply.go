@@ -500,7 +500,9 @@ func compileThrottles(l *Layer) (throttles, []*LayerError) {
 	var ts throttles
 	var errs []*LayerError
 	for _, lt := range l.Throttles {
-		bad := func(field, msg string) { errs = append(errs, &LayerError{Object: "throttle", ID: lt.ID, Field: field, Msg: msg}) }
+		bad := func(field, msg string) {
+			errs = append(errs, &LayerError{Object: "throttle", ID: lt.ID, Field: field, Msg: msg})
+		}
 		if math.IsNaN(lt.Percent) || lt.Percent < 0 || lt.Percent > 100 {
 			bad("percent", fmt.Sprintf("must be between 0 and 100, got %v", lt.Percent))
 			continue
