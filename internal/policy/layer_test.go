@@ -149,7 +149,7 @@ func TestWithLayerIdentitiesAndOverrides(t *testing.T) {
 		wantTier  string
 		wantLimit int64
 	}{
-		{"acme", 0, "premium", 700},            // the newest override
+		{"acme", 0, "premium", 700},               // the newest override
 		{"acme", 2 * time.Minute, "premium", 500}, // the newest expired
 		{"acme", 2 * time.Hour, "premium", 100},   // both expired: the tier's
 		{"gold", 0, "free", 10},                   // the layer's tier over the file's
@@ -327,7 +327,7 @@ func FuzzWithLayerRule(f *testing.F) {
 }
 
 // layerBench builds a file of n rules and a layer of m overrides.
-func layerBench(b *testing.B, n, m int) (*Policy, *Layer) {
+func layerBench(b testing.TB, n, m int) (*Policy, *Layer) {
 	p := benchPolicy(b, n)
 	l := &Layer{Revision: 1}
 	for i := range m {

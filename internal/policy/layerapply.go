@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -53,8 +54,12 @@ type layerState struct {
 	// ids are the identities the layer names, with their tier and
 	// overrides, by kind and value.
 	ids [DimGlobal + 1]map[string]*Assignment
-	// rules and overrides are the compiled objects by id.
+	// tiers are the layer's identities' tiers.
+	tiers map[identity]string
+	// rules and overrides are the compiled objects by id, and order the
+	// layer's rule ids in order. They are never modified once built.
 	rules     map[string]*ruleEntry
+	order     []string
 	overrides map[string]*overrideEntry
 	throttles throttles
 	cuts      *cutCache
@@ -65,8 +70,15 @@ type ruleEntry struct {
 	rule    *Rule // as compiled, Index 0
 }
 
+// identity is one identity, by kind and value.
+type identity struct {
+	kind  Dimension
+	value string
+}
+
 type overrideEntry struct {
 	version int64
+	who     identity
 	tier    string
 	parents map[string]*Limit // the limit each rule would apply, inherited from
 	o       *override
@@ -189,8 +201,7 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 	if prev != nil && prev.layer != nil && prev.layer.st == st {
 		old = prev.layer
 	}
-	ls := &layerState{revision: l.Revision, region: l.Region, st: st,
-		rules: make(map[string]*ruleEntry, len(l.Rules)), overrides: make(map[string]*overrideEntry, len(l.Overrides))}
+	ls := &layerState{revision: l.Revision, region: l.Region, st: st}
 	var errs []error
 	fail := func(e *LayerError) {
 		if len(errs) < maxErrors {
@@ -198,19 +209,154 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 		}
 	}
 
-	// Rules.
+	// Rules: those of prev when no rule changed.
 	if len(p.Rules)+len(l.Rules) > MaxRules {
 		return nil, &LayerError{Object: "rule", Msg: fmt.Sprintf("%d rules is more than the maximum %d", len(p.Rules)+len(l.Rules), MaxRules)}
 	}
+	rulesSame := old != nil && len(old.order) == len(l.Rules)
+	for i := 0; rulesSame && i < len(l.Rules); i++ {
+		e := old.rules[l.Rules[i].ID]
+		rulesSame = old.order[i] == l.Rules[i].ID && e != nil && e.version == l.Rules[i].Version
+	}
+	var rules []*Rule
+	var m *matcher
+	if rulesSame {
+		rules, m, ls.rules, ls.order = prev.Rules, prev.matcher, old.rules, old.order
+	} else {
+		rules = p.layerRules(l, old, ls, fail)
+	}
+	byID := make(map[string]*Rule, len(rules))
+	for _, r := range rules {
+		byID[r.ID] = r
+	}
+
+	// Identities and overrides: those that changed since prev are
+	// compiled, and the identities they belong to assembled again.
+	ls.tiers = make(map[identity]string, len(l.Identities))
+	for _, li := range l.Identities {
+		id := li.Kind.String() + ":" + li.Value
+		if !identityKind(li.Kind) || li.Value == "" {
+			fail(&LayerError{Object: "identity", ID: id, Field: "kind", Msg: "want a client, user or api_key with a value"})
+			continue
+		}
+		if _, ok := st.tiers[li.Tier]; !ok {
+			fail(&LayerError{Object: "identity", ID: id, Field: "tier", Msg: fmt.Sprintf("unknown tier %q", li.Tier)})
+			continue
+		}
+		ls.tiers[identity{li.Kind, li.Value}] = li.Tier
+	}
+	tierFor := func(k identity) string {
+		if t := ls.tiers[k]; t != "" {
+			return t
+		}
+		if as := p.assignments[k.kind][k.value]; len(as) > 0 && as[0].Tier != "" {
+			return as[0].Tier
+		}
+		return st.defaultTier
+	}
+	affected := map[identity]bool{}
+	var oldOv map[string]*overrideEntry
+	if old != nil {
+		oldOv = old.overrides
+		for k, t := range ls.tiers {
+			if old.tiers[k] != t {
+				affected[k] = true
+			}
+		}
+		for k := range old.tiers {
+			if _, ok := ls.tiers[k]; !ok {
+				affected[k] = true
+			}
+		}
+	} else {
+		for k := range ls.tiers {
+			affected[k] = true
+		}
+	}
+	ls.overrides = maps.Clone(oldOv)
+	if ls.overrides == nil {
+		ls.overrides = make(map[string]*overrideEntry, len(l.Overrides))
+	}
+	seen := make(map[string]struct{}, len(l.Overrides))
+	fresh := map[identity][]*override{}
+	found := 0
+	for i := range l.Overrides {
+		lo := &l.Overrides[i]
+		if _, dup := seen[lo.ID]; dup {
+			fail(&LayerError{Object: "override", ID: lo.ID, Field: "id", Msg: "duplicate override id"})
+			continue
+		}
+		seen[lo.ID] = struct{}{}
+		if !identityKind(lo.Kind) || lo.Value == "" {
+			fail(&LayerError{Object: "override", ID: lo.ID, Field: "kind", Msg: "want a client, user or api_key with a value"})
+			continue
+		}
+		k := identity{lo.Kind, lo.Value}
+		tier := tierFor(k)
+		oe := oldOv[lo.ID]
+		if oe != nil {
+			found++
+			if oe.version == lo.Version && oe.who == k && oe.tier == tier && (rulesSame || sameParents(oe.parents, byID, tier)) {
+				continue
+			}
+			affected[oe.who] = true
+		}
+		e, le := compileOverride(lo, tier, byID, st)
+		if le != nil {
+			fail(le)
+			continue
+		}
+		e.who = k
+		ls.overrides[lo.ID] = e
+		affected[k] = true
+		fresh[k] = append(fresh[k], e.o)
+	}
+	if found != len(oldOv) {
+		for id, oe := range oldOv {
+			if _, ok := seen[id]; !ok {
+				delete(ls.overrides, id)
+				affected[oe.who] = true
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	p.assemble(ls, old, affected, fresh)
+
+	// Throttles.
+	ts, terrs := compileThrottles(l)
+	for _, e := range terrs {
+		fail(e)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	ls.throttles = ts
+	ls.cuts = newCutCache(st)
+
+	if m == nil {
+		m = newMatcher(rules)
+	}
+	np := *p
+	np.Rules = rules
+	np.matcher = m
+	np.layer = ls
+	np.Version = p.Version + "+" + strconv.FormatInt(l.Revision, 10)
+	ls.cuts.warm(&np, ts)
+	return &np, nil
+}
+
+// layerRules returns the file's rules with l's applied, compiling those not
+// in old, and records them in ls.
+func (p *Policy) layerRules(l *Layer, old *layerState, ls *layerState, fail func(*LayerError)) []*Rule {
+	ls.rules = make(map[string]*ruleEntry, len(l.Rules))
+	ls.order = make([]string, 0, len(l.Rules))
 	fileIndex := make(map[string]int, len(p.Rules))
 	for i, r := range p.Rules {
 		fileIndex[r.ID] = i
 	}
 	rules := slices.Clone(p.Rules)
-	byID := make(map[string]*Rule, len(p.Rules)+len(l.Rules))
-	for _, r := range p.Rules {
-		byID[r.ID] = r
-	}
 	for i := range l.Rules {
 		lr := &l.Rules[i]
 		if _, dup := ls.rules[lr.ID]; dup {
@@ -225,12 +371,13 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 		}
 		if r == nil {
 			var e *LayerError
-			if r, e = decodeLayerRule(lr, st); e != nil {
+			if r, e = decodeLayerRule(lr, ls.st); e != nil {
 				fail(e)
 				continue
 			}
 		}
 		ls.rules[lr.ID] = &ruleEntry{version: lr.Version, rule: r}
+		ls.order = append(ls.order, lr.ID)
 		c := *r // the compiled rule is shared; its index is this policy's
 		if at, ok := fileIndex[lr.ID]; ok {
 			c.Index = at
@@ -239,97 +386,48 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 			c.Index = len(rules)
 			rules = append(rules, &c)
 		}
-		byID[lr.ID] = rules[c.Index]
 	}
+	return rules
+}
 
-	// Identities.
-	tierOf := func(d Dimension, v string) *Assignment {
-		if ls.ids[d] == nil {
-			ls.ids[d] = map[string]*Assignment{}
+// assemble builds ls.ids: those of old, with the identities affected
+// assembled again from ls's tiers, their unchanged overrides and fresh,
+// the overrides compiled now by identity.
+func (p *Policy) assemble(ls, old *layerState, affected map[identity]bool, fresh map[identity][]*override) {
+	for d := range ls.ids {
+		if old != nil && old.ids[d] != nil {
+			ls.ids[d] = maps.Clone(old.ids[d])
 		}
-		a := ls.ids[d][v]
-		if a == nil {
-			a = &Assignment{Kind: d, Value: v, layered: true, base: p.assignments[d][v]}
-			ls.ids[d][v] = a
-		}
-		return a
 	}
-	for _, li := range l.Identities {
-		id := li.Kind.String() + ":" + li.Value
-		if !identityKind(li.Kind) || li.Value == "" {
-			fail(&LayerError{Object: "identity", ID: id, Field: "kind", Msg: "want a client, user or api_key with a value"})
-			continue
-		}
-		if _, ok := st.tiers[li.Tier]; !ok {
-			fail(&LayerError{Object: "identity", ID: id, Field: "tier", Msg: fmt.Sprintf("unknown tier %q", li.Tier)})
-			continue
-		}
-		tierOf(li.Kind, li.Value).Tier = li.Tier
-	}
-
-	// Overrides, after the identities: they inherit from the tier.
-	for i := range l.Overrides {
-		lo := &l.Overrides[i]
-		if _, dup := ls.overrides[lo.ID]; dup {
-			fail(&LayerError{Object: "override", ID: lo.ID, Field: "id", Msg: "duplicate override id"})
-			continue
-		}
-		if !identityKind(lo.Kind) || lo.Value == "" {
-			fail(&LayerError{Object: "override", ID: lo.ID, Field: "kind", Msg: "want a client, user or api_key with a value"})
-			continue
-		}
-		a := tierOf(lo.Kind, lo.Value)
-		tier := a.Tier
-		if tier == "" && len(a.base) > 0 {
-			tier = a.base[0].Tier
-		}
-		if tier == "" {
-			tier = st.defaultTier
-		}
-		var e *overrideEntry
+	for k := range affected {
+		var list []*override
 		if old != nil {
-			if oe := old.overrides[lo.ID]; oe != nil && oe.version == lo.Version && oe.tier == tier && sameParents(oe.parents, byID, tier) {
-				e = oe
+			// The overrides it had, unless changed or deleted.
+			if oa := old.ids[k.kind][k.value]; oa != nil {
+				for _, o := range oa.overrides {
+					if e := ls.overrides[o.id]; e != nil && e.o == o {
+						list = append(list, o)
+					}
+				}
 			}
 		}
-		if e == nil {
-			var le *LayerError
-			if e, le = compileOverride(lo, tier, byID, st); le != nil {
-				fail(le)
-				continue
-			}
+		list = append(list, fresh[k]...)
+		tier := ls.tiers[k]
+		if len(list) == 0 && tier == "" {
+			delete(ls.ids[k.kind], k.value)
+			continue
 		}
-		ls.overrides[lo.ID] = e
-		a.overrides = append(a.overrides, e.o)
-	}
-	for _, m := range ls.ids {
-		for _, a := range m {
-			if len(a.overrides) > 1 {
-				slices.SortFunc(a.overrides, func(x, y *override) int {
-					return cmp.Or(cmp.Compare(y.version, x.version), strings.Compare(y.id, x.id))
-				})
-			}
+		if len(list) > 1 {
+			slices.SortFunc(list, func(x, y *override) int {
+				return cmp.Or(cmp.Compare(y.version, x.version), strings.Compare(y.id, x.id))
+			})
 		}
+		if ls.ids[k.kind] == nil {
+			ls.ids[k.kind] = map[string]*Assignment{}
+		}
+		ls.ids[k.kind][k.value] = &Assignment{Kind: k.kind, Value: k.value, Tier: tier, layered: true,
+			overrides: list, base: p.assignments[k.kind][k.value]}
 	}
-
-	// Throttles.
-	ts, terrs := compileThrottles(l)
-	for _, e := range terrs {
-		fail(e)
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	ls.throttles = ts
-	ls.cuts = newCutCache(st)
-
-	np := *p
-	np.Rules = rules
-	np.matcher = newMatcher(rules)
-	np.layer = ls
-	np.Version = p.Version + "+" + strconv.FormatInt(l.Revision, 10)
-	ls.cuts.warm(&np, ts)
-	return &np, nil
 }
 
 func identityKind(d Dimension) bool { return d == DimClient || d == DimUser || d == DimAPIKey }
