@@ -35,7 +35,8 @@ func assemble(items []item, allowed bool) Result {
 		it := &items[i]
 		rr := RuleResult{Rule: it.rule.ID, Tier: it.tier, Allowed: it.dec.Allowed, Shadow: it.shadow,
 			Limit: it.dec.Limit, Remaining: it.dec.Remaining, ResetAfter: it.dec.ResetAfter,
-			RetryAfter: it.dec.RetryAfter, Cost: it.charged, Source: it.source, Fallback: it.fallback}
+			RetryAfter: it.dec.RetryAfter, Cost: it.charged, Source: it.source, Fallback: it.fallback,
+			ThrottlePercent: it.throttle}
 		if rr.Limit == 0 && !it.params.DenyAll {
 			rr.Limit = it.params.Limit
 		}
@@ -78,6 +79,7 @@ func assemble(items []item, allowed bool) Result {
 		}
 	}
 	res.Deciding = res.Rules[deciding]
+	res.ThrottlePercent = items[0].throttle
 	if !allowed {
 		// A retry can succeed once every denying rule admits it: never,
 		// when one of them cannot.

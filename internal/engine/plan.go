@@ -28,6 +28,8 @@ type item struct {
 	shadow bool
 	cost   int64
 	key    string
+	// throttle is the percent by which a throttle cut the limit.
+	throttle float64
 	// the outcome
 	dec      sluice.Decision
 	source   Source
@@ -169,11 +171,18 @@ func (e *Engine) plan(s *scratch, p *policy.Policy, c *Check, q *policy.Request,
 	if len(s.rules) == 0 {
 		return nil
 	}
-	tier, asg := p.Lookup(q, e.clock(c))
+	now := e.clock(c)
+	tier, asg := p.Lookup(q, now)
+	cut := p.Throttle(q.ClientID, now)
 	for _, r := range s.rules {
-		l := r.LimitFor(tier, asg)
+		l := r.LimitAt(tier, asg, now)
 		if l == nil {
 			continue
+		}
+		fromTier := l != r.Base
+		if cut > 0 {
+			// The cut limit counts on the keys of l (its tag is l's).
+			l = p.Cut(l, cut)
 		}
 		keys, ok := r.AppendKey(s.keys, l, q)
 		if !ok {
@@ -185,12 +194,12 @@ func (e *Engine) plan(s *scratch, p *policy.Policy, c *Check, q *policy.Request,
 		if !ok || cost > sluice.MaxLimit {
 			return &FieldError{Field: prefix + "cost", Reason: "too large after the cost multiplier of rule " + r.ID}
 		}
-		it := item{check: check, rule: r, limit: l, mode: r.FailureMode, shadow: r.Shadow, cost: cost}
+		it := item{check: check, rule: r, limit: l, mode: r.FailureMode, shadow: r.Shadow, cost: cost, throttle: cut}
 		it.params = &l.Params[c.Priority]
 		if r.FailureMode == policy.FailLocal {
 			it.local = &l.Local[c.Priority]
 		}
-		if l != r.Base {
+		if fromTier {
 			it.tier = tier
 		}
 		s.items = append(s.items, it)

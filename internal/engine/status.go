@@ -45,7 +45,8 @@ func (e *Engine) Status(ctx context.Context, c *Check) ([]RuleResult, error) {
 		it := &s.items[i]
 		d := s.out[i]
 		out[i] = RuleResult{Rule: it.rule.ID, Tier: it.tier, Allowed: d.Allowed, Shadow: it.shadow,
-			Limit: d.Limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter, Source: SourceStore}
+			Limit: d.Limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter, Source: SourceStore,
+			ThrottlePercent: it.throttle}
 	}
 	return out, nil
 }
@@ -58,16 +59,15 @@ func (e *Engine) Reset(ctx context.Context, c *Check) error {
 	}
 	p := e.policy.Load()
 	q := request(c)
-	_, asg := p.Lookup(&q, e.clock(c))
+	now := e.clock(c)
+	tier, asg := p.Lookup(&q, now)
 	rules := p.Match(&q, nil)
 	var keys []string
 	seen := map[string]bool{}
 	for _, r := range rules {
 		limits := r.Limits()
-		if asg != nil {
-			if l, ok := asg.Limits[r.ID]; ok {
-				limits = append(limits, l)
-			}
+		if l := r.LimitAt(tier, asg, now); l != nil {
+			limits = append(limits, l)
 		}
 		for _, l := range limits {
 			k, ok := r.AppendKey(nil, l, &q)

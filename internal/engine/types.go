@@ -167,6 +167,9 @@ type RuleResult struct {
 	// Fallback says why the store did not decide, when Source is
 	// SourceFailOpen, SourceLocal or SourceFailClosed.
 	Fallback Fallback
+	// ThrottlePercent is the percent (0 to 100) by which an emergency
+	// throttle cut the rule's limit; 0 when none did.
+	ThrottlePercent float64
 }
 
 // Result is the outcome of a check: allowed only when every rule that
@@ -194,6 +197,9 @@ type Result struct {
 	// Fallback says why the store did not decide the deciding rule, or
 	// a rule that failed closed; FallbackNone when it did.
 	Fallback Fallback
+	// ThrottlePercent is the percent (0 to 100) by which an emergency
+	// throttle cut the limits of the check's rules; 0 when none did.
+	ThrottlePercent float64
 }
 
 // CallerTier returns the caller's tier as the check applied it: the tier

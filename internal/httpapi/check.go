@@ -286,6 +286,9 @@ func setHeaders(hdr http.Header, res *engine.Result, now time.Time, latencyUS in
 		hdr["X-Ratelimit-Fallback-Reason"] = one(res.Fallback.String())
 	}
 	hdr["X-Ratelimit-Decision-Latency-Us"] = num(latencyUS)
+	if res.ThrottlePercent > 0 {
+		hdr["X-Ratelimit-Throttle"] = one(string(strconv.AppendFloat(nb[:0], res.ThrottlePercent, 'f', -1, 64)))
+	}
 	if d.Rule == "" || res.Source == engine.SourceAllowList {
 		// No limit applies: a quota of 0 with 0 remaining would tell a
 		// client that honours these headers to stop.
@@ -398,6 +401,7 @@ func appendResult(b []byte, res *engine.Result, status int, now time.Time, resou
 	b = appendString(b, usageState(res.Allowed, d.Limit, d.Remaining))
 	b = append(b, `,"shadow_denied":`...)
 	b = strconv.AppendBool(b, res.ShadowDenied)
+	b = appendThrottle(b, res.ThrottlePercent)
 	if latencyUS >= 0 {
 		b = append(b, `,"latency_us":`...)
 		b = strconv.AppendInt(b, latencyUS, 10)
@@ -458,7 +462,18 @@ func appendRule(b []byte, r *engine.RuleResult, now time.Time) []byte {
 		b = append(b, `,"fallback_reason":`...)
 		b = appendString(b, r.Fallback.String())
 	}
+	b = appendThrottle(b, r.ThrottlePercent)
 	return append(b, '}')
+}
+
+// appendThrottle appends the "throttle_percent" member, when a throttle
+// cut the limits (pct above 0).
+func appendThrottle(b []byte, pct float64) []byte {
+	if pct <= 0 {
+		return b
+	}
+	b = append(b, `,"throttle_percent":`...)
+	return strconv.AppendFloat(b, pct, 'f', -1, 64)
 }
 
 // appendConfigStatus appends s as JSON.

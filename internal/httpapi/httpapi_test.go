@@ -835,3 +835,28 @@ func BenchmarkDecodeBatch(b *testing.B) {
 		}
 	}
 }
+
+func TestThrottleInAnswers(t *testing.T) {
+	res := allowedResult(5, 4)
+	res.ThrottlePercent = 50
+	res.Deciding.ThrottlePercent = 50
+	res.Rules[0].ThrottlePercent = 50
+	f := &fakeEngine{result: res, batch: []engine.Result{res}, rules: res.Rules}
+	h := newTestHandler(t, f)
+	rec := do(h, "POST", "/api/v1/check", `{"client_id":"c","resource":"/api/x"}`)
+	if got := rec.Header().Get("X-RateLimit-Throttle"); got != "50" {
+		t.Errorf("X-RateLimit-Throttle = %q, want 50", got)
+	}
+	if body := rec.Body.String(); strings.Count(body, `"throttle_percent":50`) != 2 {
+		t.Errorf("check body %s: want throttle_percent 50 on the answer and its rule", body)
+	}
+	rec = do(h, "GET", "/api/v1/status/c?resource=/api/x", "")
+	if body := rec.Body.String(); !strings.Contains(body, `"throttle_percent":50`) {
+		t.Errorf("status body %s: want throttle_percent 50", body)
+	}
+	f.result = allowedResult(5, 4)
+	rec = do(h, "POST", "/api/v1/check", `{"client_id":"c","resource":"/api/x"}`)
+	if rec.Header().Get("X-RateLimit-Throttle") != "" || strings.Contains(rec.Body.String(), "throttle") {
+		t.Errorf("unthrottled answer mentions a throttle: %s", rec.Body.String())
+	}
+}

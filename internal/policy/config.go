@@ -220,6 +220,7 @@ func (d *decoder) sluice(root *yaml.Node, p *Policy) {
 		d.errorf(byKey["tiers"].k, "tiers: set default_tier (no tier is named free)")
 	}
 	p.DefaultTier = st.defaultTier
+	p.st = st
 	if f, ok := byKey["rules"]; ok {
 		d.rules(f.v, st, p)
 	}

@@ -134,7 +134,13 @@ func (d *decoder) complete(spec limitSpec, n *yaml.Node, what string) bool {
 // variants count at one quantum, the finest from minQuantum up at which
 // all of them can be counted, since they share one state.
 func (d *decoder) compile(spec limitSpec, st *settings, fm FailureMode, instances int64, what string, minQuantum int64) *Limit {
-	base := sluice.Limit{Algorithm: spec.alg, Limit: spec.limit, Window: spec.window, Burst: spec.burst}
+	return d.compileDeny(spec, st, fm, instances, what, minQuantum, false)
+}
+
+// compileDeny is compile, of a limit that denies everything when denyAll
+// is set (spec's limit and burst then zero).
+func (d *decoder) compileDeny(spec limitSpec, st *settings, fm FailureMode, instances int64, what string, minQuantum int64, denyAll bool) *Limit {
+	base := sluice.Limit{Algorithm: spec.alg, Limit: spec.limit, Window: spec.window, Burst: spec.burst, DenyAll: denyAll}
 	if base.Algorithm == 0 {
 		base.Algorithm = st.alg
 	}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"path"
+	"slices"
 	"strings"
 )
 
@@ -158,7 +159,8 @@ func (m *matcher) node(p string) *trieNode {
 // Match appends to dst the rules that apply to r, in policy order, and
 // returns the extended slice. A rule applies when one of its resource
 // patterns matches r.Resource (or it has none), and its methods and
-// operations, if any, include r's (case-insensitively). Match does not
+// operations, if any, include r's (case-insensitively), and its clients,
+// if any, include r's client id (case-sensitively). Match does not
 // allocate when dst has room.
 func (p *Policy) Match(r *Request, dst []*Rule) []*Rule {
 	if p.matcher == nil {
@@ -239,6 +241,9 @@ func appendIf(dst []*Rule, rule *Rule, r *Request) []*Rule {
 		return dst
 	}
 	if len(rule.Operations) > 0 && !anyFold(rule.Operations, r.Operation) {
+		return dst
+	}
+	if len(rule.Clients) > 0 && !slices.Contains(rule.Clients, r.ClientID) {
 		return dst
 	}
 	return append(dst, rule)

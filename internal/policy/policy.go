@@ -208,6 +208,9 @@ type Rule struct {
 	// Resources, Methods and Operations are the match conditions; an empty
 	// list matches anything.
 	Resources, Methods, Operations []string
+	// Clients are the client ids the rule applies to; empty applies to
+	// every client. Case matters.
+	Clients []string
 	// Dimension is what the rule counts by: one entry, or several for a
 	// composite such as user+endpoint.
 	Dimension []Dimension
@@ -235,7 +238,8 @@ type Rule struct {
 
 // LimitFor returns the limit that applies under tier, with the override of
 // assignment a (may be nil) taking precedence. It returns nil when the rule
-// has no limit for that tier.
+// has no limit for that tier. It ignores the layer's overrides: use LimitAt
+// with what Lookup returned.
 func (r *Rule) LimitFor(tier string, a *Assignment) *Limit {
 	if a != nil {
 		if l, ok := a.Limits[r.ID]; ok {
@@ -302,6 +306,12 @@ type Assignment struct {
 	Limits map[string]*Limit
 	// ExpiresAt is when the assignment stops applying; zero never.
 	ExpiresAt time.Time
+
+	// The layer's view of the identity (see WithLayer): its overrides,
+	// newest first, and the file's assignments of the identity.
+	layered   bool
+	overrides []*override
+	base      []*Assignment
 }
 
 // active reports whether a applies at now.
@@ -378,6 +388,12 @@ type Policy struct {
 	allow, deny identitySet
 	matcher     *matcher
 	envoy       map[string]*envoyDomain
+	// st holds the file's defaults and tiers, to decode the layer's
+	// rules as the file's; nil for Envoy files.
+	st *settings
+	// layer is the control plane's layer applied (see WithLayer); nil
+	// for the file's own policy.
+	layer *layerState
 }
 
 // Limits returns every compiled limit of the policy: rules (base and per
@@ -403,6 +419,17 @@ func (p *Policy) Limits() []*Limit {
 	for _, dom := range p.envoy {
 		dom.root.limits(&out)
 	}
+	if p.layer != nil {
+		for _, m := range p.layer.ids {
+			for _, a := range m {
+				for _, o := range a.overrides {
+					for _, l := range o.limits {
+						out = append(out, l)
+					}
+				}
+			}
+		}
+	}
 	return out
 }
 
@@ -415,13 +442,25 @@ func (p *Policy) Denied(r *Request) bool { return p.deny.contains(r) }
 
 // Lookup returns the tier of r at now and the assignment that gave it,
 // if any. The identities are tried in the order api_key, user, client; the
-// first with an active assignment decides. Without one, the default tier
-// applies.
+// first with an active assignment decides (one in the layer, a tier or an
+// active override, counts as active). Without one, the default tier
+// applies. Pass the assignment to Rule.LimitAt.
 func (p *Policy) Lookup(r *Request, now time.Time) (tier string, a *Assignment) {
 	for _, d := range [...]Dimension{DimAPIKey, DimUser, DimClient} {
 		v := r.value(d)
 		if v == "" {
 			continue
+		}
+		if p.layer != nil {
+			if la := p.layer.ids[d][v]; la != nil {
+				if t, ok := la.tierAt(now); ok {
+					if t == "" {
+						t = p.DefaultTier
+					}
+					return t, la
+				}
+				continue
+			}
 		}
 		for _, as := range p.assignments[d][v] {
 			if as.active(now) {

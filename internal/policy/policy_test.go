@@ -922,7 +922,7 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-func benchPolicy(b *testing.B, n int) *Policy {
+func benchPolicy(b testing.TB, n int) *Policy {
 	var sb strings.Builder
 	sb.WriteString("version: 1\nrules:\n")
 	for i := 0; i < n; i++ {

@@ -191,7 +191,7 @@ func parseDimensions(s string) ([]Dimension, string) {
 }
 
 func (d *decoder) match(n *yaml.Node, what string, r *Rule) {
-	for _, f := range d.fields(n, what, "resource", "method", "operation") {
+	for _, f := range d.fields(n, what, "resource", "method", "operation", "client") {
 		switch f.key {
 		case "resource":
 			for _, s := range d.strings(f.v, what+".resource") {
@@ -208,6 +208,14 @@ func (d *decoder) match(n *yaml.Node, what string, r *Rule) {
 		case "operation":
 			for _, s := range d.strings(f.v, what+".operation") {
 				r.Operations = append(r.Operations, strings.ToLower(s))
+			}
+		case "client":
+			for _, s := range d.strings(f.v, what+".client") {
+				if s == "" {
+					d.errorf(f.v, "%s.client: a client id must not be empty", what)
+					continue
+				}
+				r.Clients = append(r.Clients, s)
 			}
 		}
 	}
