@@ -39,7 +39,7 @@ func TestParseTokens(t *testing.T) {
 	good := auth.Hash("secret")
 	for _, tc := range []struct {
 		name, yaml, wantErr string
-		want               int
+		want                int
 	}{
 		{"ok", "- {name: ci, role: operator, sha256: " + good + "}\n- {name: root, role: admin, sha256: " + good + "}", "", 2},
 		{"empty", "", "", 0},
