@@ -4,6 +4,7 @@
 //	sluice config validate PATH     check a configuration file or directory
 //	sluice check [flags]            ask a running server for one decision
 //	sluice load [flags]             load-test a running server
+//	sluice admin COMMAND [flags]    use the admin API of a running server
 //	sluice version                  print the build's version and commit
 //
 // Every flag of serve has a matching SLUICE_* environment variable (the
@@ -38,6 +39,7 @@ const usage = `Usage:
   sluice config validate PATH...    check configuration files or directories; exit 1 on the first error
   sluice check [flags]              ask a running server for one decision
   sluice load [flags]               load-test a running server (HTTP, gRPC or Envoy's API)
+  sluice admin COMMAND [flags]      change rules, tiers, overrides, throttles and tokens through the admin API
   sluice version                    print the version, commit, build date and Go version
 
 Run "sluice COMMAND -h" for a command's flags.
@@ -62,6 +64,8 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		return check(args[1:], stdout, stderr, getenv)
 	case "load":
 		return load(args[1:], stdout, stderr, getenv)
+	case "admin":
+		return admin(args[1:], os.Stdin, stdout, stderr, getenv)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, buildinfo.Read())
 		return 0
