@@ -6,8 +6,8 @@
 //
 // Every rule that matches a check applies, and the check is allowed only
 // when all of them allow it. The enforcing (non-shadow) rules of a check
-// go to the store in one CheckAll call: when any of them denies, none of
-// them consumes anything. On the memory store and on a single Redis this
+// go to the store in one all-or-nothing call (a store.Batch with All set):
+// when any of them denies, none of them consumes anything. On the memory store and on a single Redis this
 // holds exactly. On Redis Cluster it holds exactly for the rules whose keys
 // share a hash tag (the rules counting by one identity: see the key format
 // in package policy); what the Redis store does for keys spread over slots
@@ -344,9 +344,9 @@ func (e *Engine) decideItems(ctx context.Context, s *scratch, c *Check) Result {
 }
 
 // BatchCheck decides several checks in mode. In AllOrNothing mode the
-// enforcing rules of every check go to the store in one CheckAll: every
-// check is allowed, or none is and nothing is consumed; a deny-listed
-// check denies the batch. Idempotency keys apply in BestEffort mode only
+// enforcing rules of every check go to the store in one all-or-nothing
+// call (store.Batch.All): every check is allowed, or none is and nothing
+// is consumed; a deny-listed check denies the batch. Idempotency keys apply in BestEffort mode only
 // (each check is then an ordinary Check). A bad check fails the whole
 // batch with a *FieldError naming it, such as "checks[2].client_id".
 func (e *Engine) BatchCheck(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {

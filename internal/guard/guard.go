@@ -105,19 +105,19 @@ type Config struct {
 	// (ErrTooManyInFlight). Zero means DefaultMaxInFlight.
 	MaxInFlight int
 	// Gatherers is the number of store calls of gathered checks in flight
-	// at once. Checks (Store.Check) that arrive while that many calls are
-	// with the store wait, and the next call takes them all (up to
-	// MaxGathered requests): under load, one call decides many checks, and
-	// a Redis store decides them in one script call per node. A store that
-	// reports the parts of a call as they end (the Redis store on a
-	// cluster, one part per master) has each check answered with its
-	// part; a call still waiting for a part once some of its checks are
-	// answered (a master that does not answer) no longer counts, nor does
-	// a call past its deadline whose checks were all answered (a store
-	// that returns late, as a Redis client reconnecting does): their
-	// checks count against MaxInFlight until the store returns. Zero
-	// means DefaultGatherers; a negative number gives every check a call
-	// of its own.
+	// at once. Checks (batches that are not All) that arrive while that
+	// many calls are with the store wait, and the next call takes them all
+	// (up to MaxGathered requests): under load, one call decides many
+	// checks, and a Redis store decides them in one script call per node.
+	// A store that reports the parts of a call as they end
+	// (store.Info.Parts: the Redis store, on a cluster one part per
+	// master) has each check answered with its part; a call still
+	// waiting for a part once some of its checks are answered (a master
+	// that does not answer) no longer counts, nor does a call past its
+	// deadline whose checks were all answered (a store that returns late,
+	// as a Redis client reconnecting does): their checks count against
+	// MaxInFlight until the store returns. Zero means DefaultGatherers; a
+	// negative number gives every check a call of its own.
 	Gatherers int
 	// OnBreakerChange, when set, is called on every change of the
 	// breaker's state, synchronously, while the breaker's lock is held: it
