@@ -22,7 +22,8 @@ import (
 )
 
 // gateStore holds its first Check until open is closed, so that the
-// checks that arrive meanwhile queue in the guard and are gathered.
+// checks that arrive meanwhile queue in the guard and are gathered. It
+// states no capabilities of the store it wraps (see Info).
 type gateStore struct {
 	Store
 	open  chan struct{}
@@ -41,6 +42,12 @@ func (s *gateStore) Do(ctx context.Context, bt *store.Batch) error {
 	s.sizes <- len(reqs)
 	return s.Store.Do(ctx, bt)
 }
+
+// Info states nothing of the wrapped store: no parts, one node, no
+// records, so that a gathered call on a Redis Cluster is one call whose
+// failed nodes come back as a *store.PartialError (gatePartsStore has the
+// parts).
+func (s *gateStore) Info() store.Info { return store.Info{} }
 
 // TestGatheredChecksOneNodeDown gathers checks of keys on every master of
 // a Redis Cluster into one store call, one master killed meanwhile: the
