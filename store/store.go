@@ -1,35 +1,151 @@
 // Package store states the contract that every storage back end of Sluice
-// (store/memory, store/redis) fulfils, and the types they share. The
-// conformance suite in store/storetest checks it.
+// (store/memory, store/redis) fulfils, and the types they share: one
+// interface, Store, which every store implements and every decorator (the
+// guard of internal/guard, the engine's metrics) wraps once. What a store
+// can do beyond the contract is stated as data, by Info, not found by type
+// assertions. The conformance suite in store/storetest checks it.
 //
 // The contract:
 //
 //   - Every check of one key is one atomic step in the store: no two checks
 //     of one key interleave, so a limit of L admits exactly L however many
 //     callers race.
-//   - Check decides each request independently. CheckAll decides its
-//     requests as one unit: when any is denied, none consumes anything
-//     (exactly so when all keys live on one node; see each store's docs for
-//     keys spread over Redis Cluster slots).
+//   - Do decides a Batch's requests each on its own, or, when Batch.All is
+//     set, as one unit: when any is denied, none consumes anything (exactly
+//     so when all keys live on one node; see each store's docs for keys
+//     spread over Redis Cluster slots).
 //   - A request whose Now is zero is decided at the store's own clock (the
 //     Redis server's TIME for Redis); a non-zero Now is used as given, for
 //     replay and tests.
 //   - Every method honours its context's deadline and returns an error
 //     wrapping sluice.ErrStoreUnavailable when the store cannot answer.
-//     When it can answer for some of Check's requests and not for others
-//     (a node of a cluster down), Check decides those it can and says
-//     which it could not with a *PartialError.
-//   - Implementations are safe for concurrent use.
+//     When it can answer for some of a Batch's requests and not for others
+//     (a node of a cluster down, a batch that is not All), Do decides those
+//     it can and says which it could not with a *PartialError.
+//   - Implementations are safe for concurrent use; one Batch is used by one
+//     call at a time.
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
 )
+
+// Store is a storage back end of the limits' state, or a decorator of one.
+// See the package doc for the contract.
+type Store interface {
+	// Do decides the requests of b and writes their decisions to b.Out,
+	// as the fields of Batch say. It returns nil when every request was
+	// decided; a *PartialError when some were and others not; any other
+	// error when none was (and then nothing was consumed, except by a
+	// call cut off after the store received it, which may have been).
+	Do(ctx context.Context, b *Batch) error
+	// Reset forgets the state of keys: their next check is decided as
+	// the first. Keys the store does not hold are ignored.
+	Reset(ctx context.Context, keys ...string) error
+	// Info states what the store can do. It is fixed for the life of the
+	// store, and cheap: callers may call it once and keep the answer.
+	Info() Info
+}
+
+// Batch is one call of Store.Do: the requests in, the decisions out, and
+// how they are decided. Callers may reuse a Batch (and its slices) from one
+// call to the next; a store keeps none of it after Do returns.
+type Batch struct {
+	// Reqs are the requests, decided in order: a key that appears twice
+	// is decided the second time on the state the first leaves.
+	Reqs []Request
+	// Out receives the decision of each request, Out[i] of Reqs[i]. It
+	// must be at least as long as Reqs.
+	Out []sluice.Decision
+	// All decides Reqs as one unit: when any is denied none consumes
+	// anything, and each request that would have been allowed is
+	// reported denied with ReasonLimited and no retry-after. Otherwise
+	// each is decided on its own.
+	All bool
+	// Once, when not nil, makes an All batch idempotent by Once.Key. Only
+	// a store whose Info().SharedRecords is true honours it; others
+	// ignore it (the caller keeps its records in process).
+	Once *Once
+	// Sources, when not nil (and as long as Reqs), receives what decided
+	// each request. A store writes SourceStore; a decorator that answers
+	// in process writes its own sources.
+	Sources []Source
+	// Part, when not nil, is told of each part of a batch that is not All
+	// and has no Once as the part ends, when the store decides batches in
+	// parts (Info().Parts): the indexes into Reqs decided (err nil, their
+	// decisions in Out) or not decided (err, which wraps
+	// sluice.ErrStoreUnavailable, says why). Every request is reported
+	// once, before Do returns, by calls made one at a time on the
+	// caller's goroutine, and Do then returns nil; when Do decides nothing
+	// (an invalid request, a closed store) it reports nothing and returns
+	// the error. Part must neither keep nor change idx. Stores that do
+	// not decide in parts ignore Part.
+	Part func(idx []int, err error)
+}
+
+// Once is the idempotency record of an all-or-nothing Batch. When Key has a
+// record younger than TTL, nothing is decided or consumed, Batch.Out is
+// filled with the recorded decisions and Replayed is set; otherwise the
+// batch is decided as any All batch and its decisions recorded under Key for
+// TTL (denials included: a repeat of a denied batch is denied again without
+// being decided). The lookup, the decision and the record are one atomic
+// step where the store can make them one (see each store's docs).
+type Once struct {
+	// Key names the record; the caller scopes it (client, counters).
+	Key string
+	// TTL is how long the record is kept; zero means the store's default.
+	TTL time.Duration
+	// Replayed is set by Do: true when the decisions came from a record.
+	Replayed bool
+}
+
+// Source says what decided one request of a Batch.
+type Source uint8
+
+// The sources of a Batch's decisions.
+const (
+	SourceStore          Source = iota // the store decided
+	SourceOverLimitCache               // a decorator's cached denial, no store call
+	SourceHotKey                       // a decorator's in-process lease of a hot key
+)
+
+// Info states what a store can do, as data. The zero value is a store of one
+// node that keeps no idempotency records, does not decide in parts and
+// bounds no sliding window log.
+type Info struct {
+	// SharedRecords reports that the store keeps Batch.Once records for
+	// every instance sharing it, so that a repeated check is charged once
+	// across instances. When false, Do ignores Batch.Once.
+	SharedRecords bool
+	// Cluster reports that the store's keys are spread over several
+	// nodes (a Redis Cluster), one of which may fail or stall while the
+	// others answer.
+	Cluster bool
+	// Parts reports that Do decides batches in parts and reports them to
+	// Batch.Part.
+	Parts bool
+	// MaxLogEntries is the largest limit of a sliding window log the store
+	// can decide; zero means no bound.
+	MaxLogEntries int64
+}
+
+// Accepts reports whether a store of Info i can decide requests with p: nil
+// when it can, an error wrapping sluice.ErrInvalidLimit otherwise (see
+// CheckParams).
+func (i Info) Accepts(p *algorithm.Params) error {
+	maxLog := i.MaxLogEntries
+	if maxLog <= 0 {
+		maxLog = math.MaxInt64
+	}
+	return CheckParams(p, maxLog)
+}
 
 // Request is one check of one limit against a store.
 type Request struct {
@@ -44,12 +160,14 @@ type Request struct {
 	Now time.Time
 }
 
-// PartialError is returned by a Check whose requests were spread over
+// PartialError is returned by a Do whose requests were spread over
 // several nodes (Redis Cluster) when some nodes answered and others did
 // not. The requests at the indexes in Failed, ascending, were not decided;
 // every other request was decided (and charged) and its decision is in
-// out. Err, which wraps sluice.ErrStoreUnavailable, says why the others
-// failed. A Check that decides nothing returns Err alone.
+// Batch.Out. Err, which wraps sluice.ErrStoreUnavailable, says why the
+// others failed. A Do that decides nothing returns Err alone. The failed
+// parts travel in the error, not in the Batch, so that a caller that does
+// not look for them treats the call as failed rather than as decided.
 type PartialError struct {
 	Failed []int
 	Err    error
@@ -76,8 +194,7 @@ var ErrLogTooLarge = errors.New("sluice: sliding window log too large for the st
 // maxLog entries per key can decide requests with p: nil when it can, an
 // error wrapping sluice.ErrInvalidLimit otherwise (no params, an unknown
 // algorithm, params not made by algorithm.Compile, or a sliding window log
-// above maxLog, which also wraps ErrLogTooLarge). Stores call it from their
-// Accepts method.
+// above maxLog, which also wraps ErrLogTooLarge). Info.Accepts calls it.
 func CheckParams(p *algorithm.Params, maxLog int64) error {
 	switch {
 	case p == nil:

@@ -37,7 +37,7 @@ func guardStore(ctx context.Context, rawURL string, st engine.Store, closer func
 	for i := range reqs {
 		reqs[i] = store.Request{Key: "rl:_warm:{" + strconv.Itoa(i) + "}", Params: &warmParams}
 	}
-	if err := st.Check(ctx, reqs, make([]sluice.Decision, len(reqs))); err != nil {
+	if err := st.Do(ctx, &store.Batch{Reqs: reqs, Out: make([]sluice.Decision, len(reqs))}); err != nil {
 		log.Warn("the store did not answer the warm-up; checks follow their failure modes until it does", "err", err)
 	} else {
 		// Then concurrently, so that the client opens all its pipelined
@@ -48,7 +48,7 @@ func guardStore(ctx context.Context, rawURL string, st engine.Store, closer func
 				for j := range 4 {
 					r := [1]store.Request{reqs[(i+j)%len(reqs)]}
 					var out [1]sluice.Decision
-					st.Check(ctx, r[:], out[:])
+					st.Do(ctx, &store.Batch{Reqs: r[:], Out: out[:]})
 				}
 			})
 		}
@@ -78,7 +78,7 @@ func guardStore(ctx context.Context, rawURL string, st engine.Store, closer func
 	// that an idle instance does not report a breaker open long after its
 	// timeout.
 	m.RefreshBreakerState(func() { g.BreakerState() })
-	return g.Engine(), g, func() error {
+	return g, g, func() error {
 		g.Close()
 		return closer()
 	}, nil

@@ -20,8 +20,9 @@ import (
 	"github.com/sluicehq/sluice/store/redis"
 )
 
-// The Redis store keeps idempotency records for every instance sharing it.
-var _ engine.IdempotentStore = (*redis.Store)(nil)
+// The Redis store is a store of the engine's (and, by its Info, keeps
+// idempotency records for every instance sharing it).
+var _ engine.Store = (*redis.Store)(nil)
 
 // RedisOptions are the connection settings of a Redis store (see
 // redis.Config for each); zero fields take the store's defaults.

@@ -13,7 +13,8 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-// run decides the items of s: the enforcing ones in one CheckAll, then the
+// run decides the items of s: the enforcing ones in one all-or-nothing
+// Store.Do, then the
 // shadow ones on their own. It reports whether every enforcing item
 // allowed. now is passed to the store (zero: the store's clock).
 func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll bool) bool {
@@ -38,13 +39,13 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 		var err error
 		replayed := false
 		s.src = growSource(s.src, len(s.reqs))
-		if is, ok := e.store.(IdempotentStore); ok && s.idemKey != "" {
-			replayed, err = is.CheckAllOnce(ctx, s.idemKey, e.ttl, s.reqs, s.out)
+		if e.shared && s.idemKey != "" {
+			replayed, err = e.checkOnce(ctx, s)
 			for j := range s.src {
 				s.src[j] = SourceStore
 			}
 		} else {
-			err = e.storeCheck(ctx, atomicAll, s.reqs, s.out, s.src)
+			err = e.call(ctx, &s.call, atomicAll, s.reqs, s.out, s.src)
 		}
 		if err == nil && replayed {
 			s.replayed = true
@@ -109,8 +110,7 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 // is then a repeat and charges nothing. It reports false when the store
 // does not keep the records or cannot answer (the check is decided anew).
 func (e *Engine) claimShadow(ctx context.Context, s *scratch, now time.Time) bool {
-	is, ok := e.store.(IdempotentStore)
-	if !ok {
+	if !e.shared {
 		return false
 	}
 	for i := range s.items {
@@ -122,7 +122,7 @@ func (e *Engine) claimShadow(ctx context.Context, s *scratch, now time.Time) boo
 		return false
 	}
 	s.out = grow(s.out, len(s.reqs))
-	replayed, err := is.CheckAllOnce(ctx, s.idemKey, e.ttl, s.reqs, s.out)
+	replayed, err := e.checkOnce(ctx, s)
 	s.reqs = s.reqs[:0]
 	return err == nil && replayed
 }
@@ -147,7 +147,7 @@ func (e *Engine) runShadow(ctx context.Context, s *scratch, now time.Time, allow
 	}
 	s.out = grow(s.out, len(s.reqs))
 	s.src = growSource(s.src, len(s.reqs))
-	if err := e.storeCheck(ctx, false, s.reqs, s.out, s.src); err != nil {
+	if err := e.call(ctx, &s.call, false, s.reqs, s.out, s.src); err != nil {
 		// A shadow rule never denies: it reports that it could not tell.
 		why := FallbackOf(err)
 		for _, i := range s.idx {
@@ -187,26 +187,74 @@ func growSource(src []Source, n int) []Source {
 	return src[:n]
 }
 
-// storeCheck is the one place the engine calls the store to decide: all
-// selects CheckAll (one unit) over Check (each on its own). It writes to
-// src what decided each request (see SourcedStore; SourceStore for a
-// plain store). Resilience (per-call deadline, circuit breaker,
-// over-limit cache, hot keys) lives in a store decorator, internal/guard;
-// an error means the store did not decide and the failure modes apply.
+// storeCall holds the buffers of the engine's calls of Store.Do, kept in
+// the per-check scratch so that a check allocates none.
+type storeCall struct {
+	b    store.Batch
+	once store.Once
+	src  []store.Source
+}
+
+// storeCheck is call with buffers of its own, for the paths that hold no
+// scratch of their own.
 func (e *Engine) storeCheck(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision, src []Source) error {
-	// One request decides alike either way, and Check has the stores'
-	// single-check path (on Redis a script a third of the cost).
-	all = all && len(reqs) > 1
-	if ss, ok := e.store.(SourcedStore); ok {
-		return ss.CheckSourced(ctx, all, reqs, out, src)
+	var c storeCall
+	return e.call(ctx, &c, all, reqs, out, src)
+}
+
+// call is the one place the engine calls the store to decide, on the
+// buffers of c: all decides reqs as one unit (Batch.All), otherwise each
+// on its own. It writes to src, when not nil, what decided each request
+// (SourceStore, or SourceOverLimitCache and SourceHotKey from a decorator
+// that answers in process). Resilience (per-call deadline, circuit
+// breaker, over-limit cache, hot keys) lives in a store decorator,
+// internal/guard; an error means the store did not decide and the failure
+// modes apply.
+func (e *Engine) call(ctx context.Context, c *storeCall, all bool, reqs []store.Request, out []sluice.Decision, src []Source) error {
+	// One request decides alike either way, and a batch that is not All
+	// has the stores' single-check path (on Redis a script a third of the
+	// cost).
+	c.b = store.Batch{Reqs: reqs, Out: out, All: all && len(reqs) > 1}
+	if src != nil {
+		c.src = growStoreSource(c.src, len(src))
+		c.b.Sources = c.src
 	}
+	err := e.store.Do(ctx, &c.b)
 	for i := range src {
-		src[i] = SourceStore
+		src[i] = sourceOf(c.src[i])
 	}
-	if all {
-		return e.store.CheckAll(ctx, reqs, out)
+	c.b = store.Batch{}
+	return err
+}
+
+// checkOnce decides s.reqs as one unit under the idempotency key of s, in
+// a store that keeps the records, and reports whether the store replayed
+// a record.
+func (e *Engine) checkOnce(ctx context.Context, s *scratch) (replayed bool, err error) {
+	c := &s.call
+	c.once = store.Once{Key: s.idemKey, TTL: e.ttl}
+	c.b = store.Batch{Reqs: s.reqs, Out: s.out, All: true, Once: &c.once}
+	err = e.store.Do(ctx, &c.b)
+	c.b = store.Batch{}
+	return c.once.Replayed, err
+}
+
+// sourceOf returns the engine's source of a store's.
+func sourceOf(s store.Source) Source {
+	switch s {
+	case store.SourceOverLimitCache:
+		return SourceOverLimitCache
+	case store.SourceHotKey:
+		return SourceHotKey
 	}
-	return e.store.Check(ctx, reqs, out)
+	return SourceStore
+}
+
+func growStoreSource(src []store.Source, n int) []store.Source {
+	if cap(src) < n {
+		return make([]store.Source, n)
+	}
+	return src[:n]
 }
 
 // fallback decides the enforcing items of s after the store failed (for
@@ -246,7 +294,7 @@ func (e *Engine) fallback(ctx context.Context, s *scratch, now time.Time, why Fa
 			return true
 		}
 		out := make([]sluice.Decision, len(reqs))
-		if err := e.local.CheckAll(ctx, reqs, out); err == nil {
+		if err := e.local.Do(ctx, &store.Batch{Reqs: reqs, Out: out, All: true}); err == nil {
 			return e.localDecided(s, idx, out)
 		}
 		for _, i := range idx {

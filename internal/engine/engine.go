@@ -6,8 +6,8 @@
 //
 // Every rule that matches a check applies, and the check is allowed only
 // when all of them allow it. The enforcing (non-shadow) rules of a check
-// go to the store in one CheckAll call: when any of them denies, none of
-// them consumes anything. On the memory store and on a single Redis this
+// go to the store in one all-or-nothing call (a store.Batch with All set):
+// when any of them denies, none of them consumes anything. On the memory store and on a single Redis this
 // holds exactly. On Redis Cluster it holds exactly for the rules whose keys
 // share a hash tag (the rules counting by one identity: see the key format
 // in package policy); what the Redis store does for keys spread over slots
@@ -108,39 +108,14 @@ const (
 	BestEffort
 )
 
-// Store is what the engine needs of a storage back end; see package store
-// for the contract. *memory.Store and *redis.Store implement it.
-type Store interface {
-	Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
-	CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
-	Reset(ctx context.Context, keys ...string) error
-}
-
-// IdempotentStore is implemented by stores that remember idempotency
-// records for every instance sharing them, so that a repeated check is
-// charged once across instances. When Config.Store implements it, the
-// engine hands it the idempotency keys instead of remembering them in
-// process.
-//
-// CheckAllOnce is CheckAll made idempotent by key, in one atomic step:
-// when key has a record younger than ttl, nothing is decided or consumed,
-// out is filled with the recorded decisions and replayed is true;
-// otherwise reqs are decided exactly as by CheckAll and their decisions
-// recorded under key for ttl (denials included: a repeat of a denied
-// check is denied again without being decided).
-type IdempotentStore interface {
-	CheckAllOnce(ctx context.Context, key string, ttl time.Duration, reqs []store.Request, out []sluice.Decision) (replayed bool, err error)
-}
-
-// SourcedStore is implemented by store decorators that answer some
-// requests in process (internal/guard: the over-limit cache and the
-// hot-key tier). CheckSourced is Check (all false) or CheckAll (all true)
-// that also writes to src[i] what decided reqs[i]: SourceStore,
-// SourceOverLimitCache or SourceHotKey. When Config.Store implements it,
-// the engine reports those sources in its results.
-type SourcedStore interface {
-	CheckSourced(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision, src []Source) error
-}
+// Store is what the engine needs of a storage back end: the one interface
+// of package store, which states the contract. *memory.Store, *redis.Store
+// and the guard of internal/guard implement it. The engine calls only its
+// Do, Reset and Info: when Info().SharedRecords is set, it hands the store
+// the idempotency keys of its checks (Batch.Once) instead of remembering
+// them in process; it reports the sources a decorator writes to
+// Batch.Sources in its results.
+type Store = store.Store
 
 // Config holds the engine's knobs.
 type Config struct {
@@ -183,6 +158,7 @@ type Config struct {
 // Engine decides checks. It is safe for concurrent use.
 type Engine struct {
 	store  Store
+	shared bool  // store keeps idempotency records (Info().SharedRecords)
 	local  Store // the failure_mode local limiter
 	now    func() time.Time
 	policy atomic.Pointer[policy.Policy]
@@ -209,7 +185,8 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.IdempotencyTTL < 0 {
 		return nil, fmt.Errorf("engine: config: idempotency TTL must not be negative, got %s", cfg.IdempotencyTTL)
 	}
-	e := &Engine{store: observeStore(cfg.Store, cfg.Metrics), now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat}
+	e := &Engine{store: observeStore(cfg.Store, cfg.Metrics), shared: cfg.Store.Info().SharedRecords,
+		now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat}
 	if e.now == nil {
 		e.now = time.Now
 	}
@@ -243,22 +220,16 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// Accepts reports whether the store can decide every limit of p: nil
-// when it can, or when the store cannot tell (it has no
-// Accepts(*algorithm.Params) error method). Call it before ApplyPolicy to
-// refuse a policy the store would fail on at every check.
+// Accepts reports whether the store, and the in-process limiter of the
+// local failure mode, can decide every limit of p (see store.Info.Accepts):
+// nil when they can. Call it before ApplyPolicy to refuse a policy the
+// store would fail on at every check.
 func (e *Engine) Accepts(p *policy.Policy) error {
-	type acceptor interface {
-		Accepts(*algorithm.Params) error
-	}
 	for _, st := range []Store{e.store, e.local} {
-		a, ok := st.(acceptor)
-		if !ok {
-			continue
-		}
+		info := st.Info()
 		for _, l := range p.Limits() {
 			for i := range l.Params {
-				if err := a.Accepts(&l.Params[i]); err != nil {
+				if err := info.Accepts(&l.Params[i]); err != nil {
 					return fmt.Errorf("engine: policy %s: %w", p.Version, err)
 				}
 			}
@@ -295,7 +266,7 @@ func (e *Engine) Policy() *policy.Policy { return e.policy.Load() }
 func (e *Engine) Ready(ctx context.Context) error {
 	reqs := [1]store.Request{{Key: "rl:_ready", Params: &readyParams, Cost: 1}}
 	var out [1]sluice.Decision
-	return e.store.Check(ctx, reqs[:], out[:])
+	return e.store.Do(ctx, &store.Batch{Reqs: reqs[:], Out: out[:]})
 }
 
 var readyParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1 << 40, Window: time.Second})
@@ -347,7 +318,7 @@ func (e *Engine) check(ctx context.Context, p *policy.Policy, c *Check) (Result,
 		// A key is one request's only on the counters it was first
 		// checked on: the same key on other counters is another request.
 		h := counters(s.items)
-		if _, ok := e.store.(IdempotentStore); !ok {
+		if !e.shared {
 			return e.idem.do(ctx, e.clock(c), newIdemKey(c.ClientID, c.IdempotencyKey, h), func() (Result, error) {
 				return e.decideItems(ctx, s, c), nil
 			})
@@ -373,9 +344,9 @@ func (e *Engine) decideItems(ctx context.Context, s *scratch, c *Check) Result {
 }
 
 // BatchCheck decides several checks in mode. In AllOrNothing mode the
-// enforcing rules of every check go to the store in one CheckAll: every
-// check is allowed, or none is and nothing is consumed; a deny-listed
-// check denies the batch. Idempotency keys apply in BestEffort mode only
+// enforcing rules of every check go to the store in one all-or-nothing
+// call (store.Batch.All): every check is allowed, or none is and nothing
+// is consumed; a deny-listed check denies the batch. Idempotency keys apply in BestEffort mode only
 // (each check is then an ordinary Check). A bad check fails the whole
 // batch with a *FieldError naming it, such as "checks[2].client_id".
 func (e *Engine) BatchCheck(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/events"
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/store"
@@ -178,17 +176,12 @@ func (e *Engine) observeEnvoy(start time.Time, overLimit *bool, err *error) {
 }
 
 // observeStore returns s reporting the duration and errors of its calls
-// to m; s itself when m is nil. The optional methods the engine looks for
-// (CheckAllOnce, Accepts) are kept.
+// to m; s itself when m is nil.
 func observeStore(s Store, m *metrics.Metrics) Store {
 	if m == nil {
 		return s
 	}
-	o := observedStore{s: s, m: m}
-	if is, ok := s.(IdempotentStore); ok {
-		return &observedIdemStore{observedStore: o, is: is}
-	}
-	return &o
+	return &observedStore{s: s, m: m}
 }
 
 // observedStore is a Store that times the calls of the store it wraps.
@@ -197,17 +190,19 @@ type observedStore struct {
 	m *metrics.Metrics
 }
 
-func (o *observedStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+// Do times the call, under the operation of b: CheckAllOnce (b.Once),
+// CheckAll (b.All) or Check.
+func (o *observedStore) Do(ctx context.Context, b *store.Batch) error {
+	op := metrics.OpCheck
+	switch {
+	case b.Once != nil:
+		op = metrics.OpCheckAllOnce
+	case b.All:
+		op = metrics.OpCheckAll
+	}
 	start := time.Now()
-	err := o.s.Check(ctx, reqs, out)
-	o.m.StoreCall(metrics.OpCheck, time.Since(start), err)
-	return err
-}
-
-func (o *observedStore) CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
-	start := time.Now()
-	err := o.s.CheckAll(ctx, reqs, out)
-	o.m.StoreCall(metrics.OpCheckAll, time.Since(start), err)
+	err := o.s.Do(ctx, b)
+	o.m.StoreCall(op, time.Since(start), err)
 	return err
 }
 
@@ -218,47 +213,4 @@ func (o *observedStore) Reset(ctx context.Context, keys ...string) error {
 	return err
 }
 
-// CheckSourced forwards to the wrapped store when it reports decision
-// sources (SourcedStore: internal/guard), timing the call; otherwise it is
-// Check or CheckAll with every source SourceStore.
-func (o *observedStore) CheckSourced(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision, src []Source) error {
-	ss, ok := o.s.(SourcedStore)
-	if !ok {
-		for i := range src {
-			src[i] = SourceStore
-		}
-		if all {
-			return o.CheckAll(ctx, reqs, out)
-		}
-		return o.Check(ctx, reqs, out)
-	}
-	op := metrics.OpCheck
-	if all {
-		op = metrics.OpCheckAll
-	}
-	start := time.Now()
-	err := ss.CheckSourced(ctx, all, reqs, out, src)
-	o.m.StoreCall(op, time.Since(start), err)
-	return err
-}
-
-// Accepts forwards to the wrapped store when it can tell.
-func (o *observedStore) Accepts(p *algorithm.Params) error {
-	if a, ok := o.s.(interface{ Accepts(*algorithm.Params) error }); ok {
-		return a.Accepts(p)
-	}
-	return nil
-}
-
-// observedIdemStore is an observedStore of an IdempotentStore.
-type observedIdemStore struct {
-	observedStore
-	is IdempotentStore
-}
-
-func (o *observedIdemStore) CheckAllOnce(ctx context.Context, key string, ttl time.Duration, reqs []store.Request, out []sluice.Decision) (bool, error) {
-	start := time.Now()
-	replayed, err := o.is.CheckAllOnce(ctx, key, ttl, reqs, out)
-	o.m.StoreCall(metrics.OpCheckAllOnce, time.Since(start), err)
-	return replayed, err
-}
+func (o *observedStore) Info() store.Info { return o.s.Info() }

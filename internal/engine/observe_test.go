@@ -38,13 +38,13 @@ func newObserved(tb testing.TB, src string) (*Engine, *metrics.Metrics, *events.
 	return e, m, ring
 }
 
-func TestObservedStoreKeepsOptionalMethods(t *testing.T) {
+func TestObservedStoreKeepsInfo(t *testing.T) {
 	m, _ := metrics.New(prometheus.NewRegistry())
-	if _, ok := observeStore(&onceStore{Store: newStore(t)}, m).(IdempotentStore); !ok {
-		t.Error("an observed IdempotentStore lost CheckAllOnce")
+	if !observeStore(&onceStore{Store: newStore(t)}, m).Info().SharedRecords {
+		t.Error("an observed store that keeps records lost them")
 	}
-	if _, ok := observeStore(newStore(t), m).(IdempotentStore); ok {
-		t.Error("an observed plain store gained CheckAllOnce")
+	if observeStore(newStore(t), m).Info().SharedRecords {
+		t.Error("an observed plain store gained records")
 	}
 }
 

@@ -47,8 +47,9 @@ type scratch struct {
 	out   []sluice.Decision
 	src   []Source
 	idx   []int
+	call  storeCall
 	// idemKey is the store key of the check's idempotency record, when
-	// the store keeps them (IdempotentStore).
+	// the store keeps them (Info().SharedRecords).
 	idemKey string
 	// replayed reports that the store answered from an idempotency record.
 	replayed bool

@@ -89,7 +89,17 @@ func (s *countStore) decide(r *store.Request, commit bool) sluice.Decision {
 	return d
 }
 
-func (s *countStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+func (s *countStore) Do(ctx context.Context, b *store.Batch) error {
+	clear(b.Sources)
+	if b.All {
+		return s.checkAll(b.Reqs, b.Out)
+	}
+	return s.check(b.Reqs, b.Out)
+}
+
+func (s *countStore) Info() store.Info { return store.Info{} }
+
+func (s *countStore) check(reqs []store.Request, out []sluice.Decision) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range reqs {
@@ -98,7 +108,7 @@ func (s *countStore) Check(ctx context.Context, reqs []store.Request, out []slui
 	return nil
 }
 
-func (s *countStore) CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+func (s *countStore) checkAll(reqs []store.Request, out []sluice.Decision) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ok := true
@@ -132,20 +142,12 @@ type flakyStore struct {
 	calls atomic.Int64
 }
 
-func (s *flakyStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+func (s *flakyStore) Do(ctx context.Context, b *store.Batch) error {
 	s.calls.Add(1)
 	if s.down.Load() {
 		return fmt.Errorf("%w: test outage", sluice.ErrStoreUnavailable)
 	}
-	return s.Store.Check(ctx, reqs, out)
-}
-
-func (s *flakyStore) CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
-	s.calls.Add(1)
-	if s.down.Load() {
-		return fmt.Errorf("%w: test outage", sluice.ErrStoreUnavailable)
-	}
-	return s.Store.CheckAll(ctx, reqs, out)
+	return s.Store.Do(ctx, b)
 }
 
 // onceStore adds store-kept idempotency records to a store, as a shared
@@ -161,20 +163,30 @@ type onceRecord struct {
 	expires time.Time
 }
 
-func (s *onceStore) CheckAllOnce(ctx context.Context, key string, ttl time.Duration, reqs []store.Request, out []sluice.Decision) (bool, error) {
+func (s *onceStore) Info() store.Info {
+	info := s.Store.Info()
+	info.SharedRecords = true
+	return info
+}
+
+func (s *onceStore) Do(ctx context.Context, b *store.Batch) error {
+	if b.Once == nil {
+		return s.Store.Do(ctx, b)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := reqs[0].Now
+	now := b.Reqs[0].Now
 	if now.IsZero() {
 		now = time.Now()
 	}
-	if r, ok := s.records[key]; ok && now.Before(r.expires) {
-		copy(out, r.out)
-		return true, nil
+	if r, ok := s.records[b.Once.Key]; ok && now.Before(r.expires) {
+		copy(b.Out, r.out)
+		b.Once.Replayed = true
+		return nil
 	}
-	if err := s.Store.CheckAll(ctx, reqs, out); err != nil {
-		return false, err
+	if err := s.Store.Do(ctx, &store.Batch{Reqs: b.Reqs, Out: b.Out, All: true}); err != nil {
+		return err
 	}
-	s.records[key] = onceRecord{out: append([]sluice.Decision(nil), out[:len(reqs)]...), expires: now.Add(ttl)}
-	return false, nil
+	s.records[b.Once.Key] = onceRecord{out: append([]sluice.Decision(nil), b.Out[:len(b.Reqs)]...), expires: now.Add(b.Once.TTL)}
+	return nil
 }

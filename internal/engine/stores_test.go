@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis"
@@ -151,14 +150,9 @@ func (w *keyWatch) watch(reqs []store.Request) {
 	}
 }
 
-func (w *keyWatch) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
-	w.watch(reqs)
-	return w.Store.Check(ctx, reqs, out)
-}
-
-func (w *keyWatch) CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
-	w.watch(reqs)
-	return w.Store.CheckAll(ctx, reqs, out)
+func (w *keyWatch) Do(ctx context.Context, b *store.Batch) error {
+	w.watch(b.Reqs)
+	return w.Store.Do(ctx, b)
 }
 
 // TestLongKeysCount: checks and Envoy descriptors whose store keys would

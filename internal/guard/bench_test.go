@@ -10,7 +10,6 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
-	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -43,11 +42,11 @@ func BenchmarkGuard(b *testing.B) {
 		g := newGuard(b, inner, Config{Deadline: time.Second})
 		reqs := make([]store.Request, 1)
 		out := make([]sluice.Decision, 1)
-		src := make([]engine.Source, 1)
+		b1 := store.Batch{Out: out, Sources: make([]store.Source, 1)}
 		b.ReportAllocs()
 		for i := 0; b.Loop(); i++ {
 			reqs[0] = store.Request{Key: keys[i%len(keys)], Params: p, Cost: 1}
-			if err := g.CheckSourced(context.Background(), true, reqs, out, src); err != nil {
+			if err := g.Do(context.Background(), batch(&b1, reqs, true)); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -60,13 +59,13 @@ func BenchmarkGuard(b *testing.B) {
 		tight := params(b, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Hour})
 		reqs := []store.Request{{Key: "rl:bench:tight", Params: tight, Cost: 1}}
 		out := make([]sluice.Decision, 1)
-		src := make([]engine.Source, 1)
-		g.CheckSourced(context.Background(), true, reqs, out, src)
-		g.CheckSourced(context.Background(), true, reqs, out, src)
+		b1 := store.Batch{Out: out, Sources: make([]store.Source, 1)}
+		g.Do(context.Background(), batch(&b1, reqs, true))
+		g.Do(context.Background(), batch(&b1, reqs, true))
 		b.ReportAllocs()
 		for b.Loop() {
-			if err := g.CheckSourced(context.Background(), true, reqs, out, src); err != nil || src[0] != engine.SourceOverLimitCache {
-				b.Fatal(err, src[0])
+			if err := g.Do(context.Background(), batch(&b1, reqs, true)); err != nil || b1.Sources[0] != store.SourceOverLimitCache {
+				b.Fatal(err, b1.Sources[0])
 			}
 		}
 	})
@@ -133,10 +132,10 @@ func benchParallel64(b *testing.B, newStore func(*testing.B) Store, keys []strin
 			b.RunParallel(func(pb *testing.PB) {
 				reqs := make([]store.Request, 1)
 				out := make([]sluice.Decision, 1)
-				src := make([]engine.Source, 1)
+				b1 := store.Batch{Out: out, Sources: make([]store.Source, 1)}
 				for pb.Next() {
 					reqs[0] = store.Request{Key: keys[next.Add(7919)%int64(len(keys))], Params: p, Cost: 1}
-					if err := g.CheckSourced(context.Background(), false, reqs, out, src); err != nil {
+					if err := g.Do(context.Background(), batch(&b1, reqs, false)); err != nil {
 						b.Error(err)
 						return
 					}
@@ -148,4 +147,10 @@ func benchParallel64(b *testing.B, newStore func(*testing.B) Store, keys []strin
 			}
 		})
 	}
+}
+
+// batch sets b up for a call of reqs, as one unit when all.
+func batch(b *store.Batch, reqs []store.Request, all bool) *store.Batch {
+	b.Reqs, b.All = reqs, all
+	return b
 }

@@ -40,13 +40,12 @@ const (
 // The job owns copies of the requests and decisions: a caller that gave
 // up may reuse its own buffers at once.
 type job struct {
-	op      uint8
-	reqs    []store.Request
-	out     []sluice.Decision
-	keys    []string
-	once    engine.IdempotentStore
-	idemKey string
-	ttl     time.Duration
+	op   uint8
+	reqs []store.Request
+	out  []sluice.Decision
+	keys []string
+	once store.Once  // of an opOnce
+	b    store.Batch // the call of the store, on reqs and out
 
 	replayed bool
 	err      error
@@ -95,7 +94,7 @@ func (g *Guard) newJob(op uint8, reqs []store.Request, n int) *job {
 	j.reqs = append(j.reqs[:0], reqs...)
 	j.out = grow(j.out, n)
 	j.keys = j.keys[:0]
-	j.once, j.idemKey, j.ttl, j.replayed, j.err = nil, "", 0, false, nil
+	j.once, j.replayed, j.err = store.Once{}, false, nil
 	j.sent.Store(false)
 	j.state.Store(jobRunning)
 	j.stall = 0
@@ -108,7 +107,7 @@ func putJob(j *job) {
 	}
 	clear(j.reqs[:cap(j.reqs)])
 	clear(j.keys[:cap(j.keys)])
-	j.once, j.gone = nil, nil
+	j.once, j.b, j.gone = store.Once{}, store.Batch{}, nil
 	jobPool.Put(j)
 }
 
@@ -135,13 +134,17 @@ func (g *Guard) exec(ctx context.Context, j *job) {
 	var err error
 	switch j.op {
 	case opCheck, opSync:
-		err = g.inner.Check(ctx, j.reqs, j.out)
+		j.b = store.Batch{Reqs: j.reqs, Out: j.out}
+		err = g.inner.Do(ctx, &j.b)
 	case opCheckAll:
-		err = g.inner.CheckAll(ctx, j.reqs, j.out)
+		j.b = store.Batch{Reqs: j.reqs, Out: j.out, All: true}
+		err = g.inner.Do(ctx, &j.b)
 	case opReset:
 		err = g.inner.Reset(ctx, j.keys...)
 	case opOnce:
-		j.replayed, err = j.once.CheckAllOnce(ctx, j.idemKey, j.ttl, j.reqs, j.out)
+		j.b = store.Batch{Reqs: j.reqs, Out: j.out, All: true, Once: &j.once}
+		err = g.inner.Do(ctx, &j.b)
+		j.replayed = j.once.Replayed
 	}
 	g.noteAnswer(sent, err)
 	if j.op == opCheck {

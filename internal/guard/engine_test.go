@@ -31,7 +31,7 @@ rules:
 	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
 	obs := &countObserver{}
 	g := newGuard(t, f, Config{Observer: obs, Deadline: time.Second, HotKeys: HotKeyConfig{Enabled: true, Threshold: 200, SyncInterval: 5 * time.Millisecond, Window: 50 * time.Millisecond}})
-	eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
+	eng, err := engine.New(engine.Config{Store: g, Policy: pol})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ rules:
 		}
 		t.Cleanup(func() { st.Close() })
 		g := newGuard(t, st, Config{Deadline: 2 * time.Second})
-		if engines[i], err = engine.New(engine.Config{Store: g.Engine(), Policy: pol}); err != nil {
+		if engines[i], err = engine.New(engine.Config{Store: g, Policy: pol}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -235,7 +235,7 @@ rules:
 		t.Fatal(err)
 	}
 	g := newGuard(t, st, Config{Deadline: deadline})
-	eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
+	eng, err := engine.New(engine.Config{Store: g, Policy: pol})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ envoy:
 	const maxKeys = 64
 	g := newGuard(t, newMemory(t, nil), Config{Deadline: time.Second, OverLimit: OverLimitConfig{MaxKeys: maxKeys},
 		HotKeys: HotKeyConfig{Enabled: true, Threshold: 200, SyncInterval: 5 * time.Millisecond, Window: 50 * time.Millisecond}})
-	eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
+	eng, err := engine.New(engine.Config{Store: g, Policy: pol})
 	if err != nil {
 		t.Fatal(err)
 	}

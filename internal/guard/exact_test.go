@@ -61,7 +61,7 @@ rules:
 					}
 					t.Cleanup(func() { st.Close() })
 					g := newGuard(t, st, Config{Deadline: 10 * time.Second, Breaker: BreakerConfig{Disabled: true}})
-					e, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
+					e, err := engine.New(engine.Config{Store: g, Policy: pol})
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -78,7 +78,7 @@ func newFaultEngine(t testing.TB, st guard.Store, src string, cfg guard.Config) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
+	eng, err := engine.New(engine.Config{Store: g, Policy: pol})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,8 +137,9 @@ type gatherScratch struct {
 	batch, live []*job
 	reqs        []store.Request
 	out         []sluice.Decision
+	b           store.Batch // the store call, on reqs and out
 
-	// For a store that reports parts (see partChecker): the guard; for
+	// For a store that reports parts (store.Info.Parts): the guard; for
 	// each live job, its index in batch, the index of its first request
 	// in reqs and the number of its requests not reported yet; the live
 	// job of each request; the live jobs a part completed; onPart, bound
@@ -159,18 +160,6 @@ type gatherScratch struct {
 }
 
 var gatherPool = sync.Pool{New: func() any { return new(gatherScratch) }}
-
-// partChecker is a store whose Check decides its requests in parts that
-// may end at different times (store/redis: the masters of a Redis
-// Cluster), and that reports each as it ends: CheckParts calls part, one
-// call at a time on its own goroutine, for every request once, decided
-// (err nil, its decision in out) or not (err). When it returns an error,
-// it decided and reported nothing. The guard hands a gathered check back
-// as soon as its own requests are reported, so that a master that does
-// not answer holds up only the checks with a key on it.
-type partChecker interface {
-	CheckParts(ctx context.Context, reqs []store.Request, out []sluice.Decision, part func(idx []int, err error)) error
-}
 
 // gatherLoop makes store calls of the queued checks until none is left.
 func (g *Guard) gatherLoop() {
@@ -286,15 +275,17 @@ func (g *Guard) checkGathered(ctx context.Context, sc *gatherScratch) {
 	}
 	sc.out = grow(sc.out, len(sc.reqs))
 	var err error
-	if g.parts != nil {
+	if g.parts {
 		err = g.checkParts(ctx, sc)
 	} else {
 		sent := time.Now()
-		err = g.inner.Check(ctx, sc.reqs, sc.out)
+		sc.b = store.Batch{Reqs: sc.reqs, Out: sc.out}
+		err = g.inner.Do(ctx, &sc.b)
+		sc.b = store.Batch{}
 		g.noteAnswer(sent, err)
 	}
 	clear(sc.reqs) // drop the references to keys and params
-	if g.parts != nil && err == nil {
+	if g.parts && err == nil {
 		return // every job was handed back by onPart
 	}
 	if err != nil && !errors.Is(err, sluice.ErrStoreUnavailable) {
@@ -333,8 +324,11 @@ func (g *Guard) checkGathered(ctx context.Context, sc *gatherScratch) {
 	}
 }
 
-// checkParts decides the jobs of sc.live with the store's CheckParts, and
-// hands each back (through onPart) as soon as its requests are reported.
+// checkParts decides the jobs of sc.live with a store call that reports
+// its parts as they end (store.Batch.Part: on a Redis Cluster, one part
+// per master), and hands each job back (through onPart) as soon as its
+// requests are reported, so that a master that does not answer holds up
+// only the checks with a key on it.
 // When it returns an error, no job was handed back.
 func (g *Guard) checkParts(ctx context.Context, sc *gatherScratch) error {
 	sc.off, sc.left = sc.off[:0], sc.left[:0]
@@ -349,7 +343,9 @@ func (g *Guard) checkParts(ctx context.Context, sc *gatherScratch) error {
 		off += len(j.reqs)
 	}
 	sc.waiting = len(sc.live)
-	err := g.parts.CheckParts(ctx, sc.reqs, sc.out, sc.part)
+	sc.b = store.Batch{Reqs: sc.reqs, Out: sc.out, Part: sc.part}
+	err := g.inner.Do(ctx, &sc.b)
+	sc.b = store.Batch{}
 	if err != nil {
 		g.noteAnswer(sc.expires.Add(-g.deadline), err)
 		return err
@@ -367,7 +363,7 @@ func (g *Guard) checkParts(ctx context.Context, sc *gatherScratch) error {
 	return nil
 }
 
-// onPart takes a part reported by the store's CheckParts: the requests
+// onPart takes a part reported by the store (store.Batch.Part): the requests
 // idx of sc.reqs, decided or failed with err. It hands back the jobs
 // whose requests are now all reported; a job with a failed request fails
 // as a whole.

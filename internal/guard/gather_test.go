@@ -22,7 +22,8 @@ import (
 )
 
 // gateStore holds its first Check until open is closed, so that the
-// checks that arrive meanwhile queue in the guard and are gathered.
+// checks that arrive meanwhile queue in the guard and are gathered. It
+// states no capabilities of the store it wraps (see Info).
 type gateStore struct {
 	Store
 	open  chan struct{}
@@ -30,13 +31,23 @@ type gateStore struct {
 	sizes chan int // the number of requests of every Check
 }
 
-func (s *gateStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+func (s *gateStore) Do(ctx context.Context, bt *store.Batch) error {
+	if bt.All || bt.Once != nil {
+		return s.Store.Do(ctx, bt)
+	}
+	reqs := bt.Reqs
 	if s.first.CompareAndSwap(false, true) {
 		<-s.open
 	}
 	s.sizes <- len(reqs)
-	return s.Store.Check(ctx, reqs, out)
+	return s.Store.Do(ctx, bt)
 }
+
+// Info states nothing of the wrapped store: no parts, one node, no
+// records, so that a gathered call on a Redis Cluster is one call whose
+// failed nodes come back as a *store.PartialError (gatePartsStore has the
+// parts).
+func (s *gateStore) Info() store.Info { return store.Info{} }
 
 // TestGatheredChecksOneNodeDown gathers checks of keys on every master of
 // a Redis Cluster into one store call, one master killed meanwhile: the
@@ -203,7 +214,7 @@ func TestGatheredCheckAbandoned(t *testing.T) {
 	// Give the gatherer time to see the abandoned check.
 	time.Sleep(50 * time.Millisecond)
 	out := make([]sluice.Decision, 1)
-	if err := s.Store.Check(context.Background(), []store.Request{{Key: "late", Params: p, Cost: 0}}, out); err != nil {
+	if err := s.Store.Do(context.Background(), &store.Batch{Reqs: []store.Request{{Key: "late", Params: p, Cost: 0}}, Out: out}); err != nil {
 		t.Fatal(err)
 	}
 	if out[0].Remaining != 10 {
@@ -294,7 +305,11 @@ type seenStore struct {
 	seen  map[string]bool
 }
 
-func (s *seenStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+func (s *seenStore) Do(ctx context.Context, bt *store.Batch) error {
+	if bt.All || bt.Once != nil {
+		return s.Store.Do(ctx, bt)
+	}
+	reqs := bt.Reqs
 	if s.first.CompareAndSwap(false, true) {
 		<-s.open
 	}
@@ -303,7 +318,7 @@ func (s *seenStore) Check(ctx context.Context, reqs []store.Request, out []sluic
 		s.seen[r.Key] = true
 	}
 	s.mu.Unlock()
-	return s.Store.Check(ctx, reqs, out)
+	return s.Store.Do(ctx, bt)
 }
 
 // TestGatheredCheckReportedUnsentIsNotSent: the sweeper gives up on
@@ -372,7 +387,7 @@ func TestGatheredCheckReportedUnsentIsNotSent(t *testing.T) {
 // gatePartsStore is a Redis store that holds its first call until open is
 // closed, so that the checks that arrive meanwhile queue in the guard and
 // are gathered; it reports the parts of a gathered call as the store
-// does (CheckParts).
+// does (store.Batch.Part).
 type gatePartsStore struct {
 	*redis.Store
 	open  chan struct{}
@@ -385,14 +400,11 @@ func (s *gatePartsStore) hold() {
 	}
 }
 
-func (s *gatePartsStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
-	s.hold()
-	return s.Store.Check(ctx, reqs, out)
-}
-
-func (s *gatePartsStore) CheckParts(ctx context.Context, reqs []store.Request, out []sluice.Decision, part func([]int, error)) error {
-	s.hold()
-	return s.Store.CheckParts(ctx, reqs, out, part)
+func (s *gatePartsStore) Do(ctx context.Context, bt *store.Batch) error {
+	if !bt.All && bt.Once == nil {
+		s.hold()
+	}
+	return s.Store.Do(ctx, bt)
 }
 
 // TestGatheredChecksOneNodeStopped gathers checks of keys on every master
@@ -577,18 +589,12 @@ func (s *slowReturnStore) begin(reqs []store.Request) bool {
 	return false
 }
 
-func (s *slowReturnStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
-	late := s.begin(reqs)
-	err := s.Store.Check(ctx, reqs, out)
-	if late {
-		<-s.release
+func (s *slowReturnStore) Do(ctx context.Context, bt *store.Batch) error {
+	if bt.All || bt.Once != nil {
+		return s.Store.Do(ctx, bt)
 	}
-	return err
-}
-
-func (s *slowReturnStore) CheckParts(ctx context.Context, reqs []store.Request, out []sluice.Decision, part func([]int, error)) error {
-	late := s.begin(reqs)
-	err := s.Store.CheckParts(ctx, reqs, out, part)
+	late := s.begin(bt.Reqs)
+	err := s.Store.Do(ctx, bt)
 	if late {
 		<-s.release
 	}

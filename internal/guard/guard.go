@@ -1,6 +1,7 @@
 // Package guard wraps a store (Redis, Redis Cluster) so that checks keep
 // being answered, fast, whatever the store does. It is a store decorator:
-// the engine calls it where it would call the store.
+// a store.Store around a store.Store, which the engine calls where it would
+// call the store.
 //
 // It adds four things, each optional:
 //
@@ -34,7 +35,9 @@
 //
 // Requests with an explicit Now (replay, tests) and requests of cost 0
 // (reads) bypass the over-limit cache and the hot-key tier: they always
-// reach the store, through the deadline and the breaker.
+// reach the store, through the deadline and the breaker. So do batches
+// with an idempotency record (store.Batch.Once), when the wrapped store
+// keeps them (store.Info.SharedRecords).
 //
 // A Guard is safe for concurrent use. It owns one background goroutine
 // when the hot-key tier is on, which Close stops; one goroutine per store
@@ -54,7 +57,6 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/store"
 )
@@ -64,12 +66,9 @@ import (
 // its probes already in flight.
 var ErrBreakerOpen error = &fallbackError{"sluice: circuit breaker open", engine.FallbackBreakerOpen}
 
-// Store is what the guard wraps: the engine's view of a store.
-type Store interface {
-	Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
-	CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
-	Reset(ctx context.Context, keys ...string) error
-}
+// Store is what the guard wraps, and what it is: the one interface of
+// package store.
+type Store = store.Store
 
 // Defaults of Config.
 const (
@@ -106,19 +105,19 @@ type Config struct {
 	// (ErrTooManyInFlight). Zero means DefaultMaxInFlight.
 	MaxInFlight int
 	// Gatherers is the number of store calls of gathered checks in flight
-	// at once. Checks (Store.Check) that arrive while that many calls are
-	// with the store wait, and the next call takes them all (up to
-	// MaxGathered requests): under load, one call decides many checks, and
-	// a Redis store decides them in one script call per node. A store that
-	// reports the parts of a call as they end (the Redis store on a
-	// cluster, one part per master) has each check answered with its
-	// part; a call still waiting for a part once some of its checks are
-	// answered (a master that does not answer) no longer counts, nor does
-	// a call past its deadline whose checks were all answered (a store
-	// that returns late, as a Redis client reconnecting does): their
-	// checks count against MaxInFlight until the store returns. Zero
-	// means DefaultGatherers; a negative number gives every check a call
-	// of its own.
+	// at once. Checks (batches that are not All) that arrive while that
+	// many calls are with the store wait, and the next call takes them all
+	// (up to MaxGathered requests): under load, one call decides many
+	// checks, and a Redis store decides them in one script call per node.
+	// A store that reports the parts of a call as they end
+	// (store.Info.Parts: the Redis store, on a cluster one part per
+	// master) has each check answered with its part; a call still
+	// waiting for a part once some of its checks are answered (a master
+	// that does not answer) no longer counts, nor does a call past its
+	// deadline whose checks were all answered (a store that returns late,
+	// as a Redis client reconnecting does): their checks count against
+	// MaxInFlight until the store returns. Zero means DefaultGatherers; a
+	// negative number gives every check a call of its own.
 	Gatherers int
 	// OnBreakerChange, when set, is called on every change of the
 	// breaker's state, synchronously, while the breaker's lock is held: it
@@ -132,8 +131,9 @@ type Config struct {
 // cache and a hot-key tier. Create it with New; stop it with Close.
 type Guard struct {
 	inner    Store
-	parts    partChecker // inner, when it reports parts of its calls
-	nodes    bool        // inner has several nodes (a Redis Cluster)
+	info     store.Info // inner's
+	parts    bool       // inner reports the parts of its calls (Info.Parts)
+	nodes    bool       // inner has several nodes (Info.Cluster)
 	deadline time.Duration
 	stall    stallDetector
 	now      func() time.Time
@@ -172,10 +172,8 @@ func New(inner Store, cfg Config) (*Guard, error) {
 		return nil, fmt.Errorf("guard: config: deadline must not be negative, got %s", cfg.Deadline)
 	}
 	g := &Guard{inner: inner, deadline: cfg.Deadline, now: cfg.Now, onChange: cfg.OnBreakerChange, obs: cfg.Observer}
-	g.parts, _ = inner.(partChecker)
-	if c, ok := inner.(interface{ Cluster() bool }); ok {
-		g.nodes = c.Cluster()
-	}
+	g.info = inner.Info()
+	g.parts, g.nodes = g.info.Parts, g.info.Cluster
 	if g.obs == nil {
 		g.obs = nopObserver{}
 	}
@@ -239,29 +237,22 @@ func (g *Guard) Close() error {
 // Unwrap returns the wrapped store.
 func (g *Guard) Unwrap() Store { return g.inner }
 
-// Accepts reports whether the wrapped store can decide requests with p,
-// when the wrapped store can tell (see engine.Engine.Accepts).
-func (g *Guard) Accepts(p *algorithm.Params) error {
-	if a, ok := g.inner.(interface {
-		Accepts(*algorithm.Params) error
-	}); ok {
-		return a.Accepts(p)
-	}
-	return nil
+// Info implements store.Store: that of the wrapped store, but for Parts
+// (the guard answers each call whole).
+func (g *Guard) Info() store.Info {
+	info := g.info
+	info.Parts = false
+	return info
 }
 
-// Check decides each request on its own, as the wrapped store's Check
-// does, answering from the over-limit cache and the hot-key tier where it
-// can.
+// Check decides each request on its own: Do with a batch that is not All.
 func (g *Guard) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
-	return g.CheckSourced(ctx, false, reqs, out, nil)
+	return g.Do(ctx, &store.Batch{Reqs: reqs, Out: out})
 }
 
-// CheckAll decides reqs as one unit, as the wrapped store's CheckAll does:
-// when any request is denied, from the cache or by the store, nothing is
-// consumed, leases of hot keys included.
+// CheckAll decides reqs as one unit: Do with an All batch.
 func (g *Guard) CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
-	return g.CheckSourced(ctx, true, reqs, out, nil)
+	return g.Do(ctx, &store.Batch{Reqs: reqs, Out: out, All: true})
 }
 
 // Reset forgets the keys in the wrapped store, in the over-limit cache and
@@ -325,16 +316,24 @@ type scratch struct {
 	gen  []uint64  // per request admitted from a lease: the lease's gen
 }
 
-// CheckSourced is Check (all false) or CheckAll (all true), and reports in
-// src, when it is not nil, what answered each request: engine.SourceStore,
-// engine.SourceOverLimitCache or engine.SourceHotKey. The engine uses it
-// (engine.SourcedStore) to report decision sources.
-func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision, src []engine.Source) error {
+// Do implements store.Store. It decides b.Reqs as the wrapped store's Do
+// does, each on its own or, when b.All is set, as one unit (when any
+// request is denied, from the cache or by the store, nothing is consumed,
+// leases of hot keys included), answering from the over-limit cache and
+// the hot-key tier where it can, and reports in b.Sources, when it is not
+// nil, what answered each request: store.SourceStore,
+// store.SourceOverLimitCache or store.SourceHotKey. A batch with an
+// idempotency record (b.Once) goes to the store whole, through the
+// deadline and the breaker alone, when the store keeps the records; the
+// guard ignores b.Part (its Info reports no parts).
+func (g *Guard) Do(ctx context.Context, b *store.Batch) error {
+	reqs, out, src, all := b.Reqs, b.Out, b.Sources, b.All
 	if len(out) < len(reqs) {
 		return fmt.Errorf("guard: %d decisions for %d requests", len(out), len(reqs))
 	}
-	for i := range src {
-		src[i] = engine.SourceStore
+	clear(src) // store.SourceStore
+	if b.Once != nil && g.info.SharedRecords {
+		return g.once(ctx, b)
 	}
 	if (g.olc == nil || g.olc.empty()) && g.hot == nil {
 		return g.direct(ctx, all, reqs, out)
@@ -346,7 +345,7 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 	s.hot = grow(s.hot, len(reqs))
 	s.gen = grow(s.gen, len(reqs))
 	denied := false
-	deniedBy := engine.SourceStore // what denied first in process
+	deniedBy := store.SourceStore // what denied first in process
 	local := 0
 	for i := range reqs {
 		r := &reqs[i]
@@ -358,11 +357,11 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 		if g.olc != nil {
 			if d, ok := g.olc.lookup(r, now); ok {
 				out[i] = d
-				setSource(src, i, engine.SourceOverLimitCache)
+				setSource(src, i, store.SourceOverLimitCache)
 				g.stats.overLimitHits.Add(1)
 				g.obs.OverLimitCacheHit()
 				if !denied {
-					deniedBy = engine.SourceOverLimitCache
+					deniedBy = store.SourceOverLimitCache
 				}
 				denied = true
 				local++
@@ -376,15 +375,15 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 				case leaseAdmit:
 					out[i] = d
 					s.hot[i], s.gen[i] = hk, gen
-					setSource(src, i, engine.SourceHotKey)
+					setSource(src, i, store.SourceHotKey)
 					local++
 					continue
 				case leaseDeny:
 					out[i] = d
-					setSource(src, i, engine.SourceHotKey)
+					setSource(src, i, store.SourceHotKey)
 					g.stats.hotDenies.Add(1)
 					if !denied {
-						deniedBy = engine.SourceHotKey
+						deniedBy = store.SourceHotKey
 					}
 					denied = true
 					local++
@@ -438,7 +437,7 @@ func (g *Guard) CheckSourced(ctx context.Context, all bool, reqs []store.Request
 	return nil
 }
 
-func setSource(src []engine.Source, i int, s engine.Source) {
+func setSource(src []store.Source, i int, s store.Source) {
 	if src != nil {
 		src[i] = s
 	}

@@ -54,8 +54,26 @@ func check1(ctx context.Context, g *Guard, key string, p *algorithm.Params, cost
 	reqs := []store.Request{{Key: key, Params: p, Cost: cost}}
 	out := make([]sluice.Decision, 1)
 	src := make([]engine.Source, 1)
-	err := g.CheckSourced(ctx, false, reqs, out, src)
+	err := checkSourced(ctx, g, false, reqs, out, src)
 	return out[0], src[0], err
+}
+
+// checkSourced decides reqs through g.Do, as one unit when all, and writes
+// to src the engine's source of each decision.
+func checkSourced(ctx context.Context, g *Guard, all bool, reqs []store.Request, out []sluice.Decision, src []engine.Source) error {
+	ss := make([]store.Source, len(reqs))
+	err := g.Do(ctx, &store.Batch{Reqs: reqs, Out: out, All: all, Sources: ss})
+	for i, s := range ss {
+		switch s {
+		case store.SourceOverLimitCache:
+			src[i] = engine.SourceOverLimitCache
+		case store.SourceHotKey:
+			src[i] = engine.SourceHotKey
+		default:
+			src[i] = engine.SourceStore
+		}
+	}
+	return err
 }
 
 func TestDeadline(t *testing.T) {
@@ -366,10 +384,13 @@ type blockedStore struct {
 	release chan struct{}
 }
 
-func (b *blockedStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+func (b *blockedStore) Do(ctx context.Context, bt *store.Batch) error {
+	if bt.All || bt.Once != nil {
+		return b.Store.Do(ctx, bt)
+	}
 	b.calls.Add(1)
 	<-b.release
-	return b.Store.Check(ctx, reqs, out)
+	return b.Store.Do(ctx, bt)
 }
 
 func TestBreakerIgnoresCallerCancellation(t *testing.T) {
@@ -557,7 +578,7 @@ func TestOverLimitCache(t *testing.T) {
 	out := make([]sluice.Decision, 2)
 	src2 := make([]engine.Source, 2)
 	n = inner.Calls()
-	if err := g.CheckSourced(ctx, true, reqs, out, src2); err != nil {
+	if err := checkSourced(ctx, g, true, reqs, out, src2); err != nil {
 		t.Fatal(err)
 	}
 	if out[0].Allowed || out[1].Allowed || out[0].RetryAfter != 0 || out[0].Remaining != 3 || out[1].RetryAfter == 0 || src2[1] != engine.SourceOverLimitCache || inner.Calls() != n+1 {
@@ -640,8 +661,11 @@ type lateStore struct {
 	release chan struct{}
 }
 
-func (s *lateStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
-	err := s.Store.Check(ctx, reqs, out)
+func (s *lateStore) Do(ctx context.Context, bt *store.Batch) error {
+	if bt.All || bt.Once != nil {
+		return s.Store.Do(ctx, bt)
+	}
+	err := s.Store.Do(ctx, bt)
 	if s.hold.CompareAndSwap(true, false) {
 		close(s.entered)
 		<-s.release

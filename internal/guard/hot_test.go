@@ -212,14 +212,18 @@ type holdStore struct {
 	release chan struct{}
 }
 
-func (s *holdStore) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
+func (s *holdStore) Do(ctx context.Context, bt *store.Batch) error {
+	if bt.All || bt.Once != nil {
+		return s.Store.Do(ctx, bt)
+	}
+	reqs := bt.Reqs
 	for _, r := range reqs {
 		if r.Key == s.hold && s.armed.CompareAndSwap(true, false) {
 			close(s.entered)
 			<-s.release
 		}
 	}
-	return s.Store.Check(ctx, reqs, out)
+	return s.Store.Do(ctx, bt)
 }
 
 // TestHotKeyGiveBackKeepsToItsLease: a CheckAll admitted one unit of a hot
@@ -252,7 +256,7 @@ func TestHotKeyGiveBackKeepsToItsLease(t *testing.T) {
 		reqs := []store.Request{{Key: "h", Params: p, Cost: 1}, {Key: "o", Params: po, Cost: 1}}
 		out := make([]sluice.Decision, 2)
 		src := make([]engine.Source, 2)
-		if err := g.CheckSourced(ctx, true, reqs, out, src); err != nil {
+		if err := checkSourced(ctx, g, true, reqs, out, src); err != nil {
 			t.Error(err)
 		}
 		if out[0].Allowed || out[1].Allowed || src[0] != engine.SourceHotKey {

@@ -39,7 +39,7 @@ envoy:
 	}
 	t.Cleanup(func() { rs.Close() })
 	g := newGuard(t, rs, Config{Deadline: time.Second})
-	eng, err := engine.New(engine.Config{Store: g.Engine(), Policy: pol})
+	eng, err := engine.New(engine.Config{Store: g, Policy: pol})
 	if err != nil {
 		t.Fatal(err)
 	}

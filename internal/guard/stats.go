@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -78,28 +76,14 @@ func (g *Guard) Stats() Stats {
 	return s
 }
 
-// Engine returns g as the engine should hold it: g itself, or, when the
-// wrapped store keeps idempotency records (engine.IdempotentStore), g with
-// a CheckAllOnce that goes through the breaker and the deadline (and not
-// through the over-limit cache or the hot-key tier).
-func (g *Guard) Engine() engine.Store {
-	if is, ok := g.inner.(engine.IdempotentStore); ok {
-		return &onceGuard{Guard: g, once: is}
-	}
-	return g
-}
-
-// onceGuard is a Guard around a store that keeps idempotency records.
-type onceGuard struct {
-	*Guard
-	once engine.IdempotentStore
-}
-
-// CheckAllOnce implements engine.IdempotentStore.
-func (o *onceGuard) CheckAllOnce(ctx context.Context, key string, ttl time.Duration, reqs []store.Request, out []sluice.Decision) (bool, error) {
-	j := o.newJob(opOnce, reqs, len(reqs))
-	j.once, j.idemKey, j.ttl = o.once, key, ttl
+// once runs b, a batch with an idempotency record, against a store that
+// keeps the records: through the breaker and the deadline, and not
+// through the over-limit cache or the hot-key tier.
+func (g *Guard) once(ctx context.Context, b *store.Batch) error {
+	j := g.newJob(opOnce, b.Reqs, len(b.Reqs))
+	j.once = store.Once{Key: b.Once.Key, TTL: b.Once.TTL}
 	replayed := false
-	err := o.run(ctx, j, out, &replayed)
-	return replayed, err
+	err := g.run(ctx, j, b.Out, &replayed)
+	b.Once.Replayed = replayed
+	return err
 }

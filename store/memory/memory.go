@@ -203,6 +203,21 @@ const (
 // this store.
 func (s *Store) MaxLogEntries() int64 { return s.maxLog }
 
+// Info implements store.Store: one node, no idempotency records (the
+// engine keeps them in process), one part per call.
+func (s *Store) Info() store.Info { return store.Info{MaxLogEntries: s.maxLog} }
+
+// Do implements store.Store: Check, or CheckAll when b.All. It ignores
+// b.Once and b.Part (see Info) and reports store.SourceStore for every
+// request.
+func (s *Store) Do(ctx context.Context, b *store.Batch) error {
+	clear(b.Sources) // store.SourceStore
+	if b.All {
+		return s.CheckAll(ctx, b.Reqs, b.Out)
+	}
+	return s.Check(ctx, b.Reqs, b.Out)
+}
+
 // Accepts reports whether the store can decide requests with p: nil when it
 // can, an error wrapping sluice.ErrInvalidLimit otherwise (an unknown
 // algorithm, or a sliding window log above MaxLogEntries, wrapping

@@ -328,6 +328,31 @@ func New(cfg Config) (*Store, error) {
 // Cluster reports whether the store talks to a Redis Cluster.
 func (s *Store) Cluster() bool { return s.cluster }
 
+// Info implements store.Store: the store keeps idempotency records shared
+// by every instance, decides in parts (one per master of a cluster, one on
+// a standalone server) and bounds sliding window logs to MaxLogEntries.
+func (s *Store) Info() store.Info {
+	return store.Info{SharedRecords: true, Cluster: s.cluster, Parts: true, MaxLogEntries: s.maxLog}
+}
+
+// Do implements store.Store: CheckAllOnce when b.Once is set, CheckAll
+// when b.All, CheckParts when b.Part is set, Check otherwise. It reports
+// store.SourceStore for every request.
+func (s *Store) Do(ctx context.Context, b *store.Batch) error {
+	clear(b.Sources) // store.SourceStore
+	switch {
+	case b.Once != nil:
+		replayed, err := s.CheckAllOnce(ctx, b.Once.Key, b.Once.TTL, b.Reqs, b.Out)
+		b.Once.Replayed = replayed
+		return err
+	case b.All:
+		return s.CheckAll(ctx, b.Reqs, b.Out)
+	case b.Part != nil:
+		return s.CheckParts(ctx, b.Reqs, b.Out, b.Part)
+	}
+	return s.Check(ctx, b.Reqs, b.Out)
+}
+
 // CorruptResets returns how many corrupt keys the store has reset since it
 // was created.
 func (s *Store) CorruptResets() uint64 { return s.corrupt.Load() }

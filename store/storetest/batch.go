@@ -23,7 +23,7 @@ func testCheckDuplicates(t *testing.T, s Store, key keyFunc) {
 		reqs := []store.Request{{Key: k, Params: p, Cost: 2, Now: T0}, {Key: k, Params: p, Cost: 1, Now: T0}, {Key: k, Params: p, Cost: 1, Now: T0}}
 		m := NewModel()
 		out := make([]sluice.Decision, len(reqs))
-		if err := s.Check(context.Background(), reqs, out); err != nil {
+		if err := do(context.Background(), s, false, reqs, out); err != nil {
 			t.Fatal(err)
 		}
 		for i, r := range reqs {
@@ -68,7 +68,7 @@ func testCheckMixed(t *testing.T, s Store, key keyFunc) {
 			reqs[i] = store.Request{Key: keys[k], Params: p, Cost: rng.Int64N(p.Burst + 2), Now: at}
 		}
 		out := make([]sluice.Decision, len(reqs))
-		if err := s.Check(context.Background(), reqs, out); err != nil {
+		if err := do(context.Background(), s, false, reqs, out); err != nil {
 			t.Fatalf("batch %d: %v", b, err)
 		}
 		for i, r := range reqs {
@@ -112,7 +112,7 @@ func testCheckAll(t *testing.T, s Store, key keyFunc) {
 			reqs = append(reqs, reqs[0]) // a key twice
 		}
 		out := make([]sluice.Decision, len(reqs))
-		if err := s.CheckAll(ctx, reqs, out); err != nil {
+		if err := do(ctx, s, true, reqs, out); err != nil {
 			t.Fatal(err)
 		}
 		want := m.DecideAll(reqs)
@@ -125,7 +125,7 @@ func testCheckAll(t *testing.T, s Store, key keyFunc) {
 	// After the window every key is back.
 	out := make([]sluice.Decision, len(ps))
 	reqs := reqsAt(T0.Add(time.Hour), 0)
-	if err := s.CheckAll(ctx, reqs, out); err != nil {
+	if err := do(ctx, s, true, reqs, out); err != nil {
 		t.Fatal(err)
 	}
 	for i := range reqs {
@@ -160,7 +160,7 @@ func testCheckAllRandom(t *testing.T, s Store, key keyFunc) {
 			reqs[i] = store.Request{Key: keys[k], Params: p, Cost: rng.Int64N(3), Now: at}
 		}
 		out := make([]sluice.Decision, n)
-		if err := s.CheckAll(context.Background(), reqs, out); err != nil {
+		if err := do(context.Background(), s, true, reqs, out); err != nil {
 			t.Fatal(err)
 		}
 		want := m.DecideAll(reqs)
@@ -212,10 +212,10 @@ func testBatchInstants(t *testing.T, s Store, key keyFunc) {
 			var err error
 			all := rng.IntN(2) == 0
 			if all {
-				err = s.CheckAll(context.Background(), reqs, out)
+				err = do(context.Background(), s, true, reqs, out)
 				want = m.DecideAll(reqs)
 			} else {
-				err = s.Check(context.Background(), reqs, out)
+				err = do(context.Background(), s, false, reqs, out)
 				for _, r := range reqs {
 					want = append(want, m.Decide(r))
 				}

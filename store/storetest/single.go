@@ -103,13 +103,13 @@ func testCostAboveCapacity(t *testing.T, s Store, key keyFunc) {
 			}
 			out := make([]sluice.Decision, 2)
 			batch := []store.Request{{Key: other, Params: p, Cost: 1, Now: at}, over}
-			if err := s.Check(ctx, batch, out); err != nil {
+			if err := do(ctx, s, false, batch, out); err != nil {
 				t.Fatal(err)
 			}
 			if out[1] != want || !out[0].Allowed {
 				t.Errorf("Check batch: got %+v, want an admitted request and %+v", out, want)
 			}
-			if err := s.CheckAll(ctx, batch, out); err != nil {
+			if err := do(ctx, s, true, batch, out); err != nil {
 				t.Fatal(err)
 			}
 			if out[1] != want || out[0].Allowed {
@@ -172,7 +172,7 @@ func testCountRefused(t *testing.T, s Store, key keyFunc) {
 	a, b := key(t, "all-a"), key(t, "all-b")
 	batch := []store.Request{{Key: a, Params: &p, Cost: 2, Now: at}, {Key: b, Params: &p, Cost: 2, Now: at}, {Key: a, Params: &p, Cost: 2, Now: at}}
 	out := make([]sluice.Decision, len(batch))
-	if err := s.CheckAll(ctx, batch, out); err != nil {
+	if err := do(ctx, s, true, batch, out); err != nil {
 		t.Fatal(err)
 	}
 	if want := m.DecideAll(batch); fmt.Sprint(out) != fmt.Sprint(want) || out[2].Allowed {
@@ -195,7 +195,7 @@ func testCountRefused(t *testing.T, s Store, key keyFunc) {
 			reqs[j] = store.Request{Key: keys[rng.IntN(len(keys))], Params: &p, Cost: rng.Int64N(p.Limit + 2), Now: at}
 		}
 		got := make([]sluice.Decision, n)
-		if err := s.Check(ctx, reqs, got); err != nil {
+		if err := do(ctx, s, false, reqs, got); err != nil {
 			t.Fatal(err)
 		}
 		for j, r := range reqs {

@@ -167,10 +167,10 @@ func testBadInput(t *testing.T, s Store, key keyFunc) {
 	}
 	for _, c := range cases {
 		reqs := []store.Request{good, c.req}
-		if err := s.Check(ctx, reqs, out); !errors.Is(err, c.want) {
+		if err := do(ctx, s, false, reqs, out); !errors.Is(err, c.want) {
 			t.Errorf("Check with %s: got %v, want %v", c.name, err, c.want)
 		}
-		if err := s.CheckAll(ctx, reqs, out); !errors.Is(err, c.want) {
+		if err := do(ctx, s, true, reqs, out); !errors.Is(err, c.want) {
 			t.Errorf("CheckAll with %s: got %v, want %v", c.name, err, c.want)
 		}
 	}
@@ -205,7 +205,7 @@ func Admitted(t testing.TB, stores []Store, key string, p *algorithm.Params, gor
 				defer wg.Done()
 				out := make([]sluice.Decision, 1)
 				for range each {
-					if err := s.Check(context.Background(), []store.Request{{Key: key, Params: p, Cost: 1, Now: T0}}, out); err != nil {
+					if err := do(context.Background(), s, false, []store.Request{{Key: key, Params: p, Cost: 1, Now: T0}}, out); err != nil {
 						t.Error(err)
 						return
 					}

@@ -19,11 +19,12 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-// Store is what the suite needs of a store: the contract of package store.
-type Store interface {
-	Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
-	CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
-	Reset(ctx context.Context, keys ...string) error
+// Store is what the suite runs: the one interface of package store.
+type Store = store.Store
+
+// do decides reqs through s.Do, as one unit when all.
+func do(ctx context.Context, s Store, all bool, reqs []store.Request, out []sluice.Decision) error {
+	return s.Do(ctx, &store.Batch{Reqs: reqs, Out: out, All: all})
 }
 
 // T0 is the instant the suite's sequences start at.
@@ -52,9 +53,16 @@ func Limits() []sluice.Limit {
 	return ls
 }
 
-// Run runs the suite. newStore returns a store for one subtest; stores may
+// Run runs the suite, through Store.Do, Reset and Info alone. newStore returns a store for one subtest; stores may
 // share their state (a Redis server), as the suite's keys never repeat
 // across calls of Run.
+//
+// What Info states is checked too: a store that decides in parts
+// (Info.Parts) reports every request of a batch to Batch.Part once; a store
+// that keeps idempotency records (Info.SharedRecords) replays a repeated
+// Batch.Once without deciding it, and any other store ignores Batch.Once
+// and decides each call anew. The records a process keeps for a store
+// without them are the engine's, and internal/engine tests them.
 func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	nonce := fmt.Sprintf("%08x", rand.Uint32())
 	key := func(t *testing.T, name string) string {
@@ -77,6 +85,9 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, newStore(t), key) })
 	t.Run("BadInput", func(t *testing.T) { testBadInput(t, newStore(t), key) })
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, newStore(t), key) })
+	t.Run("Sources", func(t *testing.T) { testSources(t, newStore(t), key) })
+	t.Run("Parts", func(t *testing.T) { testParts(t, newStore(t), key) })
+	t.Run("Once", func(t *testing.T) { testOnce(t, newStore(t), key) })
 }
 
 type keyFunc func(t *testing.T, name string) string
@@ -97,7 +108,7 @@ func limitName(l sluice.Limit) string {
 func check(t *testing.T, s Store, r store.Request) sluice.Decision {
 	t.Helper()
 	out := make([]sluice.Decision, 1)
-	if err := s.Check(context.Background(), []store.Request{r}, out); err != nil {
+	if err := do(context.Background(), s, false, []store.Request{r}, out); err != nil {
 		t.Fatalf("Check(%s cost %d): %v", r.Key, r.Cost, err)
 	}
 	return out[0]
@@ -108,10 +119,10 @@ func check(t *testing.T, s Store, r store.Request) sluice.Decision {
 func decideOne(s Store, m *Model, r store.Request, all bool) (got, want sluice.Decision, err error) {
 	out := make([]sluice.Decision, 1)
 	if all {
-		err = s.CheckAll(context.Background(), []store.Request{r}, out)
+		err = do(context.Background(), s, true, []store.Request{r}, out)
 		return out[0], m.DecideAll([]store.Request{r})[0], err
 	}
-	err = s.Check(context.Background(), []store.Request{r}, out)
+	err = do(context.Background(), s, false, []store.Request{r}, out)
 	return out[0], m.Decide(r), err
 }
 

@@ -14,12 +14,9 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-// Store is what Faulty wraps.
-type Store interface {
-	Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
-	CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error
-	Reset(ctx context.Context, keys ...string) error
-}
+// Store is what Faulty wraps, and what it is: the one interface of
+// package store.
+type Store = store.Store
 
 // Faulty wraps a store and fails or delays its calls on demand. It honours
 // its callers' deadlines, as the store contract asks. It is safe for
@@ -76,23 +73,18 @@ func (f *Faulty) enter(ctx context.Context, n int) error {
 	return nil
 }
 
-// Check implements the store's Check.
-func (f *Faulty) Check(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
-	if err := f.enter(ctx, len(reqs)); err != nil {
+// Do implements store.Store.
+func (f *Faulty) Do(ctx context.Context, b *store.Batch) error {
+	if err := f.enter(ctx, len(b.Reqs)); err != nil {
 		return err
 	}
-	return f.Inner.Check(ctx, reqs, out)
+	return f.Inner.Do(ctx, b)
 }
 
-// CheckAll implements the store's CheckAll.
-func (f *Faulty) CheckAll(ctx context.Context, reqs []store.Request, out []sluice.Decision) error {
-	if err := f.enter(ctx, len(reqs)); err != nil {
-		return err
-	}
-	return f.Inner.CheckAll(ctx, reqs, out)
-}
+// Info implements store.Store: that of Inner.
+func (f *Faulty) Info() store.Info { return f.Inner.Info() }
 
-// Reset implements the store's Reset.
+// Reset implements store.Store.
 func (f *Faulty) Reset(ctx context.Context, keys ...string) error {
 	if err := f.enter(ctx, 0); err != nil {
 		return err
