@@ -22,6 +22,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -118,9 +119,9 @@ func Open(c Config) (*Store, error) {
 		Username:             c.Username,
 		Password:             c.Password,
 		TLS:                  c.TLS,
-		// No retries on its own: a caller is told the store is
-		// unavailable quickly and decides on its last configuration.
-		RejectOldCluster: true,
+		// The client's own log would repeat every failed attempt while
+		// etcd is down; the control plane reports the store's state.
+		Logger: zap.NewNop(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcdstore: %w", err)
