@@ -178,8 +178,10 @@ func TestOutage(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	t.Logf("write accepted %v after the restart", time.Since(deadline.Add(-15*time.Second)))
 	for name, l := range map[string]*layers{"a": la, "b": lb, "c": lc} {
 		x := l.waitFor(t, name+": r3", hasRule("r3"))
+		t.Logf("%s applied r3 %v after the restart", name, time.Since(deadline.Add(-15*time.Second)))
 		if !hasRule("r1")(x) {
 			t.Errorf("%s: layer %+v, want r1 and r3", name, x)
 		}

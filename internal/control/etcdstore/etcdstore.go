@@ -15,6 +15,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/sluicehq/sluice/internal/control"
 )
@@ -107,6 +109,12 @@ func Open(o Options) (*Store, error) {
 		Username: o.Username, Password: o.Password,
 		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 2 * time.Second,
 		Logger: zap.NewNop(),
+		// Reconnect within a second or two of etcd's return, not gRPC's
+		// default of up to two minutes.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: o.DialTimeout,
+		})},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcdstore: %w: %w", control.ErrUnavailable, err)
