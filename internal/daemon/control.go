@@ -42,7 +42,9 @@ func openBackend(cfg *Config) (control.Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemon: --config-store: %w", err)
 	}
-	ec.TLS = cfg.ControlTLS
+	if cfg.ControlTLS != nil {
+		ec.TLS = cfg.ControlTLS
+	}
 	s, err := etcdstore.Open(ec)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: --config-store: %w", err)

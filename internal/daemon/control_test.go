@@ -52,7 +52,7 @@ func controlDaemon(t *testing.T, srv *etcdtest.Server, prefix, dir, token string
 		dir = t.TempDir()
 	}
 	return start(t, controlPolicy, func(c *daemon.Config) {
-		c.ControlStore = srv.URL() + "/" + prefix
+		c.ControlStore = "etcd://" + srv.Endpoint() + "/" + prefix
 		c.DataDir = dir
 		c.AdminToken = token
 	})
@@ -215,7 +215,7 @@ func TestControlPlaneEtcdDown(t *testing.T) {
 	restarted := false
 	t.Cleanup(func() {
 		if !restarted {
-			srv.Restart()
+			srv.Start()
 		}
 	})
 	for i, d := range ds {
@@ -239,7 +239,7 @@ func TestControlPlaneEtcdDown(t *testing.T) {
 		t.Errorf("instance restarted with etcd down: limit %d, want 77 (its cached configuration)", got)
 	}
 
-	if err := srv.Restart(); err != nil {
+	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
 	restarted = true

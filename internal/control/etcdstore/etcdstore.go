@@ -1,12 +1,6 @@
-// Package etcdstore is the control plane's distributed store: its keys in
-// etcd, under a prefix, so that every Sluice instance watching them applies
-// a change within milliseconds of its write.
-//
-// A transaction is one etcd Txn whose comparisons are the ops'
-// preconditions on each key's version; a watch resumes from the revision
-// after the last one it delivered, so a broken watch misses and repeats
-// nothing. Instances register under a lease that etcd drops when they stop
-// renewing it.
+// Package etcdstore is the control plane's store in etcd, shared by every
+// instance of Sluice: transactions compare keys' versions, watches resume
+// from the last revision seen, and instances register under leases.
 package etcdstore
 
 import (
@@ -19,76 +13,67 @@ import (
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/sluicehq/sluice/internal/control"
 )
 
-// Defaults of Config.
-const (
-	DefaultPrefix         = "/sluice/"
-	DefaultDialTimeout    = 2 * time.Second
-	DefaultRequestTimeout = 2 * time.Second
-)
+// DefaultPrefix is the prefix of Sluice's keys when the URL names none.
+const DefaultPrefix = "/sluice/"
 
-// Config configures a Store.
-type Config struct {
-	// Endpoints are etcd's client URLs, such as http://10.0.0.1:2379.
-	// Required.
+// Options configure a Store.
+type Options struct {
+	// Endpoints are etcd's client addresses, host:port or URLs.
 	Endpoints []string
-	// Prefix is put before every key; empty means DefaultPrefix. Several
-	// Sluice deployments may share one etcd under different prefixes.
+	// Prefix is put before every key; the default is DefaultPrefix.
 	Prefix string
-	// Username and Password authenticate to etcd when Username is set.
-	Username, Password string
-	// TLS, when set, is used to reach etcd.
-	TLS *tls.Config
-	// DialTimeout bounds connecting; zero means DefaultDialTimeout.
+	// DialTimeout bounds connecting; the default is 5s.
 	DialTimeout time.Duration
-	// RequestTimeout bounds each read and write when the caller's context
-	// has no earlier deadline; zero means DefaultRequestTimeout.
+	// RequestTimeout bounds each Get, Txn and registration; the default
+	// is 5s.
 	RequestTimeout time.Duration
+	// TLS, when set, secures the connections.
+	TLS *tls.Config
+	// Username and Password authenticate, when Username is set.
+	Username, Password string
 }
 
-// ParseURL returns the Config of a --config-store URL:
-// etcd://host:2379,host2:2379[/prefix] (etcds:// for TLS, whose tls.Config
-// the caller fills), with user:password@ optional.
-func ParseURL(raw string) (Config, error) {
-	u, err := url.Parse(raw)
+// ParseURL reads the store's URL: etcd://host:2379,host2:2379/prefix/
+// (etcds:// for TLS with the system's roots; user:password@ to
+// authenticate). The prefix defaults to DefaultPrefix.
+func ParseURL(s string) (Options, error) {
+	u, err := url.Parse(s)
 	if err != nil {
-		return Config{}, fmt.Errorf("etcdstore: %w", err)
+		return Options{}, fmt.Errorf("etcdstore: %w", err)
 	}
-	scheme := "http"
+	var o Options
 	switch u.Scheme {
 	case "etcd":
 	case "etcds":
-		scheme = "https"
+		o.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
 	default:
-		return Config{}, fmt.Errorf("etcdstore: %q: want etcd://host:port[,host:port...][/prefix] or etcds://", raw)
+		return Options{}, fmt.Errorf("etcdstore: %q: scheme must be etcd or etcds", s)
 	}
-	var c Config
-	for _, h := range strings.Split(u.Host, ",") {
+	if u.Host == "" {
+		return Options{}, fmt.Errorf("etcdstore: %q: no endpoint", s)
+	}
+	for h := range strings.SplitSeq(u.Host, ",") {
 		if h == "" {
-			return Config{}, fmt.Errorf("etcdstore: %q: an empty host", raw)
+			return Options{}, fmt.Errorf("etcdstore: %q: empty endpoint", s)
 		}
-		c.Endpoints = append(c.Endpoints, scheme+"://"+h)
-	}
-	if len(c.Endpoints) == 0 {
-		return Config{}, fmt.Errorf("etcdstore: %q: no host", raw)
+		o.Endpoints = append(o.Endpoints, h)
 	}
 	if u.User != nil {
-		c.Username = u.User.Username()
-		c.Password, _ = u.User.Password()
+		o.Username = u.User.Username()
+		o.Password, _ = u.User.Password()
 	}
-	if p := strings.Trim(u.Path, "/"); p != "" {
-		c.Prefix = "/" + p + "/"
+	if u.Path != "" && u.Path != "/" {
+		o.Prefix = strings.TrimSuffix(u.Path, "/") + "/"
 	}
-	return c, nil
+	return o, nil
 }
 
 // Store is a control.Backend in etcd. It is safe for concurrent use.
@@ -97,248 +82,196 @@ type Store struct {
 	prefix  string
 	timeout time.Duration
 
-	// mu guards leases.
 	mu     sync.Mutex
-	leases map[string]clientv3.LeaseID // registered key -> its lease
+	leases map[string]clientv3.LeaseID // registered keys
 }
 
-var _ control.Backend = (*Store)(nil)
-
-// Open returns a Store on the etcd cluster c names. It does not wait for
-// etcd: a store that cannot be reached makes each call fail with
-// control.ErrUnavailable until it can.
-func Open(c Config) (*Store, error) {
-	if len(c.Endpoints) == 0 {
+// Open connects to etcd; it does not wait for etcd to answer.
+func Open(o Options) (*Store, error) {
+	if len(o.Endpoints) == 0 {
 		return nil, errors.New("etcdstore: no endpoints")
 	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = 5 * time.Second
+	}
+	eps := make([]string, len(o.Endpoints))
+	for i, e := range o.Endpoints {
+		eps[i] = strings.TrimPrefix(strings.TrimPrefix(e, "http://"), "https://")
+	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            c.Endpoints,
-		DialTimeout:          orDefault(c.DialTimeout, DefaultDialTimeout),
-		DialKeepAliveTime:    10 * time.Second,
-		DialKeepAliveTimeout: 5 * time.Second,
-		Username:             c.Username,
-		Password:             c.Password,
-		TLS:                  c.TLS,
-		// The client's own log would repeat every failed attempt while
-		// etcd is down; the control plane reports the store's state.
+		Endpoints: eps, DialTimeout: o.DialTimeout, TLS: o.TLS,
+		Username: o.Username, Password: o.Password,
+		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 2 * time.Second,
 		Logger: zap.NewNop(),
+		// Reconnect within a second or two of etcd's return, not gRPC's
+		// default of up to two minutes.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: o.DialTimeout,
+		})},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("etcdstore: %w", err)
+		return nil, fmt.Errorf("etcdstore: %w: %w", control.ErrUnavailable, err)
 	}
-	prefix := c.Prefix
-	if prefix == "" {
-		prefix = DefaultPrefix
-	}
-	return &Store{cli: cli, prefix: prefix, timeout: orDefault(c.RequestTimeout, DefaultRequestTimeout), leases: map[string]clientv3.LeaseID{}}, nil
+	return &Store{cli: cli, prefix: o.Prefix, timeout: o.RequestTimeout, leases: map[string]clientv3.LeaseID{}}, nil
 }
 
-func orDefault(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
-}
-
-// bounded returns ctx bounded by the request timeout.
-func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(clientv3.WithRequireLeader(ctx), s.timeout)
-}
-
-// unavailable wraps an etcd error as control.ErrUnavailable, keeping ctx's
-// own cancellation as it is.
-func unavailable(ctx context.Context, err error) error {
-	if err == nil {
-		return nil
-	}
-	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-		return err
-	}
-	return fmt.Errorf("etcd: %w: %w", control.ErrUnavailable, err)
+func unavailable(err error) error {
+	return fmt.Errorf("etcdstore: %w: %w", control.ErrUnavailable, err)
 }
 
 // Get implements control.Backend.
 func (s *Store) Get(ctx context.Context, prefix string) ([]control.KV, int64, error) {
-	rctx, cancel := s.bounded(ctx)
+	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), s.timeout)
 	defer cancel()
-	resp, err := s.cli.Get(rctx, s.prefix+prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	resp, err := s.cli.Get(ctx, s.prefix+prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 	if err != nil {
-		return nil, 0, unavailable(ctx, err)
+		return nil, 0, unavailable(err)
 	}
-	out := make([]control.KV, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		out = append(out, s.kv(kv))
+	out := make([]control.KV, len(resp.Kvs))
+	for i, kv := range resp.Kvs {
+		out[i] = control.KV{Key: string(kv.Key[len(s.prefix):]), Value: kv.Value, Version: kv.Version, ModRevision: kv.ModRevision}
 	}
 	return out, resp.Header.Revision, nil
 }
 
-func (s *Store) kv(kv *mvccpb.KeyValue) control.KV {
-	return control.KV{
-		Key:         strings.TrimPrefix(string(kv.Key), s.prefix),
-		Value:       kv.Value,
-		Version:     kv.Version,
-		ModRevision: kv.ModRevision,
-	}
-}
-
-// Txn implements control.Backend.
+// Txn implements control.Backend with one etcd transaction comparing the
+// versions of the keys its ops name.
 func (s *Store) Txn(ctx context.Context, ops []control.Op) (int64, error) {
+	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), s.timeout)
+	defer cancel()
 	var cmps []clientv3.Cmp
-	var then []clientv3.Op
-	var checked []string
+	var writes, reads []clientv3.Op
 	for _, op := range ops {
-		key := s.prefix + op.Key
+		k := s.prefix + op.Key
 		if op.IfVersion != control.AnyVersion {
-			cmps = append(cmps, clientv3.Compare(clientv3.Version(key), "=", op.IfVersion))
-			checked = append(checked, key)
+			cmps = append(cmps, clientv3.Compare(clientv3.Version(k), "=", op.IfVersion))
+			reads = append(reads, clientv3.OpGet(k))
 		}
 		if op.Delete {
-			then = append(then, clientv3.OpDelete(key))
+			writes = append(writes, clientv3.OpDelete(k))
 		} else {
-			then = append(then, clientv3.OpPut(key, string(op.Value)))
+			writes = append(writes, clientv3.OpPut(k, string(op.Value)))
 		}
 	}
-	// On failure, read the checked keys in the same transaction to say
-	// which precondition failed.
-	var otherwise []clientv3.Op
-	for _, k := range checked {
-		otherwise = append(otherwise, clientv3.OpGet(k))
-	}
-	rctx, cancel := s.bounded(ctx)
-	defer cancel()
-	resp, err := s.cli.Txn(rctx).If(cmps...).Then(then...).Else(otherwise...).Commit()
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(writes...).Else(reads...).Commit()
 	if err != nil {
-		return 0, unavailable(ctx, err)
+		return 0, unavailable(err)
 	}
 	if resp.Succeeded {
 		return resp.Header.Revision, nil
 	}
-	for i, r := range resp.Responses {
+	// Find the key whose version was not the one required.
+	i := 0
+	for _, op := range ops {
+		if op.IfVersion == control.AnyVersion {
+			continue
+		}
 		var cur int64
-		if kvs := r.GetResponseRange().GetKvs(); len(kvs) > 0 {
-			cur = kvs[0].Version
+		if r := resp.Responses[i].GetResponseRange(); r != nil && len(r.Kvs) > 0 {
+			cur = r.Kvs[0].Version
 		}
-		want := int64(0)
-		for _, op := range ops {
-			if s.prefix+op.Key == checked[i] {
-				want = op.IfVersion
-				break
-			}
-		}
-		if cur != want {
-			return 0, &control.VersionError{Key: strings.TrimPrefix(checked[i], s.prefix), Current: cur}
+		i++
+		if cur != op.IfVersion {
+			return 0, &control.VersionError{Key: op.Key, Current: cur}
 		}
 	}
-	// A key changed between the comparison and the read: report the first.
-	return 0, &control.VersionError{Key: strings.TrimPrefix(checked[0], s.prefix)}
+	return 0, &control.VersionError{Key: ops[0].Key} // changed and changed back: report the first
 }
 
-// Watch implements control.Backend.
+// Watch implements control.Backend. Watches require a leader: a member cut
+// off from the cluster ends them with an error rather than staying silent.
 func (s *Store) Watch(ctx context.Context, prefix string, fromRev int64) <-chan control.WatchResponse {
-	out := make(chan control.WatchResponse, 16)
+	ch := make(chan control.WatchResponse, 1)
 	go func() {
-		defer close(out)
+		defer close(ch)
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		defer cancel()
-		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithPrevKV()}
-		if fromRev > 0 {
-			opts = append(opts, clientv3.WithRev(fromRev))
-		}
-		send := func(r control.WatchResponse) bool {
-			select {
-			case out <- r:
-				return true
-			case <-ctx.Done():
-				return false
-			}
-		}
-		for resp := range s.cli.Watch(wctx, s.prefix+prefix, opts...) {
-			if resp.CompactRevision != 0 {
-				send(control.WatchResponse{Revision: resp.CompactRevision, Compacted: true})
-				return
-			}
-			if err := resp.Err(); err != nil {
-				send(control.WatchResponse{Err: unavailable(ctx, err)})
-				return
-			}
-			if resp.IsProgressNotify() {
-				continue
-			}
-			r := control.WatchResponse{Revision: resp.Header.Revision}
-			for _, ev := range resp.Events {
-				e := control.Event{KV: s.kv(ev.Kv)}
-				if ev.Type == clientv3.EventTypeDelete {
-					e.Delete = true
+		for resp := range s.cli.Watch(wctx, s.prefix+prefix, clientv3.WithPrefix(), clientv3.WithRev(fromRev)) {
+			var r control.WatchResponse
+			switch {
+			case resp.CompactRevision != 0:
+				r = control.WatchResponse{Revision: resp.CompactRevision, Compacted: true}
+			case resp.Err() != nil:
+				r = control.WatchResponse{Err: unavailable(resp.Err())}
+			case len(resp.Events) == 0:
+				continue // progress notices
+			default:
+				r.Revision = resp.Header.Revision
+				for _, ev := range resp.Events {
+					kv := control.KV{Key: string(ev.Kv.Key[len(s.prefix):]), Value: ev.Kv.Value, Version: ev.Kv.Version, ModRevision: ev.Kv.ModRevision}
+					r.Events = append(r.Events, control.Event{Delete: ev.Type == clientv3.EventTypeDelete, KV: kv})
 				}
-				r.Events = append(r.Events, e)
 			}
-			if len(r.Events) > 0 {
-				r.Revision = r.Events[len(r.Events)-1].KV.ModRevision
-			}
-			if !send(r) {
+			select {
+			case ch <- r:
+			case <-ctx.Done():
 				return
 			}
-		}
-		if ctx.Err() == nil {
-			send(control.WatchResponse{Err: fmt.Errorf("etcd: %w: the watch ended", control.ErrUnavailable)})
+			if r.Compacted || r.Err != nil {
+				return
+			}
 		}
 	}()
-	return out
+	return ch
 }
 
-// Register implements control.Backend: key is put under a lease of ttl that
-// is kept alive until ctx ends or the store closes.
+// Register implements control.Backend with a lease of ttl (at least 2s)
+// kept alive until ctx ends, then revoked. When the lease is lost (etcd
+// unreachable for longer than ttl), the next Register takes a new one.
 func (s *Store) Register(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	k := s.prefix + key
 	s.mu.Lock()
-	id, ok := s.leases[key]
+	id, ok := s.leases[k]
 	s.mu.Unlock()
-	if !ok {
-		secs := int64(max(ttl.Round(time.Second)/time.Second, 1))
-		rctx, cancel := s.bounded(ctx)
-		lease, err := s.cli.Grant(rctx, secs)
-		cancel()
-		if err != nil {
-			return unavailable(ctx, err)
-		}
-		id = lease.ID
-		ka, err := s.cli.KeepAlive(ctx, id)
-		if err != nil {
-			return unavailable(ctx, err)
-		}
-		go func() {
-			for range ka { // drained until ctx ends or the lease is lost
-			}
-			s.mu.Lock()
-			if s.leases[key] == id {
-				delete(s.leases, key)
-			}
-			s.mu.Unlock()
-		}()
-		s.mu.Lock()
-		s.leases[key] = id
-		s.mu.Unlock()
-	}
-	rctx, cancel := s.bounded(ctx)
+	rctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), s.timeout)
 	defer cancel()
-	_, err := s.cli.Put(rctx, s.prefix+key, string(value), clientv3.WithLease(id))
-	if isLeaseGone(err) {
+	if !ok {
+		secs := max(int64(ttl/time.Second), 2)
+		g, err := s.cli.Grant(rctx, secs)
+		if err != nil {
+			return unavailable(err)
+		}
+		id = g.ID
+		alive, err := s.cli.KeepAlive(ctx, id)
+		if err != nil {
+			return unavailable(err)
+		}
 		s.mu.Lock()
-		delete(s.leases, key)
+		s.leases[k] = id
 		s.mu.Unlock()
+		go s.keep(ctx, k, id, alive)
 	}
-	return unavailable(ctx, err)
+	if _, err := s.cli.Put(rctx, k, string(value), clientv3.WithLease(id)); err != nil {
+		return unavailable(err)
+	}
+	return nil
 }
 
-func isLeaseGone(err error) bool {
-	if err == nil {
-		return false
+// keep drains the keep-alive answers of lease id; when they end it forgets
+// the lease and, if ctx ended, revokes it.
+func (s *Store) keep(ctx context.Context, k string, id clientv3.LeaseID, alive <-chan *clientv3.LeaseKeepAliveResponse) {
+	for range alive {
 	}
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return true
+	s.mu.Lock()
+	if s.leases[k] == id {
+		delete(s.leases, k)
 	}
-	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.NotFound
+	s.mu.Unlock()
+	if ctx.Err() != nil {
+		rctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+		defer cancel()
+		_, _ = s.cli.Revoke(rctx, id)
+	}
 }
 
 // Close implements control.Backend.
-func (s *Store) Close() error { return s.cli.Close() }
+func (s *Store) Close() error {
+	return s.cli.Close()
+}

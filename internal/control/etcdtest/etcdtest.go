@@ -1,34 +1,38 @@
-// Package etcdtest runs a real etcd server for tests: one member, embedded
-// with go.etcd.io/etcd/server/v3/embed in a small program built from the
-// module internal/tools/etcd (so that etcd's server stays out of Sluice's
-// go.mod), started as a process on free ports. A package's tests share one
-// server (start it in TestMain), and may stop and start it again on the
-// same data to test what happens while etcd is down.
+// Package etcdtest starts a real etcd server for tests: a process built
+// once from the tools module internal/tools/etcd into the user's cache
+// directory, on free ports of 127.0.0.1, with its data in a temporary
+// directory. Start one per test package in TestMain and give each test its
+// own key prefix.
 package etcdtest
 
 import (
 	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
 
-// toolsModule is the directory, relative to the root of the main module,
-// of the module that builds the server.
+// toolsModule is the directory, relative to the main module's root, of
+// the module that pins the etcd server; its own module keeps the server
+// and its dependencies out of Sluice's go.mod.
 const toolsModule = "internal/tools/etcd"
 
 // installHint says how to get the server when the tests cannot build it.
-const installHint = "the tests build it from " + toolsModule + " with the Go module proxy; " +
-	"check that `cd " + toolsModule + " && go build .` works"
+const installHint = "the tests build etcd from " + toolsModule + " into the user's cache directory, " +
+	"which needs the Go module proxy (or a module cache holding go.etcd.io/etcd/server/v3); " +
+	"try `cd " + toolsModule + " && go build -o /dev/null .` to see why it fails"
 
 var (
 	binaryOnce sync.Once
@@ -36,10 +40,9 @@ var (
 	binaryErr  error
 )
 
-// Binary returns the path of the server's executable, built once per test
-// process into the user's cache directory, keyed by the tools module's
-// files, for the next test processes.
-func Binary() (string, error) {
+// binary returns the path of the test etcd server, built once per test
+// process and kept in the cache keyed by the tools module's files.
+func binary() (string, error) {
 	binaryOnce.Do(func() { binaryPath, binaryErr = build() })
 	return binaryPath, binaryErr
 }
@@ -47,14 +50,14 @@ func Binary() (string, error) {
 func build() (string, error) {
 	gomod, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
-		return "", fmt.Errorf("etcdtest: find the main module with `go env GOMOD`: %w", err)
+		return "", fmt.Errorf("find the main module with `go env GOMOD`: %w", err)
 	}
 	dir := filepath.Join(filepath.Dir(strings.TrimSpace(string(gomod))), filepath.FromSlash(toolsModule))
 	h := sha256.New()
 	for _, f := range []string{"go.mod", "go.sum", "main.go"} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil {
-			return "", fmt.Errorf("etcdtest: read the tools module: %w", err)
+			return "", fmt.Errorf("read the module that pins etcd: %w", err)
 		}
 		h.Write(b)
 	}
@@ -63,104 +66,103 @@ func build() (string, error) {
 		cache = os.TempDir()
 	}
 	cache = filepath.Join(cache, "sluice")
-	bin := filepath.Join(cache, "etcd-"+hex.EncodeToString(h.Sum(nil))[:16]+"-"+runtime.GOOS+"-"+runtime.GOARCH)
+	name := "etcd-test-" + hex.EncodeToString(h.Sum(nil))[:16] + "-" + runtime.GOOS + "-" + runtime.GOARCH
+	bin := filepath.Join(cache, name)
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil
 	}
 	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return "", fmt.Errorf("etcdtest: %w", err)
+		return "", fmt.Errorf("create the cache directory: %w", err)
 	}
-	tmp, err := os.CreateTemp(cache, "etcd-*.tmp")
+	tmp, err := os.CreateTemp(cache, name+".*.tmp")
 	if err != nil {
-		return "", fmt.Errorf("etcdtest: %w", err)
+		return "", err
 	}
 	tmp.Close()
 	defer os.Remove(tmp.Name())
 	cmd := exec.Command("go", "build", "-o", tmp.Name(), ".")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+	cmd.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("etcdtest: go build in %s: %w (%s)\n%s", toolsModule, err, installHint, out)
+		return "", fmt.Errorf("go build in %s: %w\n%s", toolsModule, err, out)
 	}
 	if err := os.Rename(tmp.Name(), bin); err != nil {
-		return "", fmt.Errorf("etcdtest: %w", err)
+		return "", err
 	}
 	return bin, nil
 }
 
-// Server is one etcd member running as a process.
+// Server is a running (or stopped) etcd server.
 type Server struct {
-	dir        string
-	clientURL  string
-	peerURL    string
-	bin        string
-	mu         sync.Mutex
-	cmd        *exec.Cmd
-	exited     chan struct{}
-	ownDataDir bool
+	bin, dir     string
+	client, peer string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	n      atomic.Int64
 }
 
-// Start builds the server if needed and starts it on free loopback ports,
-// keeping its data in a new temporary directory; Close removes it.
+// Start builds the server if needed and starts it on free ports with a
+// new data directory.
 func Start() (*Server, error) {
-	bin, err := Binary()
+	bin, err := binary()
+	if err != nil {
+		return nil, fmt.Errorf("etcdtest: no etcd server: %w\n%s", err, installHint)
+	}
+	dir, err := os.MkdirTemp("", "etcdtest-")
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "sluice-etcd-")
-	if err != nil {
-		return nil, fmt.Errorf("etcdtest: %w", err)
+	var last error
+	for range 3 { // a free port may be taken before the server listens
+		ports, err := freePorts(2)
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{bin: bin, dir: dir, client: "http://127.0.0.1:" + strconv.Itoa(ports[0]), peer: "http://127.0.0.1:" + strconv.Itoa(ports[1])}
+		if last = s.Start(); last == nil {
+			return s, nil
+		}
+		os.RemoveAll(filepath.Join(dir, "data"))
 	}
-	ports, err := freePorts(2)
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	s := &Server{
-		dir:        filepath.Join(dir, "data"),
-		clientURL:  fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
-		peerURL:    fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
-		bin:        bin,
-		ownDataDir: true,
-	}
-	if err := s.Restart(); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	return s, nil
+	os.RemoveAll(dir)
+	return nil, fmt.Errorf("etcdtest: start etcd: %w", last)
 }
 
-// Endpoint returns the client URL, such as http://127.0.0.1:40123.
-func (s *Server) Endpoint() string { return s.clientURL }
+// URL is the client URL, such as http://127.0.0.1:41234.
+func (s *Server) URL() string { return s.client }
 
-// URL returns the server as Sluice's --config-store takes it.
-func (s *Server) URL() string { return "etcd://" + strings.TrimPrefix(s.clientURL, "http://") }
+// Endpoint is the client address, host:port.
+func (s *Server) Endpoint() string { return strings.TrimPrefix(s.client, "http://") }
 
-// Restart starts the server again on the same ports and data after Stop.
-// It returns once the server serves clients.
-func (s *Server) Restart() error {
+// Prefix returns a key prefix no other caller of this Server gets.
+func (s *Server) Prefix() string { return "/test" + strconv.FormatInt(s.n.Add(1), 10) + "/" }
+
+// Start starts the stopped server on its ports and data directory: the
+// data written before Stop is still there.
+func (s *Server) Start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd != nil {
 		return nil
 	}
-	cmd := exec.Command(s.bin, "-data-dir", s.dir, "-client-url", s.clientURL, "-peer-url", s.peerURL)
+	cmd := exec.Command(s.bin, "-client", s.client, "-peer", s.peer, "-data-dir", filepath.Join(s.dir, "data"))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return fmt.Errorf("etcdtest: %w", err)
+		return err
 	}
-	if os.Getenv("SLUICE_ETCD_LOG") != "" {
-		cmd.Stderr = os.Stderr // etcd logs errors only, and some at every stop
-	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("etcdtest: start %s: %w", s.bin, err)
+		return err
 	}
 	ready := make(chan bool, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
 		ok := false
 		for sc.Scan() {
-			if !ok && strings.TrimSpace(sc.Text()) == "ready" {
+			if sc.Text() == "ready" && !ok {
 				ok = true
 				ready <- true
 			}
@@ -170,27 +172,24 @@ func (s *Server) Restart() error {
 		}
 	}()
 	exited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(exited)
-	}()
+	go func() { cmd.Wait(); close(exited) }()
 	select {
 	case ok := <-ready:
 		if !ok {
 			<-exited
-			return fmt.Errorf("etcdtest: the server exited before it was ready")
+			return fmt.Errorf("etcd exited at start: %s", stderr.String())
 		}
 	case <-time.After(60 * time.Second):
 		cmd.Process.Kill()
 		<-exited
-		return fmt.Errorf("etcdtest: the server was not ready in 60s")
+		return errors.New("etcd not ready after 60s")
 	}
 	s.cmd, s.exited = cmd, exited
 	return nil
 }
 
 // Stop stops the server (SIGTERM, then SIGKILL after 10s), keeping its
-// data for Restart.
+// data.
 func (s *Server) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -210,27 +209,19 @@ func (s *Server) Stop() {
 // Close stops the server and removes its data.
 func (s *Server) Close() {
 	s.Stop()
-	if s.ownDataDir {
-		os.RemoveAll(filepath.Dir(s.dir))
-	}
+	os.RemoveAll(s.dir)
 }
 
-// freePorts returns n distinct free TCP ports on loopback.
+// freePorts returns n ports of 127.0.0.1 that were free a moment ago.
 func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
 	var ports []int
 	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return nil, fmt.Errorf("etcdtest: %w", err)
+			return nil, fmt.Errorf("find a free port: %w", err)
 		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
 }

@@ -1,6 +1,6 @@
 module github.com/sluicehq/sluice/internal/tools/etcd
 
-go 1.26.0
+go 1.26.8
 
 require go.etcd.io/etcd/server/v3 v3.7.3
 

@@ -1,6 +1,7 @@
-// Command etcd-embedded runs an etcd server in one process, for Sluice's
-// tests: go.etcd.io/etcd/server/v3/embed on the URLs and data directory
-// its flags give. It prints "ready" on standard output once it serves.
+// Command etcd starts an etcd server for Sluice's tests: one member
+// listening on the client and peer URLs and keeping its data in the
+// directory given by flags. It prints "ready" on standard output once it
+// serves clients, and stops on SIGINT or SIGTERM.
 package main
 
 import (
@@ -17,24 +18,22 @@ import (
 )
 
 func main() {
-	dir := flag.String("data-dir", "", "data directory")
-	client := flag.String("client-url", "http://127.0.0.1:2379", "client URL")
-	peer := flag.String("peer-url", "http://127.0.0.1:2380", "peer URL")
-	name := flag.String("name", "sluice-test", "member name")
+	client := flag.String("client", "http://127.0.0.1:2379", "client URL")
+	peer := flag.String("peer", "http://127.0.0.1:2380", "peer URL")
+	dir := flag.String("data-dir", "default.etcd", "data directory")
 	flag.Parse()
 
-	cfg := embed.NewConfig()
-	cfg.Name = *name
-	cfg.Dir = *dir
-	cfg.LogLevel = "error"
 	cu, err := url.Parse(*client)
 	if err != nil {
-		log.Fatal(err)
+		log.Fatalf("-client: %v", err)
 	}
 	pu, err := url.Parse(*peer)
 	if err != nil {
-		log.Fatal(err)
+		log.Fatalf("-peer: %v", err)
 	}
+	cfg := embed.NewConfig()
+	cfg.Dir = *dir
+	cfg.LogLevel = "error"
 	cfg.ListenClientUrls = []url.URL{*cu}
 	cfg.AdvertiseClientUrls = []url.URL{*cu}
 	cfg.ListenPeerUrls = []url.URL{*pu}
@@ -42,21 +41,21 @@ func main() {
 	cfg.InitialCluster = cfg.Name + "=" + pu.String()
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		log.Fatal(err)
+		log.Fatalf("start etcd: %v", err)
 	}
-	defer e.Close()
 	select {
 	case <-e.Server.ReadyNotify():
-		fmt.Println("ready")
-	case <-time.After(30 * time.Second):
+	case <-time.After(60 * time.Second):
 		e.Server.Stop()
-		log.Fatal("etcd did not become ready in 30s")
+		log.Fatal("etcd not ready after 60s")
 	}
+	fmt.Println("ready")
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	select {
 	case <-sig:
 	case err := <-e.Err():
-		log.Fatal(err)
+		log.Printf("etcd: %v", err)
 	}
+	e.Close()
 }
