@@ -14,7 +14,7 @@ var t0 = time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
 func TestDecodeErrorsNameTheField(t *testing.T) {
 	for _, tc := range []struct {
 		name, body, wantField string
-		decode             func([]byte) error
+		decode                func([]byte) error
 	}{
 		{"rule not object", `[1]`, "body", decRule},
 		{"rule trailing", `{"id":"a"} {}`, "body", decRule},
