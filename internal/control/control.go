@@ -95,6 +95,9 @@ type Throttle struct {
 	Target           string    `json:"target,omitempty"`
 	ReductionPercent float64   `json:"reduction_percent"`
 	ExpiresAt        time.Time `json:"expires_at"`
+	// Duration, when ExpiresAt is zero, makes PutThrottle set ExpiresAt to
+	// now plus Duration; it is not stored.
+	Duration time.Duration `json:"-"`
 	Reason           string    `json:"reason"`
 	Version          int64     `json:"version"`
 	CreatedAt        time.Time `json:"created_at"`
