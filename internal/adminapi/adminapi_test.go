@@ -25,7 +25,8 @@ var testTokens = []control.Token{
 // at *now.
 func newHandler(t *testing.T, now *time.Time) *Handler {
 	t.Helper()
-	h, err := New(Config{Plane: newPlane(t), Tokens: testTokens, Now: func() time.Time { return *now },
+	clock := func() time.Time { return *now }
+	h, err := New(Config{Plane: newPlane(t, clock), Tokens: testTokens, Now: clock,
 		Limits: func(kind, value string) any { return map[string]string{"kind": kind, "value": value} }})
 	if err != nil {
 		t.Fatal(err)
@@ -247,7 +248,7 @@ func TestRateLimit(t *testing.T) {
 }
 
 func TestDisabledWithoutTokens(t *testing.T) {
-	h, err := New(Config{Plane: newPlane(t)})
+	h, err := New(Config{Plane: newPlane(t, time.Now)})
 	if err != nil {
 		t.Fatal(err)
 	}
