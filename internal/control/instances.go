@@ -26,11 +26,18 @@ func (p *Plane) Instances(ctx context.Context) ([]Instance, error) {
 	return list[Instance](ctx, p, prefixInstance, nil)
 }
 
+// registerRefresh is how often the registration is written again even
+// without a change, in case the store lost it (an etcd lease that expired
+// during an outage).
+const registerRefresh = registrationTTL / 2
+
 // register keeps this instance's key, with the revision it applied, in
 // the store: written after each Apply, at most once per registerEvery.
 func (p *Plane) register(ctx context.Context) {
 	defer p.wg.Done()
 	var written int64 = -1
+	refresh := time.NewTicker(registerRefresh)
+	defer refresh.Stop()
 	for {
 		p.mu.Lock()
 		rev := p.status.Revision
@@ -58,6 +65,8 @@ func (p *Plane) register(ctx context.Context) {
 		}
 		select {
 		case <-p.regWake:
+		case <-refresh.C:
+			written = -1
 		case <-ctx.Done():
 			return
 		}

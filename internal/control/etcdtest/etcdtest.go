@@ -1,0 +1,227 @@
+// Package etcdtest starts a real etcd server for tests: a process built
+// once from the tools module internal/tools/etcd into the user's cache
+// directory, on free ports of 127.0.0.1, with its data in a temporary
+// directory. Start one per test package in TestMain and give each test its
+// own key prefix.
+package etcdtest
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// toolsModule is the directory, relative to the main module's root, of
+// the module that pins the etcd server; its own module keeps the server
+// and its dependencies out of Sluice's go.mod.
+const toolsModule = "internal/tools/etcd"
+
+// installHint says how to get the server when the tests cannot build it.
+const installHint = "the tests build etcd from " + toolsModule + " into the user's cache directory, " +
+	"which needs the Go module proxy (or a module cache holding go.etcd.io/etcd/server/v3); " +
+	"try `cd " + toolsModule + " && go build -o /dev/null .` to see why it fails"
+
+var (
+	binaryOnce sync.Once
+	binaryPath string
+	binaryErr  error
+)
+
+// binary returns the path of the test etcd server, built once per test
+// process and kept in the cache keyed by the tools module's files.
+func binary() (string, error) {
+	binaryOnce.Do(func() { binaryPath, binaryErr = build() })
+	return binaryPath, binaryErr
+}
+
+func build() (string, error) {
+	gomod, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the main module with `go env GOMOD`: %w", err)
+	}
+	dir := filepath.Join(filepath.Dir(strings.TrimSpace(string(gomod))), filepath.FromSlash(toolsModule))
+	h := sha256.New()
+	for _, f := range []string{"go.mod", "go.sum", "main.go"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return "", fmt.Errorf("read the module that pins etcd: %w", err)
+		}
+		h.Write(b)
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	cache = filepath.Join(cache, "sluice")
+	name := "etcd-test-" + hex.EncodeToString(h.Sum(nil))[:16] + "-" + runtime.GOOS + "-" + runtime.GOARCH
+	bin := filepath.Join(cache, name)
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return "", fmt.Errorf("create the cache directory: %w", err)
+	}
+	tmp, err := os.CreateTemp(cache, name+".*.tmp")
+	if err != nil {
+		return "", err
+	}
+	tmp.Close()
+	defer os.Remove(tmp.Name())
+	cmd := exec.Command("go", "build", "-o", tmp.Name(), ".")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build in %s: %w\n%s", toolsModule, err, out)
+	}
+	if err := os.Rename(tmp.Name(), bin); err != nil {
+		return "", err
+	}
+	return bin, nil
+}
+
+// Server is a running (or stopped) etcd server.
+type Server struct {
+	bin, dir     string
+	client, peer string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	n      atomic.Int64
+}
+
+// Start builds the server if needed and starts it on free ports with a
+// new data directory.
+func Start() (*Server, error) {
+	bin, err := binary()
+	if err != nil {
+		return nil, fmt.Errorf("etcdtest: no etcd server: %w\n%s", err, installHint)
+	}
+	dir, err := os.MkdirTemp("", "etcdtest-")
+	if err != nil {
+		return nil, err
+	}
+	var last error
+	for range 3 { // a free port may be taken before the server listens
+		ports, err := freePorts(2)
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{bin: bin, dir: dir, client: "http://127.0.0.1:" + strconv.Itoa(ports[0]), peer: "http://127.0.0.1:" + strconv.Itoa(ports[1])}
+		if last = s.Start(); last == nil {
+			return s, nil
+		}
+		os.RemoveAll(filepath.Join(dir, "data"))
+	}
+	os.RemoveAll(dir)
+	return nil, fmt.Errorf("etcdtest: start etcd: %w", last)
+}
+
+// URL is the client URL, such as http://127.0.0.1:41234.
+func (s *Server) URL() string { return s.client }
+
+// Endpoint is the client address, host:port.
+func (s *Server) Endpoint() string { return strings.TrimPrefix(s.client, "http://") }
+
+// Prefix returns a key prefix no other caller of this Server gets.
+func (s *Server) Prefix() string { return "/test" + strconv.FormatInt(s.n.Add(1), 10) + "/" }
+
+// Start starts the stopped server on its ports and data directory: the
+// data written before Stop is still there.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return nil
+	}
+	cmd := exec.Command(s.bin, "-client", s.client, "-peer", s.peer, "-data-dir", filepath.Join(s.dir, "data"))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		ok := false
+		for sc.Scan() {
+			if sc.Text() == "ready" && !ok {
+				ok = true
+				ready <- true
+			}
+		}
+		if !ok {
+			ready <- false
+		}
+	}()
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	select {
+	case ok := <-ready:
+		if !ok {
+			<-exited
+			return fmt.Errorf("etcd exited at start: %s", stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		return errors.New("etcd not ready after 60s")
+	}
+	s.cmd, s.exited = cmd, exited
+	return nil
+}
+
+// Stop stops the server (SIGTERM, then SIGKILL after 10s), keeping its
+// data.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+	case <-time.After(10 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.exited
+	}
+	s.cmd = nil
+}
+
+// Close stops the server and removes its data.
+func (s *Server) Close() {
+	s.Stop()
+	os.RemoveAll(s.dir)
+}
+
+// freePorts returns n ports of 127.0.0.1 that were free a moment ago.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
