@@ -67,6 +67,12 @@ func admin(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func
 		fmt.Fprint(out, adminUsage)
 		return code
 	}
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			fmt.Fprint(stdout, adminUsage)
+			return 0
+		}
+	}
 	c := &adminCmd{fs: flag.NewFlagSet("admin "+args[0], flag.ContinueOnError), stdin: stdin, stdout: stdout, stderr: stderr}
 	c.fs.SetOutput(stderr)
 	c.fs.Usage = func() { fmt.Fprint(stderr, adminUsage, "\nFlags:\n"); c.fs.PrintDefaults() }

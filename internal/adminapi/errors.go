@@ -162,7 +162,7 @@ func decodeStrict(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return jsonFieldErr(err)
+		return jsonFieldErr(data, err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return fieldErr("body", "want one JSON value, found more after it")
@@ -171,12 +171,17 @@ func decodeStrict(data []byte, v any) error {
 }
 
 // jsonFieldErr turns an encoding/json error into a *control.FieldError.
-func jsonFieldErr(err error) error {
+func jsonFieldErr(data []byte, err error) error {
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &te):
 		field := te.Field
+		if te.Offset > 0 && te.Offset <= int64(len(data)) {
+			// te.Offset is just past the value, or past the opening
+			// brace or bracket of an object or array.
+			field = fieldAt(data, int(te.Offset)-1)
+		}
 		if field == "" {
 			field = "body"
 		}

@@ -335,10 +335,7 @@ func (h *Handler) writeConfigState(w http.ResponseWriter, r *http.Request, statu
 	st, err := h.plane.Config(r.Context(), c.ID)
 	if err != nil {
 		// Written, but its state cannot be read now: still pending.
-		writeJSON(w, status, struct {
-			control.Config
-			PropagationStatus string `json:"propagation_status"`
-		}{c, "pending"})
+		writeJSON(w, status, control.ConfigState{Config: c, PropagationStatus: "pending"})
 		return nil
 	}
 	writeJSON(w, status, st)
