@@ -433,7 +433,13 @@ func (p *Policy) assemble(ls, old *layerState, affected map[identity]bool, fresh
 func identityKind(d Dimension) bool { return d == DimClient || d == DimUser || d == DimAPIKey }
 
 // decodeLayerRule decodes lr's spec with the decoder of the file's rules.
-func decodeLayerRule(lr *LayerRule, st *settings) (*Rule, *LayerError) {
+func decodeLayerRule(lr *LayerRule, st *settings) (r *Rule, le *LayerError) {
+	defer func() {
+		// As Parse: a bad spec must not take the process down.
+		if v := recover(); v != nil {
+			r, le = nil, &LayerError{Object: "rule", ID: lr.ID, Msg: fmt.Sprintf("cannot decode: %v", v)}
+		}
+	}()
 	bad := func(field, msg string) (*Rule, *LayerError) {
 		return nil, &LayerError{Object: "rule", ID: lr.ID, Field: field, Msg: msg}
 	}
@@ -463,7 +469,7 @@ func decodeLayerRule(lr *LayerRule, st *settings) (*Rule, *LayerError) {
 	if len(tmp.Rules) != 1 {
 		return bad("", "not a rule")
 	}
-	r := tmp.Rules[0]
+	r = tmp.Rules[0]
 	if r.ID != lr.ID {
 		return bad("id", fmt.Sprintf("the spec's id %q is not the rule's id", r.ID))
 	}
