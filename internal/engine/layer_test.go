@@ -61,7 +61,7 @@ func TestThrottleViaEngine(t *testing.T) {
 		throttle float64
 		limit    int64
 	}{
-		{"c", time.Second, false, 50, 2}, // 2 counted of the cut limit 2
+		{"c", time.Second, false, 50, 2},    // 2 counted of the cut limit 2
 		{"c", 31 * time.Second, true, 0, 4}, // the throttle ended: the third of 4
 		{"d", time.Second, false, 100, 0},
 		{"e", time.Second, true, 0, 4},

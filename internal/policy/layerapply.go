@@ -10,15 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
-
-	"github.com/sluicehq/sluice"
 )
 
 // LayerError is one problem of a layer's object. It wraps ErrInvalidConfig.
@@ -433,7 +430,13 @@ func (p *Policy) assemble(ls, old *layerState, affected map[identity]bool, fresh
 func identityKind(d Dimension) bool { return d == DimClient || d == DimUser || d == DimAPIKey }
 
 // decodeLayerRule decodes lr's spec with the decoder of the file's rules.
-func decodeLayerRule(lr *LayerRule, st *settings) (*Rule, *LayerError) {
+func decodeLayerRule(lr *LayerRule, st *settings) (r *Rule, le *LayerError) {
+	defer func() {
+		// As Parse: a bad spec must not take the process down.
+		if v := recover(); v != nil {
+			r, le = nil, &LayerError{Object: "rule", ID: lr.ID, Msg: fmt.Sprintf("cannot decode: %v", v)}
+		}
+	}()
 	bad := func(field, msg string) (*Rule, *LayerError) {
 		return nil, &LayerError{Object: "rule", ID: lr.ID, Field: field, Msg: msg}
 	}
@@ -463,7 +466,7 @@ func decodeLayerRule(lr *LayerRule, st *settings) (*Rule, *LayerError) {
 	if len(tmp.Rules) != 1 {
 		return bad("", "not a rule")
 	}
-	r := tmp.Rules[0]
+	r = tmp.Rules[0]
 	if r.ID != lr.ID {
 		return bad("id", fmt.Sprintf("the spec's id %q is not the rule's id", r.ID))
 	}
@@ -492,143 +495,4 @@ func ruleField(msg string) (field, rest string) {
 		return f, m
 	}
 	return "", m
-}
-
-// sameParents reports whether the rules named by parents would still have
-// an override inherit from the same compiled limits under tier.
-func sameParents(parents map[string]*Limit, byID map[string]*Rule, tier string) bool {
-	for id, l := range parents {
-		r := byID[id]
-		if r == nil || r.LimitFor(tier, nil) != l {
-			return false
-		}
-	}
-	return true
-}
-
-// compileOverride compiles lo's limits for an identity of tier, on the
-// typed path: each limit inherits the fields it leaves zero from the limit
-// the rule applies to the tier, and counts at the quantum of the rule's
-// limits of its algorithm and window, so that its key is theirs.
-func compileOverride(lo *LayerOverride, tier string, byID map[string]*Rule, st *settings) (*overrideEntry, *LayerError) {
-	bad := func(field, msg string) (*overrideEntry, *LayerError) {
-		return nil, &LayerError{Object: "override", ID: lo.ID, Field: field, Msg: msg}
-	}
-	e := &overrideEntry{version: lo.Version, tier: tier, parents: make(map[string]*Limit, len(lo.Limits)),
-		o: &override{id: lo.ID, version: lo.Version, expiresAt: lo.ExpiresAt, limits: make(map[string]*Limit, len(lo.Limits))}}
-	ids := make([]string, 0, len(lo.Limits))
-	for id := range lo.Limits {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		ll := lo.Limits[id]
-		f := "limits." + id
-		r := byID[id]
-		if r == nil {
-			return bad(f, "unknown rule id")
-		}
-		parent := r.LimitFor(tier, nil)
-		if parent == nil {
-			return bad(f, fmt.Sprintf("rule %q has no limit for tier %q", id, tier))
-		}
-		b := parent.Spec
-		spec := limitSpec{alg: b.Algorithm, limit: b.Limit, window: b.Window, burst: b.Burst, hasLim: true, hasWin: true, hasBur: b.Burst > 0}
-		if ll.Algorithm != "" {
-			a, err := sluice.ParseAlgorithm(ll.Algorithm)
-			if err != nil {
-				return bad(f+".algorithm", err.Error())
-			}
-			spec.alg = a
-		}
-		switch {
-		case ll.Limit < 0 || ll.Limit > sluice.MaxLimit:
-			return bad(f+".limit", fmt.Sprintf("must be between 1 and %d, got %d", int64(sluice.MaxLimit), ll.Limit))
-		case ll.Limit > 0:
-			spec.limit = ll.Limit
-		}
-		switch {
-		case ll.Window < 0 || ll.Window > sluice.MaxWindow || ll.Window%time.Microsecond != 0:
-			return bad(f+".window", fmt.Sprintf("must be a whole number of microseconds up to %s, got %s", sluice.MaxWindow, ll.Window))
-		case ll.Window > 0:
-			spec.window = ll.Window
-		}
-		switch {
-		case ll.Burst < 0 || ll.Burst > sluice.MaxLimit:
-			return bad(f+".burst", fmt.Sprintf("must be between 1 and %d, got %d", int64(sluice.MaxLimit), ll.Burst))
-		case ll.Burst > 0:
-			spec.burst, spec.hasBur = ll.Burst, true
-		}
-		q := int64(1)
-		for _, rl := range r.Limits() {
-			if rl.Spec.Algorithm == spec.alg && rl.Spec.Window == spec.window {
-				q = max(q, rl.Params[0].Quantum)
-			}
-		}
-		d := &decoder{file: "override"}
-		l := d.compile(spec, st, r.FailureMode, r.ExpectedInstances, f, q)
-		if l == nil {
-			msg := "cannot be compiled"
-			var ce *ConfigError
-			if len(d.errs) > 0 && errors.As(d.errs[0], &ce) {
-				msg = strings.TrimPrefix(ce.Msg, f+": ")
-			}
-			return bad(f, msg)
-		}
-		e.parents[id] = parent
-		e.o.limits[id] = l
-	}
-	return e, nil
-}
-
-// throttle is a compiled LayerThrottle.
-type throttle struct {
-	percent   float64
-	expiresAt time.Time
-}
-
-// throttles are a layer's throttles: those of every check here (global,
-// and this region's) and those by client.
-type throttles struct {
-	all      []throttle
-	byClient map[string][]throttle
-}
-
-func compileThrottles(l *Layer) (throttles, []*LayerError) {
-	var ts throttles
-	var errs []*LayerError
-	for _, lt := range l.Throttles {
-		bad := func(field, msg string) {
-			errs = append(errs, &LayerError{Object: "throttle", ID: lt.ID, Field: field, Msg: msg})
-		}
-		if math.IsNaN(lt.Percent) || lt.Percent < 0 || lt.Percent > 100 {
-			bad("percent", fmt.Sprintf("must be between 0 and 100, got %v", lt.Percent))
-			continue
-		}
-		t := throttle{percent: lt.Percent, expiresAt: lt.ExpiresAt}
-		switch lt.Scope {
-		case "global":
-			ts.all = append(ts.all, t)
-		case "region":
-			if lt.Target == "" {
-				bad("target", "a region throttle needs the region")
-				continue
-			}
-			if lt.Target == l.Region {
-				ts.all = append(ts.all, t)
-			}
-		case "client":
-			if lt.Target == "" {
-				bad("target", "a client throttle needs the client id")
-				continue
-			}
-			if ts.byClient == nil {
-				ts.byClient = map[string][]throttle{}
-			}
-			ts.byClient[lt.Target] = append(ts.byClient[lt.Target], t)
-		default:
-			bad("scope", fmt.Sprintf("unknown scope %q (want global, region or client)", lt.Scope))
-		}
-	}
-	return ts, errs
 }

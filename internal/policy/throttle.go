@@ -5,6 +5,8 @@
 package policy
 
 import (
+	"fmt"
+	"math"
 	"sync"
 	"time"
 )
@@ -104,4 +106,56 @@ func (c *cutCache) warm(p *Policy, ts throttles) {
 			}
 		}
 	}
+}
+
+// throttle is a compiled LayerThrottle.
+type throttle struct {
+	percent   float64
+	expiresAt time.Time
+}
+
+// throttles are a layer's throttles: those of every check here (global,
+// and this region's) and those by client.
+type throttles struct {
+	all      []throttle
+	byClient map[string][]throttle
+}
+
+func compileThrottles(l *Layer) (throttles, []*LayerError) {
+	var ts throttles
+	var errs []*LayerError
+	for _, lt := range l.Throttles {
+		bad := func(field, msg string) {
+			errs = append(errs, &LayerError{Object: "throttle", ID: lt.ID, Field: field, Msg: msg})
+		}
+		if math.IsNaN(lt.Percent) || lt.Percent < 0 || lt.Percent > 100 {
+			bad("percent", fmt.Sprintf("must be between 0 and 100, got %v", lt.Percent))
+			continue
+		}
+		t := throttle{percent: lt.Percent, expiresAt: lt.ExpiresAt}
+		switch lt.Scope {
+		case "global":
+			ts.all = append(ts.all, t)
+		case "region":
+			if lt.Target == "" {
+				bad("target", "a region throttle needs the region")
+				continue
+			}
+			if lt.Target == l.Region {
+				ts.all = append(ts.all, t)
+			}
+		case "client":
+			if lt.Target == "" {
+				bad("target", "a client throttle needs the client id")
+				continue
+			}
+			if ts.byClient == nil {
+				ts.byClient = map[string][]throttle{}
+			}
+			ts.byClient[lt.Target] = append(ts.byClient[lt.Target], t)
+		default:
+			bad("scope", fmt.Sprintf("unknown scope %q (want global, region or client)", lt.Scope))
+		}
+	}
+	return ts, errs
 }
