@@ -80,6 +80,7 @@ func (d *Daemon) startControl(ctx context.Context) error {
 		b.Close()
 		return fmt.Errorf("daemon: control plane: %w", err)
 	}
+	d.backend = b
 	var tokens []control.Token
 	if cfg.AdminTokensPath != "" {
 		if tokens, err = auth.LoadTokens(cfg.AdminTokensPath); err != nil {
@@ -105,6 +106,18 @@ func (d *Daemon) startControl(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// closeControl stops the control plane and closes its store.
+func (d *Daemon) closeControl() error {
+	if d.plane == nil {
+		return nil
+	}
+	err := d.plane.Close()
+	if berr := d.backend.Close(); err == nil {
+		err = berr
+	}
+	return err
 }
 
 // validateLayer reports whether l applies over the file's policy in force.

@@ -246,6 +246,7 @@ type Daemon struct {
 	layer   *policy.Layer  // the control plane's layer in force; nil before any
 
 	plane     *control.Plane      // nil without a control plane
+	backend   control.Backend     // the plane's store
 	admin     *adminapi.Handler   // nil without a control plane
 	checkAuth *auth.Authenticator // nil unless RequireCheckToken
 	adminLn   net.Listener
@@ -327,9 +328,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.closer = closer
 	fail := func(err error) (*Daemon, error) {
-		if d.plane != nil {
-			d.plane.Close()
-		}
+		d.closeControl()
 		d.closeListeners()
 		closeWatcher()
 		closer()
@@ -561,10 +560,8 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		d.adminSrv.Close()
 	}
 	d.wg.Wait()
-	if d.plane != nil {
-		if err := d.plane.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("daemon: closing the control plane: %w", err))
-		}
+	if err := d.closeControl(); err != nil {
+		errs = append(errs, fmt.Errorf("daemon: closing the control plane: %w", err))
 	}
 	d.eng.Close()
 	if err := d.closer(); err != nil {
