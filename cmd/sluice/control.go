@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 
 	"github.com/sluicehq/sluice/internal/auth"
 	"github.com/sluicehq/sluice/internal/daemon"
@@ -33,7 +32,7 @@ func controlFlags(fs *flag.FlagSet) func(cfg *daemon.Config, w io.Writer) error 
 		if addr == "" {
 			addr = cfg.HTTPAddr
 		}
-		if !isLoopback(addr) {
+		if !daemon.IsLoopback(addr) {
 			return nil
 		}
 		token, _, err := auth.Generate()
@@ -44,17 +43,4 @@ func controlFlags(fs *flag.FlagSet) func(cfg *daemon.Config, w io.Writer) error 
 		fmt.Fprintf(w, "admin API on %s: a token for this run (admin role, loopback only): export SLUICE_TOKEN=%s\n", addr, token)
 		return nil
 	}
-}
-
-// isLoopback reports whether the listen address addr is on loopback only.
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

@@ -97,11 +97,11 @@ type Throttle struct {
 	ExpiresAt        time.Time `json:"expires_at"`
 	// Duration, when ExpiresAt is zero, makes PutThrottle set ExpiresAt to
 	// now plus Duration; it is not stored.
-	Duration time.Duration `json:"-"`
-	Reason           string    `json:"reason"`
-	Version          int64     `json:"version"`
-	CreatedAt        time.Time `json:"created_at"`
-	CreatedBy        string    `json:"created_by,omitempty"`
+	Duration  time.Duration `json:"-"`
+	Reason    string        `json:"reason"`
+	Version   int64         `json:"version"`
+	CreatedAt time.Time     `json:"created_at"`
+	CreatedBy string        `json:"created_by,omitempty"`
 }
 
 // Config is a limit configuration in the shape of the configs API: one

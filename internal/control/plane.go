@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/atomicfile"
 	"github.com/sluicehq/sluice/internal/policy"
 )
 
@@ -322,7 +323,7 @@ func (p *Plane) writeCache(l *policy.Layer) {
 		err = os.MkdirAll(p.opts.CacheDir, 0o700)
 	}
 	if err == nil {
-		err = replaceFile(filepath.Join(p.opts.CacheDir, cacheFile), b)
+		err = atomicfile.Write(filepath.Join(p.opts.CacheDir, cacheFile), b)
 	}
 	if err != nil {
 		p.opts.Logger.Warn("control plane: applied layer not cached", "err", err)
@@ -345,26 +346,4 @@ func (p *Plane) readCache() (*policy.Layer, bool) {
 	}
 	l.Region = p.opts.Region
 	return &l, true
-}
-
-// replaceFile writes b to path through a synced temporary file renamed
-// over it.
-func replaceFile(path string, b []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

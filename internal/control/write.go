@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"maps"
 	"strings"
-
 )
 
 // change is one write of an object with its audit entry.
@@ -200,4 +199,3 @@ func checkKind(field, kind string) error {
 	}
 	return nil
 }
-

@@ -36,9 +36,9 @@ func (d *Daemon) DebugAddr() string {
 	return d.debugLn.Addr().String()
 }
 
-// isLoopback reports whether the host of addr is a loopback address or
-// "localhost".
-func isLoopback(addr string) bool {
+// IsLoopback reports whether the host of the listen address addr is a
+// loopback address or "localhost".
+func IsLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return false
@@ -56,7 +56,7 @@ func (d *Daemon) startDebug(ctx context.Context) error {
 	if addr == "" {
 		return nil
 	}
-	if !d.cfg.DebugAllowRemote && !isLoopback(addr) {
+	if !d.cfg.DebugAllowRemote && !IsLoopback(addr) {
 		return fmt.Errorf("daemon: debug address %q is not a loopback address; pprof exposes the process's memory and can stall it, so bind it to 127.0.0.1 or [::1] (or allow remote access explicitly)", addr)
 	}
 	var lc net.ListenConfig

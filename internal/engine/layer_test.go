@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,6 +93,46 @@ func BenchmarkCheckLayer(b *testing.B) {
 			if name != "file" {
 				withLayer(b, e, &policy.Layer{Revision: 1, Throttles: []policy.LayerThrottle{{ID: "x", Scope: "client", Target: "someone-else", Percent: 50}}})
 			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := e.Check(ctx, c); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkCheck10kRules compares the in-process check of 10,000 rules
+// from the file with the same rules written through the control plane
+// (a layer over an empty file), as the two would serve in one run.
+func BenchmarkCheck10kRules(b *testing.B) {
+	if !algorithmsReady() {
+		b.Skip("package algorithm cannot decide yet")
+	}
+	const n = 10000
+	rule := func(i int) string {
+		return fmt.Sprintf(`{"id":"r%d","match":{"resource":"/api/r%d/*"},"dimension":"client","algorithm":"sliding_window_counter","limit":1000000000,"window":"1m"}`, i, i)
+	}
+	var file strings.Builder
+	file.WriteString("version: 1\nrules:\n")
+	var layer policy.Layer
+	for i := range n {
+		fmt.Fprintf(&file, "  - %s\n", rule(i))
+		layer.Rules = append(layer.Rules, policy.LayerRule{ID: fmt.Sprintf("r%d", i), Spec: []byte(rule(i)), Version: 1})
+	}
+	ctx := context.Background()
+	for _, name := range []string{"file", "control-plane"} {
+		b.Run(name, func(b *testing.B) {
+			var e *Engine
+			if name == "file" {
+				e, _ = newEngine(b, file.String())
+			} else {
+				e, _ = newEngine(b, "version: 1\nrules: []\n")
+				withLayer(b, e, &layer)
+			}
+			e.now = time.Now
+			c := &Check{ClientID: "bench", Resource: "/api/r4242/orders", Cost: 1}
 			b.ReportAllocs()
 			for b.Loop() {
 				if _, err := e.Check(ctx, c); err != nil {

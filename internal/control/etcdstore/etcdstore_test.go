@@ -39,8 +39,8 @@ func TestConformance(t *testing.T) {
 func TestParseURL(t *testing.T) {
 	for _, tc := range []struct {
 		url, prefix, user string
-		eps             int
-		tls, bad        bool
+		eps               int
+		tls, bad          bool
 	}{
 		{url: "etcd://a:2379,b:2379", eps: 2},
 		{url: "etcds://u:p@a:2379/x/y", eps: 1, prefix: "/x/y/", user: "u", tls: true},

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/atomicfile"
 	"github.com/sluicehq/sluice/internal/control"
 )
 
@@ -192,41 +193,10 @@ func (s *Store) save(rev int64) error {
 	if err != nil {
 		return fmt.Errorf("filestore: %w", err)
 	}
-	if err := writeFile(s.path, b); err != nil {
+	if err := atomicfile.Write(s.path, b); err != nil {
 		return fmt.Errorf("filestore: %w: %w", control.ErrUnavailable, err)
 	}
 	return nil
-}
-
-// writeFile replaces path with b atomically: a temporary file beside it,
-// synced, renamed over it, and the directory synced.
-func writeFile(path string, b []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // Watch implements control.Backend.
