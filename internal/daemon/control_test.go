@@ -163,7 +163,9 @@ func TestControlPlanePropagation(t *testing.T) {
 	slices.Sort(lat)
 	p50, p99, worst := lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1]
 	t.Logf("propagation over %d observations (100 writes x 3 instances): p50 %v, p99 %v, max %v", len(lat), p50, p99, worst)
-	if p99 > 200*time.Millisecond {
+	// The bound is that of a build without the race detector, which
+	// slows each instance several times over (CI reports the figure).
+	if p99 > 200*time.Millisecond && !raceEnabled {
 		t.Errorf("p99 %v, want at most 200ms", p99)
 	}
 
