@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/auth"
 	"github.com/sluicehq/sluice/internal/control"
+	"github.com/sluicehq/sluice/internal/jsonpath"
 )
 
 // Errors of the API itself.
@@ -180,7 +181,7 @@ func jsonFieldErr(data []byte, err error) error {
 		if te.Offset > 0 && te.Offset <= int64(len(data)) {
 			// te.Offset is just past the value, or past the opening
 			// brace or bracket of an object or array.
-			field = fieldAt(data, int(te.Offset)-1)
+			field = jsonpath.FieldAt(data, int(te.Offset)-1)
 		}
 		if field == "" {
 			field = "body"

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/internal/jsonpath"
 )
 
 // errTooLarge reports a request body over MaxBodyBytes (HTTP 413).
@@ -173,7 +174,7 @@ func checkKeys(data []byte) error {
 			// fields would then fill: a nil sent by mistake would be
 			// charged.
 			if n := len(stack); n > 0 && !stack[n-1].obj {
-				return fieldErr(fieldAt(data, i), "want a JSON object, got null")
+				return fieldErr(jsonpath.FieldAt(data, i), "want a JSON object, got null")
 			}
 		case '"':
 			start, escaped := i+1, false
@@ -200,9 +201,9 @@ func checkKeys(data []byte) error {
 			bit := keyBit(name)
 			switch {
 			case bit == 0:
-				return fieldErr(fieldAt(data, valueAfterKey(data, i+1)), "unknown field (names are case-sensitive)")
+				return fieldErr(jsonpath.FieldAt(data, valueAfterKey(data, i+1)), "unknown field (names are case-sensitive)")
 			case f.seen&bit != 0:
-				return fieldErr(fieldAt(data, valueAfterKey(data, i+1)), "given more than once")
+				return fieldErr(jsonpath.FieldAt(data, valueAfterKey(data, i+1)), "given more than once")
 			}
 			f.seen |= bit
 		}

@@ -1,7 +1,7 @@
-// Naming the field at fault in an error decoding JSON, by its path (as
-// internal/httpapi does for the check API).
-
-package adminapi
+// Package jsonpath names the value of a JSON document at fault in a
+// decoding error by its path, such as "checks[2].user", for the error
+// bodies of the HTTP APIs.
+package jsonpath
 
 import (
 	"bytes"
@@ -10,11 +10,11 @@ import (
 	"strings"
 )
 
-// fieldAt returns the path of the value of JSON document data that holds
+// FieldAt returns the path of the value of JSON document data that holds
 // the byte at offset bad, such as "resource" or "checks[2].user"; a byte
 // in an object key names the object, and one outside any value "body". It
 // runs only on the error path.
-func fieldAt(data []byte, bad int) string {
+func FieldAt(data []byte, bad int) string {
 	// frame is one open object (its current key) or array (the index of
 	// its current element).
 	type frame struct {
