@@ -125,7 +125,9 @@ func TestCheckOfMoreLimitsThanOneCallNumbers(t *testing.T) {
 		t.Skip("a Check of 65,545 requests")
 	}
 	srv := redistest.Start(t)
-	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	// Scripts of 65,535 checks take seconds under the race detector on a
+	// busy machine: longer than the default wait for an answer.
+	s := newStore(t, Config{Addrs: []string{srv.Addr}, WriteTimeout: 30 * time.Second})
 	n := maxEachChecks + 10
 	reqs := make([]store.Request, n)
 	for i := range reqs {
