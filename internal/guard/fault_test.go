@@ -87,7 +87,7 @@ func newFaultEngine(t testing.TB, st guard.Store, src string, cfg guard.Config) 
 
 // warmUpFor bounds a warm-up, which is not what the tests measure: they
 // measure from a store in service on. On a machine busy with other tests
-// (and under -race) many calls miss the 5ms deadline, the breaker opens
+// (and under -race) many calls miss the deadline, the breaker opens
 // again and again, and each time closing it takes three probes in a row
 // within the deadline: on two cores at a load average of 15, warm-ups took
 // tens of seconds, where on a quiet machine they take well under one.
@@ -330,7 +330,7 @@ func lateness(ss []sample) time.Duration {
 }
 
 // faultLimit is the p99 latency the checks of a fault phase, in, may
-// reach: the 5ms deadline plus a generous 20ms margin, plus twice the
+// reach: the deadline (faultDeadline) plus a generous 20ms margin, plus twice the
 // larger of two references measured in the same run, so that a machine
 // busy with other tests does not fail the test (the figures are logged):
 //
@@ -347,17 +347,18 @@ func lateness(ss []sample) time.Duration {
 //
 // A check that waited on the store instead takes the fault's own delay
 // (50ms of latency, a second of pause or stall) on top of wake-ups of its
-// own, over the limit whenever the references stay under 12.5ms, as they
-// do on a quiet machine (about a millisecond); a check waiting out a
+// own, over the limit whenever the references stay under 12.5ms (7.5ms
+// with the race detector's longer deadline), as they do on a quiet
+// machine (about a millisecond); a check waiting out a
 // pause or a stall exceeds it on a starved machine too. A waiting check
 // does not sleep, so it adds nothing to lateness.
 func faultLimit(healthy, in []sample) time.Duration {
 	_, p99, _ := latencies(healthy)
-	return 25*time.Millisecond + 2*max(p99, lateness(in))
+	return faultDeadline + 20*time.Millisecond + 2*max(p99, lateness(in))
 }
 
 // closeWithin bounds the wait for the breaker to close once the store
-// answers again. Closing takes three probes in a row within the 5ms
+// answers again. Closing takes three probes in a row within the
 // deadline: on a quiet machine, well under a second; on two cores at a
 // load average of 15, where many calls miss the deadline (see warmUpFor),
 // over 10 seconds at times. A breaker that stays open for good still
@@ -449,7 +450,7 @@ func TestRedisKilledUnderLoad(t *testing.T) {
 	srv := redistest.Start(t)
 	st := newRedisStore(t, srv.Addr)
 	tr := &transitions{}
-	eng, g := newFaultEngine(t, st, faultPolicy, guard.Config{Deadline: 5 * time.Millisecond, Breaker: faultBreaker, OnBreakerChange: tr.record})
+	eng, g := newFaultEngine(t, st, faultPolicy, guard.Config{Deadline: faultDeadline, Breaker: faultBreaker, OnBreakerChange: tr.record})
 	warmUp(t, eng)
 	startLoad(eng, 4, time.Millisecond, mixed).stop()
 	base := settleGoroutines(0, 1<<20)
@@ -475,7 +476,7 @@ func TestRedisKilledUnderLoad(t *testing.T) {
 	restarted := time.Now()
 	// Redis is back: the breaker closes once its probes pass, and the
 	// store decides the checks again. On a machine busy with other tests
-	// (and under -race) bursts of calls that miss the 5ms deadline can
+	// (and under -race) bursts of calls that miss the deadline can
 	// fail the probes for seconds, open the breaker again after it
 	// closed, or fail over a tenth of the checks for a while with the
 	// breaker closed. What is measured is a stretch of 500ms with the
@@ -516,13 +517,13 @@ func TestRedisKilledUnderLoad(t *testing.T) {
 	down := between(ss, killed, restarted)
 	p50, p99, worst := latencies(down)
 	t.Logf("Redis down %s: %d checks, latency p50 %s p99 %s max %s", restarted.Sub(killed).Round(time.Millisecond), len(down), p50, p99, worst)
-	// The 5ms deadline plus a margin, plus twice the p99 of the healthy
+	// The deadline plus a margin, plus twice the p99 of the healthy
 	// second before the kill: a machine busy with other tests slows
 	// every check alike, while checks waiting on the dead server (the
 	// 100ms dial timeout, a pile-up) would be far slower.
 	_, healthyP99, _ := latencies(endedBefore(between(ss, healthy, killed), killed))
-	if limit := 10*time.Millisecond + 2*healthyP99; p99 > limit {
-		t.Errorf("p99 latency while Redis is down: %s, want at most %s (10ms and twice the healthy p99, %s)", p99, limit, healthyP99)
+	if limit := faultDeadline + 5*time.Millisecond + 2*healthyP99; p99 > limit {
+		t.Errorf("p99 latency while Redis is down: %s, want at most %s (the %s deadline, 5ms and twice the healthy p99, %s)", p99, limit, faultDeadline, healthyP99)
 	}
 	by := verifyFailureModes(t, "Redis down", down)
 	t.Logf("Redis down, by rule and source: %v", by)
@@ -581,7 +582,7 @@ func TestRedisToxics(t *testing.T) {
 	srv := redistest.Start(t)
 	px := guardtest.StartProxy(t, srv.Addr)
 	st := newRedisStore(t, px.Addr())
-	eng, g := newFaultEngine(t, st, faultPolicy, guard.Config{Deadline: 5 * time.Millisecond, Breaker: faultBreaker})
+	eng, g := newFaultEngine(t, st, faultPolicy, guard.Config{Deadline: faultDeadline, Breaker: faultBreaker})
 	warmUp(t, eng)
 	base := goroutines()
 	l := startLoad(eng, 4, time.Millisecond, mixed)
@@ -620,7 +621,7 @@ func TestRedisToxics(t *testing.T) {
 		t.Logf("%s: %d checks, p50 %s p99 %s max %s, workers woke %s late (p99); breaker opened %d time(s), closed %s after the fault was removed; %v",
 			p.name, len(in), p50, p99, worst, lateness(in), p.opened, p.recoveredA.Round(time.Millisecond), by)
 		if limit := faultLimit(healthy, in); p99 > limit {
-			t.Errorf("%s: p99 %s, want at most %s (5ms deadline, 20ms margin, twice the healthy p99 or the workers' wake-up delay)", p.name, p99, limit)
+			t.Errorf("%s: p99 %s, want at most %s (%s deadline, 20ms margin, twice the healthy p99 or the workers' wake-up delay)", p.name, p99, limit, faultDeadline)
 		}
 		if p.opened == 0 {
 			t.Errorf("%s: the breaker did not open", p.name)
@@ -664,7 +665,7 @@ func TestRedisPaused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Start(t)
 			st := newRedisStore(t, srv.Addr)
-			eng, g := newFaultEngine(t, st, faultPolicy, guard.Config{Deadline: 5 * time.Millisecond, Breaker: faultBreaker})
+			eng, g := newFaultEngine(t, st, faultPolicy, guard.Config{Deadline: faultDeadline, Breaker: faultBreaker})
 			warmUp(t, eng)
 			l := startLoad(eng, 4, time.Millisecond, mixed)
 			time.Sleep(300 * time.Millisecond)
@@ -685,7 +686,7 @@ func TestRedisPaused(t *testing.T) {
 			t.Logf("Redis paused 1s (%s): %d checks, p50 %s p99 %s max %s (healthy p99 %s), workers woke %s late (p99); breaker opened %d time(s); %v",
 				tc.name, len(in), p50, p99, worst, hp99, lateness(in), g.Stats().BreakerOpened, by)
 			if limit := faultLimit(healthy, in); p99 > limit {
-				t.Errorf("p99 %s while Redis is paused, want at most %s (5ms deadline, 20ms margin, twice the healthy p99 or the workers' wake-up delay)", p99, limit)
+				t.Errorf("p99 %s while Redis is paused, want at most %s (%s deadline, 20ms margin, twice the healthy p99 or the workers' wake-up delay)", p99, limit, faultDeadline)
 			}
 			if !eventuallyClosed(eng, g) {
 				t.Errorf("breaker %s after Redis resumed", g.BreakerState())
@@ -704,7 +705,7 @@ func TestRedisClusterFailover(t *testing.T) {
 	cl := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, Replicas: 1, NodeTimeout: time.Second})
 	waitReplicas(t, cl)
 	st := newRedisStore(t, cl.Addrs()...)
-	eng, g := newFaultEngine(t, st, faultPolicy, guard.Config{Deadline: 5 * time.Millisecond, Breaker: faultBreaker})
+	eng, g := newFaultEngine(t, st, faultPolicy, guard.Config{Deadline: faultDeadline, Breaker: faultBreaker})
 	// 60 clients spread over the slots, so every master holds some.
 	spread := func(w, i int) engine.Check {
 		res := [...]string{"/open", "/closed", "/local"}[i%3]
@@ -777,7 +778,7 @@ func TestRedisClusterFailover(t *testing.T) {
 		t.Errorf("checks did not resume on the store within 10s of the kill")
 	}
 	if limit := faultLimit(endedBefore(ss, killed), during); p99 > limit {
-		t.Errorf("p99 %s during the failover, want at most %s (5ms deadline, 20ms margin, twice the healthy p99 or the workers' wake-up delay)", p99, limit)
+		t.Errorf("p99 %s during the failover, want at most %s (%s deadline, 20ms margin, twice the healthy p99 or the workers' wake-up delay)", p99, limit, faultDeadline)
 	}
 }
 
