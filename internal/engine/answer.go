@@ -40,6 +40,9 @@ func assemble(items []item, allowed bool) Result {
 		if rr.Limit == 0 && !it.params.DenyAll {
 			rr.Limit = it.params.Limit
 		}
+		if it.global {
+			globalResult(&rr, it)
+		}
 		res.Rules[i] = rr
 		if it.shadow {
 			if !it.dec.Allowed {

@@ -23,10 +23,17 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 	for i := range s.items {
 		it := &s.items[i]
 		if !it.shadow {
+			at := now
+			if it.global {
+				// Also keeps the guard from answering it in process: its
+				// limit changes from check to check.
+				at = it.at
+			}
 			s.idx = append(s.idx, i)
-			s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Cost: it.cost, Now: now})
+			s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Cost: it.cost, Now: at})
 		}
 	}
+	defer e.observeGlobal(s)
 	allowed := true
 	if len(s.reqs) == 0 && s.idemKey != "" && e.claimShadow(ctx, s, now) {
 		// A repeat charges nothing, shadow rules included.

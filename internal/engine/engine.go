@@ -153,6 +153,9 @@ type Config struct {
 	// own, refused hits counted on fixed windows, a descriptor with no
 	// entries not limited.
 	EnvoyCompat bool
+	// Global is the region's view of the other regions' consumption of
+	// global limits. Nil decides them as if this region were alone.
+	Global GlobalView
 }
 
 // Engine decides checks. It is safe for concurrent use.
@@ -172,6 +175,8 @@ type Engine struct {
 
 	envoyCompat bool
 	compat      atomic.Pointer[compatParams] // with envoyCompat
+
+	global GlobalView // nil: global limits decided as if alone
 }
 
 // New returns an engine for cfg.
@@ -186,7 +191,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: config: idempotency TTL must not be negative, got %s", cfg.IdempotencyTTL)
 	}
 	e := &Engine{store: observeStore(cfg.Store, cfg.Metrics), shared: cfg.Store.Info().SharedRecords,
-		now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat}
+		now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat, global: cfg.Global}
 	if e.now == nil {
 		e.now = time.Now
 	}

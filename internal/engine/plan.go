@@ -30,6 +30,12 @@ type item struct {
 	key    string
 	// throttle is the percent by which a throttle cut the limit.
 	throttle float64
+	// global marks the item of a rule's global limit (see global.go):
+	// glimit is that limit, and at the instant that picks its window,
+	// given to the store so that its window is the one the sync names.
+	global bool
+	glimit int64
+	at     time.Time
 	// the outcome
 	dec      sluice.Decision
 	source   Source
@@ -48,6 +54,9 @@ type scratch struct {
 	src   []Source
 	idx   []int
 	call  storeCall
+	// gparams holds the params of the check's global items, whose limit
+	// changes from check to check.
+	gparams []algorithm.Params
 	// idemKey is the store key of the check's idempotency record, when
 	// the store keeps them (Info().SharedRecords).
 	idemKey string
@@ -205,6 +214,7 @@ func (e *Engine) plan(s *scratch, p *policy.Policy, c *Check, q *policy.Request,
 		}
 		s.items = append(s.items, it)
 		s.ends = append(s.ends, len(s.keys))
+		e.planGlobal(s, r, q, &it, now)
 	}
 	return nil
 }
@@ -217,4 +227,5 @@ func (e *Engine) finishKeys(s *scratch) {
 		s.items[i].key = all[start:s.ends[i]]
 		start = s.ends[i]
 	}
+	e.resolveGlobal(s)
 }

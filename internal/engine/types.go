@@ -157,6 +157,11 @@ type RuleResult struct {
 	// Shadow reports that the rule is in shadow mode: it decides and
 	// reports but never denies.
 	Shadow bool
+	// Global marks the result of the rule's global limit, shared by every
+	// region: Limit is that limit and Remaining what all regions together
+	// may still admit, as this region knows it. A rule with a global limit
+	// has two results, its own limit's and this one.
+	Global bool
 	// Limit, Remaining, ResetAfter and RetryAfter are as in sluice.Decision.
 	Limit, Remaining       int64
 	ResetAfter, RetryAfter time.Duration
@@ -216,4 +221,16 @@ func (r *Result) CallerTier() string {
 		}
 	}
 	return ""
+}
+
+// GlobalRemaining returns what every region together may still admit of
+// the check's global limits, as this region knows it (the least among
+// them), and whether any applied.
+func (r *Result) GlobalRemaining() (remaining int64, ok bool) {
+	for i := range r.Rules {
+		if rr := &r.Rules[i]; rr.Global && (!ok || rr.Remaining < remaining) {
+			remaining, ok = rr.Remaining, true
+		}
+	}
+	return remaining, ok
 }

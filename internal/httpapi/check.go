@@ -273,7 +273,7 @@ func deniedWithBatch(res *engine.Result) bool {
 // than one per header.
 func setHeaders(hdr http.Header, res *engine.Result, now time.Time, latencyUS int64) {
 	d := &res.Deciding
-	vals := make([]string, 0, 14)
+	vals := make([]string, 0, 15)
 	one := func(v string) []string {
 		vals = append(vals, v)
 		n := len(vals)
@@ -298,6 +298,9 @@ func setHeaders(hdr http.Header, res *engine.Result, now time.Time, latencyUS in
 	hdr["X-Ratelimit-Remaining"] = num(d.Remaining)
 	hdr["X-Ratelimit-Reset"] = num(resetAt(now, d.ResetAfter))
 	hdr["X-Ratelimit-Policy"] = one(d.Rule)
+	if g, ok := res.GlobalRemaining(); ok {
+		hdr["X-Ratelimit-Global-Remaining"] = num(g)
+	}
 	if t := res.CallerTier(); t != "" {
 		hdr["X-Ratelimit-Tier"] = one(t)
 	}
@@ -402,13 +405,21 @@ func appendResult(b []byte, res *engine.Result, status int, now time.Time, resou
 	b = append(b, `,"shadow_denied":`...)
 	b = strconv.AppendBool(b, res.ShadowDenied)
 	b = appendThrottle(b, res.ThrottlePercent)
+	if g, ok := res.GlobalRemaining(); ok {
+		b = append(b, `,"global_remaining":`...)
+		b = strconv.AppendInt(b, g, 10)
+	}
 	if latencyUS >= 0 {
 		b = append(b, `,"latency_us":`...)
 		b = strconv.AppendInt(b, latencyUS, 10)
 	}
 	switch status {
 	case http.StatusTooManyRequests:
-		b = append(b, `,"error":"rate_limit_exceeded","error_description":`...)
+		if d.Global && !deniedWithBatch(res) {
+			b = append(b, `,"error":"global_limit_exceeded","error_description":`...)
+		} else {
+			b = append(b, `,"error":"rate_limit_exceeded","error_description":`...)
+		}
 		var desc []byte
 		switch {
 		case deniedWithBatch(res):
@@ -463,6 +474,9 @@ func appendRule(b []byte, r *engine.RuleResult, now time.Time) []byte {
 		b = appendString(b, r.Fallback.String())
 	}
 	b = appendThrottle(b, r.ThrottlePercent)
+	if r.Global {
+		b = append(b, `,"global":true`...)
+	}
 	return append(b, '}')
 }
 

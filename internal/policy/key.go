@@ -97,9 +97,25 @@ func shorten(dst []byte, start int) []byte {
 // needs (a per-user rule and a check without user), in which case the rule
 // does not apply. A key longer than MaxKeyBytes is shortened.
 func (r *Rule) AppendKey(dst []byte, l *Limit, q *Request) (_ []byte, ok bool) {
+	return r.appendKey(dst, l.Tag, q)
+}
+
+// globalTag stands for the limit's tag in the keys of global limits: one
+// key per identity whatever its tier, and no tier's tag (letters, digits,
+// '_', '-', '.') can be it.
+const globalTag = "@g"
+
+// AppendGlobalKey appends the store key of r's global limit for q to dst,
+// as AppendKey does for a limit. The key is the same in every region, and
+// hashes to the slot of the rule's other keys for q.
+func (r *Rule) AppendGlobalKey(dst []byte, q *Request) (_ []byte, ok bool) {
+	return r.appendKey(dst, globalTag, q)
+}
+
+func (r *Rule) appendKey(dst []byte, tag string, q *Request) (_ []byte, ok bool) {
 	start := len(dst)
 	dst = append(dst, r.keyPrefix...)
-	dst = append(dst, l.Tag...)
+	dst = append(dst, tag...)
 	dst = append(dst, ':')
 	for i, d := range r.Dimension {
 		if d == DimGlobal {

@@ -231,6 +231,10 @@ type Rule struct {
 	// ExpectedInstances is the number of Sluice instances sharing the
 	// store, for the local failure mode.
 	ExpectedInstances int64
+	// Global is the rule's global limit, compiled as a fixed window of
+	// the rule's own window, or nil: the units every region together
+	// admits, on top of the rule's own limit in each region.
+	Global *algorithm.Params
 
 	byTier    map[string]*Limit // effective limit per tier name
 	keyPrefix string            // "rl:" + escaped id + ":"

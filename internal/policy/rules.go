@@ -9,6 +9,9 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
 )
 
 // validID reports whether s is usable as a rule id or tier name.
@@ -26,7 +29,7 @@ func validID(s string) bool {
 }
 
 var ruleKeys = []string{"id", "name", "match", "dimension", "algorithm", "limit", "window", "burst",
-	"tiered", "tiers", "cost_multipliers", "shadow", "failure_mode", "expected_instances"}
+	"tiered", "tiers", "cost_multipliers", "shadow", "failure_mode", "expected_instances", "global_limit"}
 
 func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 	items := d.seq(n, "rules")
@@ -43,7 +46,7 @@ func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 		}
 		r := &Rule{Index: len(p.Rules), FailureMode: st.failure, ExpectedInstances: st.instances, CostMultipliers: st.costs}
 		limitFields := []field{}
-		var tiersNode *yaml.Node
+		var tiersNode, globalNode *yaml.Node
 		dimSet := false
 		ok := true
 		for _, f := range fs {
@@ -96,6 +99,8 @@ func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 				if v, good := d.instances(f.v, what+".expected_instances"); good {
 					r.ExpectedInstances = v
 				}
+			case "global_limit":
+				globalNode = f.v
 			}
 		}
 		if r.ID == "" {
@@ -119,6 +124,9 @@ func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 			}
 		} else if !r.Tiered {
 			d.errorf(item, "%s: set limit and window, or tiered: true to take the limit from the identity's tier", what)
+		}
+		if globalNode != nil {
+			d.globalLimit(globalNode, what, r)
 		}
 		if r.Tiered {
 			if len(st.tierNames) == 0 {
@@ -232,4 +240,30 @@ func checkPattern(s string) string {
 		}
 	}
 	return ""
+}
+
+// globalLimit compiles the rule's global_limit: the units per the rule's
+// own window that every region together admits. It is counted in fixed
+// windows (the one algorithm whose windows every region cuts alike, from
+// the epoch), beside the rule's own limit, which still applies in each
+// region.
+func (d *decoder) globalLimit(n *yaml.Node, what string, r *Rule) {
+	v, ok := d.int64(n, what+".global_limit")
+	if !ok {
+		return
+	}
+	if r.Base == nil || r.Base.Spec.DenyAll {
+		d.errorf(n, "%s.global_limit: needs the rule's own limit and window (a tiered rule has none)", what)
+		return
+	}
+	if r.Shadow {
+		d.errorf(n, "%s.global_limit: a shadow rule never denies; remove global_limit or shadow", what)
+		return
+	}
+	p, err := algorithm.Compile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: v, Window: r.Base.Spec.Window})
+	if err != nil || v < 1 {
+		d.errorf(n, "%s.global_limit: %d per %s: must be at least 1 and at most %d", what, v, r.Base.Spec.Window, int64(sluice.MaxLimit))
+		return
+	}
+	r.Global = &p
 }

@@ -1,0 +1,138 @@
+// Global limits: a rule's global_limit is shared by every region, each of
+// which counts its own admissions in its own store and learns the others'
+// from a sync in the background (internal/globalsync). No check waits on
+// another region: a check of a global limit is one more request in the
+// check's one store call, a fixed window whose limit is what the other
+// regions have not taken, as this region last heard, less a reserve for
+// what they may have taken since.
+
+package engine
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/policy"
+)
+
+// GlobalView is the region's view of the other regions' consumption of
+// global limits, kept current in the background (internal/globalsync).
+// Both methods are on the check path: they must be cheap and never block.
+// A window is named by its key, its start (Unix milliseconds, a multiple
+// of its length) and its length.
+type GlobalView interface {
+	// Others returns the other regions' latest known count in the window,
+	// and a reserve for what they may have admitted since.
+	Others(key string, start int64, length time.Duration) (seen, reserve int64)
+	// Observe reports this region's count in the window, as its store
+	// returned it; counts only grow within a window.
+	Observe(key string, start int64, length time.Duration, count int64)
+}
+
+// planGlobal appends to s the item of r's global limit for the check, when
+// r has one; l is the rule's limit for the check (its throttle applies to
+// the global limit too).
+func (e *Engine) planGlobal(s *scratch, r *policy.Rule, q *policy.Request, it *item, at time.Time) {
+	if r.Global == nil {
+		return
+	}
+	keys, ok := r.AppendGlobalKey(s.keys, q)
+	if !ok {
+		s.keys = keys[:len(s.keys)]
+		return
+	}
+	s.keys = keys
+	g := *it
+	g.global, g.at, g.tier, g.local = true, at, "", nil
+	g.glimit = r.Global.Limit
+	if it.throttle > 0 {
+		g.glimit = int64(float64(g.glimit) * (1 - it.throttle/100))
+	}
+	if g.mode == policy.FailLocal {
+		// The rule's own limit, decided locally with its share, bounds
+		// the check while the store cannot answer.
+		g.mode = policy.FailOpen
+	}
+	s.items = append(s.items, g)
+	s.ends = append(s.ends, len(s.keys))
+}
+
+// resolveGlobal sets the params of the global items of s, once their keys
+// are final: the global limit less what the other regions took.
+func (e *Engine) resolveGlobal(s *scratch) {
+	n := 0
+	for i := range s.items {
+		if s.items[i].global {
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	if cap(s.gparams) < n {
+		s.gparams = make([]algorithm.Params, n)
+	}
+	s.gparams = s.gparams[:n]
+	j := 0
+	for i := range s.items {
+		it := &s.items[i]
+		if !it.global {
+			continue
+		}
+		p := &s.gparams[j]
+		j++
+		*p = *it.rule.Global
+		p.Limit = it.glimit
+		if e.global != nil {
+			start, length := globalWindow(p, it.at)
+			seen, reserve := e.global.Others(it.key, start, length)
+			p.Limit = max(it.glimit-seen-reserve, 0)
+		}
+		p.Burst = p.Limit
+		it.params = p
+	}
+}
+
+// observeGlobal tells the view this region's counts, from the store's
+// decisions of the global items of s.
+func (e *Engine) observeGlobal(s *scratch) {
+	if e.global == nil {
+		return
+	}
+	for i := range s.items {
+		it := &s.items[i]
+		if !it.global || it.source != SourceStore {
+			continue
+		}
+		// Remaining is the limit less the count, never negative: a
+		// denial with none remaining says only that the count reached
+		// the limit, which was told when it did.
+		if d := &it.dec; d.Allowed || d.Remaining > 0 {
+			start, length := globalWindow(it.params, it.at)
+			e.global.Observe(it.key, start, length, it.params.Limit-d.Remaining)
+		}
+	}
+}
+
+// globalWindow returns the start (Unix milliseconds) and the length of the
+// fixed window of p that holds at.
+func globalWindow(p *algorithm.Params, at time.Time) (start int64, length time.Duration) {
+	length = time.Duration(p.Window*p.Quantum) * time.Microsecond
+	ms := length.Milliseconds()
+	t := at.UnixMilli()
+	if ms <= 0 {
+		return t, length
+	}
+	return t - (t%ms+ms)%ms, length
+}
+
+// globalResult completes rr, the result of a global item: its limit is
+// the global limit, and its remaining what every region together may still
+// admit, as this region knows it.
+func globalResult(rr *RuleResult, it *item) {
+	rr.Global = true
+	rr.Limit = it.glimit
+	if it.source != SourceStore && it.source != SourceIdempotent {
+		rr.Remaining = it.glimit
+	}
+}
