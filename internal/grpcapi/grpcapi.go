@@ -354,6 +354,18 @@ func (s *Server) response(res *engine.Result) *sluicev1.CheckResponse {
 	for i := range res.Rules {
 		resp.Rules[i] = ruleStatus(&res.Rules[i], now)
 	}
+	if g, ok := res.GlobalRemaining(); ok {
+		resp.GlobalRemaining = &g
+	}
+	switch {
+	case res.Allowed:
+	case res.Unavailable:
+		resp.Reason = "unavailable"
+	case d.Global:
+		resp.Reason = "global_limit_exceeded"
+	default:
+		resp.Reason = "rate_limit_exceeded"
+	}
 	return resp
 }
 
@@ -362,7 +374,7 @@ func ruleStatus(r *engine.RuleResult, now time.Time) *sluicev1.RuleStatus {
 		Rule: r.Rule, Tier: r.Tier, Allowed: r.Allowed, Shadow: r.Shadow,
 		Limit: r.Limit, Remaining: r.Remaining, ResetAt: resetAt(now, r.ResetAfter),
 		RetryAfterMs: ceilDiv(r.RetryAfter, time.Millisecond), Cost: r.Cost, Source: r.Source.String(),
-		FallbackReason: r.Fallback.String(),
+		FallbackReason: r.Fallback.String(), Global: r.Global,
 	}
 }
 

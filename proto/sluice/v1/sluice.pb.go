@@ -343,8 +343,16 @@ type CheckResponse struct {
 	// local, fail_open or fail_closed: unreachable, stalled, deadline,
 	// breaker_open or overloaded; empty otherwise.
 	FallbackReason string `protobuf:"bytes,15,opt,name=fallback_reason,json=fallbackReason,proto3" json:"fallback_reason,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// global_remaining is set when a rule with a global_limit matched: what
+	// all regions together may still admit of it (the least among such
+	// rules), as this region knows it.
+	GlobalRemaining *int64 `protobuf:"varint,16,opt,name=global_remaining,json=globalRemaining,proto3,oneof" json:"global_remaining,omitempty"`
+	// reason is global_limit_exceeded when a rule's global limit refused the
+	// check, rate_limit_exceeded for any other rate-limit denial, empty when
+	// allowed.
+	Reason        string `protobuf:"bytes,17,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckResponse) Reset() {
@@ -482,6 +490,20 @@ func (x *CheckResponse) GetFallbackReason() string {
 	return ""
 }
 
+func (x *CheckResponse) GetGlobalRemaining() int64 {
+	if x != nil && x.GlobalRemaining != nil {
+		return *x.GlobalRemaining
+	}
+	return 0
+}
+
+func (x *CheckResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // RuleStatus is the outcome or state of one rule.
 type RuleStatus struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -498,8 +520,13 @@ type RuleStatus struct {
 	Source       string `protobuf:"bytes,10,opt,name=source,proto3" json:"source,omitempty"`
 	// fallback_reason is as in CheckResponse, for this rule.
 	FallbackReason string `protobuf:"bytes,11,opt,name=fallback_reason,json=fallbackReason,proto3" json:"fallback_reason,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// global marks the rule's global limit, shared by every region: limit
+	// is that limit and remaining what all regions together may still
+	// admit. A rule with a global limit has two entries; the other one's
+	// remaining is the region's own.
+	Global        bool `protobuf:"varint,12,opt,name=global,proto3" json:"global,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RuleStatus) Reset() {
@@ -607,6 +634,13 @@ func (x *RuleStatus) GetFallbackReason() string {
 		return x.FallbackReason
 	}
 	return ""
+}
+
+func (x *RuleStatus) GetGlobal() bool {
+	if x != nil {
+		return x.Global
+	}
+	return false
 }
 
 // BatchCheckRequest decides several checks. Identity fields left empty in
@@ -1061,7 +1095,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\aapi_key\x18\t \x01(\tR\x06apiKey\x12\x16\n" +
 	"\x06method\x18\n" +
 	" \x01(\tR\x06methodB\a\n" +
-	"\x05_cost\"\xdb\x03\n" +
+	"\x05_cost\"\xb8\x04\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -1079,7 +1113,10 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05state\x18\f \x01(\x0e2\x10.sluice.v1.StateR\x05state\x12#\n" +
 	"\rcurrent_count\x18\r \x01(\x03R\fcurrentCount\x12+\n" +
 	"\x05rules\x18\x0e \x03(\v2\x15.sluice.v1.RuleStatusR\x05rules\x12'\n" +
-	"\x0ffallback_reason\x18\x0f \x01(\tR\x0efallbackReason\"\xb0\x02\n" +
+	"\x0ffallback_reason\x18\x0f \x01(\tR\x0efallbackReason\x12.\n" +
+	"\x10global_remaining\x18\x10 \x01(\x03H\x00R\x0fglobalRemaining\x88\x01\x01\x12\x16\n" +
+	"\x06reason\x18\x11 \x01(\tR\x06reasonB\x13\n" +
+	"\x11_global_remaining\"\xc8\x02\n" +
 	"\n" +
 	"RuleStatus\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x12\n" +
@@ -1093,7 +1130,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04cost\x18\t \x01(\x03R\x04cost\x12\x16\n" +
 	"\x06source\x18\n" +
 	" \x01(\tR\x06source\x12'\n" +
-	"\x0ffallback_reason\x18\v \x01(\tR\x0efallbackReason\"\xf9\x01\n" +
+	"\x0ffallback_reason\x18\v \x01(\tR\x0efallbackReason\x12\x16\n" +
+	"\x06global\x18\f \x01(\bR\x06global\"\xf9\x01\n" +
 	"\x11BatchCheckRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\x12\x0e\n" +
@@ -1206,6 +1244,7 @@ func file_sluice_v1_sluice_proto_init() {
 		return
 	}
 	file_sluice_v1_sluice_proto_msgTypes[0].OneofWrappers = []any{}
+	file_sluice_v1_sluice_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
