@@ -34,7 +34,8 @@ type ConfigState struct {
 
 // configRule is the rule, in the configuration file's format, that c
 // becomes: a limit of BaseRate a second for ClientID on Resource.
-// GlobalLimit, Priority and AdaptiveConfig are kept but not enforced.
+// GlobalLimit becomes the rule's global_limit (a second, as BaseRate);
+// Priority and AdaptiveConfig are kept but not enforced.
 func configRule(c Config) ([]byte, error) {
 	spec := map[string]any{
 		"id":        configRulePrefix + c.ID,
@@ -49,6 +50,9 @@ func configRule(c Config) ([]byte, error) {
 	}
 	if len(c.CostMultipliers) > 0 {
 		spec["cost_multipliers"] = c.CostMultipliers
+	}
+	if c.GlobalLimit > 0 {
+		spec["global_limit"] = c.GlobalLimit
 	}
 	return json.Marshal(spec)
 }
