@@ -197,7 +197,7 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		}
 	}
 	statuses = make([]DescriptorStatus, len(descs))
-	type ref struct{ desc, item int }
+	type ref struct{ desc, item, global int } // global: -1 without a global limit
 	var rbuf [4]ref
 	refs := rbuf[:0]
 	s := e.getScratch()
@@ -223,11 +223,23 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 			it.local = &l.Limit.Local[PriorityNormal]
 		}
 		s.items = append(s.items, it)
-		refs = append(refs, ref{i, len(s.items) - 1})
+		rf := ref{i, len(s.items) - 1, -1}
+		if l.Global != nil && !it.shadow {
+			g := it
+			g.global, g.gbase, g.glimit, g.at, g.local = true, l.Global, l.Global.Limit, e.now(), nil
+			if g.mode == policy.FailLocal {
+				g.mode = policy.FailOpen // the limit's own local share bounds it
+			}
+			g.key = string(l.AppendGlobalKey(s.keys[:0], descs[i].Entries))
+			s.items = append(s.items, g)
+			rf.global = len(s.items) - 1
+		}
+		refs = append(refs, rf)
 	}
 	if len(s.items) == 0 {
 		return statuses, false, nil
 	}
+	e.resolveGlobal(s)
 	// With EnvoyCompat each descriptor is decided on its own, so that a
 	// request over one limit counts on the others too.
 	e.run(ctx, s, time.Time{}, !e.envoyCompat)
@@ -236,6 +248,15 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		it := &s.items[r.item]
 		l := limits[r.desc]
 		over := blocking(it.dec) && it.source != SourceFailOpen
+		if r.global >= 0 {
+			// The descriptor is over when its limit or its global limit
+			// is; it reports the smaller remaining.
+			g := &s.items[r.global]
+			over = over || blocking(g.dec) && g.source != SourceFailOpen
+			if g.source == SourceStore && g.dec.Remaining < it.dec.Remaining {
+				it = g
+			}
+		}
 		st := DescriptorStatus{HasLimit: true, Limit: l.RequestsPerUnit, Unit: l.Unit,
 			Remaining: it.dec.Remaining, DurationUntilReset: it.dec.ResetAfter, Rule: l.FullKey, Shadow: l.Shadow}
 		if l.QuotaMode && !l.Shadow {

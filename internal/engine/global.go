@@ -43,7 +43,7 @@ func (e *Engine) planGlobal(s *scratch, r *policy.Rule, q *policy.Request, it *i
 	}
 	s.keys = keys
 	g := *it
-	g.global, g.at, g.tier, g.local = true, at, "", nil
+	g.global, g.gbase, g.at, g.tier, g.local = true, r.Global, at, "", nil
 	g.glimit = r.Global.Limit
 	if it.throttle > 0 {
 		g.glimit = int64(float64(g.glimit) * (1 - it.throttle/100))
@@ -81,7 +81,7 @@ func (e *Engine) resolveGlobal(s *scratch) {
 		}
 		p := &s.gparams[j]
 		j++
-		*p = *it.rule.Global
+		*p = *it.gbase
 		p.Limit = it.glimit
 		if e.global != nil {
 			start, length := globalWindow(p, it.at)

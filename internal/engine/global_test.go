@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -40,9 +41,9 @@ func (v *view) Observe(key string, start int64, length time.Duration, count int6
 	v.windows[start] = length
 }
 
-func newGlobalEngine(t *testing.T, v GlobalView) *Engine {
+func newGlobalEngine(t *testing.T, v GlobalView, src ...string) *Engine {
 	t.Helper()
-	p, err := policy.Parse("test.yaml", []byte(globalFile))
+	p, err := policy.Parse("test.yaml", []byte(append(src, globalFile)[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,6 +112,37 @@ func TestGlobalLimitSharesWithOthers(t *testing.T) {
 	r := mustCheck(t, e, Check{ClientID: "c", Resource: "/api/x", Cost: 1})
 	if g, _ := r.GlobalRemaining(); r.Allowed || g != 0 || r.Rules[0].Remaining != 98 {
 		t.Errorf("%+v", r)
+	}
+}
+
+// Envoy's descriptors take a global limit through Sluice's extension,
+// global_requests_per_unit: a descriptor is over when either limit is.
+func TestGlobalLimitEnvoy(t *testing.T) {
+	const src = `
+domain: edge
+descriptors:
+  - key: partner
+    rate_limit: { unit: minute, requests_per_unit: 10, global_requests_per_unit: 4 }
+`
+	v := &view{seen: 1}
+	e := newGlobalEngine(t, v, src)
+	for i := range 4 {
+		st, over, err := e.ShouldRateLimit(context.Background(), "edge", []Descriptor{desc("partner", "p1")}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := i == 3; over != want || st[0].Limit != 10 || st[0].Remaining != max(int64(2-i), 0) {
+			t.Errorf("hit %d: over %v, %+v; want over %v with %d remaining", i, over, st[0], want, max(2-i, 0))
+		}
+	}
+	if len(v.observed) != 1 {
+		t.Errorf("observed %v, want the descriptor's global key", v.observed)
+	}
+	for _, bad := range []string{"0", "-1", "x", "5000000000"} {
+		src := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1, global_requests_per_unit: " + bad + " }\n"
+		if _, err := policy.Parse("e.yaml", []byte(src)); err == nil {
+			t.Errorf("global_requests_per_unit %s: parsed", bad)
+		}
 	}
 }
 

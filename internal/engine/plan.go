@@ -34,6 +34,7 @@ type item struct {
 	// glimit is that limit, and at the instant that picks its window,
 	// given to the store so that its window is the one the sync names.
 	global bool
+	gbase  *algorithm.Params
 	glimit int64
 	at     time.Time
 	// the outcome

@@ -55,8 +55,13 @@ type EnvoyLimit struct {
 	// DefaultFailureMode (local, with the whole limit per instance, as
 	// an Envoy file names no expected instances).
 	FailureMode FailureMode
+	// Global is the limit's global_requests_per_unit, Sluice's extension:
+	// the hits per unit every region together admits, compiled as a fixed
+	// window of the unit; nil when not set (see Rule.Global).
+	Global *algorithm.Params
 
-	keyPrefix string // "rl:envoy:" + escaped domain + ":" + tag + ":"
+	keyPrefix    string // "rl:envoy:" + escaped domain + ":" + tag + ":"
+	globalPrefix string // "rl:envoy:" + escaped domain + ":@g:", with Global
 	// shared holds, by descriptor entry, the wildcard whose
 	// share_threshold makes all the values it matches share one counter,
 	// or ""; nil when no entry's does.
@@ -275,8 +280,18 @@ func (n *envoyNode) limits(out *[]*Limit) {
 // wildcard, not by its value, so that all the values it matches share one
 // counter. A key longer than MaxKeyBytes is shortened (see Rule.AppendKey).
 func (l *EnvoyLimit) AppendKey(dst []byte, entries []DescriptorEntry) []byte {
+	return l.appendKey(dst, l.keyPrefix, entries)
+}
+
+// AppendGlobalKey appends the store key of l's global limit for entries to
+// dst, as AppendKey does for l: the same in every region.
+func (l *EnvoyLimit) AppendGlobalKey(dst []byte, entries []DescriptorEntry) []byte {
+	return l.appendKey(dst, l.globalPrefix, entries)
+}
+
+func (l *EnvoyLimit) appendKey(dst []byte, prefix string, entries []DescriptorEntry) []byte {
 	start := len(dst)
-	dst = append(dst, l.keyPrefix...)
+	dst = append(dst, prefix...)
 	dst = append(dst, '{')
 	for i, e := range entries {
 		if i > 0 {

@@ -190,7 +190,7 @@ func (d *decoder) envoyDescriptors(n *yaml.Node, dom *envoyDomain, into *envoyNo
 	}
 }
 
-var envoyRateLimitKeys = []string{"unit", "requests_per_unit", "name", "replaces", "unlimited", "algorithm"}
+var envoyRateLimitKeys = []string{"unit", "requests_per_unit", "name", "replaces", "unlimited", "algorithm", "global_requests_per_unit"}
 
 func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *settings) *EnvoyLimit {
 	fs := d.fields(n, "rate_limit", envoyRateLimitKeys...)
@@ -200,6 +200,7 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 	l := &EnvoyLimit{Domain: dom.name, FullKey: full, FailureMode: DefaultFailureMode}
 	// has* report the fields given, bad that one was reported as invalid.
 	var hasUnit, hasRPU, bad bool
+	var global *yaml.Node
 	alg := sluice.FixedWindow
 	for _, f := range fs {
 		switch f.key {
@@ -247,6 +248,8 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 			}
 		case "unlimited":
 			l.Unlimited, _ = d.bool(f.v, "rate_limit.unlimited")
+		case "global_requests_per_unit":
+			global = f.v
 		case "algorithm":
 			if a, ok := d.algorithm(f.v, "rate_limit.algorithm"); ok {
 				alg = a
@@ -260,8 +263,8 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 		return nil
 	}
 	if l.Unlimited {
-		if hasUnit || hasRPU {
-			d.errorf(n, "rate_limit: an unlimited rate limit must not set unit or requests_per_unit")
+		if hasUnit || hasRPU || global != nil {
+			d.errorf(n, "rate_limit: an unlimited rate limit must not set unit, requests_per_unit or global_requests_per_unit")
 			return nil
 		}
 		return l
@@ -299,5 +302,18 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 		}
 	}
 	l.keyPrefix = "rl:envoy:" + string(appendEscaped(nil, dom.name)) + ":" + l.Limit.Tag + ":"
+	if global != nil {
+		v, ok := d.int64(global, "rate_limit.global_requests_per_unit")
+		if !ok {
+			return nil
+		}
+		p, err := algorithm.Compile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: v, Window: l.Unit})
+		if err != nil || v < 1 || v > math.MaxUint32 {
+			d.errorf(global, "rate_limit.global_requests_per_unit: must be between 1 and %d, got %d", uint32(math.MaxUint32), v)
+			return nil
+		}
+		l.Global = &p
+		l.globalPrefix = "rl:envoy:" + string(appendEscaped(nil, dom.name)) + ":" + globalTag + ":"
+	}
 	return l
 }
