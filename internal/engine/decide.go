@@ -33,7 +33,9 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 			s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Cost: it.cost, Now: at})
 		}
 	}
-	defer e.observeGlobal(s)
+	if s.globals > 0 {
+		defer e.observeGlobal(s)
+	}
 	allowed := true
 	if len(s.reqs) == 0 && s.idemKey != "" && e.claimShadow(ctx, s, now) {
 		// A repeat charges nothing, shadow rules included.

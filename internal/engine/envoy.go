@@ -232,6 +232,7 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 			}
 			g.key = string(l.AppendGlobalKey(s.keys[:0], descs[i].Entries))
 			s.items = append(s.items, g)
+			s.globals++
 			rf.global = len(s.items) - 1
 		}
 		refs = append(refs, rf)

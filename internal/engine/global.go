@@ -55,17 +55,13 @@ func (e *Engine) planGlobal(s *scratch, r *policy.Rule, q *policy.Request, it *i
 	}
 	s.items = append(s.items, g)
 	s.ends = append(s.ends, len(s.keys))
+	s.globals++
 }
 
 // resolveGlobal sets the params of the global items of s, once their keys
 // are final: the global limit less what the other regions took.
 func (e *Engine) resolveGlobal(s *scratch) {
-	n := 0
-	for i := range s.items {
-		if s.items[i].global {
-			n++
-		}
-	}
+	n := s.globals
 	if n == 0 {
 		return
 	}
@@ -96,7 +92,7 @@ func (e *Engine) resolveGlobal(s *scratch) {
 // observeGlobal tells the view this region's counts, from the store's
 // decisions of the global items of s.
 func (e *Engine) observeGlobal(s *scratch) {
-	if e.global == nil {
+	if e.global == nil || s.globals == 0 {
 		return
 	}
 	for i := range s.items {

@@ -159,3 +159,38 @@ func TestGlobalLimitNeedsOwnLimit(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkCheckGlobal: a check of a rule with a global limit (on, with a
+// view of other regions), beside the same rule without one (off), for the
+// cost of a global limit on the check path.
+func BenchmarkCheckGlobal(b *testing.B) {
+	for _, bc := range []struct {
+		name, src string
+		view      GlobalView
+	}{
+		{"off", "version: 1\nrules:\n  - { id: api, match: { resource: \"/api/*\" }, dimension: client, limit: 1000000000, window: 1m }\n", nil},
+		{"on", "version: 1\nrules:\n  - { id: api, match: { resource: \"/api/*\" }, dimension: client, limit: 1000000000, window: 1m, global_limit: 1000000000 }\n", &view{}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			p, err := policy.Parse("b.yaml", []byte(bc.src))
+			if err != nil {
+				b.Fatal(err)
+			}
+			st, err := memory.New(memory.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			e, err := New(Config{Store: st, Policy: p, Global: bc.view})
+			if err != nil {
+				b.Fatal(err)
+			}
+			c := &Check{ClientID: "bench", Resource: "/api/x", Cost: 1}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := e.Check(context.Background(), c); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -58,6 +58,7 @@ type scratch struct {
 	// gparams holds the params of the check's global items, whose limit
 	// changes from check to check.
 	gparams []algorithm.Params
+	globals int // the number of global items
 	// idemKey is the store key of the check's idempotency record, when
 	// the store keeps them (Info().SharedRecords).
 	idemKey string
@@ -68,7 +69,7 @@ type scratch struct {
 func (e *Engine) getScratch() *scratch {
 	s := e.pool.Get().(*scratch)
 	s.rules, s.items, s.keys, s.ends, s.reqs, s.out, s.idx = s.rules[:0], s.items[:0], s.keys[:0], s.ends[:0], s.reqs[:0], s.out[:0], s.idx[:0]
-	s.idemKey, s.replayed = "", false
+	s.idemKey, s.replayed, s.globals = "", false, 0
 	return s
 }
 
