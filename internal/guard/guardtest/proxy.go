@@ -81,6 +81,26 @@ func (p *Proxy) Bandwidth(t testing.TB, kbps int) {
 	p.add(t, "bandwidth", "downstream", map[string]int{"rate": kbps})
 }
 
+// Disable cuts the proxy off: its connections are closed and new ones
+// refused, as a network partition would, until Enable.
+func (p *Proxy) Disable(t testing.TB) {
+	t.Helper()
+	p.setEnabled(t, false)
+}
+
+// Enable undoes Disable: the proxy accepts connections again.
+func (p *Proxy) Enable(t testing.TB) {
+	t.Helper()
+	p.setEnabled(t, true)
+}
+
+func (p *Proxy) setEnabled(t testing.TB, on bool) {
+	t.Helper()
+	if err := p.call(http.MethodPost, "/proxies/"+p.name, map[string]any{"enabled": on}, http.StatusOK, nil); err != nil {
+		t.Fatalf("guardtest: set proxy enabled %v: %v", on, err)
+	}
+}
+
 // Clear removes every toxic: traffic flows freely again.
 func (p *Proxy) Clear(t testing.TB) {
 	t.Helper()

@@ -109,4 +109,24 @@ func TestProxy(t *testing.T) {
 	if _, err := roundTrip(t, c2, bufio.NewReader(c2), 5*time.Second); err != nil {
 		t.Fatalf("after clear: %v", err)
 	}
+
+	// Disabled: connections are closed and new ones refused; enabled
+	// again, they flow.
+	p.Disable(t)
+	if _, err := roundTrip(t, c2, bufio.NewReader(c2), time.Second); err == nil {
+		t.Error("a round trip through a disabled proxy went through")
+	}
+	if c3, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
+		c3.Close()
+		t.Error("a disabled proxy accepted a connection")
+	}
+	p.Enable(t)
+	c4, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatalf("dial the proxy enabled again: %v", err)
+	}
+	defer c4.Close()
+	if _, err := roundTrip(t, c4, bufio.NewReader(c4), 5*time.Second); err != nil {
+		t.Fatalf("enabled again: %v", err)
+	}
 }
