@@ -240,6 +240,18 @@ func (s *State) Count(originName string, w Window) (int64, bool) {
 	return 0, false
 }
 
+// Windows returns the number of windows held, expired or not.
+func (s *State) Windows() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.RLock()
+		n += len(sh.m)
+		sh.mu.RUnlock()
+	}
+	return n
+}
+
 // Sweep drops the windows whose end and grace are past at now, and
 // returns how many windows remain.
 func (s *State) Sweep(now int64) int {

@@ -257,7 +257,7 @@ func (s *Sync) Status() Status {
 		Merged:        s.c.merged.Load(),
 		Stale:         s.c.stale.Load(),
 		Expired:       s.c.expired.Load(),
-		Windows:       s.state.Sweep(s.cfg.Now().UnixMilli()),
+		Windows:       s.state.Windows(),
 	}
 	if c := s.conn.Load(); c != nil {
 		st.Connected = c.nc.IsConnected() && s.c.streamReady.Load() != 0

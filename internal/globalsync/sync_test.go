@@ -165,6 +165,29 @@ func TestCountsReachTheOtherRegions(t *testing.T) {
 	t.Logf("ap: %+v", st)
 }
 
+// The instances of one region publish under its name: the other regions
+// take the largest count, not the sum.
+func TestInstancesOfOneRegion(t *testing.T) {
+	n := newNet(t, srv)
+	us1, us2, eu := n.start("us"), n.start("us"), n.start("eu")
+	eventually(t, "connected", func() bool {
+		return us1.Status().Connected && us2.Status().Connected && eu.Status().Connected
+	})
+	w := currentWindow("global:instances")
+	// Both read the same Redis counter: us2's read came after us1's.
+	us1.Observe(w, 40)
+	us2.Observe(w, 41)
+	eventually(t, "eu sees the larger count", wantSeen(t, eu, w, 41))
+	us1.Observe(w, 42)
+	eventually(t, "eu sees us1's newer count", wantSeen(t, eu, w, 42))
+	eu.Observe(w, 3)
+	eventually(t, "us1 sees eu", wantSeen(t, us1, w, 3))
+	eventually(t, "us2 sees eu", wantSeen(t, us2, w, 3))
+	if st := us2.Status(); st.Own == 0 || len(st.Peers) != 1 || st.Peers[0].Region != "eu" {
+		t.Errorf("us2: own %d, peers %+v; want its region's messages ignored, eu as its peer", st.Own, st.Peers)
+	}
+}
+
 // Messages sent by hand: duplicates, reordering and counts going
 // backwards leave the sums as the largest count per region.
 func TestDuplicatesAndReorderingChangeNothing(t *testing.T) {
@@ -239,4 +262,114 @@ func TestGarbageIsCountedAndDropped(t *testing.T) {
 	if st.Foreign != 2 || st.Malformed != 3 || st.Own < 1 || st.Received != 1 {
 		t.Errorf("foreign %d, malformed %d, own %d, received %d; want 2, 3, at least 1, 1", st.Foreign, st.Malformed, st.Own, st.Received)
 	}
+}
+
+// NATS stops while the regions count: the counts wait in the outbox, a
+// Sync started meanwhile starts without it, and after NATS comes back
+// every region's sums are exact.
+func TestNATSRestart(t *testing.T) {
+	s, err := natstest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	n := newNet(t, s)
+	us, eu := n.start("us"), n.start("eu")
+	eventually(t, "connected", func() bool { return us.Status().Connected && eu.Status().Connected })
+	w := currentWindow("global:restart")
+	us.Observe(w, 10)
+	eventually(t, "eu sees us before the stop", wantSeen(t, eu, w, 10))
+
+	s.Stop()
+	eventually(t, "us notices the stop", func() bool { return !us.Status().Connected })
+	keys := make([]Window, 500)
+	for i := range keys {
+		keys[i] = currentWindow(fmt.Sprintf("global:k%d", i))
+		us.Observe(keys[i], int64(i+1))
+		eu.Observe(keys[i], 1000)
+	}
+	us.Observe(w, 50)
+	started := time.Now()
+	ap := n.start("ap") // NATS is down: Start neither fails nor waits
+	if d := time.Since(started); d > time.Second {
+		t.Errorf("Start took %v with NATS down", d)
+	}
+	ap.Observe(w, 7)
+	time.Sleep(100 * time.Millisecond) // several flush periods without NATS
+	if st := us.Status(); st.PendingEvents != len(keys)+1 {
+		t.Errorf("us has %d windows pending while NATS is down, want %d", st.PendingEvents, len(keys)+1)
+	}
+
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "eu sees us and ap after the restart", wantSeen(t, eu, w, 57))
+	eventually(t, "ap sees us after the restart", wantSeen(t, ap, w, 50))
+	eventually(t, "us sees ap after the restart", wantSeen(t, us, w, 7))
+	for i, k := range keys {
+		eventually(t, "ap sees "+k.Key, wantSeen(t, ap, k, int64(i+1)+1000))
+	}
+	for _, sy := range []*Sync{us, eu, ap} {
+		eventually(t, sy.cfg.Region+" has nothing pending", func() bool { return sy.Status().PendingEvents == 0 })
+	}
+}
+
+func BenchmarkObserve(b *testing.B) {
+	sy := newNet(b, srv).start("us")
+	ws := benchWindows()
+	for i, w := range ws {
+		sy.Observe(w, int64(i))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var c int64
+	for i := 0; b.Loop(); i++ {
+		c++
+		sy.Observe(ws[i&(len(ws)-1)], c)
+	}
+}
+
+func BenchmarkObserveParallel(b *testing.B) {
+	sy := newNet(b, srv).start("us")
+	ws := benchWindows()
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var c int64
+		for i := 0; pb.Next(); i++ {
+			c++
+			sy.Observe(ws[i&(len(ws)-1)], c)
+		}
+	})
+}
+
+func BenchmarkOthers(b *testing.B) {
+	n := newNet(b, srv)
+	sy := n.start("us")
+	ws := benchWindows()
+	now := time.Now().UnixMilli()
+	for i, w := range ws { // three other regions' counts for every window
+		for _, o := range []string{"eu", "ap", "sa"} {
+			sy.state.Merge(o, w, int64(i), now, now)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var sum int64
+	for i := 0; b.Loop(); i++ {
+		seen, r := sy.Others(ws[i&(len(ws)-1)])
+		sum += seen + r
+	}
+	if sum == 0 {
+		b.Fatal("no counts seen")
+	}
+}
+
+// benchWindows returns 1,024 windows of current minute.
+func benchWindows() []Window {
+	ws := make([]Window, 1024)
+	for i := range ws {
+		ws[i] = currentWindow(fmt.Sprintf("tenant:%d:global", i))
+	}
+	return ws
 }
