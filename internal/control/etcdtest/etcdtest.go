@@ -7,21 +7,20 @@ package etcdtest
 
 import (
 	"bufio"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testbin"
 )
 
 // toolsModule is the directory, relative to the main module's root, of
@@ -34,63 +33,9 @@ const installHint = "the tests build etcd from " + toolsModule + " into the user
 	"which needs the Go module proxy (or a module cache holding go.etcd.io/etcd/server/v3); " +
 	"try `cd " + toolsModule + " && go build -o /dev/null .` to see why it fails"
 
-var (
-	binaryOnce sync.Once
-	binaryPath string
-	binaryErr  error
-)
-
-// binary returns the path of the test etcd server, built once per test
-// process and kept in the cache keyed by the tools module's files.
-func binary() (string, error) {
-	binaryOnce.Do(func() { binaryPath, binaryErr = build() })
-	return binaryPath, binaryErr
-}
-
-func build() (string, error) {
-	gomod, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("find the main module with `go env GOMOD`: %w", err)
-	}
-	dir := filepath.Join(filepath.Dir(strings.TrimSpace(string(gomod))), filepath.FromSlash(toolsModule))
-	h := sha256.New()
-	for _, f := range []string{"go.mod", "go.sum", "main.go"} {
-		b, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil {
-			return "", fmt.Errorf("read the module that pins etcd: %w", err)
-		}
-		h.Write(b)
-	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	cache = filepath.Join(cache, "sluice")
-	name := "etcd-test-" + hex.EncodeToString(h.Sum(nil))[:16] + "-" + runtime.GOOS + "-" + runtime.GOARCH
-	bin := filepath.Join(cache, name)
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return "", fmt.Errorf("create the cache directory: %w", err)
-	}
-	tmp, err := os.CreateTemp(cache, name+".*.tmp")
-	if err != nil {
-		return "", err
-	}
-	tmp.Close()
-	defer os.Remove(tmp.Name())
-	cmd := exec.Command("go", "build", "-o", tmp.Name(), ".")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build in %s: %w\n%s", toolsModule, err, out)
-	}
-	if err := os.Rename(tmp.Name(), bin); err != nil {
-		return "", err
-	}
-	return bin, nil
-}
+// binary returns the path of the test etcd server, built once and kept
+// in the user's cache.
+func binary() (string, error) { return testbin.Build(toolsModule, ".", "etcd-test") }
 
 // Server is a running (or stopped) etcd server.
 type Server struct {

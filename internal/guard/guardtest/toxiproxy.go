@@ -2,21 +2,17 @@ package guardtest
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testbin"
 )
 
 // toolsModule is the directory, relative to the root of the main module,
@@ -34,78 +30,14 @@ const installHint = "run `make deps`, which builds it from " + toolsModule + " i
 	"https://github.com/Shopify/toxiproxy/releases, or `cd " + toolsModule +
 	" && go build -o \"$(go env GOPATH)/bin/toxiproxy-server\" " + serverPackage + "`"
 
-var (
-	binaryOnce sync.Once
-	binaryPath string
-	binaryErr  error
-)
-
 // serverBinary returns the path of a toxiproxy-server executable: the one
-// on PATH, or else one built once per test process from toolsModule and
-// kept in the user's cache directory, keyed by that module's go.mod and
-// go.sum, for the next test processes.
+// on PATH, or else one built from toolsModule and kept in the user's
+// cache directory for the next test processes.
 func serverBinary() (string, error) {
-	binaryOnce.Do(func() {
-		if p, err := exec.LookPath("toxiproxy-server"); err == nil {
-			binaryPath = p
-			return
-		}
-		binaryPath, binaryErr = buildServer()
-	})
-	return binaryPath, binaryErr
-}
-
-// buildServer builds toxiproxy-server from toolsModule into the cache, or
-// returns the one built there before.
-func buildServer() (string, error) {
-	gomod, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("find the main module with `go env GOMOD`: %w", err)
+	if p, err := exec.LookPath("toxiproxy-server"); err == nil {
+		return p, nil
 	}
-	root := filepath.Dir(strings.TrimSpace(string(gomod)))
-	dir := filepath.Join(root, filepath.FromSlash(toolsModule))
-	h := sha256.New()
-	for _, f := range []string{"go.mod", "go.sum"} {
-		b, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil {
-			return "", fmt.Errorf("read the module that pins toxiproxy: %w", err)
-		}
-		h.Write(b)
-	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	cache = filepath.Join(cache, "sluice")
-	name := "toxiproxy-server-" + hex.EncodeToString(h.Sum(nil))[:16] + "-" + runtime.GOOS + "-" + runtime.GOARCH
-	if runtime.GOOS == "windows" {
-		name += ".exe"
-	}
-	bin := filepath.Join(cache, name)
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return "", fmt.Errorf("create the cache directory: %w", err)
-	}
-	// Build beside the final name and rename, so that test processes
-	// building at the same time never run a half-written file.
-	tmp, err := os.CreateTemp(cache, name+".*.tmp")
-	if err != nil {
-		return "", fmt.Errorf("create the build output: %w", err)
-	}
-	tmp.Close()
-	defer os.Remove(tmp.Name())
-	cmd := exec.Command("go", "build", "-o", tmp.Name(), serverPackage)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build %s in %s: %w\n%s", serverPackage, toolsModule, err, out)
-	}
-	if err := os.Rename(tmp.Name(), bin); err != nil {
-		return "", fmt.Errorf("move the built toxiproxy-server into the cache: %w", err)
-	}
-	return bin, nil
+	return testbin.Build(toolsModule, serverPackage, "toxiproxy-server")
 }
 
 // startServer starts a toxiproxy-server process whose API listens on a

@@ -1,0 +1,167 @@
+// Package natstest starts a real NATS server with JetStream for tests: a
+// process built once from the tools module internal/tools/nats into the
+// user's cache directory, on a free port of 127.0.0.1, with JetStream's
+// files in a temporary directory. Start one per test package in TestMain
+// and give each test its own stream name; Stop and Start restart the
+// server on the same port and files, as a crash and recovery would.
+package natstest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/testbin"
+)
+
+// toolsModule is the directory, relative to the main module's root, of
+// the module that pins the NATS server; its own module keeps the server
+// and its dependencies out of Sluice's go.mod.
+const toolsModule = "internal/tools/nats"
+
+// installHint says how to get the server when the tests cannot build it.
+const installHint = "the tests build a NATS server from " + toolsModule + " into the user's cache directory, " +
+	"which needs the Go module proxy (or a module cache holding github.com/nats-io/nats-server/v2); " +
+	"try `cd " + toolsModule + " && go build -o /dev/null .` to see why it fails"
+
+// Server is a running (or stopped) NATS server.
+type Server struct {
+	bin, dir string
+	port     int
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	n      atomic.Int64
+}
+
+// Start builds the server if needed and starts it on a free port with a
+// new storage directory.
+func Start() (*Server, error) {
+	bin, err := testbin.Build(toolsModule, ".", "nats-test")
+	if err != nil {
+		return nil, fmt.Errorf("natstest: no NATS server: %w\n%s", err, installHint)
+	}
+	dir, err := os.MkdirTemp("", "natstest-")
+	if err != nil {
+		return nil, err
+	}
+	var last error
+	for range 3 { // a free port may be taken before the server listens
+		port, err := freePort()
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+		s := &Server{bin: bin, dir: dir, port: port}
+		if last = s.Start(); last == nil {
+			return s, nil
+		}
+	}
+	os.RemoveAll(dir)
+	return nil, fmt.Errorf("natstest: start NATS: %w", last)
+}
+
+// URL is the client URL, such as nats://127.0.0.1:41234.
+func (s *Server) URL() string { return "nats://" + s.Addr() }
+
+// Addr is the client address, host:port.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// Name returns a name (for a stream, say) no other caller of this Server
+// gets: prefix followed by a number.
+func (s *Server) Name(prefix string) string { return prefix + strconv.FormatInt(s.n.Add(1), 10) }
+
+// Start starts the stopped server on its port and storage directory: the
+// streams and messages stored before Stop are still there. It does
+// nothing when the server runs.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return nil
+	}
+	cmd := exec.Command(s.bin, "-port", strconv.Itoa(s.port), "-store-dir", filepath.Join(s.dir, "jetstream"))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		ok := false
+		for sc.Scan() {
+			if sc.Text() == "ready" && !ok {
+				ok = true
+				ready <- true
+			}
+		}
+		if !ok {
+			ready <- false
+		}
+	}()
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	select {
+	case ok := <-ready:
+		if !ok {
+			<-exited
+			return fmt.Errorf("NATS exited at start: %s", stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		return errors.New("NATS not ready after 30s")
+	}
+	s.cmd, s.exited = cmd, exited
+	return nil
+}
+
+// Stop stops the server (SIGTERM, then SIGKILL after 10s), keeping its
+// files.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+	case <-time.After(10 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.exited
+	}
+	s.cmd = nil
+}
+
+// Close stops the server and removes its files.
+func (s *Server) Close() {
+	s.Stop()
+	os.RemoveAll(s.dir)
+}
+
+// freePort returns a port of 127.0.0.1 that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,285 @@
+package globalsync
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config is a Sync's configuration. Region is required; the zero value
+// of every other field takes the default its comment gives.
+type Config struct {
+	// Region is this region's name, the same for all its instances: a
+	// NATS subject token (no dots, wildcards or spaces) of at most
+	// MaxNameLen bytes.
+	Region string
+	// URL is the NATS servers' URLs, comma-separated:
+	// nats://host:4222[,nats://...]. Default nats.DefaultURL.
+	URL string
+	// Stream is the JetStream stream, created if missing. Default
+	// "SLUICE_SYNC".
+	Stream string
+	// Subject is the subjects' prefix: region R publishes on
+	// <Subject>.R. Default "sluice.sync".
+	Subject string
+	// FlushEvery is the batching period: counts observed are sent at
+	// most this long after. Default 20ms.
+	FlushEvery time.Duration
+	// MaxPending bounds the windows whose count is held for sending
+	// (newest count per window), also while NATS is unreachable.
+	// Default 100,000.
+	MaxPending int
+	// Grace is how long a window's counts are kept after its end, here
+	// and in every region. Default 10s.
+	Grace time.Duration
+	// MaxAge is how long the stream keeps messages. Default 5m.
+	MaxAge time.Duration
+	// LookBack is how far back in the stream a starting instance reads,
+	// to learn the current windows' counts. Default 1m.
+	LookBack time.Duration
+	// Instance names this instance in its messages. Default random.
+	Instance string
+	// Logger receives connection changes and failures. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() error {
+	if err := validName(c.Region); err != nil {
+		return fmt.Errorf("globalsync: region: %w", err)
+	}
+	if c.Instance == "" {
+		var b [6]byte
+		rand.Read(b[:])
+		c.Instance = hex.EncodeToString(b[:])
+	} else if len(c.Instance) > MaxNameLen {
+		return fmt.Errorf("globalsync: instance name of %d bytes, more than %d", len(c.Instance), MaxNameLen)
+	}
+	if c.URL == "" {
+		c.URL = nats.DefaultURL
+	}
+	if c.Stream == "" {
+		c.Stream = "SLUICE_SYNC"
+	}
+	if c.Subject == "" {
+		c.Subject = "sluice.sync"
+	}
+	if c.FlushEvery <= 0 {
+		c.FlushEvery = 20 * time.Millisecond
+	}
+	if c.MaxPending <= 0 {
+		c.MaxPending = 100_000
+	}
+	if c.Grace <= 0 {
+		c.Grace = 10 * time.Second
+	}
+	if c.MaxAge <= 0 {
+		c.MaxAge = 5 * time.Minute
+	}
+	if c.LookBack <= 0 {
+		c.LookBack = time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// validName reports whether s can be a region: one NATS subject token.
+func validName(s string) error {
+	if s == "" || len(s) > MaxNameLen {
+		return fmt.Errorf("%q: want 1 to %d bytes", s, MaxNameLen)
+	}
+	if strings.ContainsAny(s, ".*> \t\r\n") {
+		return fmt.Errorf("%q: dots, wildcards and spaces are not allowed", s)
+	}
+	return nil
+}
+
+// maxOrigins bounds the regions a Sync keeps state for, so that messages
+// under made-up region names cannot grow it without bound.
+const maxOrigins = 64
+
+// Sync publishes this region's counts of global limits and merges the
+// other regions'. Observe and Others are on the check path: they take
+// one shard's lock and do not allocate once a window is known. All
+// methods are safe for concurrent use.
+type Sync struct {
+	cfg   Config
+	state *State
+	out   *outbox
+	born  int64 // unix ms at Start: messages sent before are catch-up, not lag
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	conn   atomic.Pointer[conn] // nil until the client exists
+	closed sync.Once
+
+	mu    sync.Mutex // guards peers
+	peers map[string]*peer
+
+	c counters
+}
+
+// conn is the NATS client and its JetStream context.
+type conn struct {
+	nc *nats.Conn
+	js jetstream.JetStream
+}
+
+// counters count what happened to messages, for Status.
+type counters struct {
+	published, publishErrors, dropped   atomic.Int64
+	received, own, malformed, foreign   atomic.Int64
+	merged, stale, expired, streamReady atomic.Int64
+}
+
+// peer is what we know of another region's messages. Guarded by Sync.mu.
+type peer struct {
+	lags     [128]int64 // ms, the recent messages' lags, a ring
+	n        int        // lags written
+	p95      int64
+	last     time.Time
+	messages int64
+}
+
+// Start starts syncing with the other regions. It does not wait for
+// NATS: it connects, creates the stream and subscribes in the
+// background, and keeps reconnecting while NATS is unreachable; until
+// then Observe holds the counts and Others returns what is known. It
+// fails only on an invalid configuration. The Sync runs until Close;
+// ctx only bounds Start itself.
+func Start(ctx context.Context, cfg Config) (*Sync, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s := &Sync{
+		cfg:   cfg,
+		state: NewState(cfg.Grace, cfg.FlushEvery),
+		out:   newOutbox(cfg.MaxPending),
+		born:  cfg.Now().UnixMilli(),
+		peers: make(map[string]*peer),
+	}
+	run, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.run(run)
+	}()
+	return s, nil
+}
+
+// Observe records this region's count for w, as its Redis returned it
+// after an admission. Counts only grow within a window; a smaller count
+// than one already observed is ignored. It never blocks on the network.
+func (s *Sync) Observe(w Window, count int64) { s.out.observe(w, count) }
+
+// Others returns, for window w, the sum of the other regions' latest
+// counts (seen), and a reserve for what they may have admitted that has
+// not reached us yet (see reserve.go). A request of global limit L is
+// admitted iff own + seen + reserve < L.
+func (s *Sync) Others(w Window) (seen, reserve int64) {
+	return s.state.Others(w, s.cfg.Now().UnixMilli())
+}
+
+// Status is a snapshot of a Sync's health.
+type Status struct {
+	Region    string
+	Instance  string
+	Connected bool // to a NATS server, with the stream in place
+	// PendingEvents is the number of windows whose newest count
+	// JetStream has not acknowledged: the same for every peer, which
+	// all read the one stream.
+	PendingEvents int
+	// Dropped counts observations refused because MaxPending windows
+	// were held, or because no message can carry the window.
+	Dropped int64
+	// Published and PublishErrors count messages sent and those whose
+	// publish failed (and whose counts were sent again).
+	Published, PublishErrors int64
+	// Received counts the messages merged; Own those of our own region
+	// (ignored); Malformed the truncated, malformed and oversized ones;
+	// Foreign those not of this format or version, or whose origin does
+	// not match its subject. The last three are dropped.
+	Received, Own, Malformed, Foreign int64
+	// Merged, Stale and Expired count the entries received: merged,
+	// ignored as not larger than the count held, or for a window
+	// already dropped.
+	Merged, Stale, Expired int64
+	Windows                int // windows held from other regions
+	Peers                  []PeerStatus
+}
+
+// PeerStatus is what this instance knows of another region's messages.
+type PeerStatus struct {
+	Region    string
+	SyncLagMs int64     // p95 of recent messages' lag, from the sender's clock to ours
+	LastSync  time.Time // when its last message arrived
+	Messages  int64     // messages received
+	// PendingEvents is, as in Status, our windows not yet acknowledged.
+	PendingEvents int
+}
+
+// Status returns a snapshot of the Sync's state. It scans the windows
+// held, so it is for monitoring, not for the check path.
+func (s *Sync) Status() Status {
+	st := Status{
+		Region:        s.cfg.Region,
+		Instance:      s.cfg.Instance,
+		PendingEvents: s.out.pending(),
+		Dropped:       s.out.dropped.Load(),
+		Published:     s.c.published.Load(),
+		PublishErrors: s.c.publishErrors.Load(),
+		Received:      s.c.received.Load(),
+		Own:           s.c.own.Load(),
+		Malformed:     s.c.malformed.Load(),
+		Foreign:       s.c.foreign.Load(),
+		Merged:        s.c.merged.Load(),
+		Stale:         s.c.stale.Load(),
+		Expired:       s.c.expired.Load(),
+		Windows:       s.state.Windows(),
+	}
+	if c := s.conn.Load(); c != nil {
+		st.Connected = c.nc.IsConnected() && s.c.streamReady.Load() != 0
+	}
+	s.mu.Lock()
+	for name, p := range s.peers {
+		st.Peers = append(st.Peers, PeerStatus{Region: name, SyncLagMs: p.p95, LastSync: p.last, Messages: p.messages, PendingEvents: st.PendingEvents})
+	}
+	s.mu.Unlock()
+	slices.SortFunc(st.Peers, func(a, b PeerStatus) int { return strings.Compare(a.Region, b.Region) })
+	return st
+}
+
+// Close sends what is pending, waiting up to two seconds for JetStream's
+// acknowledgements, and stops the Sync's goroutines and connection.
+func (s *Sync) Close() error {
+	s.closed.Do(func() {
+		s.cancel()
+		s.wg.Wait()
+	})
+	return nil
+}
+
+// errNotConnected is a flush while the client has no server.
+var errNotConnected = errors.New("globalsync: not connected to NATS")

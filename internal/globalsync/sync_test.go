@@ -1,0 +1,375 @@
+package globalsync
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/internal/globalsync/natstest"
+)
+
+// srv is the NATS server the tests of this package share; each test has
+// its own stream and subjects.
+var srv *natstest.Server
+
+func TestMain(m *testing.M) {
+	s, err := natstest.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	srv = s
+	code := m.Run()
+	s.Close()
+	os.Exit(code)
+}
+
+// converge is how long counts may take to reach another region in these
+// tests: far above the tens of milliseconds they take, so that a busy
+// machine under the race detector does not fail them.
+const converge = 15 * time.Second
+
+// testNet is one test's stream and subjects on a server.
+type testNet struct {
+	t       testing.TB
+	s       *natstest.Server
+	stream  string
+	subject string
+}
+
+func newNet(t testing.TB, s *natstest.Server) *testNet {
+	name := s.Name("T")
+	return &testNet{t: t, s: s, stream: "SYNC_" + name, subject: "sync" + name}
+}
+
+// start starts a Sync of region on the test's stream, closed when the
+// test ends.
+func (n *testNet) start(region string) *Sync {
+	n.t.Helper()
+	sy, err := Start(context.Background(), Config{
+		Region:     region,
+		URL:        n.s.URL(),
+		Stream:     n.stream,
+		Subject:    n.subject,
+		FlushEvery: 10 * time.Millisecond,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(func() { sy.Close() })
+	return sy
+}
+
+// publish publishes data on region's subject as another client would,
+// once the stream exists.
+func (n *testNet) publish(region string, data []byte) {
+	n.t.Helper()
+	nc, err := nats.Connect(n.s.URL())
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), converge)
+	defer cancel()
+	for {
+		_, err := js.Publish(ctx, n.subject+"."+region, data)
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			n.t.Fatalf("publish on %s: %v", region, err)
+		}
+		time.Sleep(20 * time.Millisecond) // the stream is not made yet
+	}
+}
+
+// currentWindow returns the minute window of key that holds now.
+func currentWindow(key string) Window {
+	now := time.Now().UnixMilli()
+	return Window{Key: key, Start: now - now%60_000, Length: time.Minute}
+}
+
+// eventually waits until cond holds, failing the test after converge.
+func eventually(t testing.TB, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > converge {
+			t.Fatalf("%s: not after %v", what, converge)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func wantSeen(t testing.TB, sy *Sync, w Window, want int64) func() bool {
+	return func() bool {
+		seen, _ := sy.Others(w)
+		if seen > want {
+			t.Errorf("%s sees %d for %s, more than the %d counted", sy.cfg.Region, seen, w.Key, want)
+		}
+		return seen == want
+	}
+}
+
+func TestCountsReachTheOtherRegions(t *testing.T) {
+	n := newNet(t, srv)
+	us, eu, ap := n.start("us"), n.start("eu"), n.start("ap")
+	eventually(t, "all connected", func() bool {
+		return us.Status().Connected && eu.Status().Connected && ap.Status().Connected
+	})
+	w := currentWindow("global:orders")
+	for c := int64(1); c <= 10; c++ {
+		us.Observe(w, c)
+	}
+	eu.Observe(w, 5)
+	d := eventually(t, "ap sees us and eu", wantSeen(t, ap, w, 15))
+	eventually(t, "us sees eu", wantSeen(t, us, w, 5))
+	eventually(t, "eu sees us", wantSeen(t, eu, w, 10))
+	t.Logf("counts reached the third region in %v", d)
+
+	// A count going backwards (an older read of the same Redis counter)
+	// changes nothing.
+	us.Observe(w, 7)
+	eu.Observe(w, 6)
+	eventually(t, "ap sees eu's 6", wantSeen(t, ap, w, 16))
+	if seen, _ := ap.Others(w); seen != 16 {
+		t.Errorf("ap sees %d, want 16", seen)
+	}
+
+	// Each Sync ignores its own region's messages, which it reads too.
+	eventually(t, "own messages counted", func() bool { return us.Status().Own > 0 })
+	st := ap.Status()
+	if len(st.Peers) != 2 || st.Peers[0].Region != "eu" || st.Peers[1].Region != "us" {
+		t.Fatalf("ap's peers %+v, want eu and us", st.Peers)
+	}
+	for _, p := range st.Peers {
+		if p.Messages == 0 || p.LastSync.IsZero() || p.SyncLagMs < 0 {
+			t.Errorf("peer %+v: want messages, a last sync and a lag", p)
+		}
+	}
+	eventually(t, "nothing pending", func() bool { return us.Status().PendingEvents == 0 })
+	t.Logf("ap: %+v", st)
+}
+
+// The instances of one region publish under its name: the other regions
+// take the largest count, not the sum.
+func TestInstancesOfOneRegion(t *testing.T) {
+	n := newNet(t, srv)
+	us1, us2, eu := n.start("us"), n.start("us"), n.start("eu")
+	eventually(t, "connected", func() bool {
+		return us1.Status().Connected && us2.Status().Connected && eu.Status().Connected
+	})
+	w := currentWindow("global:instances")
+	// Both read the same Redis counter: us2's read came after us1's.
+	us1.Observe(w, 40)
+	us2.Observe(w, 41)
+	eventually(t, "eu sees the larger count", wantSeen(t, eu, w, 41))
+	us1.Observe(w, 42)
+	eventually(t, "eu sees us1's newer count", wantSeen(t, eu, w, 42))
+	eu.Observe(w, 3)
+	eventually(t, "us1 sees eu", wantSeen(t, us1, w, 3))
+	eventually(t, "us2 sees eu", wantSeen(t, us2, w, 3))
+	if st := us2.Status(); st.Own == 0 || len(st.Peers) != 1 || st.Peers[0].Region != "eu" {
+		t.Errorf("us2: own %d, peers %+v; want its region's messages ignored, eu as its peer", st.Own, st.Peers)
+	}
+}
+
+// Messages sent by hand: duplicates, reordering and counts going
+// backwards leave the sums as the largest count per region.
+func TestDuplicatesAndReorderingChangeNothing(t *testing.T) {
+	n := newNet(t, srv)
+	eu := n.start("eu")
+	eventually(t, "connected", func() bool { return eu.Status().Connected })
+	w := currentWindow("global:search")
+	other := Window{Key: "global:other", Start: w.Start, Length: w.Length}
+	msg := func(origin string, seq uint64, counts ...int64) []byte {
+		m := Message{Origin: origin, Instance: "hand", SentAt: time.Now().UnixMilli(), Seq: seq}
+		for i, c := range counts {
+			ww := w
+			if i == 1 {
+				ww = other
+			}
+			m.Entries = append(m.Entries, Entry{Window: ww, Count: c})
+		}
+		b, err := AppendEncode(nil, &m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	n.publish("us", msg("us", 3, 30, 3))
+	n.publish("us", msg("us", 1, 10, 1)) // reordered: older, smaller
+	n.publish("us", msg("us", 3, 30, 3)) // duplicate
+	n.publish("us", msg("us", 2, 20, 2)) // older still
+	n.publish("ap", msg("ap", 1, 4, 40))
+	n.publish("ap", msg("ap", 1, 4, 40))
+	eventually(t, "eu merged the six messages", func() bool { return eu.Status().Received == 6 })
+	for _, tc := range []struct {
+		w    Window
+		want int64
+	}{{w, 34}, {other, 43}} {
+		if seen, _ := eu.Others(tc.w); seen != tc.want {
+			t.Errorf("%s: seen %d, want %d", tc.w.Key, seen, tc.want)
+		}
+	}
+	if st := eu.Status(); st.Merged != 4 || st.Stale != 8 {
+		t.Errorf("merged %d entries and ignored %d, want 4 and 8", st.Merged, st.Stale)
+	}
+}
+
+// What is not a sync message of ours is counted and dropped, and the
+// consumer goes on.
+func TestGarbageIsCountedAndDropped(t *testing.T) {
+	n := newNet(t, srv)
+	eu := n.start("eu")
+	eventually(t, "connected", func() bool { return eu.Status().Connected })
+	w := currentWindow("global:garbage")
+	good, err := AppendEncode(nil, &Message{Origin: "us", SentAt: time.Now().UnixMilli(), Seq: 1, Entries: []Entry{{Window: w, Count: 12}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spoofed, err := AppendEncode(nil, &Message{Origin: "ap", SentAt: time.Now().UnixMilli(), Seq: 1, Entries: []Entry{{Window: w, Count: 1000}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := AppendEncode(nil, &Message{Origin: "eu", SentAt: time.Now().UnixMilli(), Seq: 1, Entries: []Entry{{Window: w, Count: 500}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.publish("us", []byte(`{"region":"us","count":99}`))                                     // foreign
+	n.publish("us", good[:len(good)-2])                                                       // truncated
+	n.publish("us", append(bytes.Clone(good), 0))                                             // trailing byte: malformed
+	n.publish("us", bytes.Repeat([]byte{magic0, magic1, wireVersion, 0}, MaxMessageSize/4+1)) // oversized
+	n.publish("us", spoofed)                                                                  // ap's counts on us's subject
+	n.publish("eu", own)                                                                      // our own region
+	n.publish("us", good)
+	eventually(t, "the good message merged", wantSeen(t, eu, w, 12))
+	st := eu.Status()
+	if st.Foreign != 2 || st.Malformed != 3 || st.Own < 1 || st.Received != 1 {
+		t.Errorf("foreign %d, malformed %d, own %d, received %d; want 2, 3, at least 1, 1", st.Foreign, st.Malformed, st.Own, st.Received)
+	}
+}
+
+// NATS stops while the regions count: the counts wait in the outbox, a
+// Sync started meanwhile starts without it, and after NATS comes back
+// every region's sums are exact.
+func TestNATSRestart(t *testing.T) {
+	s, err := natstest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	n := newNet(t, s)
+	us, eu := n.start("us"), n.start("eu")
+	eventually(t, "connected", func() bool { return us.Status().Connected && eu.Status().Connected })
+	w := currentWindow("global:restart")
+	us.Observe(w, 10)
+	eventually(t, "eu sees us before the stop", wantSeen(t, eu, w, 10))
+
+	s.Stop()
+	eventually(t, "us notices the stop", func() bool { return !us.Status().Connected })
+	keys := make([]Window, 500)
+	for i := range keys {
+		keys[i] = currentWindow(fmt.Sprintf("global:k%d", i))
+		us.Observe(keys[i], int64(i+1))
+		eu.Observe(keys[i], 1000)
+	}
+	us.Observe(w, 50)
+	started := time.Now()
+	ap := n.start("ap") // NATS is down: Start neither fails nor waits
+	if d := time.Since(started); d > time.Second {
+		t.Errorf("Start took %v with NATS down", d)
+	}
+	ap.Observe(w, 7)
+	time.Sleep(100 * time.Millisecond) // several flush periods without NATS
+	if st := us.Status(); st.PendingEvents != len(keys)+1 {
+		t.Errorf("us has %d windows pending while NATS is down, want %d", st.PendingEvents, len(keys)+1)
+	}
+
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "eu sees us and ap after the restart", wantSeen(t, eu, w, 57))
+	eventually(t, "ap sees us after the restart", wantSeen(t, ap, w, 50))
+	eventually(t, "us sees ap after the restart", wantSeen(t, us, w, 7))
+	for i, k := range keys {
+		eventually(t, "ap sees "+k.Key, wantSeen(t, ap, k, int64(i+1)+1000))
+	}
+	for _, sy := range []*Sync{us, eu, ap} {
+		eventually(t, sy.cfg.Region+" has nothing pending", func() bool { return sy.Status().PendingEvents == 0 })
+	}
+}
+
+func BenchmarkObserve(b *testing.B) {
+	sy := newNet(b, srv).start("us")
+	ws := benchWindows()
+	for i, w := range ws {
+		sy.Observe(w, int64(i))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var c int64
+	for i := 0; b.Loop(); i++ {
+		c++
+		sy.Observe(ws[i&(len(ws)-1)], c)
+	}
+}
+
+func BenchmarkObserveParallel(b *testing.B) {
+	sy := newNet(b, srv).start("us")
+	ws := benchWindows()
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var c int64
+		for i := 0; pb.Next(); i++ {
+			c++
+			sy.Observe(ws[i&(len(ws)-1)], c)
+		}
+	})
+}
+
+func BenchmarkOthers(b *testing.B) {
+	n := newNet(b, srv)
+	sy := n.start("us")
+	ws := benchWindows()
+	now := time.Now().UnixMilli()
+	for i, w := range ws { // three other regions' counts for every window
+		for _, o := range []string{"eu", "ap", "sa"} {
+			sy.state.Merge(o, w, int64(i), now, now)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var sum int64
+	for i := 0; b.Loop(); i++ {
+		seen, r := sy.Others(ws[i&(len(ws)-1)])
+		sum += seen + r
+	}
+	if sum == 0 {
+		b.Fatal("no counts seen")
+	}
+}
+
+// benchWindows returns 1,024 windows of current minute.
+func benchWindows() []Window {
+	ws := make([]Window, 1024)
+	for i := range ws {
+		ws[i] = currentWindow(fmt.Sprintf("tenant:%d:global", i))
+	}
+	return ws
+}

@@ -1,0 +1,328 @@
+package globalsync
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Transport timings.
+const (
+	// requestTimeout bounds one JetStream API request (stream, consumer).
+	requestTimeout = 5 * time.Second
+	// ackTimeout is how long a publish waits for JetStream's
+	// acknowledgement before its counts are sent again.
+	ackTimeout = 5 * time.Second
+	// closeWait is how long Close waits for the last acknowledgements.
+	closeWait = 2 * time.Second
+	// sweepEvery is the period of dropping expired windows.
+	sweepEvery = time.Second
+	// maxBatch bounds the entries of one message; batchBytes bounds its
+	// size before compression, well below MaxMessageSize and NATS's
+	// default 1 MiB payload limit.
+	maxBatch   = 4096
+	batchBytes = MaxMessageSize / 2
+)
+
+// run owns the connection: it connects, starts the consumer and runs the
+// publish loop until ctx ends, then sends what is pending and closes.
+func (s *Sync) run(ctx context.Context) {
+	log := s.cfg.Logger.With("component", "globalsync", "region", s.cfg.Region)
+	var nc *nats.Conn
+	for {
+		var err error
+		nc, err = nats.Connect(s.cfg.URL,
+			nats.Name("sluice-globalsync "+s.cfg.Region+" "+s.cfg.Instance),
+			nats.RetryOnFailedConnect(true), // connect in the background when NATS is down
+			nats.MaxReconnects(-1),
+			nats.ReconnectWait(250*time.Millisecond),
+			// No buffering while disconnected: the outbox keeps the
+			// newest counts, which is all that needs sending.
+			nats.ReconnectBufSize(-1),
+			nats.ConnectHandler(func(*nats.Conn) { log.Info("connected to NATS") }),
+			nats.ReconnectHandler(func(c *nats.Conn) { log.Info("reconnected to NATS", "server", c.ConnectedUrlRedacted()) }),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				if err != nil {
+					log.Warn("disconnected from NATS", "err", err)
+				}
+			}),
+		)
+		if err == nil {
+			break
+		}
+		log.Error("connect to NATS", "url", s.cfg.URL, "err", err)
+		if !sleep(ctx, time.Second) {
+			return
+		}
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackTimeout))
+	if err != nil { // only on invalid options
+		log.Error("JetStream", "err", err)
+		return
+	}
+	c := &conn{nc: nc, js: js}
+	s.conn.Store(c)
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.consumeLoop(ctx, c)
+	}()
+	s.publishLoop(ctx, c)
+	<-done
+}
+
+// sleep waits d, and reports false when ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// inflight is a published message whose acknowledgement is awaited.
+type inflight struct {
+	f       jetstream.PubAckFuture
+	entries []Entry
+}
+
+// publisher is the publish loop's state.
+type publisher struct {
+	c        *conn
+	subject  string
+	seq      uint64
+	inflight []inflight
+}
+
+// publishLoop sends the counts that grew every FlushEvery and sweeps
+// expired windows, until ctx ends; then it sends what is left and waits
+// a little for the acknowledgements.
+func (s *Sync) publishLoop(ctx context.Context, c *conn) {
+	p := &publisher{c: c, subject: s.cfg.Subject + "." + s.cfg.Region}
+	flush := time.NewTicker(s.cfg.FlushEvery)
+	defer flush.Stop()
+	sweep := time.NewTicker(sweepEvery)
+	defer sweep.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			s.flush(p)
+			if len(p.inflight) > 0 {
+				select {
+				case <-c.js.PublishAsyncComplete():
+				case <-time.After(closeWait):
+				}
+				s.reap(p)
+			}
+			return
+		case <-flush.C:
+			s.flush(p)
+		case <-sweep.C:
+			now := s.cfg.Now().UnixMilli()
+			s.state.Sweep(now)
+			s.out.sweep(now, s.cfg.Grace.Milliseconds())
+		}
+	}
+}
+
+// flush publishes the counts that grew since the last flush, batched,
+// when connected; otherwise they wait in the outbox.
+func (s *Sync) flush(p *publisher) {
+	s.reap(p)
+	if !p.c.nc.IsConnected() || s.c.streamReady.Load() == 0 {
+		return
+	}
+	entries := s.out.take(nil)
+	for len(entries) > 0 {
+		n, size := 0, 0
+		for n < len(entries) && n < maxBatch && size < batchBytes {
+			size += len(entries[n].Key) + 3*binaryMaxVarint
+			n++
+		}
+		batch := entries[:n:n]
+		entries = entries[n:]
+		p.seq++
+		m := Message{Origin: s.cfg.Region, Instance: s.cfg.Instance, SentAt: s.cfg.Now().UnixMilli(), Seq: p.seq, Entries: batch}
+		data, err := AppendEncode(nil, &m)
+		if err != nil { // the outbox admits only entries a message can carry
+			s.cfg.Logger.Error("globalsync: encode", "err", err)
+			continue
+		}
+		f, err := p.c.js.PublishMsgAsync(&nats.Msg{Subject: p.subject, Data: data})
+		if err != nil {
+			s.c.publishErrors.Add(1)
+			s.out.failed(batch)
+			continue
+		}
+		s.c.published.Add(1)
+		p.inflight = append(p.inflight, inflight{f: f, entries: batch})
+	}
+}
+
+// binaryMaxVarint is the most bytes a 64-bit varint takes.
+const binaryMaxVarint = 10
+
+// reap records the acknowledgements received: acknowledged counts are
+// done, failed ones go back to the outbox to be sent again.
+func (s *Sync) reap(p *publisher) {
+	p.inflight = slices.DeleteFunc(p.inflight, func(x inflight) bool {
+		select {
+		case <-x.f.Ok():
+			s.out.acked(x.entries)
+			return true
+		case <-x.f.Err():
+			s.c.publishErrors.Add(1)
+			s.out.failed(x.entries)
+			return true
+		default:
+			return false
+		}
+	})
+}
+
+// consumeLoop sets up the stream and the consumer of every region's
+// subject, and sets them up again whenever the consumer stops, until
+// ctx ends.
+func (s *Sync) consumeLoop(ctx context.Context, c *conn) {
+	wait := 100 * time.Millisecond
+	for {
+		err := s.consume(ctx, c)
+		if ctx.Err() != nil {
+			return
+		}
+		if c.nc.IsConnected() {
+			s.cfg.Logger.Warn("globalsync: consume the other regions' counts", "err", err)
+		}
+		if !sleep(ctx, wait) {
+			return
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// errConsumerStopped is a consumer that stopped on its own.
+var errConsumerStopped = errors.New("globalsync: consumer stopped")
+
+// consume creates (or updates) the stream and consumes it from a little
+// in the past, until ctx ends or the consumer stops.
+func (s *Sync) consume(ctx context.Context, c *conn) error {
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	cfg := jetstream.StreamConfig{
+		Name:        s.cfg.Stream,
+		Description: "Sluice: the regions' counts of global limits",
+		Subjects:    []string{s.cfg.Subject + ".>"},
+		MaxAge:      s.cfg.MaxAge,
+		Storage:     jetstream.FileStorage,
+		Discard:     jetstream.DiscardOld,
+	}
+	if _, err := c.js.CreateOrUpdateStream(rctx, cfg); err != nil {
+		// Another instance may have made it with settings we cannot
+		// change (storage, say): use it as it is.
+		if _, err2 := c.js.Stream(rctx, s.cfg.Stream); err2 != nil {
+			return err
+		}
+		s.cfg.Logger.Warn("globalsync: use the stream as it is", "stream", s.cfg.Stream, "err", err)
+	}
+	s.c.streamReady.Store(1)
+	start := s.cfg.Now().Add(-s.cfg.LookBack)
+	cons, err := c.js.OrderedConsumer(rctx, s.cfg.Stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{s.cfg.Subject + ".>"},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &start,
+	})
+	if err != nil {
+		return err
+	}
+	cc, err := cons.Consume(s.receive, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		s.cfg.Logger.Debug("globalsync: consumer", "err", err)
+	}))
+	if err != nil {
+		return err
+	}
+	defer cc.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-cc.Closed():
+		return errConsumerStopped
+	}
+}
+
+// receive merges one message of the stream.
+func (s *Sync) receive(msg jetstream.Msg) {
+	s.merge(msg.Subject(), msg.Data(), s.cfg.Now())
+}
+
+// merge decodes a message received on subject at now and merges its
+// counts, counting what it drops and why.
+func (s *Sync) merge(subject string, data []byte, now time.Time) {
+	m, err := Decode(data)
+	switch {
+	case errors.Is(err, ErrForeign):
+		s.c.foreign.Add(1)
+		return
+	case err != nil:
+		s.c.malformed.Add(1)
+		return
+	case subject != s.cfg.Subject+"."+m.Origin:
+		s.c.foreign.Add(1) // a region publishing under another's name
+		return
+	case m.Origin == s.cfg.Region:
+		s.c.own.Add(1)
+		return
+	}
+	ms := now.UnixMilli()
+	s.mu.Lock()
+	p := s.peers[m.Origin]
+	if p == nil {
+		if len(s.peers) >= maxOrigins {
+			s.mu.Unlock()
+			s.c.foreign.Add(1)
+			return
+		}
+		p = &peer{}
+		s.peers[m.Origin] = p
+	}
+	p.messages++
+	p.last = now
+	if m.SentAt >= s.born { // older ones are catch-up, not lag
+		p.lags[p.n%len(p.lags)] = max(ms-m.SentAt, 0)
+		p.n++
+		p.p95 = p95(p.lags[:min(p.n, len(p.lags))])
+	}
+	lag := p.p95
+	s.mu.Unlock()
+	s.state.SetLag(m.Origin, lag)
+	s.c.received.Add(1)
+	for _, e := range m.Entries {
+		switch s.state.Merge(m.Origin, e.Window, e.Count, m.SentAt, ms) {
+		case Merged:
+			s.c.merged.Add(1)
+		case Stale:
+			s.c.stale.Add(1)
+		case Expired:
+			s.c.expired.Add(1)
+		}
+	}
+}
+
+// p95 returns the 95th percentile of lags (nearest rank).
+func p95(lags []int64) int64 {
+	if len(lags) == 0 {
+		return 0
+	}
+	var buf [128]int64
+	sorted := append(buf[:0], lags...)
+	slices.Sort(sorted)
+	return sorted[(len(sorted)*95+99)/100-1]
+}
