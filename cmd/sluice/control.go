@@ -17,13 +17,14 @@ func controlFlags(fs *flag.FlagSet) func(cfg *daemon.Config, w io.Writer) error 
 	dataDir := fs.String("data-dir", "", "local data directory: the control plane's rules, tiers, overrides and throttles when --config-store is empty (one instance), and the last configuration applied from etcd, served after a restart while etcd is down; empty with no --config-store: no control plane (the admin API says how to turn it on)")
 	store := fs.String("config-store", "", "the control plane's shared store for many instances: etcd://host:2379[,host:2379...][/prefix] (etcds:// for TLS; user:password@ for etcd's authentication)")
 	instance := fs.String("instance", "", "this instance's name in the control plane; empty: host name and process id")
-	region := fs.String("region", "", "this instance's region, for emergency throttles of scope region")
+	region := fs.String("region", "", "this instance's region: for emergency throttles of scope region, and the name under which --sync shares its counts")
+	syncURL := fs.String("sync", "", "share the counts of global limits with the other regions through NATS JetStream: nats://host:4222[,nats://host:4222...]; needs --region (see docs/multi-region.md)")
 	tokens := fs.String("admin-tokens", "", "file of admin tokens by SHA-256 hash, each with a role (viewer, operator or admin); see docs/operations.md. Without it, a listener on loopback gets a generated admin token, printed at start")
 	adminAddr := fs.String("admin-addr", "", "serve the admin API on this address instead of the HTTP API's")
 	requireToken := fs.Bool("require-check-token", false, "the check APIs (HTTP, gRPC, Envoy's) require a token of any role, as \"Authorization: Bearer TOKEN\"")
 	return func(cfg *daemon.Config, w io.Writer) error {
 		cfg.DataDir, cfg.ControlStore = *dataDir, *store
-		cfg.Instance, cfg.Region = *instance, *region
+		cfg.Instance, cfg.Region, cfg.SyncURL = *instance, *region, *syncURL
 		cfg.AdminTokensPath, cfg.AdminAddr, cfg.RequireCheckToken = *tokens, *adminAddr, *requireToken
 		if cfg.AdminTokensPath != "" || (cfg.DataDir == "" && cfg.ControlStore == "") {
 			return nil

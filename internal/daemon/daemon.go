@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"runtime"
@@ -33,6 +32,7 @@ import (
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/internal/envoyrls"
 	"github.com/sluicehq/sluice/internal/events"
+	"github.com/sluicehq/sluice/internal/globalsync"
 	"github.com/sluicehq/sluice/internal/grpcapi"
 	"github.com/sluicehq/sluice/internal/grpccodec"
 	"github.com/sluicehq/sluice/internal/guard"
@@ -207,6 +207,10 @@ type Config struct {
 	// RequireCheckToken makes the check APIs (HTTP, gRPC and Envoy's)
 	// require a valid token of any role.
 	RequireCheckToken bool
+	// SyncURL is the NATS server(s) through which the regions share the
+	// counts of global limits, nats://host:4222[,nats://...]; empty
+	// decides global limits as if this region were alone. Needs Region.
+	SyncURL string
 }
 
 // Daemon is a running server. Its methods are safe for concurrent use.
@@ -251,6 +255,7 @@ type Daemon struct {
 	checkAuth *auth.Authenticator // nil unless RequireCheckToken
 	adminLn   net.Listener
 	adminSrv  *http.Server
+	sync      *globalsync.Sync // nil without SyncURL
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -328,14 +333,20 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.closer = closer
 	fail := func(err error) (*Daemon, error) {
+		d.closeSync()
 		d.closeControl()
 		d.closeListeners()
 		closeWatcher()
 		closer()
 		return nil, err
 	}
+	global, err := d.startSync(ctx)
+	if err != nil {
+		return fail(err)
+	}
 	applyStart := time.Now()
-	d.eng, err = engine.New(engine.Config{Store: st, Policy: pol, Now: cfg.Now, Metrics: d.metrics, Events: d.events, EnvoyCompat: cfg.EnvoyCompat})
+	d.eng, err = engine.New(engine.Config{Store: st, Policy: pol, Now: cfg.Now, Metrics: d.metrics, Events: d.events,
+		EnvoyCompat: cfg.EnvoyCompat, Global: global})
 	if err != nil {
 		return fail(fmt.Errorf("daemon: %w", err))
 	}
@@ -390,7 +401,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 
 	d.httpSrv = &http.Server{
-		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withEvents(d.withAdmin(api)))),
+		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withSync(d.withEvents(d.withAdmin(api))))),
 		ReadHeaderTimeout: 5 * time.Second,
 		// A request whose body stops coming, or a client that stops
 		// reading its answers, would otherwise hold its connection and
@@ -498,16 +509,6 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	return d, nil
 }
 
-// keepaliveParams returns the server's keepalive parameters for
-// Config.GRPCKeepalive ka.
-func keepaliveParams(ka time.Duration) keepalive.ServerParameters {
-	ka = cmp.Or(ka, DefaultGRPCKeepalive)
-	if ka < 0 {
-		return keepalive.ServerParameters{Time: time.Duration(math.MaxInt64)} // grpc-go's "never"
-	}
-	return keepalive.ServerParameters{Time: ka, Timeout: min(ka, maxKeepaliveTimeout)}
-}
-
 // HTTPAddr returns the address the HTTP API listens on, with the port
 // chosen when the configured port was 0.
 func (d *Daemon) HTTPAddr() string { return d.httpLn.Addr().String() }
@@ -564,6 +565,9 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("daemon: closing the control plane: %w", err))
 	}
 	d.eng.Close()
+	if err := d.closeSync(); err != nil {
+		errs = append(errs, fmt.Errorf("daemon: closing the sync: %w", err))
+	}
 	if err := d.closer(); err != nil {
 		errs = append(errs, fmt.Errorf("daemon: closing the store: %w", err))
 	}
@@ -576,19 +580,4 @@ func (d *Daemon) Close() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	return d.Shutdown(ctx)
-}
-
-func (d *Daemon) closeListeners() {
-	if d.httpLn != nil {
-		d.httpLn.Close()
-	}
-	if d.grpcLn != nil {
-		d.grpcLn.Close()
-	}
-	if d.debugLn != nil {
-		d.debugLn.Close()
-	}
-	if d.adminLn != nil {
-		d.adminLn.Close()
-	}
 }

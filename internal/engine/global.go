@@ -84,7 +84,9 @@ func (e *Engine) resolveGlobal(s *scratch) {
 			seen, reserve := e.global.Others(it.key, start, length)
 			p.Limit = max(it.glimit-seen-reserve, 0)
 		}
-		p.Burst = p.Limit
+		// The capacity stays the global limit: a cost within it is
+		// refused until the window ends, not as one that never fits.
+		p.Burst = it.glimit
 		it.params = p
 	}
 }

@@ -74,6 +74,17 @@ func (o *outbox) observe(w Window, count int64) {
 	sh.mu.Unlock()
 }
 
+// count returns the newest count observed for w, 0 when none is held.
+func (o *outbox) count(w Window) int64 {
+	sh := o.shard(w.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.m[w]; e != nil {
+		return e.count
+	}
+	return 0
+}
+
 // carriable reports whether a message can carry w's count.
 func carriable(w Window, count int64) bool {
 	e := Entry{Window: w, Count: count}

@@ -191,7 +191,7 @@ func (c *cell) find(o *origin) int {
 
 // Others returns, for window w at now, the sum of the origins' latest
 // counts (seen) and the reserve for what they may have admitted since
-// (see reserve), rounded up. A window with no count yet takes its
+// (see reserve), rounded. A window with no count yet takes its
 // reserve from the key's previous window.
 func (s *State) Others(w Window, now int64) (seen, reserved int64) {
 	sh := s.shard(w.Key)
@@ -220,7 +220,10 @@ func (s *State) reserve(c *cell, now int64) int64 {
 	if r >= math.MaxInt64/2 {
 		return math.MaxInt64 / 2
 	}
-	return int64(math.Ceil(r))
+	// Rounded to the nearest unit, not up: a reserve that decays (an
+	// origin gone idle) would otherwise hold back one unit for ever. The
+	// overshoot this allows is under one unit.
+	return int64(math.Round(r))
 }
 
 // Count returns origin's count for w, and whether there is one.
@@ -238,6 +241,20 @@ func (s *State) Count(originName string, w Window) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// Counts adds to m every origin's count for w.
+func (s *State) Counts(w Window, m map[string]int64) {
+	sh := s.shard(w.Key)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	if c := sh.m[w]; c != nil {
+		for _, oc := range c.counts {
+			if oc.count > 0 {
+				m[oc.o.name] = oc.count
+			}
+		}
+	}
 }
 
 // Windows returns the number of windows held, expired or not.

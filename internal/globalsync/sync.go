@@ -202,6 +202,34 @@ func (s *Sync) Others(w Window) (seen, reserve int64) {
 	return s.state.Others(w, s.cfg.Now().UnixMilli())
 }
 
+// Counts returns every region's count of w as this instance knows it: its
+// own region's newest observed, and each other region's latest received.
+// Their sum is the window's merged count. For monitoring and tests, not
+// the check path.
+func (s *Sync) Counts(w Window) map[string]int64 {
+	m := map[string]int64{}
+	s.state.Counts(w, m)
+	if n := s.out.count(w); n > 0 {
+		m[s.cfg.Region] = n
+	}
+	return m
+}
+
+// KeyView is a Sync seen through the windows' parts rather than a Window:
+// the engine's view of the other regions (engine.GlobalView).
+type KeyView struct{ *Sync }
+
+// Others is Sync.Others of the window of key that starts at start (unix
+// ms) and lasts length.
+func (v KeyView) Others(key string, start int64, length time.Duration) (seen, reserve int64) {
+	return v.Sync.Others(Window{Key: key, Start: start, Length: length})
+}
+
+// Observe is Sync.Observe of the window of key that starts at start.
+func (v KeyView) Observe(key string, start int64, length time.Duration, count int64) {
+	v.Sync.Observe(Window{Key: key, Start: start, Length: length}, count)
+}
+
 // Status is a snapshot of a Sync's health.
 type Status struct {
 	Region    string

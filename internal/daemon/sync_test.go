@@ -1,0 +1,113 @@
+package daemon_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/internal/globalsync/natstest"
+)
+
+// natsSrv is one NATS server for the package's tests, started by the
+// first test that needs it.
+var natsSrv struct {
+	once sync.Once
+	srv  *natstest.Server
+	err  error
+}
+
+func natsServer(t *testing.T) *natstest.Server {
+	t.Helper()
+	natsSrv.once.Do(func() { natsSrv.srv, natsSrv.err = natstest.Start() })
+	if natsSrv.err != nil {
+		t.Fatal(natsSrv.err)
+	}
+	return natsSrv.srv
+}
+
+const syncPolicy = `version: 1
+rules:
+  - { id: partner, match: { resource: /partner }, dimension: client, limit: 100, window: 1m, global_limit: 4 }
+`
+
+// Two regions on one NATS: what one admits of a global limit comes off
+// what the other may admit; GET /internal/sync and the metrics show the
+// peer.
+func TestSyncBetweenRegions(t *testing.T) {
+	srv := natsServer(t)
+	region := func(name string) *testDaemon {
+		return start(t, syncPolicy, func(c *daemon.Config) { c.Region, c.SyncURL = name, srv.URL() })
+	}
+	eu, us := region("eu"), region("us")
+	for range 3 {
+		if r := post(t, eu.base+"/api/v1/check", `{"client_id":"acme","resource":"/partner"}`); r.status != 200 {
+			t.Fatalf("eu: %d %s", r.status, r.raw)
+		}
+	}
+	// us learns of eu's 3 within the sync's lag: at most 1 is left (less
+	// while eu's reserve lasts), then the 1 once eu is seen idle.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r := post(t, us.base+"/api/v1/check", `{"client_id":"acme","resource":"/partner","cost":0}`)
+		if r.num("global_remaining") <= 1 {
+			if h := r.header.Get("X-Ratelimit-Global-Remaining"); h != r.str("global_remaining") && h != "0" && h != "1" {
+				t.Errorf("us: %s, X-RateLimit-Global-Remaining %q", r.raw, h)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("us never saw eu's checks: %s", r.raw)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	admitted := false
+	for deadline := time.Now().Add(10 * time.Second); !admitted && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		r := post(t, us.base+"/api/v1/check", `{"client_id":"acme","resource":"/partner"}`)
+		if r.status == 200 {
+			admitted = true
+		} else if r.status != 429 || r.str("error") != "global_limit_exceeded" || r.num("retry_after_ms") <= 0 {
+			t.Fatalf("us, within the global limit: %d %s", r.status, r.raw)
+		}
+	}
+	if !admitted {
+		t.Fatal("us never admitted the fourth check")
+	}
+	r := post(t, us.base+"/api/v1/check", `{"client_id":"acme","resource":"/partner"}`)
+	if r.status != 429 || r.str("error") != "global_limit_exceeded" || r.num("global_remaining") != 0 {
+		t.Errorf("us, over the global limit: %d %s", r.status, r.raw)
+	}
+
+	st := get(t, us.base+"/internal/sync")
+	peers, _ := st.body["peers"].([]any)
+	if st.status != 200 || st.str("region") != "us" || len(peers) != 1 || !strings.Contains(st.raw, `"region":"eu"`) || !strings.Contains(st.raw, `"sync_lag_ms"`) {
+		t.Errorf("GET /internal/sync: %d %s", st.status, st.raw)
+	}
+	m := get(t, us.base+"/metrics")
+	for _, want := range []string{`sluice_sync_lag_ms{peer="eu"}`, "sluice_sync_connected 1", "sluice_sync_pending_events"} {
+		if !strings.Contains(m.raw, want) {
+			t.Errorf("metrics without %s", want)
+		}
+	}
+}
+
+func TestSyncOff(t *testing.T) {
+	d := start(t, syncPolicy)
+	if r := get(t, d.base+"/internal/sync"); r.status != 404 || r.str("error") != "sync_disabled" {
+		t.Errorf("GET /internal/sync without a sync: %d %s", r.status, r.raw)
+	}
+	// Alone, the global limit holds in this region's store.
+	for i := range 5 {
+		r := post(t, d.base+"/api/v1/check", `{"client_id":"acme","resource":"/partner"}`)
+		if want := i < 4; (r.status == 200) != want {
+			t.Errorf("check %d: %d %s", i, r.status, r.raw)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := daemon.Start(ctx, daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", SyncURL: "nats://127.0.0.1:1"}); err == nil || !strings.Contains(err.Error(), "--region") {
+		t.Errorf("a sync without a region: %v", err)
+	}
+}
