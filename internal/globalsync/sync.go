@@ -129,6 +129,7 @@ type Sync struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	conn   atomic.Pointer[conn] // nil until the client exists
+	wake   chan struct{}        // (re)connected: set up the consumer now
 	closed sync.Once
 
 	mu    sync.Mutex // guards peers
@@ -178,6 +179,7 @@ func Start(ctx context.Context, cfg Config) (*Sync, error) {
 		out:   newOutbox(cfg.MaxPending),
 		born:  cfg.Now().UnixMilli(),
 		peers: make(map[string]*peer),
+		wake:  make(chan struct{}, 1),
 	}
 	run, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel

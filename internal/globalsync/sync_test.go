@@ -264,10 +264,15 @@ func TestGarbageIsCountedAndDropped(t *testing.T) {
 	}
 }
 
-// NATS stops while the regions count: the counts wait in the outbox, a
+// NATS stops (or dies) while the regions count: the counts wait in the outbox, a
 // Sync started meanwhile starts without it, and after NATS comes back
 // every region's sums are exact.
 func TestNATSRestart(t *testing.T) {
+	t.Run("stop", func(t *testing.T) { testNATSRestart(t, (*natstest.Server).Stop) })
+	t.Run("kill", func(t *testing.T) { testNATSRestart(t, (*natstest.Server).Kill) })
+}
+
+func testNATSRestart(t *testing.T, stop func(*natstest.Server)) {
 	s, err := natstest.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -280,7 +285,7 @@ func TestNATSRestart(t *testing.T) {
 	us.Observe(w, 10)
 	eventually(t, "eu sees us before the stop", wantSeen(t, eu, w, 10))
 
-	s.Stop()
+	stop(s)
 	eventually(t, "us notices the stop", func() bool { return !us.Status().Connected })
 	keys := make([]Window, 500)
 	for i := range keys {

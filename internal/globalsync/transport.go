@@ -43,8 +43,14 @@ func (s *Sync) run(ctx context.Context) {
 			// No buffering while disconnected: the outbox keeps the
 			// newest counts, which is all that needs sending.
 			nats.ReconnectBufSize(-1),
-			nats.ConnectHandler(func(*nats.Conn) { log.Info("connected to NATS") }),
-			nats.ReconnectHandler(func(c *nats.Conn) { log.Info("reconnected to NATS", "server", c.ConnectedUrlRedacted()) }),
+			nats.ConnectHandler(func(*nats.Conn) {
+				log.Info("connected to NATS")
+				s.wakeConsumer()
+			}),
+			nats.ReconnectHandler(func(c *nats.Conn) {
+				log.Info("reconnected to NATS", "server", c.ConnectedUrlRedacted())
+				s.wakeConsumer()
+			}),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				if err != nil {
 					log.Warn("disconnected from NATS", "err", err)
@@ -55,7 +61,7 @@ func (s *Sync) run(ctx context.Context) {
 			break
 		}
 		log.Error("connect to NATS", "url", s.cfg.URL, "err", err)
-		if !sleep(ctx, time.Second) {
+		if !sleep(ctx, time.Second, nil) {
 			return
 		}
 	}
@@ -77,15 +83,26 @@ func (s *Sync) run(ctx context.Context) {
 	<-done
 }
 
-// sleep waits d, and reports false when ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
+// sleep waits d, or until wake receives, and reports false when ctx
+// ended first.
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return false
 	case <-t.C:
-		return true
+	case <-wake:
+	}
+	return true
+}
+
+// wakeConsumer cuts short the consume loop's wait before its next try:
+// the connection is back, so the stream can be set up now.
+func (s *Sync) wakeConsumer() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -193,16 +210,21 @@ func (s *Sync) reap(p *publisher) {
 // subject, and sets them up again whenever the consumer stops, until
 // ctx ends.
 func (s *Sync) consumeLoop(ctx context.Context, c *conn) {
-	wait := 100 * time.Millisecond
+	const firstWait = 100 * time.Millisecond
+	wait := firstWait
 	for {
+		began := time.Now()
 		err := s.consume(ctx, c)
 		if ctx.Err() != nil {
 			return
 		}
+		if time.Since(began) > time.Minute { // it worked for a while: not a failing setup
+			wait = firstWait
+		}
 		if c.nc.IsConnected() {
 			s.cfg.Logger.Warn("globalsync: consume the other regions' counts", "err", err)
 		}
-		if !sleep(ctx, wait) {
+		if !sleep(ctx, wait, s.wake) {
 			return
 		}
 		wait = min(2*wait, 5*time.Second)
