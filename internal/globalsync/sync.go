@@ -146,9 +146,9 @@ type conn struct {
 
 // counters count what happened to messages, for Status.
 type counters struct {
-	published, publishErrors, dropped   atomic.Int64
-	received, own, malformed, foreign   atomic.Int64
-	merged, stale, expired, streamReady atomic.Int64
+	published, sentEntries, publishErrors atomic.Int64
+	received, own, malformed, foreign     atomic.Int64
+	merged, stale, expired, streamReady   atomic.Int64
 }
 
 // peer is what we know of another region's messages. Guarded by Sync.mu.
@@ -217,8 +217,9 @@ type Status struct {
 	// were held, or because no message can carry the window.
 	Dropped int64
 	// Published and PublishErrors count messages sent and those whose
-	// publish failed (and whose counts were sent again).
-	Published, PublishErrors int64
+	// publish failed (and whose counts were sent again); SentEntries
+	// the counts the messages sent carried.
+	Published, SentEntries, PublishErrors int64
 	// Received counts the messages merged; Own those of our own region
 	// (ignored); Malformed the truncated, malformed and oversized ones;
 	// Foreign those not of this format or version, or whose origin does
@@ -251,6 +252,7 @@ func (s *Sync) Status() Status {
 		PendingEvents: s.out.pending(),
 		Dropped:       s.out.dropped.Load(),
 		Published:     s.c.published.Load(),
+		SentEntries:   s.c.sentEntries.Load(),
 		PublishErrors: s.c.publishErrors.Load(),
 		Received:      s.c.received.Load(),
 		Own:           s.c.own.Load(),

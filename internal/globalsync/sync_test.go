@@ -165,6 +165,33 @@ func TestCountsReachTheOtherRegions(t *testing.T) {
 	t.Logf("ap: %+v", st)
 }
 
+// Counts observed together travel together: thousands of windows in a
+// few messages.
+func TestBatching(t *testing.T) {
+	n := newNet(t, srv)
+	us, eu := n.start("us"), n.start("eu")
+	eventually(t, "connected", func() bool { return us.Status().Connected && eu.Status().Connected })
+	ws := make([]Window, 5000)
+	for i := range ws {
+		ws[i] = currentWindow(fmt.Sprintf("tenant:%d:global", i))
+	}
+	before := us.Status()
+	for round := range 3 {
+		for i, w := range ws {
+			us.Observe(w, int64(round*10+i%7+1))
+		}
+	}
+	for i, w := range ws {
+		eventually(t, "eu sees "+w.Key, wantSeen(t, eu, w, int64(20+i%7+1)))
+	}
+	st := us.Status()
+	msgs, entries := st.Published-before.Published, st.SentEntries-before.SentEntries
+	t.Logf("%d counts in %d messages", entries, msgs)
+	if msgs == 0 || entries/msgs < 100 {
+		t.Errorf("%d counts in %d messages, want at least 100 a message", entries, msgs)
+	}
+}
+
 // The instances of one region publish under its name: the other regions
 // take the largest count, not the sum.
 func TestInstancesOfOneRegion(t *testing.T) {

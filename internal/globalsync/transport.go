@@ -181,6 +181,7 @@ func (s *Sync) flush(p *publisher) {
 			continue
 		}
 		s.c.published.Add(1)
+		s.c.sentEntries.Add(int64(len(batch)))
 		p.inflight = append(p.inflight, inflight{f: f, entries: batch})
 	}
 }
