@@ -46,7 +46,9 @@ type Config struct {
 	// MaxAge is how long the stream keeps messages. Default 5m.
 	MaxAge time.Duration
 	// LookBack is how far back in the stream a starting instance reads,
-	// to learn the current windows' counts. Default 1m.
+	// to learn the current windows' counts. Default 1m. A key whose count
+	// did not change within it is learnt at its next change: every
+	// message carries whole counts, not increments.
 	LookBack time.Duration
 	// Instance names this instance in its messages. Default random.
 	Instance string
@@ -192,8 +194,11 @@ func Start(ctx context.Context, cfg Config) (*Sync, error) {
 }
 
 // Observe records this region's count for w, as its Redis returned it
-// after an admission. Counts only grow within a window; a smaller count
-// than one already observed is ignored. It never blocks on the network.
+// after an admission; it is sent within FlushEvery. Counts only grow
+// within a window: a smaller count than one already observed is ignored.
+// It never blocks on the network. When MaxPending windows are held, the
+// count of a new window is dropped (Status.Dropped) until room is made;
+// a window's next Observe then carries its whole count.
 func (s *Sync) Observe(w Window, count int64) { s.out.observe(w, count) }
 
 // Others returns, for window w, the sum of the other regions' latest
@@ -201,7 +206,13 @@ func (s *Sync) Observe(w Window, count int64) { s.out.observe(w, count) }
 // not reached us yet (see reserve.go). A request of global limit L is
 // admitted iff own + seen + reserve < L.
 func (s *Sync) Others(w Window) (seen, reserve int64) {
-	return s.state.Others(w, s.cfg.Now().UnixMilli())
+	return s.OthersAt(w, s.cfg.Now())
+}
+
+// OthersAt is Others at instant now, for a caller that has read the clock
+// already (a third of Others' cost is reading it).
+func (s *Sync) OthersAt(w Window, now time.Time) (seen, reserve int64) {
+	return s.state.Others(w, now.UnixMilli())
 }
 
 // Status is a snapshot of a Sync's health.

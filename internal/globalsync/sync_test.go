@@ -375,16 +375,22 @@ func BenchmarkObserveParallel(b *testing.B) {
 	})
 }
 
-func BenchmarkOthers(b *testing.B) {
-	n := newNet(b, srv)
-	sy := n.start("us")
+// othersBench returns a Sync holding three other regions' counts for
+// every window of benchWindows.
+func othersBench(b *testing.B) (*Sync, []Window) {
+	sy := newNet(b, srv).start("us")
 	ws := benchWindows()
 	now := time.Now().UnixMilli()
-	for i, w := range ws { // three other regions' counts for every window
+	for i, w := range ws {
 		for _, o := range []string{"eu", "ap", "sa"} {
-			sy.state.Merge(o, w, int64(i), now, now)
+			sy.state.Merge(o, w, int64(i+1), now-100, now)
 		}
 	}
+	return sy, ws
+}
+
+func BenchmarkOthers(b *testing.B) {
+	sy, ws := othersBench(b)
 	b.ReportAllocs()
 	b.ResetTimer()
 	var sum int64
@@ -395,6 +401,17 @@ func BenchmarkOthers(b *testing.B) {
 	if sum == 0 {
 		b.Fatal("no counts seen")
 	}
+}
+
+func BenchmarkOthersParallel(b *testing.B) {
+	sy, ws := othersBench(b)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for i := 0; pb.Next(); i++ {
+			sy.Others(ws[i&(len(ws)-1)])
+		}
+	})
 }
 
 // benchWindows returns 1,024 windows of current minute.
