@@ -33,6 +33,10 @@ type Config struct {
 	// Subject is the subjects' prefix: region R publishes on
 	// <Subject>.R. Default "sluice.sync".
 	Subject string
+	// Peers, when set, are the other regions to read: their subjects
+	// only are consumed. Default: every region's subject, our own
+	// region's messages being read and ignored.
+	Peers []string
 	// FlushEvery is the batching period: counts observed are sent at
 	// most this long after. Default 20ms.
 	FlushEvery time.Duration
@@ -62,6 +66,11 @@ type Config struct {
 func (c *Config) setDefaults() error {
 	if err := validName(c.Region); err != nil {
 		return fmt.Errorf("globalsync: region: %w", err)
+	}
+	for _, p := range c.Peers {
+		if err := validName(p); err != nil {
+			return fmt.Errorf("globalsync: peer: %w", err)
+		}
 	}
 	if c.Instance == "" {
 		var b [6]byte

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,11 +53,12 @@ func newNet(t testing.TB, s *natstest.Server) *testNet {
 }
 
 // start starts a Sync of region on the test's stream, closed when the
-// test ends.
-func (n *testNet) start(region string) *Sync {
+// test ends. It reads peers only, when any are given.
+func (n *testNet) start(region string, peers ...string) *Sync {
 	n.t.Helper()
 	sy, err := Start(context.Background(), Config{
 		Region:     region,
+		Peers:      peers,
 		URL:        n.s.URL(),
 		Stream:     n.stream,
 		Subject:    n.subject,
@@ -212,6 +215,29 @@ func TestInstancesOfOneRegion(t *testing.T) {
 	eventually(t, "us2 sees eu", wantSeen(t, us2, w, 3))
 	if st := us2.Status(); st.Own == 0 || len(st.Peers) != 1 || st.Peers[0].Region != "eu" {
 		t.Errorf("us2: own %d, peers %+v; want its region's messages ignored, eu as its peer", st.Own, st.Peers)
+	}
+}
+
+// A Sync told its peers reads their subjects only: not its own region's,
+// nor those of regions it was not told of.
+func TestPeers(t *testing.T) {
+	n := newNet(t, srv)
+	us, eu, ap := n.start("us", "eu"), n.start("eu"), n.start("ap")
+	eventually(t, "connected", func() bool {
+		return us.Status().Connected && eu.Status().Connected && ap.Status().Connected
+	})
+	w := currentWindow("global:peers")
+	ap.Observe(w, 100)
+	eventually(t, "eu sees ap", wantSeen(t, eu, w, 100))
+	us.Observe(w, 2)
+	eu.Observe(w, 3)
+	eventually(t, "us sees eu", wantSeen(t, us, w, 3))
+	eventually(t, "eu sees us and ap", wantSeen(t, eu, w, 102))
+	if st := us.Status(); st.Own != 0 || len(st.Peers) != 1 || st.Peers[0].Region != "eu" {
+		t.Errorf("us read its own messages (%d) or peers %+v; want eu's only", st.Own, st.Peers)
+	}
+	if _, err := Start(context.Background(), Config{Region: "us", Peers: []string{"eu.*"}}); err == nil {
+		t.Errorf("Start accepted a peer with a wildcard")
 	}
 }
 
@@ -421,4 +447,48 @@ func benchWindows() []Window {
 		ws[i] = currentWindow(fmt.Sprintf("tenant:%d:global", i))
 	}
 	return ws
+}
+
+func TestStartChecksTheConfig(t *testing.T) {
+	for _, region := range []string{"", "us.east", "us*", "us east", strings.Repeat("r", MaxNameLen+1)} {
+		if sy, err := Start(context.Background(), Config{Region: region}); err == nil {
+			sy.Close()
+			t.Errorf("Start accepted region %q", region)
+		}
+	}
+	if sy, err := Start(context.Background(), Config{Region: "us", Instance: strings.Repeat("i", MaxNameLen+1)}); err == nil {
+		sy.Close()
+		t.Errorf("Start accepted an instance name longer than %d bytes", MaxNameLen)
+	}
+}
+
+// With no NATS to reach, Start neither fails nor waits, and the Sync
+// answers from what it has: nothing.
+func TestStartWithoutNATS(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0") // a port nothing listens on once closed
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "nats://" + l.Addr().String()
+	l.Close()
+	start := time.Now()
+	sy, err := Start(context.Background(), Config{Region: "us", URL: url, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatalf("Start without NATS: %v", err)
+	}
+	w := currentWindow("global:alone")
+	sy.Observe(w, 3)
+	if seen, r := sy.Others(w); seen != 0 || r != 0 {
+		t.Errorf("Others = %d, %d alone; want 0, 0", seen, r)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Start and a check took %v without NATS", d)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if st := sy.Status(); st.Connected || st.PendingEvents != 1 {
+		t.Errorf("status %+v; want not connected, one window pending", st)
+	}
+	if err := sy.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
 }

@@ -258,8 +258,15 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 	}
 	s.c.streamReady.Store(1)
 	start := s.cfg.Now().Add(-s.cfg.LookBack)
+	filter := []string{s.cfg.Subject + ".>"}
+	if len(s.cfg.Peers) > 0 {
+		filter = filter[:0]
+		for _, p := range s.cfg.Peers {
+			filter = append(filter, s.cfg.Subject+"."+p)
+		}
+	}
 	cons, err := c.js.OrderedConsumer(rctx, s.cfg.Stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{s.cfg.Subject + ".>"},
+		FilterSubjects: filter,
 		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
 		OptStartTime:   &start,
 	})
