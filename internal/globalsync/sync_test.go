@@ -9,6 +9,8 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,11 +47,12 @@ type testNet struct {
 	s       *natstest.Server
 	stream  string
 	subject string
+	flush   time.Duration // the Syncs' FlushEvery
 }
 
 func newNet(t testing.TB, s *natstest.Server) *testNet {
 	name := s.Name("T")
-	return &testNet{t: t, s: s, stream: "SYNC_" + name, subject: "sync" + name}
+	return &testNet{t: t, s: s, stream: "SYNC_" + name, subject: "sync" + name, flush: 10 * time.Millisecond}
 }
 
 // start starts a Sync of region on the test's stream, closed when the
@@ -62,7 +65,7 @@ func (n *testNet) start(region string, peers ...string) *Sync {
 		URL:        n.s.URL(),
 		Stream:     n.stream,
 		Subject:    n.subject,
-		FlushEvery: 10 * time.Millisecond,
+		FlushEvery: n.flush,
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -369,6 +372,66 @@ func testNATSRestart(t *testing.T, stop func(*natstest.Server)) {
 	}
 	for _, sy := range []*Sync{us, eu, ap} {
 		eventually(t, sy.cfg.Region+" has nothing pending", func() bool { return sy.Status().PendingEvents == 0 })
+	}
+}
+
+// Many goroutines of two regions count and check at once, as the check
+// path does: the sums each region ends up with are exact.
+func TestConcurrentUse(t *testing.T) {
+	n := newNet(t, srv)
+	regions := []*Sync{n.start("us"), n.start("eu")}
+	eventually(t, "connected", func() bool { return regions[0].Status().Connected && regions[1].Status().Connected })
+	ws := make([]Window, 64)
+	for i := range ws {
+		ws[i] = currentWindow(fmt.Sprintf("global:c%d", i))
+	}
+	// counters[r][i] stands for region r's Redis counter of window i.
+	counters := make([][]atomic.Int64, len(regions))
+	var wg sync.WaitGroup
+	for r, sy := range regions {
+		counters[r] = make([]atomic.Int64, len(ws))
+		for g := range 4 {
+			wg.Go(func() {
+				for k := range 2000 {
+					i := (g*7 + k) % len(ws)
+					sy.Others(ws[i])
+					sy.Observe(ws[i], counters[r][i].Add(1))
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for r, sy := range regions {
+		other := 1 - r
+		for i, w := range ws {
+			eventually(t, sy.cfg.Region+" sees "+w.Key, wantSeen(t, sy, w, counters[other][i].Load()))
+		}
+	}
+}
+
+// BenchmarkPropagation measures, per op, the time from a count observed
+// in one region to its arrival in another's Others, with the default
+// flush period of 20ms: the wait for the next flush, then the transport,
+// whose p95 (send to arrival) it reports as p95-lag-ms.
+func BenchmarkPropagation(b *testing.B) {
+	n := newNet(b, srv)
+	n.flush = 0
+	us, eu := n.start("us"), n.start("eu")
+	eventually(b, "connected", func() bool { return us.Status().Connected && eu.Status().Connected })
+	w := currentWindow("global:propagation")
+	var c int64
+	for b.Loop() {
+		c++
+		us.Observe(w, c)
+		for {
+			if seen, _ := eu.Others(w); seen >= c {
+				break
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	if st := eu.Status(); len(st.Peers) == 1 {
+		b.ReportMetric(float64(st.Peers[0].SyncLagMs), "p95-lag-ms")
 	}
 }
 
