@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -67,6 +66,7 @@ func (c *Config) setDefaults() error {
 	if err := validName(c.Region); err != nil {
 		return fmt.Errorf("globalsync: region: %w", err)
 	}
+	c.Peers = slices.Clone(c.Peers)
 	for _, p := range c.Peers {
 		if err := validName(p); err != nil {
 			return fmt.Errorf("globalsync: peer: %w", err)
@@ -85,8 +85,16 @@ func (c *Config) setDefaults() error {
 	if c.Stream == "" {
 		c.Stream = "SLUICE_SYNC"
 	}
+	if err := validName(c.Stream); err != nil {
+		return fmt.Errorf("globalsync: stream: %w", err)
+	}
 	if c.Subject == "" {
 		c.Subject = "sluice.sync"
+	}
+	for _, token := range strings.Split(c.Subject, ".") {
+		if err := validName(token); err != nil {
+			return fmt.Errorf("globalsync: subject %q: %w", c.Subject, err)
+		}
 	}
 	if c.FlushEvery <= 0 {
 		c.FlushEvery = 20 * time.Millisecond
@@ -112,7 +120,8 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
-// validName reports whether s can be a region: one NATS subject token.
+// validName reports whether s can be a region or a stream: one NATS
+// subject token.
 func validName(s string) error {
 	if s == "" || len(s) > MaxNameLen {
 		return fmt.Errorf("%q: want 1 to %d bytes", s, MaxNameLen)
@@ -141,6 +150,7 @@ type Sync struct {
 	wg     sync.WaitGroup
 	conn   atomic.Pointer[conn] // nil until the client exists
 	wake   chan struct{}        // (re)connected: set up the consumer now
+	ready  atomic.Bool          // the stream exists: publishing can begin
 	closed sync.Once
 
 	mu    sync.Mutex // guards peers
@@ -159,7 +169,7 @@ type conn struct {
 type counters struct {
 	published, sentEntries, publishErrors atomic.Int64
 	received, own, malformed, foreign     atomic.Int64
-	merged, stale, expired, streamReady   atomic.Int64
+	merged, stale, expired                atomic.Int64
 }
 
 // peer is what we know of another region's messages. Guarded by Sync.mu.
@@ -284,7 +294,7 @@ func (s *Sync) Status() Status {
 		Windows:       s.state.Windows(),
 	}
 	if c := s.conn.Load(); c != nil {
-		st.Connected = c.nc.IsConnected() && s.c.streamReady.Load() != 0
+		st.Connected = c.nc.IsConnected() && s.ready.Load()
 	}
 	s.mu.Lock()
 	for name, p := range s.peers {
@@ -304,6 +314,3 @@ func (s *Sync) Close() error {
 	})
 	return nil
 }
-
-// errNotConnected is a flush while the client has no server.
-var errNotConnected = errors.New("globalsync: not connected to NATS")

@@ -519,9 +519,17 @@ func TestStartChecksTheConfig(t *testing.T) {
 			t.Errorf("Start accepted region %q", region)
 		}
 	}
-	if sy, err := Start(context.Background(), Config{Region: "us", Instance: strings.Repeat("i", MaxNameLen+1)}); err == nil {
-		sy.Close()
-		t.Errorf("Start accepted an instance name longer than %d bytes", MaxNameLen)
+	for name, cfg := range map[string]Config{
+		"long instance name": {Region: "us", Instance: strings.Repeat("i", MaxNameLen+1)},
+		"stream with a dot":  {Region: "us", Stream: "SYNC.1"},
+		"subject wildcard":   {Region: "us", Subject: "sluice.*"},
+		"subject empty part": {Region: "us", Subject: "sluice..sync"},
+		"peer with a space":  {Region: "us", Peers: []string{"eu west"}},
+	} {
+		if sy, err := Start(context.Background(), cfg); err == nil {
+			sy.Close()
+			t.Errorf("Start accepted a %s", name)
+		}
 	}
 }
 

@@ -155,7 +155,7 @@ func (s *Sync) publishLoop(ctx context.Context, c *conn) {
 // when connected; otherwise they wait in the outbox.
 func (s *Sync) flush(p *publisher) {
 	s.reap(p)
-	if !p.c.nc.IsConnected() || s.c.streamReady.Load() == 0 {
+	if !p.c.nc.IsConnected() || !s.ready.Load() {
 		return
 	}
 	entries := s.out.take(nil)
@@ -256,7 +256,7 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		}
 		s.cfg.Logger.Warn("globalsync: use the stream as it is", "stream", s.cfg.Stream, "err", err)
 	}
-	s.c.streamReady.Store(1)
+	s.ready.Store(true)
 	start := s.cfg.Now().Add(-s.cfg.LookBack)
 	filter := []string{s.cfg.Subject + ".>"}
 	if len(s.cfg.Peers) > 0 {
