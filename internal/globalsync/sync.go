@@ -151,6 +151,7 @@ type Sync struct {
 	conn   atomic.Pointer[conn] // nil until the client exists
 	wake   chan struct{}        // (re)connected: set up the consumer now
 	ready  atomic.Bool          // the stream exists: publishing can begin
+	lost   chan struct{}        // the stream stopped answering: make it again
 	closed sync.Once
 
 	mu    sync.Mutex // guards peers
@@ -201,6 +202,7 @@ func Start(ctx context.Context, cfg Config) (*Sync, error) {
 		born:  cfg.Now().UnixMilli(),
 		peers: make(map[string]*peer),
 		wake:  make(chan struct{}, 1),
+		lost:  make(chan struct{}, 1),
 	}
 	run, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel

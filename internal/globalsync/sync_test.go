@@ -66,7 +66,7 @@ func (n *testNet) start(region string, peers ...string) *Sync {
 		Stream:     n.stream,
 		Subject:    n.subject,
 		FlushEvery: n.flush,
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:     testLogger(),
 	})
 	if err != nil {
 		n.t.Fatal(err)
@@ -435,6 +435,33 @@ func BenchmarkPropagation(b *testing.B) {
 	}
 }
 
+// An operator deletes the stream: the regions make it again and go on.
+func TestStreamDeleted(t *testing.T) {
+	n := newNet(t, srv)
+	us, eu := n.start("us"), n.start("eu")
+	eventually(t, "connected", func() bool { return us.Status().Connected && eu.Status().Connected })
+	w := currentWindow("global:deleted")
+	us.Observe(w, 5)
+	eventually(t, "eu sees us", wantSeen(t, eu, w, 5))
+
+	nc, err := nats.Connect(n.s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(context.Background(), n.stream); err != nil {
+		t.Fatal(err)
+	}
+	us.Observe(w, 9)
+	eventually(t, "eu sees us after the stream is made again", wantSeen(t, eu, w, 9))
+	eu.Observe(w, 4)
+	eventually(t, "us sees eu", wantSeen(t, us, w, 4))
+}
+
 func BenchmarkObserve(b *testing.B) {
 	sy := newNet(b, srv).start("us")
 	ws := benchWindows()
@@ -562,4 +589,11 @@ func TestStartWithoutNATS(t *testing.T) {
 	if err := sy.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("GLOBALSYNC_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }

@@ -176,8 +176,7 @@ func (s *Sync) flush(p *publisher) {
 		}
 		f, err := p.c.js.PublishMsgAsync(&nats.Msg{Subject: p.subject, Data: data})
 		if err != nil {
-			s.c.publishErrors.Add(1)
-			s.out.failed(batch)
+			s.publishFailed(batch, err)
 			continue
 		}
 		s.c.published.Add(1)
@@ -197,14 +196,39 @@ func (s *Sync) reap(p *publisher) {
 		case <-x.f.Ok():
 			s.out.acked(x.entries)
 			return true
-		case <-x.f.Err():
-			s.c.publishErrors.Add(1)
-			s.out.failed(x.entries)
+		case err := <-x.f.Err():
+			s.publishFailed(x.entries, err)
 			return true
 		default:
 			return false
 		}
 	})
+}
+
+// publishFailed puts the entries of a failed publish back in the outbox.
+// When no stream answered (deleted, or a server that lost its files), it
+// has the consume loop make the stream again.
+func (s *Sync) publishFailed(entries []Entry, err error) {
+	s.c.publishErrors.Add(1)
+	s.out.failed(entries)
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+		s.streamLost(err)
+	}
+}
+
+// streamLost has the consume loop make the stream and the consumer
+// again: the stream was deleted, or the server lost its files. The
+// ordered consumer would resume after the last sequence it read, which
+// skips the new stream's first messages; a new one starts from the
+// look-back.
+func (s *Sync) streamLost(err error) {
+	if s.ready.CompareAndSwap(true, false) {
+		s.cfg.Logger.Warn("globalsync: the stream is gone: making it again", "stream", s.cfg.Stream, "err", err)
+		select {
+		case s.lost <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // consumeLoop sets up the stream and the consumer of every region's
@@ -232,8 +256,12 @@ func (s *Sync) consumeLoop(ctx context.Context, c *conn) {
 	}
 }
 
-// errConsumerStopped is a consumer that stopped on its own.
-var errConsumerStopped = errors.New("globalsync: consumer stopped")
+var (
+	// errConsumerStopped is a consumer that stopped on its own.
+	errConsumerStopped = errors.New("globalsync: consumer stopped")
+	// errStreamLost is a stream that no longer answers publishes.
+	errStreamLost = errors.New("globalsync: the stream is gone")
+)
 
 // consume creates (or updates) the stream and consumes it from a little
 // in the past, until ctx ends or the consumer stops.
@@ -275,6 +303,9 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 	}
 	cc, err := cons.Consume(s.receive, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		s.cfg.Logger.Debug("globalsync: consumer", "err", err)
+		if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrStreamNotFound) {
+			s.streamLost(err)
+		}
 	}))
 	if err != nil {
 		return err
@@ -285,6 +316,8 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		return nil
 	case <-cc.Closed():
 		return errConsumerStopped
+	case <-s.lost:
+		return errStreamLost
 	}
 }
 
