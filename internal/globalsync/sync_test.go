@@ -3,6 +3,7 @@ package globalsync
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -591,8 +592,11 @@ func TestStartWithoutNATS(t *testing.T) {
 	}
 }
 
+// showLog shows the Syncs' logs: go test -run X -args -log
+var showLog = flag.Bool("log", false, "show the Syncs' logs")
+
 func testLogger() *slog.Logger {
-	if os.Getenv("GLOBALSYNC_LOG") != "" {
+	if *showLog {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
