@@ -142,6 +142,7 @@ const maxOrigins = 64
 // methods are safe for concurrent use.
 type Sync struct {
 	cfg   Config
+	log   *slog.Logger
 	state *State
 	out   *outbox
 	born  int64 // unix ms at Start: messages sent before are catch-up, not lag
@@ -197,6 +198,7 @@ func Start(ctx context.Context, cfg Config) (*Sync, error) {
 	}
 	s := &Sync{
 		cfg:   cfg,
+		log:   cfg.Logger.With("component", "globalsync", "region", cfg.Region, "instance", cfg.Instance),
 		state: NewState(cfg.Grace, cfg.FlushEvery),
 		out:   newOutbox(cfg.MaxPending),
 		born:  cfg.Now().UnixMilli(),

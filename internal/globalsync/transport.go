@@ -31,7 +31,7 @@ const (
 // run owns the connection: it connects, starts the consumer and runs the
 // publish loop until ctx ends, then sends what is pending and closes.
 func (s *Sync) run(ctx context.Context) {
-	log := s.cfg.Logger.With("component", "globalsync", "region", s.cfg.Region)
+	log := s.log
 	var nc *nats.Conn
 	for {
 		var err error
@@ -68,7 +68,7 @@ func (s *Sync) run(ctx context.Context) {
 	defer nc.Close()
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackTimeout))
 	if err != nil { // only on invalid options
-		log.Error("JetStream", "err", err)
+		log.Error("set up JetStream", "err", err)
 		return
 	}
 	c := &conn{nc: nc, js: js}
@@ -171,7 +171,7 @@ func (s *Sync) flush(p *publisher) {
 		m := Message{Origin: s.cfg.Region, Instance: s.cfg.Instance, SentAt: s.cfg.Now().UnixMilli(), Seq: p.seq, Entries: batch}
 		data, err := AppendEncode(nil, &m)
 		if err != nil { // the outbox admits only entries a message can carry
-			s.cfg.Logger.Error("globalsync: encode", "err", err)
+			s.log.Error("encode a batch of counts", "err", err)
 			continue
 		}
 		f, err := p.c.js.PublishMsgAsync(&nats.Msg{Subject: p.subject, Data: data})
@@ -223,7 +223,7 @@ func (s *Sync) publishFailed(entries []Entry, err error) {
 // look-back.
 func (s *Sync) streamLost(err error) {
 	if s.ready.CompareAndSwap(true, false) {
-		s.cfg.Logger.Warn("globalsync: the stream is gone: making it again", "stream", s.cfg.Stream, "err", err)
+		s.log.Warn("the stream is gone: making it again", "stream", s.cfg.Stream, "err", err)
 		select {
 		case s.lost <- struct{}{}:
 		default:
@@ -247,7 +247,7 @@ func (s *Sync) consumeLoop(ctx context.Context, c *conn) {
 			wait = firstWait
 		}
 		if c.nc.IsConnected() {
-			s.cfg.Logger.Warn("globalsync: consume the other regions' counts", "err", err)
+			s.log.Warn("consume the other regions' counts", "err", err)
 		}
 		if !sleep(ctx, wait, s.wake) {
 			return
@@ -282,7 +282,7 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		if _, err2 := c.js.Stream(rctx, s.cfg.Stream); err2 != nil {
 			return err
 		}
-		s.cfg.Logger.Warn("globalsync: use the stream as it is", "stream", s.cfg.Stream, "err", err)
+		s.log.Warn("use the stream as it is", "stream", s.cfg.Stream, "err", err)
 	}
 	s.ready.Store(true)
 	start := s.cfg.Now().Add(-s.cfg.LookBack)
@@ -302,7 +302,7 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		return err
 	}
 	cc, err := cons.Consume(s.receive, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		s.cfg.Logger.Debug("globalsync: consumer", "err", err)
+		s.log.Debug("consumer of the other regions' counts", "err", err)
 		if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrStreamNotFound) {
 			s.streamLost(err)
 		}
