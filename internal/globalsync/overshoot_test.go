@@ -16,7 +16,7 @@ func simulate(t *testing.T, limit int64, rates func(region int, ms int64) int64,
 	names := []string{"us", "eu", "ap", "sa"}[:regions]
 	states := make([]*State, regions)
 	for i := range states {
-		states[i] = NewState(10*time.Second, time.Duration(flush)*time.Millisecond)
+		states[i] = NewState(10*time.Second, time.Duration(flush)*time.Millisecond, 10)
 		for j := range regions {
 			if j != i {
 				states[i].SetLag(names[j], lag)

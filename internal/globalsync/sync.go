@@ -43,6 +43,9 @@ type Config struct {
 	// (newest count per window), also while NATS is unreachable.
 	// Default 100,000.
 	MaxPending int
+	// MaxWindows bounds the windows of other regions held; counts of
+	// new windows beyond it are dropped (Status.Full). Default 1,000,000.
+	MaxWindows int
 	// Grace is how long a window's counts are kept after its end, here
 	// and in every region. Default 10s.
 	Grace time.Duration
@@ -101,6 +104,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxPending <= 0 {
 		c.MaxPending = 100_000
+	}
+	if c.MaxWindows <= 0 {
+		c.MaxWindows = 1_000_000
 	}
 	if c.Grace <= 0 {
 		c.Grace = 10 * time.Second
@@ -171,7 +177,7 @@ type conn struct {
 type counters struct {
 	published, sentEntries, publishErrors atomic.Int64
 	received, own, malformed, foreign     atomic.Int64
-	merged, stale, expired                atomic.Int64
+	merged, stale, expired, full          atomic.Int64
 }
 
 // peer is what we know of another region's messages. Guarded by Sync.mu.
@@ -199,7 +205,7 @@ func Start(ctx context.Context, cfg Config) (*Sync, error) {
 	s := &Sync{
 		cfg:   cfg,
 		log:   cfg.Logger.With("component", "globalsync", "region", cfg.Region, "instance", cfg.Instance),
-		state: NewState(cfg.Grace, cfg.FlushEvery),
+		state: NewState(cfg.Grace, cfg.FlushEvery, cfg.MaxWindows),
 		out:   newOutbox(cfg.MaxPending),
 		born:  cfg.Now().UnixMilli(),
 		peers: make(map[string]*peer),
@@ -259,12 +265,12 @@ type Status struct {
 	// Foreign those not of this format or version, or whose origin does
 	// not match its subject. The last three are dropped.
 	Received, Own, Malformed, Foreign int64
-	// Merged, Stale and Expired count the entries received: merged,
-	// ignored as not larger than the count held, or for a window
-	// already dropped.
-	Merged, Stale, Expired int64
-	Windows                int // windows held from other regions
-	Peers                  []PeerStatus
+	// Merged, Stale, Expired and Full count the entries received:
+	// merged, ignored as not larger than the count held, for a window
+	// already dropped, or for a new window when MaxWindows are held.
+	Merged, Stale, Expired, Full int64
+	Windows                      int // windows held from other regions
+	Peers                        []PeerStatus
 }
 
 // PeerStatus is what this instance knows of another region's messages.
@@ -295,6 +301,7 @@ func (s *Sync) Status() Status {
 		Merged:        s.c.merged.Load(),
 		Stale:         s.c.stale.Load(),
 		Expired:       s.c.expired.Load(),
+		Full:          s.c.full.Load(),
 		Windows:       s.state.Windows(),
 	}
 	if c := s.conn.Load(); c != nil {

@@ -375,6 +375,8 @@ func (s *Sync) merge(subject string, data []byte, now time.Time) {
 			s.c.stale.Add(1)
 		case Expired:
 			s.c.expired.Add(1)
+		case Full:
+			s.c.full.Add(1)
 		}
 	}
 }
