@@ -26,11 +26,14 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/sluice ./cmd/sluice
 
 # The fault tests' TCP proxy: toxiproxy-server from PATH, or built once from
-# internal/tools/toxiproxy into the user's cache directory by this test.
+# internal/tools/toxiproxy into the user's cache directory by this test; the
+# cross-region tests' NATS server, built once from internal/tools/nats, so
+# that the test processes do not all build it at once.
 deps:
 	@./scripts/ensure-redis.sh
 	@./scripts/ensure-promtool.sh
 	$(GO) test -count=1 -run '^TestProxy$$' ./internal/guard/guardtest/
+	$(GO) test -count=1 -run '^TestBuild$$' ./internal/testbin/
 
 vet:
 	$(GO) vet ./...

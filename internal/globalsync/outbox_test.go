@@ -81,7 +81,7 @@ func TestObserveDoesNotAllocate(t *testing.T) {
 	if allocs > 0.02 { // the one make per 100 runs
 		t.Errorf("observe allocates %v times per call", allocs)
 	}
-	s := NewState(10*time.Second, 20*time.Millisecond)
+	s := NewState(10*time.Second, 20*time.Millisecond, 1000)
 	s.Merge("eu", w, 5, 60_500, 60_500)
 	if a := testing.AllocsPerRun(1000, func() { s.Others(w, 61_000) }); a != 0 {
 		t.Errorf("Others allocates %v times per call", a)

@@ -35,6 +35,13 @@ import "math"
 // converse: admissions refused while the reserve exceeds what the others
 // will really admit, at most Σ r̂_o·(l̂_o+F) per window.
 
+// Silence is read as idleness, which holds while the link to the origin
+// is up. During a partition no count arrives, the reserve fades, and a
+// region admits up to the whole limit less what it saw before: the
+// overshoot is then the others' admissions during the partition. The
+// caller sees a partition in Status (a peer's LastSync growing old) and
+// is the one to fall back to its share of the limit.
+
 // reserve returns what an origin may have admitted for a key that we have
 // not seen yet: its rate for the key (per ms) times its sync lag plus one
 // flush period (ms). idle is the time since its last count for the key

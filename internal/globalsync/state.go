@@ -47,6 +47,8 @@ const numShards = 64
 type State struct {
 	grace int64 // ms a window is kept after its end
 	flush int64 // ms, the senders' flush period, in the reserve
+	max   int64 // windows held at most
+	size  atomic.Int64
 	seed  maphash.Seed
 
 	shards [numShards]shard
@@ -81,12 +83,12 @@ type originCount struct {
 	rate    float64 // counts per ms for this key, an EWMA
 }
 
-// NewState returns an empty State. A window's state is dropped once
-// grace has passed after its end, in every region alike since the
-// schedule depends only on the window. flush is the senders' flush
-// period, which the reserve covers.
-func NewState(grace, flush time.Duration) *State {
-	s := &State{grace: grace.Milliseconds(), flush: flush.Milliseconds(), seed: maphash.MakeSeed(), origins: make(map[string]*origin)}
+// NewState returns an empty State holding at most maxWindows windows. A
+// window's state is dropped once grace has passed after its end, in
+// every region alike since the schedule depends only on the window.
+// flush is the senders' flush period, which the reserve covers.
+func NewState(grace, flush time.Duration, maxWindows int) *State {
+	s := &State{grace: grace.Milliseconds(), flush: flush.Milliseconds(), max: int64(maxWindows), seed: maphash.MakeSeed(), origins: make(map[string]*origin)}
 	for i := range s.shards {
 		s.shards[i].m = make(map[Window]*cell)
 	}
@@ -129,6 +131,7 @@ const (
 	Merged  MergeResult = iota // the count was larger than the one held, and replaced it
 	Stale                      // the count was not larger (a duplicate, or reordered): ignored
 	Expired                    // the window's state is already dropped: ignored
+	Full                       // a new window while the State holds its most: ignored
 )
 
 // Merge folds origin's count for window w, sent at sentAt and arriving
@@ -146,8 +149,12 @@ func (s *State) Merge(originName string, w Window, count, sentAt, now int64) Mer
 	defer sh.mu.Unlock()
 	c := sh.m[w]
 	if c == nil {
+		if s.size.Load() >= s.max {
+			return Full
+		}
 		c = &cell{counts: inherit(sh.m[w.previous()])}
 		sh.m[w] = c
+		s.size.Add(1)
 	}
 	i := c.find(o)
 	if i < 0 {
@@ -279,6 +286,7 @@ func (s *State) Sweep(now int64) int {
 		for w := range sh.m {
 			if s.expired(w, now) {
 				delete(sh.m, w)
+				s.size.Add(-1)
 			}
 		}
 		n += len(sh.m)

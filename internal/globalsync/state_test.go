@@ -10,7 +10,7 @@ import (
 var w0 = Window{Key: "global:orders", Start: 60_000, Length: time.Minute}
 
 func TestMergeIsMaxPerOrigin(t *testing.T) {
-	s := NewState(10*time.Second, 20*time.Millisecond)
+	s := NewState(10*time.Second, 20*time.Millisecond, 1000)
 	for _, step := range []struct {
 		origin   string
 		count    int64
@@ -61,7 +61,7 @@ func TestMergeOrderAndDuplicatesDoNotMatter(t *testing.T) {
 		}
 	}
 	for trial := range 20 {
-		s := NewState(10*time.Second, 20*time.Millisecond)
+		s := NewState(10*time.Second, 20*time.Millisecond, 1000)
 		order := rand.Perm(len(updates))
 		for _, i := range order {
 			u := updates[i]
@@ -77,8 +77,34 @@ func TestMergeOrderAndDuplicatesDoNotMatter(t *testing.T) {
 	}
 }
 
+func TestStateIsBounded(t *testing.T) {
+	s := NewState(10*time.Second, 20*time.Millisecond, 2)
+	next := Window{Key: w0.Key, Start: w0.Start + 60_000, Length: w0.Length}
+	other := Window{Key: "global:other", Start: w0.Start, Length: w0.Length}
+	for _, step := range []struct {
+		w    Window
+		want MergeResult
+	}{
+		{w0, Merged},
+		{other, Merged},
+		{next, Full},
+		{w0, Stale}, // a window held still takes counts
+	} {
+		if got := s.Merge("us", step.w, 5, 61_000, 61_000); got != step.want {
+			t.Errorf("Merge(%s at %d) = %v, want %v", step.w.Key, step.w.Start, got, step.want)
+		}
+	}
+	s.Sweep(w0.end() + 10_000) // w0 and other expire: room for next
+	if got := s.Merge("us", next, 5, 121_000, 121_000); got != Merged {
+		t.Errorf("Merge after the sweep = %v, want Merged", got)
+	}
+	if n := s.Windows(); n != 1 {
+		t.Errorf("%d windows held, want 1", n)
+	}
+}
+
 func TestWindowsExpire(t *testing.T) {
-	s := NewState(10*time.Second, 20*time.Millisecond)
+	s := NewState(10*time.Second, 20*time.Millisecond, 1000)
 	s.Merge("us", w0, 5, 61_000, 61_000)
 	end := w0.Start + w0.Length.Milliseconds()
 	if n := s.Sweep(end + 9_999); n != 1 {
@@ -102,7 +128,7 @@ func TestWindowsExpire(t *testing.T) {
 // An origin sending 100 per second for a key gets a reserve of about
 // rate × (lag + flush), which carries into the key's next window.
 func TestReserveFollowsRateAndLag(t *testing.T) {
-	s := NewState(10*time.Second, 20*time.Millisecond)
+	s := NewState(10*time.Second, 20*time.Millisecond, 1000)
 	s.SetLag("us", 80)
 	now := w0.Start
 	var count int64

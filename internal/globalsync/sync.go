@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -33,6 +32,10 @@ type Config struct {
 	// Subject is the subjects' prefix: region R publishes on
 	// <Subject>.R. Default "sluice.sync".
 	Subject string
+	// Peers, when set, are the other regions to read: their subjects
+	// only are consumed. Default: every region's subject, our own
+	// region's messages being read and ignored.
+	Peers []string
 	// FlushEvery is the batching period: counts observed are sent at
 	// most this long after. Default 20ms.
 	FlushEvery time.Duration
@@ -40,13 +43,18 @@ type Config struct {
 	// (newest count per window), also while NATS is unreachable.
 	// Default 100,000.
 	MaxPending int
+	// MaxWindows bounds the windows of other regions held; counts of
+	// new windows beyond it are dropped (Status.Full). Default 1,000,000.
+	MaxWindows int
 	// Grace is how long a window's counts are kept after its end, here
 	// and in every region. Default 10s.
 	Grace time.Duration
 	// MaxAge is how long the stream keeps messages. Default 5m.
 	MaxAge time.Duration
 	// LookBack is how far back in the stream a starting instance reads,
-	// to learn the current windows' counts. Default 1m.
+	// to learn the current windows' counts. Default 1m. A key whose count
+	// did not change within it is learnt at its next change: every
+	// message carries whole counts, not increments.
 	LookBack time.Duration
 	// Instance names this instance in its messages. Default random.
 	Instance string
@@ -61,6 +69,12 @@ func (c *Config) setDefaults() error {
 	if err := validName(c.Region); err != nil {
 		return fmt.Errorf("globalsync: region: %w", err)
 	}
+	c.Peers = slices.Clone(c.Peers)
+	for _, p := range c.Peers {
+		if err := validName(p); err != nil {
+			return fmt.Errorf("globalsync: peer: %w", err)
+		}
+	}
 	if c.Instance == "" {
 		var b [6]byte
 		rand.Read(b[:])
@@ -74,14 +88,25 @@ func (c *Config) setDefaults() error {
 	if c.Stream == "" {
 		c.Stream = "SLUICE_SYNC"
 	}
+	if err := validName(c.Stream); err != nil {
+		return fmt.Errorf("globalsync: stream: %w", err)
+	}
 	if c.Subject == "" {
 		c.Subject = "sluice.sync"
+	}
+	for _, token := range strings.Split(c.Subject, ".") {
+		if err := validName(token); err != nil {
+			return fmt.Errorf("globalsync: subject %q: %w", c.Subject, err)
+		}
 	}
 	if c.FlushEvery <= 0 {
 		c.FlushEvery = 20 * time.Millisecond
 	}
 	if c.MaxPending <= 0 {
 		c.MaxPending = 100_000
+	}
+	if c.MaxWindows <= 0 {
+		c.MaxWindows = 1_000_000
 	}
 	if c.Grace <= 0 {
 		c.Grace = 10 * time.Second
@@ -101,7 +126,8 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
-// validName reports whether s can be a region: one NATS subject token.
+// validName reports whether s can be a region or a stream: one NATS
+// subject token.
 func validName(s string) error {
 	if s == "" || len(s) > MaxNameLen {
 		return fmt.Errorf("%q: want 1 to %d bytes", s, MaxNameLen)
@@ -122,6 +148,7 @@ const maxOrigins = 64
 // methods are safe for concurrent use.
 type Sync struct {
 	cfg   Config
+	log   *slog.Logger
 	state *State
 	out   *outbox
 	born  int64 // unix ms at Start: messages sent before are catch-up, not lag
@@ -129,6 +156,9 @@ type Sync struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	conn   atomic.Pointer[conn] // nil until the client exists
+	wake   chan struct{}        // (re)connected: set up the consumer now
+	ready  atomic.Bool          // the stream exists: publishing can begin
+	lost   chan struct{}        // the stream stopped answering: make it again
 	closed sync.Once
 
 	mu    sync.Mutex // guards peers
@@ -145,9 +175,9 @@ type conn struct {
 
 // counters count what happened to messages, for Status.
 type counters struct {
-	published, publishErrors, dropped   atomic.Int64
-	received, own, malformed, foreign   atomic.Int64
-	merged, stale, expired, streamReady atomic.Int64
+	published, sentEntries, publishErrors atomic.Int64
+	received, own, malformed, foreign     atomic.Int64
+	merged, stale, expired, full          atomic.Int64
 }
 
 // peer is what we know of another region's messages. Guarded by Sync.mu.
@@ -174,10 +204,13 @@ func Start(ctx context.Context, cfg Config) (*Sync, error) {
 	}
 	s := &Sync{
 		cfg:   cfg,
-		state: NewState(cfg.Grace, cfg.FlushEvery),
+		log:   cfg.Logger.With("component", "globalsync", "region", cfg.Region, "instance", cfg.Instance),
+		state: NewState(cfg.Grace, cfg.FlushEvery, cfg.MaxWindows),
 		out:   newOutbox(cfg.MaxPending),
 		born:  cfg.Now().UnixMilli(),
 		peers: make(map[string]*peer),
+		wake:  make(chan struct{}, 1),
+		lost:  make(chan struct{}, 1),
 	}
 	run, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -190,8 +223,11 @@ func Start(ctx context.Context, cfg Config) (*Sync, error) {
 }
 
 // Observe records this region's count for w, as its Redis returned it
-// after an admission. Counts only grow within a window; a smaller count
-// than one already observed is ignored. It never blocks on the network.
+// after an admission; it is sent within FlushEvery. Counts only grow
+// within a window: a smaller count than one already observed is ignored.
+// It never blocks on the network. When MaxPending windows are held, the
+// count of a new window is dropped (Status.Dropped) until room is made;
+// a window's next Observe then carries its whole count.
 func (s *Sync) Observe(w Window, count int64) { s.out.observe(w, count) }
 
 // Others returns, for window w, the sum of the other regions' latest
@@ -199,7 +235,13 @@ func (s *Sync) Observe(w Window, count int64) { s.out.observe(w, count) }
 // not reached us yet (see reserve.go). A request of global limit L is
 // admitted iff own + seen + reserve < L.
 func (s *Sync) Others(w Window) (seen, reserve int64) {
-	return s.state.Others(w, s.cfg.Now().UnixMilli())
+	return s.OthersAt(w, s.cfg.Now())
+}
+
+// OthersAt is Others at instant now, for a caller that has read the clock
+// already (a third of Others' cost is reading it).
+func (s *Sync) OthersAt(w Window, now time.Time) (seen, reserve int64) {
+	return s.state.Others(w, now.UnixMilli())
 }
 
 // Counts returns every region's count of w as this instance knows it: its
@@ -243,19 +285,20 @@ type Status struct {
 	// were held, or because no message can carry the window.
 	Dropped int64
 	// Published and PublishErrors count messages sent and those whose
-	// publish failed (and whose counts were sent again).
-	Published, PublishErrors int64
+	// publish failed (and whose counts were sent again); SentEntries
+	// the counts the messages sent carried.
+	Published, SentEntries, PublishErrors int64
 	// Received counts the messages merged; Own those of our own region
 	// (ignored); Malformed the truncated, malformed and oversized ones;
 	// Foreign those not of this format or version, or whose origin does
 	// not match its subject. The last three are dropped.
 	Received, Own, Malformed, Foreign int64
-	// Merged, Stale and Expired count the entries received: merged,
-	// ignored as not larger than the count held, or for a window
-	// already dropped.
-	Merged, Stale, Expired int64
-	Windows                int // windows held from other regions
-	Peers                  []PeerStatus
+	// Merged, Stale, Expired and Full count the entries received:
+	// merged, ignored as not larger than the count held, for a window
+	// already dropped, or for a new window when MaxWindows are held.
+	Merged, Stale, Expired, Full int64
+	Windows                      int // windows held from other regions
+	Peers                        []PeerStatus
 }
 
 // PeerStatus is what this instance knows of another region's messages.
@@ -277,6 +320,7 @@ func (s *Sync) Status() Status {
 		PendingEvents: s.out.pending(),
 		Dropped:       s.out.dropped.Load(),
 		Published:     s.c.published.Load(),
+		SentEntries:   s.c.sentEntries.Load(),
 		PublishErrors: s.c.publishErrors.Load(),
 		Received:      s.c.received.Load(),
 		Own:           s.c.own.Load(),
@@ -285,10 +329,11 @@ func (s *Sync) Status() Status {
 		Merged:        s.c.merged.Load(),
 		Stale:         s.c.stale.Load(),
 		Expired:       s.c.expired.Load(),
+		Full:          s.c.full.Load(),
 		Windows:       s.state.Windows(),
 	}
 	if c := s.conn.Load(); c != nil {
-		st.Connected = c.nc.IsConnected() && s.c.streamReady.Load() != 0
+		st.Connected = c.nc.IsConnected() && s.ready.Load()
 	}
 	s.mu.Lock()
 	for name, p := range s.peers {
@@ -308,6 +353,3 @@ func (s *Sync) Close() error {
 	})
 	return nil
 }
-
-// errNotConnected is a flush while the client has no server.
-var errNotConnected = errors.New("globalsync: not connected to NATS")

@@ -3,10 +3,15 @@ package globalsync
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,24 +48,26 @@ type testNet struct {
 	s       *natstest.Server
 	stream  string
 	subject string
+	flush   time.Duration // the Syncs' FlushEvery
 }
 
 func newNet(t testing.TB, s *natstest.Server) *testNet {
 	name := s.Name("T")
-	return &testNet{t: t, s: s, stream: "SYNC_" + name, subject: "sync" + name}
+	return &testNet{t: t, s: s, stream: "SYNC_" + name, subject: "sync" + name, flush: 10 * time.Millisecond}
 }
 
 // start starts a Sync of region on the test's stream, closed when the
-// test ends.
-func (n *testNet) start(region string) *Sync {
+// test ends. It reads peers only, when any are given.
+func (n *testNet) start(region string, peers ...string) *Sync {
 	n.t.Helper()
 	sy, err := Start(context.Background(), Config{
 		Region:     region,
+		Peers:      peers,
 		URL:        n.s.URL(),
 		Stream:     n.stream,
 		Subject:    n.subject,
-		FlushEvery: 10 * time.Millisecond,
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		FlushEvery: n.flush,
+		Logger:     testLogger(),
 	})
 	if err != nil {
 		n.t.Fatal(err)
@@ -165,6 +172,33 @@ func TestCountsReachTheOtherRegions(t *testing.T) {
 	t.Logf("ap: %+v", st)
 }
 
+// Counts observed together travel together: thousands of windows in a
+// few messages.
+func TestBatching(t *testing.T) {
+	n := newNet(t, srv)
+	us, eu := n.start("us"), n.start("eu")
+	eventually(t, "connected", func() bool { return us.Status().Connected && eu.Status().Connected })
+	ws := make([]Window, 5000)
+	for i := range ws {
+		ws[i] = currentWindow(fmt.Sprintf("tenant:%d:global", i))
+	}
+	before := us.Status()
+	for round := range 3 {
+		for i, w := range ws {
+			us.Observe(w, int64(round*10+i%7+1))
+		}
+	}
+	for i, w := range ws {
+		eventually(t, "eu sees "+w.Key, wantSeen(t, eu, w, int64(20+i%7+1)))
+	}
+	st := us.Status()
+	msgs, entries := st.Published-before.Published, st.SentEntries-before.SentEntries
+	t.Logf("%d counts in %d messages", entries, msgs)
+	if msgs == 0 || entries/msgs < 100 {
+		t.Errorf("%d counts in %d messages, want at least 100 a message", entries, msgs)
+	}
+}
+
 // The instances of one region publish under its name: the other regions
 // take the largest count, not the sum.
 func TestInstancesOfOneRegion(t *testing.T) {
@@ -185,6 +219,29 @@ func TestInstancesOfOneRegion(t *testing.T) {
 	eventually(t, "us2 sees eu", wantSeen(t, us2, w, 3))
 	if st := us2.Status(); st.Own == 0 || len(st.Peers) != 1 || st.Peers[0].Region != "eu" {
 		t.Errorf("us2: own %d, peers %+v; want its region's messages ignored, eu as its peer", st.Own, st.Peers)
+	}
+}
+
+// A Sync told its peers reads their subjects only: not its own region's,
+// nor those of regions it was not told of.
+func TestPeers(t *testing.T) {
+	n := newNet(t, srv)
+	us, eu, ap := n.start("us", "eu"), n.start("eu"), n.start("ap")
+	eventually(t, "connected", func() bool {
+		return us.Status().Connected && eu.Status().Connected && ap.Status().Connected
+	})
+	w := currentWindow("global:peers")
+	ap.Observe(w, 100)
+	eventually(t, "eu sees ap", wantSeen(t, eu, w, 100))
+	us.Observe(w, 2)
+	eu.Observe(w, 3)
+	eventually(t, "us sees eu", wantSeen(t, us, w, 3))
+	eventually(t, "eu sees us and ap", wantSeen(t, eu, w, 102))
+	if st := us.Status(); st.Own != 0 || len(st.Peers) != 1 || st.Peers[0].Region != "eu" {
+		t.Errorf("us read its own messages (%d) or peers %+v; want eu's only", st.Own, st.Peers)
+	}
+	if _, err := Start(context.Background(), Config{Region: "us", Peers: []string{"eu.*"}}); err == nil {
+		t.Errorf("Start accepted a peer with a wildcard")
 	}
 }
 
@@ -264,10 +321,15 @@ func TestGarbageIsCountedAndDropped(t *testing.T) {
 	}
 }
 
-// NATS stops while the regions count: the counts wait in the outbox, a
+// NATS stops (or dies) while the regions count: the counts wait in the outbox, a
 // Sync started meanwhile starts without it, and after NATS comes back
 // every region's sums are exact.
 func TestNATSRestart(t *testing.T) {
+	t.Run("stop", func(t *testing.T) { testNATSRestart(t, (*natstest.Server).Stop) })
+	t.Run("kill", func(t *testing.T) { testNATSRestart(t, (*natstest.Server).Kill) })
+}
+
+func testNATSRestart(t *testing.T, stop func(*natstest.Server)) {
 	s, err := natstest.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -280,7 +342,7 @@ func TestNATSRestart(t *testing.T) {
 	us.Observe(w, 10)
 	eventually(t, "eu sees us before the stop", wantSeen(t, eu, w, 10))
 
-	s.Stop()
+	stop(s)
 	eventually(t, "us notices the stop", func() bool { return !us.Status().Connected })
 	keys := make([]Window, 500)
 	for i := range keys {
@@ -314,6 +376,93 @@ func TestNATSRestart(t *testing.T) {
 	}
 }
 
+// Many goroutines of two regions count and check at once, as the check
+// path does: the sums each region ends up with are exact.
+func TestConcurrentUse(t *testing.T) {
+	n := newNet(t, srv)
+	regions := []*Sync{n.start("us"), n.start("eu")}
+	eventually(t, "connected", func() bool { return regions[0].Status().Connected && regions[1].Status().Connected })
+	ws := make([]Window, 64)
+	for i := range ws {
+		ws[i] = currentWindow(fmt.Sprintf("global:c%d", i))
+	}
+	// counters[r][i] stands for region r's Redis counter of window i.
+	counters := make([][]atomic.Int64, len(regions))
+	var wg sync.WaitGroup
+	for r, sy := range regions {
+		counters[r] = make([]atomic.Int64, len(ws))
+		for g := range 4 {
+			wg.Go(func() {
+				for k := range 2000 {
+					i := (g*7 + k) % len(ws)
+					sy.Others(ws[i])
+					sy.Observe(ws[i], counters[r][i].Add(1))
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for r, sy := range regions {
+		other := 1 - r
+		for i, w := range ws {
+			eventually(t, sy.cfg.Region+" sees "+w.Key, wantSeen(t, sy, w, counters[other][i].Load()))
+		}
+	}
+}
+
+// BenchmarkPropagation measures, per op, the time from a count observed
+// in one region to its arrival in another's Others, with the default
+// flush period of 20ms: the wait for the next flush, then the transport,
+// whose p95 (send to arrival) it reports as p95-lag-ms.
+func BenchmarkPropagation(b *testing.B) {
+	n := newNet(b, srv)
+	n.flush = 0
+	us, eu := n.start("us"), n.start("eu")
+	eventually(b, "connected", func() bool { return us.Status().Connected && eu.Status().Connected })
+	w := currentWindow("global:propagation")
+	var c int64
+	for b.Loop() {
+		c++
+		us.Observe(w, c)
+		for {
+			if seen, _ := eu.Others(w); seen >= c {
+				break
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	if st := eu.Status(); len(st.Peers) == 1 {
+		b.ReportMetric(float64(st.Peers[0].SyncLagMs), "p95-lag-ms")
+	}
+}
+
+// An operator deletes the stream: the regions make it again and go on.
+func TestStreamDeleted(t *testing.T) {
+	n := newNet(t, srv)
+	us, eu := n.start("us"), n.start("eu")
+	eventually(t, "connected", func() bool { return us.Status().Connected && eu.Status().Connected })
+	w := currentWindow("global:deleted")
+	us.Observe(w, 5)
+	eventually(t, "eu sees us", wantSeen(t, eu, w, 5))
+
+	nc, err := nats.Connect(n.s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(context.Background(), n.stream); err != nil {
+		t.Fatal(err)
+	}
+	us.Observe(w, 9)
+	eventually(t, "eu sees us after the stream is made again", wantSeen(t, eu, w, 9))
+	eu.Observe(w, 4)
+	eventually(t, "us sees eu", wantSeen(t, us, w, 4))
+}
+
 func BenchmarkObserve(b *testing.B) {
 	sy := newNet(b, srv).start("us")
 	ws := benchWindows()
@@ -343,16 +492,22 @@ func BenchmarkObserveParallel(b *testing.B) {
 	})
 }
 
-func BenchmarkOthers(b *testing.B) {
-	n := newNet(b, srv)
-	sy := n.start("us")
+// othersBench returns a Sync holding three other regions' counts for
+// every window of benchWindows.
+func othersBench(b *testing.B) (*Sync, []Window) {
+	sy := newNet(b, srv).start("us")
 	ws := benchWindows()
 	now := time.Now().UnixMilli()
-	for i, w := range ws { // three other regions' counts for every window
+	for i, w := range ws {
 		for _, o := range []string{"eu", "ap", "sa"} {
-			sy.state.Merge(o, w, int64(i), now, now)
+			sy.state.Merge(o, w, int64(i+1), now-100, now)
 		}
 	}
+	return sy, ws
+}
+
+func BenchmarkOthers(b *testing.B) {
+	sy, ws := othersBench(b)
 	b.ReportAllocs()
 	b.ResetTimer()
 	var sum int64
@@ -365,6 +520,17 @@ func BenchmarkOthers(b *testing.B) {
 	}
 }
 
+func BenchmarkOthersParallel(b *testing.B) {
+	sy, ws := othersBench(b)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for i := 0; pb.Next(); i++ {
+			sy.Others(ws[i&(len(ws)-1)])
+		}
+	})
+}
+
 // benchWindows returns 1,024 windows of current minute.
 func benchWindows() []Window {
 	ws := make([]Window, 1024)
@@ -372,4 +538,66 @@ func benchWindows() []Window {
 		ws[i] = currentWindow(fmt.Sprintf("tenant:%d:global", i))
 	}
 	return ws
+}
+
+func TestStartChecksTheConfig(t *testing.T) {
+	for _, region := range []string{"", "us.east", "us*", "us east", strings.Repeat("r", MaxNameLen+1)} {
+		if sy, err := Start(context.Background(), Config{Region: region}); err == nil {
+			sy.Close()
+			t.Errorf("Start accepted region %q", region)
+		}
+	}
+	for name, cfg := range map[string]Config{
+		"long instance name": {Region: "us", Instance: strings.Repeat("i", MaxNameLen+1)},
+		"stream with a dot":  {Region: "us", Stream: "SYNC.1"},
+		"subject wildcard":   {Region: "us", Subject: "sluice.*"},
+		"subject empty part": {Region: "us", Subject: "sluice..sync"},
+		"peer with a space":  {Region: "us", Peers: []string{"eu west"}},
+	} {
+		if sy, err := Start(context.Background(), cfg); err == nil {
+			sy.Close()
+			t.Errorf("Start accepted a %s", name)
+		}
+	}
+}
+
+// With no NATS to reach, Start neither fails nor waits, and the Sync
+// answers from what it has: nothing.
+func TestStartWithoutNATS(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0") // a port nothing listens on once closed
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "nats://" + l.Addr().String()
+	l.Close()
+	start := time.Now()
+	sy, err := Start(context.Background(), Config{Region: "us", URL: url, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatalf("Start without NATS: %v", err)
+	}
+	w := currentWindow("global:alone")
+	sy.Observe(w, 3)
+	if seen, r := sy.Others(w); seen != 0 || r != 0 {
+		t.Errorf("Others = %d, %d alone; want 0, 0", seen, r)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Start and a check took %v without NATS", d)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if st := sy.Status(); st.Connected || st.PendingEvents != 1 {
+		t.Errorf("status %+v; want not connected, one window pending", st)
+	}
+	if err := sy.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+}
+
+// showLog shows the Syncs' logs: go test -run X -args -log
+var showLog = flag.Bool("log", false, "show the Syncs' logs")
+
+func testLogger() *slog.Logger {
+	if *showLog {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }

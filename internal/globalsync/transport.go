@@ -31,7 +31,7 @@ const (
 // run owns the connection: it connects, starts the consumer and runs the
 // publish loop until ctx ends, then sends what is pending and closes.
 func (s *Sync) run(ctx context.Context) {
-	log := s.cfg.Logger.With("component", "globalsync", "region", s.cfg.Region)
+	log := s.log
 	var nc *nats.Conn
 	for {
 		var err error
@@ -43,8 +43,14 @@ func (s *Sync) run(ctx context.Context) {
 			// No buffering while disconnected: the outbox keeps the
 			// newest counts, which is all that needs sending.
 			nats.ReconnectBufSize(-1),
-			nats.ConnectHandler(func(*nats.Conn) { log.Info("connected to NATS") }),
-			nats.ReconnectHandler(func(c *nats.Conn) { log.Info("reconnected to NATS", "server", c.ConnectedUrlRedacted()) }),
+			nats.ConnectHandler(func(*nats.Conn) {
+				log.Info("connected to NATS")
+				s.wakeConsumer()
+			}),
+			nats.ReconnectHandler(func(c *nats.Conn) {
+				log.Info("reconnected to NATS", "server", c.ConnectedUrlRedacted())
+				s.wakeConsumer()
+			}),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				if err != nil {
 					log.Warn("disconnected from NATS", "err", err)
@@ -55,14 +61,14 @@ func (s *Sync) run(ctx context.Context) {
 			break
 		}
 		log.Error("connect to NATS", "url", s.cfg.URL, "err", err)
-		if !sleep(ctx, time.Second) {
+		if !sleep(ctx, time.Second, nil) {
 			return
 		}
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackTimeout))
 	if err != nil { // only on invalid options
-		log.Error("JetStream", "err", err)
+		log.Error("set up JetStream", "err", err)
 		return
 	}
 	c := &conn{nc: nc, js: js}
@@ -77,15 +83,26 @@ func (s *Sync) run(ctx context.Context) {
 	<-done
 }
 
-// sleep waits d, and reports false when ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
+// sleep waits d, or until wake receives, and reports false when ctx
+// ended first.
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return false
 	case <-t.C:
-		return true
+	case <-wake:
+	}
+	return true
+}
+
+// wakeConsumer cuts short the consume loop's wait before its next try:
+// the connection is back, so the stream can be set up now.
+func (s *Sync) wakeConsumer() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -138,7 +155,7 @@ func (s *Sync) publishLoop(ctx context.Context, c *conn) {
 // when connected; otherwise they wait in the outbox.
 func (s *Sync) flush(p *publisher) {
 	s.reap(p)
-	if !p.c.nc.IsConnected() || s.c.streamReady.Load() == 0 {
+	if !p.c.nc.IsConnected() || !s.ready.Load() {
 		return
 	}
 	entries := s.out.take(nil)
@@ -154,16 +171,16 @@ func (s *Sync) flush(p *publisher) {
 		m := Message{Origin: s.cfg.Region, Instance: s.cfg.Instance, SentAt: s.cfg.Now().UnixMilli(), Seq: p.seq, Entries: batch}
 		data, err := AppendEncode(nil, &m)
 		if err != nil { // the outbox admits only entries a message can carry
-			s.cfg.Logger.Error("globalsync: encode", "err", err)
+			s.log.Error("encode a batch of counts", "err", err)
 			continue
 		}
 		f, err := p.c.js.PublishMsgAsync(&nats.Msg{Subject: p.subject, Data: data})
 		if err != nil {
-			s.c.publishErrors.Add(1)
-			s.out.failed(batch)
+			s.publishFailed(batch, err)
 			continue
 		}
 		s.c.published.Add(1)
+		s.c.sentEntries.Add(int64(len(batch)))
 		p.inflight = append(p.inflight, inflight{f: f, entries: batch})
 	}
 }
@@ -179,9 +196,8 @@ func (s *Sync) reap(p *publisher) {
 		case <-x.f.Ok():
 			s.out.acked(x.entries)
 			return true
-		case <-x.f.Err():
-			s.c.publishErrors.Add(1)
-			s.out.failed(x.entries)
+		case err := <-x.f.Err():
+			s.publishFailed(x.entries, err)
 			return true
 		default:
 			return false
@@ -189,28 +205,63 @@ func (s *Sync) reap(p *publisher) {
 	})
 }
 
+// publishFailed puts the entries of a failed publish back in the outbox.
+// When no stream answered (deleted, or a server that lost its files), it
+// has the consume loop make the stream again.
+func (s *Sync) publishFailed(entries []Entry, err error) {
+	s.c.publishErrors.Add(1)
+	s.out.failed(entries)
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+		s.streamLost(err)
+	}
+}
+
+// streamLost has the consume loop make the stream and the consumer
+// again: the stream was deleted, or the server lost its files. The
+// ordered consumer would resume after the last sequence it read, which
+// skips the new stream's first messages; a new one starts from the
+// look-back.
+func (s *Sync) streamLost(err error) {
+	if s.ready.CompareAndSwap(true, false) {
+		s.log.Warn("the stream is gone: making it again", "stream", s.cfg.Stream, "err", err)
+		select {
+		case s.lost <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // consumeLoop sets up the stream and the consumer of every region's
 // subject, and sets them up again whenever the consumer stops, until
 // ctx ends.
 func (s *Sync) consumeLoop(ctx context.Context, c *conn) {
-	wait := 100 * time.Millisecond
+	const firstWait = 100 * time.Millisecond
+	wait := firstWait
 	for {
+		began := time.Now()
 		err := s.consume(ctx, c)
 		if ctx.Err() != nil {
 			return
 		}
-		if c.nc.IsConnected() {
-			s.cfg.Logger.Warn("globalsync: consume the other regions' counts", "err", err)
+		if time.Since(began) > time.Minute { // it worked for a while: not a failing setup
+			wait = firstWait
 		}
-		if !sleep(ctx, wait) {
+		if c.nc.IsConnected() {
+			s.log.Warn("consume the other regions' counts", "err", err)
+		}
+		if !sleep(ctx, wait, s.wake) {
 			return
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
 }
 
-// errConsumerStopped is a consumer that stopped on its own.
-var errConsumerStopped = errors.New("globalsync: consumer stopped")
+var (
+	// errConsumerStopped is a consumer that stopped on its own.
+	errConsumerStopped = errors.New("globalsync: consumer stopped")
+	// errStreamLost is a stream that no longer answers publishes.
+	errStreamLost = errors.New("globalsync: the stream is gone")
+)
 
 // consume creates (or updates) the stream and consumes it from a little
 // in the past, until ctx ends or the consumer stops.
@@ -231,12 +282,19 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		if _, err2 := c.js.Stream(rctx, s.cfg.Stream); err2 != nil {
 			return err
 		}
-		s.cfg.Logger.Warn("globalsync: use the stream as it is", "stream", s.cfg.Stream, "err", err)
+		s.log.Warn("use the stream as it is", "stream", s.cfg.Stream, "err", err)
 	}
-	s.c.streamReady.Store(1)
+	s.ready.Store(true)
 	start := s.cfg.Now().Add(-s.cfg.LookBack)
+	filter := []string{s.cfg.Subject + ".>"}
+	if len(s.cfg.Peers) > 0 {
+		filter = filter[:0]
+		for _, p := range s.cfg.Peers {
+			filter = append(filter, s.cfg.Subject+"."+p)
+		}
+	}
 	cons, err := c.js.OrderedConsumer(rctx, s.cfg.Stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{s.cfg.Subject + ".>"},
+		FilterSubjects: filter,
 		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
 		OptStartTime:   &start,
 	})
@@ -244,7 +302,10 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		return err
 	}
 	cc, err := cons.Consume(s.receive, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		s.cfg.Logger.Debug("globalsync: consumer", "err", err)
+		s.log.Debug("consumer of the other regions' counts", "err", err)
+		if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrStreamNotFound) {
+			s.streamLost(err)
+		}
 	}))
 	if err != nil {
 		return err
@@ -255,6 +316,8 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		return nil
 	case <-cc.Closed():
 		return errConsumerStopped
+	case <-s.lost:
+		return errStreamLost
 	}
 }
 
@@ -312,6 +375,8 @@ func (s *Sync) merge(subject string, data []byte, now time.Time) {
 			s.c.stale.Add(1)
 		case Expired:
 			s.c.expired.Add(1)
+		case Full:
+			s.c.full.Add(1)
 		}
 	}
 }

@@ -2,8 +2,9 @@
 // process built once from the tools module internal/tools/nats into the
 // user's cache directory, on a free port of 127.0.0.1, with JetStream's
 // files in a temporary directory. Start one per test package in TestMain
-// and give each test its own stream name; Stop and Start restart the
-// server on the same port and files, as a crash and recovery would.
+// and give each test its own stream name; Stop (or Kill) and Start
+// restart the server on the same port and files, as an upgrade (or a
+// crash) and recovery would.
 package natstest
 
 import (
@@ -147,6 +148,18 @@ func (s *Server) Stop() {
 		s.cmd.Process.Kill()
 		<-s.exited
 	}
+	s.cmd = nil
+}
+
+// Kill kills the server (SIGKILL), as a crash would, keeping its files.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Kill()
+	<-s.exited
 	s.cmd = nil
 }
 

@@ -8,8 +8,9 @@ import (
 	"time"
 )
 
-// TestServer starts the server, stops it and starts it again on the same
-// port, checking each time that it greets a client as NATS does.
+// TestServer starts the server, stops (and kills) it and starts it again
+// on the same port, checking each time that it greets a client as NATS
+// does.
 func TestServer(t *testing.T) {
 	s, err := Start()
 	if err != nil {
@@ -44,6 +45,13 @@ func TestServer(t *testing.T) {
 	}
 	if err := greet(); err != nil {
 		t.Fatalf("restarted server: %v", err)
+	}
+	s.Kill()
+	if err := s.Start(); err != nil {
+		t.Fatalf("start after a kill: %v", err)
+	}
+	if err := greet(); err != nil {
+		t.Fatalf("server started after a kill: %v", err)
 	}
 	if a, b := s.Name("s"), s.Name("s"); a == b {
 		t.Errorf("Name returned %q twice", a)
