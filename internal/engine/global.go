@@ -21,9 +21,11 @@ import (
 // A window is named by its key, its start (Unix milliseconds, a multiple
 // of its length) and its length.
 type GlobalView interface {
-	// Others returns the other regions' latest known count in the window,
-	// and a reserve for what they may have admitted since.
-	Others(key string, start int64, length time.Duration) (seen, reserve int64)
+	// Allowance returns the most this region's count in the window may
+	// reach now, for a global limit of limit: the limit less the other
+	// regions' latest known counts and a reserve for what they may have
+	// admitted since (see internal/globalsync).
+	Allowance(key string, start int64, length time.Duration, limit int64) int64
 	// Observe reports this region's count in the window, as its store
 	// returned it; counts only grow within a window.
 	Observe(key string, start int64, length time.Duration, count int64)
@@ -81,8 +83,7 @@ func (e *Engine) resolveGlobal(s *scratch) {
 		p.Limit = it.glimit
 		if e.global != nil {
 			start, length := globalWindow(p, it.at)
-			seen, reserve := e.global.Others(it.key, start, length)
-			p.Limit = max(it.glimit-seen-reserve, 0)
+			p.Limit = min(max(e.global.Allowance(it.key, start, length, it.glimit), 0), it.glimit)
 		}
 		// The capacity stays the global limit: a cost within it is
 		// refused until the window ends, not as one that never fits.

@@ -25,10 +25,10 @@ type view struct {
 	windows  map[int64]time.Duration
 }
 
-func (v *view) Others(key string, start int64, length time.Duration) (int64, int64) {
+func (v *view) Allowance(key string, start int64, length time.Duration, limit int64) int64 {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.seen, v.reserve
+	return limit - v.seen - v.reserve
 }
 
 func (v *view) Observe(key string, start int64, length time.Duration, count int64) {

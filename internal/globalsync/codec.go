@@ -91,7 +91,7 @@ type Message struct {
 	Instance string  // the sending instance, for diagnostics
 	SentAt   int64   // unix ms when the batch was sent
 	Seq      uint64  // the sender's message sequence, from 1
-	Entries  []Entry // at least one
+	Entries  []Entry // none in a heartbeat: the region is heard, and has nothing new
 }
 
 // AppendEncode appends m's encoding to dst and returns the extended slice.
@@ -139,8 +139,6 @@ func (m *Message) validate() error {
 		return fmt.Errorf("globalsync: instance name of %d bytes, more than %d", len(m.Instance), MaxNameLen)
 	case m.SentAt < 0:
 		return fmt.Errorf("globalsync: negative send time %d", m.SentAt)
-	case len(m.Entries) == 0:
-		return errors.New("globalsync: message without entries")
 	}
 	for _, e := range m.Entries {
 		if err := e.validate(); err != nil {
@@ -197,7 +195,7 @@ func Decode(b []byte) (Message, error) {
 	m.SentAt = d.int63()
 	m.Seq = d.uvarint()
 	n := d.uvarint()
-	if d.err == nil && (n == 0 || n > uint64(len(d.b))/minEntrySize) {
+	if d.err == nil && n > uint64(len(d.b))/minEntrySize {
 		d.fail(fmt.Errorf("%w: %d entries in %d bytes", ErrMalformed, n, len(d.b)))
 	}
 	if d.err == nil && m.Origin == "" {

@@ -85,6 +85,18 @@ func (o *outbox) count(w Window) int64 {
 	return 0
 }
 
+// ackedCount returns the newest count of w that JetStream acknowledged:
+// about what the other regions have received of it.
+func (o *outbox) ackedCount(w Window) int64 {
+	sh := o.shard(w.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.m[w]; e != nil {
+		return e.acked
+	}
+	return 0
+}
+
 // carriable reports whether a message can carry w's count.
 func carriable(w Window, count int64) bool {
 	e := Entry{Window: w, Count: count}

@@ -2,7 +2,6 @@ package globalsync
 
 import (
 	"hash/maphash"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,6 +54,9 @@ type State struct {
 
 	mu      sync.Mutex // guards origins
 	origins map[string]*origin
+	// known is the origins heard from, for the check path: a copy made
+	// whenever one is added or forgotten.
+	known atomic.Pointer[[]*origin]
 }
 
 type shard struct {
@@ -65,8 +67,9 @@ type shard struct {
 
 // origin is a region we receive counts from.
 type origin struct {
-	name string
-	lag  atomic.Int64 // ms, the recent p95 of its messages' lag
+	name  string
+	lag   atomic.Int64 // ms, the recent p95 of its messages' lag
+	heard atomic.Int64 // unix ms of its last message, a heartbeat included
 }
 
 // cell is one window's G-counter: one count per origin. There are as
@@ -110,6 +113,7 @@ func (s *State) origin(name string) *origin {
 	if o == nil {
 		o = &origin{name: name}
 		s.origins[name] = o
+		s.publishKnown()
 	}
 	return o
 }
@@ -201,36 +205,7 @@ func (c *cell) find(o *origin) int {
 // (see reserve), rounded. A window with no count yet takes its
 // reserve from the key's previous window.
 func (s *State) Others(w Window, now int64) (seen, reserved int64) {
-	sh := s.shard(w.Key)
-	sh.mu.RLock()
-	defer sh.mu.RUnlock()
-	c := sh.m[w]
-	if c == nil {
-		if c = sh.m[w.previous()]; c == nil {
-			return 0, 0
-		}
-		return 0, s.reserve(c, now)
-	}
-	for i := range c.counts {
-		seen += c.counts[i].count
-	}
-	return seen, s.reserve(c, now)
-}
-
-// reserve sums the origins' reserves of c. Requires the shard's lock held.
-func (s *State) reserve(c *cell, now int64) int64 {
-	var r float64
-	for i := range c.counts {
-		oc := &c.counts[i]
-		r += reserve(oc.rate, oc.o.lag.Load(), s.flush, now-oc.arrived)
-	}
-	if r >= math.MaxInt64/2 {
-		return math.MaxInt64 / 2
-	}
-	// Rounded to the nearest unit, not up: a reserve that decays (an
-	// origin gone idle) would otherwise hold back one unit for ever. The
-	// overshoot this allows is under one unit.
-	return int64(math.Round(r))
+	return s.OthersWithin(w, 0, now)
 }
 
 // Count returns origin's count for w, and whether there is one.

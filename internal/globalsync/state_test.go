@@ -149,9 +149,19 @@ func TestReserveFollowsRateAndLag(t *testing.T) {
 	if seen, r := s.Others(next, now); seen != 0 || r < 9 || r > 11 {
 		t.Errorf("next window before any count: seen %d, reserve %d; want 0 and about 10", seen, r)
 	}
-	// Silent for 10s: the origin admitted nothing, the reserve fades.
+	// Heard for 10s (heartbeats) with no new count: the origin admitted
+	// nothing, the reserve fades.
+	s.Heard("us", now+10_000)
 	if _, r := s.Others(w0, now+10_000); r > 1 {
-		t.Errorf("reserve after 10s of silence %d, want at most 1", r)
+		t.Errorf("reserve after 10s heard without a new count %d, want at most 1", r)
+	}
+	// Unheard for 10s: it may have gone on admitting; within a share of
+	// a limit of 1,500 between us and this region, up to 750.
+	s2 := NewState(time.Minute, 20*time.Millisecond, 1000)
+	s2.Heard("us", now-10)
+	s2.Merge("us", w0, count, now-80, now)
+	if seen, r := s2.OthersWithin(w0, 1500, now+10_000); seen != count || r != 750-count {
+		t.Errorf("unheard for 10s: seen %d, reserve %d; want %d and its share less that, %d", seen, r, count, 750-count)
 	}
 }
 

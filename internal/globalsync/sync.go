@@ -32,9 +32,12 @@ type Config struct {
 	// Subject is the subjects' prefix: region R publishes on
 	// <Subject>.R. Default "sluice.sync".
 	Subject string
-	// Peers, when set, are the other regions to read: their subjects
-	// only are consumed. Default: every region's subject, our own
-	// region's messages being read and ignored.
+	// Peers, when set, are the other regions: their subjects (and our own
+	// region's, for Counts) only are consumed, and each counts from the
+	// start as a region not heard from (see silence.go) until it is, so
+	// that a region cut off from the start still keeps to its share.
+	// Default: every region's subject, the regions being learned from
+	// their messages.
 	Peers []string
 	// FlushEvery is the batching period: counts observed are sent at
 	// most this long after. Default 20ms.
@@ -150,8 +153,11 @@ type Sync struct {
 	cfg   Config
 	log   *slog.Logger
 	state *State
-	out   *outbox
-	born  int64 // unix ms at Start: messages sent before are catch-up, not lag
+	// siblings holds the counts of this region's other instances, for
+	// Counts only: this region's own count comes from its store.
+	siblings *State
+	out      *outbox
+	born     int64 // unix ms at Start: messages sent before are catch-up, not lag
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -203,14 +209,18 @@ func Start(ctx context.Context, cfg Config) (*Sync, error) {
 		return nil, err
 	}
 	s := &Sync{
-		cfg:   cfg,
-		log:   cfg.Logger.With("component", "globalsync", "region", cfg.Region, "instance", cfg.Instance),
-		state: NewState(cfg.Grace, cfg.FlushEvery, cfg.MaxWindows),
-		out:   newOutbox(cfg.MaxPending),
-		born:  cfg.Now().UnixMilli(),
-		peers: make(map[string]*peer),
-		wake:  make(chan struct{}, 1),
-		lost:  make(chan struct{}, 1),
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "globalsync", "region", cfg.Region, "instance", cfg.Instance),
+		state:    NewState(cfg.Grace, cfg.FlushEvery, cfg.MaxWindows),
+		siblings: NewState(cfg.Grace, cfg.FlushEvery, cfg.MaxWindows),
+		out:      newOutbox(cfg.MaxPending),
+		born:     cfg.Now().UnixMilli(),
+		peers:    make(map[string]*peer),
+		wake:     make(chan struct{}, 1),
+		lost:     make(chan struct{}, 1),
+	}
+	for _, p := range cfg.Peers {
+		s.state.origin(p)
 	}
 	run, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -245,26 +255,77 @@ func (s *Sync) OthersAt(w Window, now time.Time) (seen, reserve int64) {
 }
 
 // Counts returns every region's count of w as this instance knows it: its
-// own region's newest observed, and each other region's latest received.
+// own region's newest observed here or received from its other instances,
+// and each other region's latest received.
 // Their sum is the window's merged count. For monitoring and tests, not
 // the check path.
 func (s *Sync) Counts(w Window) map[string]int64 {
 	m := map[string]int64{}
+	s.siblings.Counts(w, m)
 	s.state.Counts(w, m)
-	if n := s.out.count(w); n > 0 {
+	if n := s.out.count(w); n > m[s.cfg.Region] {
 		m[s.cfg.Region] = n
 	}
 	return m
+}
+
+// OthersWithin is Others for a window of the global limit limit: a region
+// not heard from for a while (cut off, or NATS down) counts as having
+// taken at least its share of limit (see silence.go).
+func (s *Sync) OthersWithin(w Window, limit int64) (seen, reserve int64) {
+	return s.state.OthersWithin(w, limit, s.cfg.Now().UnixMilli())
+}
+
+// Allowance returns the most this region's count of w may reach now,
+// for a global limit of limit: the limit less what the other regions took
+// and may have taken since (OthersWithin), and less, when other regions
+// are heard from, all but this region's part of what is left.
+//
+// The part: when every region may still admit, each one taking what the
+// others left would let each take it within one lag, N times over. So a
+// region's count may exceed what the others know of it (its last count
+// JetStream acknowledged) by its part of what is left as it sees it: one
+// N-th, N the regions heard from and this one, and the remainder of the
+// division for one region in turn (each second another, by name order),
+// so that the parts add up to what is left and none of it is lost. As
+// counts reach the others, what is left is shared again. Far from the
+// limit, the part is far above any lag's admissions and changes nothing;
+// near it, what is left is shared out in a few lags instead of overshot.
+func (s *Sync) Allowance(w Window, limit int64) int64 {
+	now := s.cfg.Now().UnixMilli()
+	seen, reserve := s.state.OthersWithin(w, limit, now)
+	free := limit - seen - reserve
+	n, rank := s.state.heardRank(s.cfg.Region, now)
+	if n == 1 {
+		return free
+	}
+	known := s.out.ackedCount(w)
+	left := max(free-known, 0)
+	part := left / n
+	if turn := (int64(fnv32(w.Key)) + now/1000) % n; turn == rank {
+		part += left % n
+	}
+	return min(free, known+part)
+}
+
+// fnv32 is FNV-1a of s: which region's turn it is first for a key, the
+// same in every region.
+func fnv32(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint32(s[i])) * 16777619
+	}
+	return h
 }
 
 // KeyView is a Sync seen through the windows' parts rather than a Window:
 // the engine's view of the other regions (engine.GlobalView).
 type KeyView struct{ *Sync }
 
-// Others is Sync.Others of the window of key that starts at start (unix
-// ms) and lasts length.
-func (v KeyView) Others(key string, start int64, length time.Duration) (seen, reserve int64) {
-	return v.Sync.Others(Window{Key: key, Start: start, Length: length})
+// Allowance is Sync.Allowance of the window of key that starts at start
+// (unix ms) and lasts length.
+func (v KeyView) Allowance(key string, start int64, length time.Duration, limit int64) int64 {
+	return v.Sync.Allowance(Window{Key: key, Start: start, Length: length}, limit)
 }
 
 // Observe is Sync.Observe of the window of key that starts at start.

@@ -222,8 +222,8 @@ func TestInstancesOfOneRegion(t *testing.T) {
 	}
 }
 
-// A Sync told its peers reads their subjects only: not its own region's,
-// nor those of regions it was not told of.
+// A Sync told its peers reads their subjects, and its own region's for
+// Counts, only: not those of regions it was not told of.
 func TestPeers(t *testing.T) {
 	n := newNet(t, srv)
 	us, eu, ap := n.start("us", "eu"), n.start("eu"), n.start("ap")
@@ -237,8 +237,11 @@ func TestPeers(t *testing.T) {
 	eu.Observe(w, 3)
 	eventually(t, "us sees eu", wantSeen(t, us, w, 3))
 	eventually(t, "eu sees us and ap", wantSeen(t, eu, w, 102))
-	if st := us.Status(); st.Own != 0 || len(st.Peers) != 1 || st.Peers[0].Region != "eu" {
-		t.Errorf("us read its own messages (%d) or peers %+v; want eu's only", st.Own, st.Peers)
+	if st := us.Status(); len(st.Peers) != 1 || st.Peers[0].Region != "eu" {
+		t.Errorf("us's peers %+v; want eu only", st.Peers)
+	}
+	if seen, _ := us.Others(w); seen != 3 {
+		t.Errorf("us sees %d of the others, want eu's 3 (not ap's, nor its own)", seen)
 	}
 	if _, err := Start(context.Background(), Config{Region: "us", Peers: []string{"eu.*"}}); err == nil {
 		t.Errorf("Start accepted a peer with a wildcard")

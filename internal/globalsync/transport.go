@@ -39,7 +39,9 @@ func (s *Sync) run(ctx context.Context) {
 			nats.Name("sluice-globalsync "+s.cfg.Region+" "+s.cfg.Instance),
 			nats.RetryOnFailedConnect(true), // connect in the background when NATS is down
 			nats.MaxReconnects(-1),
-			nats.ReconnectWait(250*time.Millisecond),
+			// A healed partition is noticed within this (and a jitter of
+			// up to half of it): the regions agree again soon after.
+			nats.ReconnectWait(100*time.Millisecond), nats.ReconnectJitter(50*time.Millisecond, 50*time.Millisecond),
 			// No buffering while disconnected: the outbox keeps the
 			// newest counts, which is all that needs sending.
 			nats.ReconnectBufSize(-1),
@@ -118,6 +120,7 @@ type publisher struct {
 	subject  string
 	seq      uint64
 	inflight []inflight
+	last     time.Time // when a message was last published
 }
 
 // publishLoop sends the counts that grew every FlushEvery and sweeps
@@ -146,6 +149,8 @@ func (s *Sync) publishLoop(ctx context.Context, c *conn) {
 		case <-sweep.C:
 			now := s.cfg.Now().UnixMilli()
 			s.state.Sweep(now)
+			s.siblings.Sweep(now)
+			s.state.forget(now)
 			s.out.sweep(now, s.cfg.Grace.Milliseconds())
 		}
 	}
@@ -159,6 +164,20 @@ func (s *Sync) flush(p *publisher) {
 		return
 	}
 	entries := s.out.take(nil)
+	now := s.cfg.Now()
+	if len(entries) == 0 && now.Sub(p.last) >= heartbeatFlushes*s.cfg.FlushEvery {
+		// A heartbeat: nothing grew, and the other regions learn that
+		// this one is reachable (see silence.go).
+		p.seq++
+		data, err := AppendEncode(nil, &Message{Origin: s.cfg.Region, Instance: s.cfg.Instance, SentAt: now.UnixMilli(), Seq: p.seq})
+		if err == nil {
+			if _, err := p.c.js.PublishMsgAsync(&nats.Msg{Subject: p.subject, Data: data}); err == nil {
+				p.last = now
+				s.c.published.Add(1)
+			}
+		}
+		return
+	}
 	for len(entries) > 0 {
 		n, size := 0, 0
 		for n < len(entries) && n < maxBatch && size < batchBytes {
@@ -181,6 +200,7 @@ func (s *Sync) flush(p *publisher) {
 		}
 		s.c.published.Add(1)
 		s.c.sentEntries.Add(int64(len(batch)))
+		p.last = now
 		p.inflight = append(p.inflight, inflight{f: f, entries: batch})
 	}
 }
@@ -289,6 +309,7 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 	filter := []string{s.cfg.Subject + ".>"}
 	if len(s.cfg.Peers) > 0 {
 		filter = filter[:0]
+		filter = append(filter, s.cfg.Subject+"."+s.cfg.Region) // for Counts
 		for _, p := range s.cfg.Peers {
 			filter = append(filter, s.cfg.Subject+"."+p)
 		}
@@ -341,10 +362,19 @@ func (s *Sync) merge(subject string, data []byte, now time.Time) {
 		s.c.foreign.Add(1) // a region publishing under another's name
 		return
 	case m.Origin == s.cfg.Region:
+		// Never this region's view of the others; but the counts of
+		// its other instances complete Counts.
 		s.c.own.Add(1)
+		if m.Instance != s.cfg.Instance {
+			ms := now.UnixMilli()
+			for _, e := range m.Entries {
+				s.siblings.Merge(m.Origin, e.Window, e.Count, m.SentAt, ms)
+			}
+		}
 		return
 	}
 	ms := now.UnixMilli()
+	s.state.Heard(m.Origin, ms)
 	s.mu.Lock()
 	p := s.peers[m.Origin]
 	if p == nil {
