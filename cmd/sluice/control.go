@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/sluicehq/sluice/internal/auth"
 	"github.com/sluicehq/sluice/internal/daemon"
@@ -19,12 +20,16 @@ func controlFlags(fs *flag.FlagSet) func(cfg *daemon.Config, w io.Writer) error 
 	instance := fs.String("instance", "", "this instance's name in the control plane; empty: host name and process id")
 	region := fs.String("region", "", "this instance's region: for emergency throttles of scope region, and the name under which --sync shares its counts")
 	syncURL := fs.String("sync", "", "share the counts of global limits with the other regions through NATS JetStream: nats://host:4222[,nats://host:4222...]; needs --region (see docs/multi-region.md)")
+	syncPeers := fs.String("sync-peers", "", "the other regions sharing global limits, comma-separated: each counts at its share of each limit until heard from; empty: learned from their messages")
 	tokens := fs.String("admin-tokens", "", "file of admin tokens by SHA-256 hash, each with a role (viewer, operator or admin); see docs/operations.md. Without it, a listener on loopback gets a generated admin token, printed at start")
 	adminAddr := fs.String("admin-addr", "", "serve the admin API on this address instead of the HTTP API's")
 	requireToken := fs.Bool("require-check-token", false, "the check APIs (HTTP, gRPC, Envoy's) require a token of any role, as \"Authorization: Bearer TOKEN\"")
 	return func(cfg *daemon.Config, w io.Writer) error {
 		cfg.DataDir, cfg.ControlStore = *dataDir, *store
 		cfg.Instance, cfg.Region, cfg.SyncURL = *instance, *region, *syncURL
+		if *syncPeers != "" {
+			cfg.SyncPeers = strings.Split(*syncPeers, ",")
+		}
 		cfg.AdminTokensPath, cfg.AdminAddr, cfg.RequireCheckToken = *tokens, *adminAddr, *requireToken
 		if cfg.AdminTokensPath != "" || (cfg.DataDir == "" && cfg.ControlStore == "") {
 			return nil

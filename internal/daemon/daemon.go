@@ -211,6 +211,11 @@ type Config struct {
 	// counts of global limits, nats://host:4222[,nats://...]; empty
 	// decides global limits as if this region were alone. Needs Region.
 	SyncURL string
+	// SyncPeers are the other regions sharing global limits. Each counts
+	// as not heard from (at its share of each limit) until it is, so
+	// that a region cut off from its start keeps to its share; empty
+	// learns the regions from their messages.
+	SyncPeers []string
 }
 
 // Daemon is a running server. Its methods are safe for concurrent use.

@@ -31,8 +31,8 @@ func (d *Daemon) startSync(ctx context.Context) (engine.GlobalView, error) {
 	if d.cfg.Region == "" {
 		return nil, errors.New("daemon: the sync of global limits (--sync) needs this instance's region (--region)")
 	}
-	s, err := globalsync.Start(ctx, globalsync.Config{Region: d.cfg.Region, URL: d.cfg.SyncURL,
-		Instance: d.cfg.Instance, Logger: d.log.With("component", "sync")})
+	s, err := globalsync.Start(ctx, globalsync.Config{Region: d.cfg.Region, URL: d.cfg.SyncURL, Peers: d.cfg.SyncPeers,
+		Instance: d.cfg.Instance, Logger: d.log})
 	if err != nil {
 		return nil, fmt.Errorf("daemon: sync: %w", err)
 	}

@@ -38,13 +38,26 @@ rules:
 // peer.
 func TestSyncBetweenRegions(t *testing.T) {
 	srv := natsServer(t)
-	region := func(name string) *testDaemon {
-		return start(t, syncPolicy, func(c *daemon.Config) { c.Region, c.SyncURL = name, srv.URL() })
+	region := func(name, peer string) *testDaemon {
+		return start(t, syncPolicy, func(c *daemon.Config) { c.Region, c.SyncURL, c.SyncPeers = name, srv.URL(), []string{peer} })
 	}
-	eu, us := region("eu"), region("us")
-	for range 3 {
-		if r := post(t, eu.base+"/api/v1/check", `{"client_id":"acme","resource":"/partner"}`); r.status != 200 {
-			t.Fatalf("eu: %d %s", r.status, r.raw)
+	eu, us := region("eu", "us"), region("us", "eu")
+	// Until a peer is heard from, it counts at its share (2 of 4).
+	for _, d := range []*testDaemon{eu, us} {
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(get(t, d.base+"/internal/sync").raw, `"last_sync":"`); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the regions never heard each other: %s", get(t, d.base+"/internal/sync").raw)
+			}
+		}
+	}
+	// eu takes 3: at most its part of what is left at a time (half of
+	// it, with two regions heard), the rest once us has seen its count.
+	for n, deadline := 0, time.Now().Add(10*time.Second); n < 3; time.Sleep(5 * time.Millisecond) {
+		r := post(t, eu.base+"/api/v1/check", `{"client_id":"acme","resource":"/partner"}`)
+		if r.status == 200 {
+			n++
+		} else if r.status != 429 || time.Now().After(deadline) {
+			t.Fatalf("eu, check %d: %d %s", n, r.status, r.raw)
 		}
 	}
 	// us learns of eu's 3 within the sync's lag: at most 1 is left (less
