@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/metrics"
 )
 
@@ -45,6 +46,9 @@ func known(t *testing.T) map[string]bool {
 	}
 	for _, mf := range mfs {
 		out[mf.GetName()] = true
+	}
+	for _, name := range daemon.SyncMetricNames() {
+		out[name] = true
 	}
 	return out
 }

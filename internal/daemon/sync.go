@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -121,24 +122,39 @@ func syncStatus(st globalsync.Status) syncAnswer {
 type syncCollector struct{ s *globalsync.Sync }
 
 var (
-	syncLagDesc = prometheus.NewDesc("sluice_sync_lag_ms",
+	syncLagDesc = syncDesc("sluice_sync_lag_ms",
 		"p95 of the lag of recent sync messages from a peer region, from its clock to ours, in milliseconds.", []string{"peer"}, nil)
-	syncLastDesc = prometheus.NewDesc("sluice_sync_last_sync_timestamp_seconds",
+	syncLastDesc = syncDesc("sluice_sync_last_sync_timestamp_seconds",
 		"When the last sync message from a peer region arrived, in Unix seconds.", []string{"peer"}, nil)
-	syncPeerMessagesDesc = prometheus.NewDesc("sluice_sync_peer_messages_total",
+	syncPeerMessagesDesc = syncDesc("sluice_sync_peer_messages_total",
 		"Sync messages merged from a peer region.", []string{"peer"}, nil)
-	syncPendingDesc = prometheus.NewDesc("sluice_sync_pending_events",
+	syncPendingDesc = syncDesc("sluice_sync_pending_events",
 		"Windows of this region whose newest count the sync has not yet had acknowledged.", nil, nil)
-	syncConnectedDesc = prometheus.NewDesc("sluice_sync_connected",
+	syncConnectedDesc = syncDesc("sluice_sync_connected",
 		"1 while the sync is connected to NATS with its stream in place, 0 otherwise.", nil, nil)
-	syncMessagesDesc = prometheus.NewDesc("sluice_sync_messages_total",
+	syncMessagesDesc = syncDesc("sluice_sync_messages_total",
 		"Sync messages by outcome: published, publish_error, received, malformed, foreign, own (ignored).", []string{"outcome"}, nil)
-	syncDroppedDesc = prometheus.NewDesc("sluice_sync_dropped_total",
+	syncDroppedDesc = syncDesc("sluice_sync_dropped_total",
 		"Counts this region could not hold for sending (more windows pending than the bound).", nil, nil)
 )
 
+// syncDescs are the sync's metrics.
+var syncDescs = []*prometheus.Desc{syncLagDesc, syncLastDesc, syncPeerMessagesDesc, syncPendingDesc, syncConnectedDesc, syncMessagesDesc, syncDroppedDesc}
+
+// SyncMetricNames returns the names of the sync's metrics, which a daemon
+// with a sync exposes beside those of internal/metrics.
+func SyncMetricNames() []string { return slices.Clone(syncNames) }
+
+// syncNames are the names of the sync's metrics, as syncDesc made them.
+var syncNames []string
+
+func syncDesc(name, help string, labels []string, _ prometheus.Labels) *prometheus.Desc {
+	syncNames = append(syncNames, name)
+	return prometheus.NewDesc(name, help, labels, nil)
+}
+
 func (c syncCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{syncLagDesc, syncLastDesc, syncPeerMessagesDesc, syncPendingDesc, syncConnectedDesc, syncMessagesDesc, syncDroppedDesc} {
+	for _, d := range syncDescs {
 		ch <- d
 	}
 }
