@@ -2,7 +2,6 @@ package policy
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -323,49 +322,6 @@ func FuzzWithLayerRule(f *testing.F) {
 			}
 		}
 		lp.Match(&Request{ClientID: "c", Resource: "/a/b"}, nil)
-	})
-}
-
-// layerBench builds a file of n rules and a layer of m overrides.
-func layerBench(b testing.TB, n, m int) (*Policy, *Layer) {
-	p := benchPolicy(b, n)
-	l := &Layer{Revision: 1}
-	for i := range m {
-		l.Overrides = append(l.Overrides, LayerOverride{ID: fmt.Sprintf("o%d", i), Version: 1, Kind: DimClient,
-			Value: fmt.Sprintf("c%d", i), Limits: map[string]LayerLimit{fmt.Sprintf("r%d", i%n): {Limit: int64(20 + i%50)}}})
-	}
-	return p, l
-}
-
-func BenchmarkWithLayer10kRules100kOverrides(b *testing.B) {
-	p, l := layerBench(b, 10_000, 100_000)
-	b.Run("full", func(b *testing.B) {
-		for b.Loop() {
-			if _, err := p.WithLayer(l, nil); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("one-change", func(b *testing.B) {
-		prev, err := p.WithLayer(l, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		i := 0
-		for b.Loop() {
-			i++
-			l.Revision++
-			o := &l.Overrides[i%len(l.Overrides)]
-			o.Version++
-			for id := range o.Limits {
-				o.Limits[id] = LayerLimit{Limit: int64(20 + i%50)}
-			}
-			next, err := p.WithLayer(l, prev)
-			if err != nil {
-				b.Fatal(err)
-			}
-			prev = next
-		}
 	})
 }
 
