@@ -205,7 +205,7 @@ func TestWithLayerReusesCompiled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Rules[3].Base != b.Rules[3].Base || a.layer.overrides["o"].o != b.layer.overrides["o"].o {
+	if a.Rules[3].Base != b.Rules[3].Base || ov(a, "o") != ov(b, "o") {
 		t.Error("unchanged rule or override compiled again")
 	}
 	l.Rules[0] = LayerRule{ID: "x", Version: 2, Spec: spec(`{"id":"x","limit":2,"window":"1s"}`)}
@@ -217,12 +217,21 @@ func TestWithLayerReusesCompiled(t *testing.T) {
 	if c.Rules[3].Base.Spec.Limit != 2 {
 		t.Errorf("changed rule: limit %d, want 2", c.Rules[3].Base.Spec.Limit)
 	}
-	if c.layer.overrides["o"].o == b.layer.overrides["o"].o {
+	if ov(c, "o") == ov(b, "o") {
 		t.Error("override reused though the identity's tier changed")
 	}
 	if b.Rules[3].Base.Spec.Limit != 1 {
 		t.Error("the previous policy changed")
 	}
+}
+
+// ov returns the compiled override id of lp's layer.
+func ov(lp *Policy, id string) *override {
+	e, _ := lp.layer.overrides.get(id)
+	if e == nil {
+		return nil
+	}
+	return e.o
 }
 
 func TestThrottles(t *testing.T) {

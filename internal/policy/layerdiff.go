@@ -1,0 +1,373 @@
+// The layer's identities and overrides, applied by their difference with
+// the previous apply's: the control plane sends the whole layer at every
+// change, and one change among 100,000 overrides must neither compile nor
+// copy the others.
+
+package policy
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// maxDiff is the number of identities or overrides, changed, added or
+// removed, above which they are applied as a whole rather than by their
+// difference.
+const (
+	maxTierDiff     = 16
+	maxOverrideDiff = 1024
+)
+
+// middle returns the lengths of the longest common prefix and suffix of
+// two sequences of lengths n and on whose elements at i and j are
+// same(i, j), the suffix not overlapping the prefix.
+func middle(n, on int, same func(i, j int) bool) (pre, suf int) {
+	for pre < n && pre < on && same(pre, pre) {
+		pre++
+	}
+	for suf < n-pre && suf < on-pre && same(n-1-suf, on-1-suf) {
+		suf++
+	}
+	return pre, suf
+}
+
+// tierFor returns the tier of identity k: the layer's, else that of the
+// file's first assignment of k, else the default one.
+func (ls *layerState) tierFor(p *Policy, k identity) string {
+	if t, _ := ls.tiers[k.kind].get(k.value); t != "" {
+		return t
+	}
+	if as := p.assignments[k.kind][k.value]; len(as) > 0 && as[0].Tier != "" {
+		return as[0].Tier
+	}
+	return ls.st.defaultTier
+}
+
+// validIdentity reports whether li is an identity with a known tier.
+func (ls *layerState) validIdentity(li *LayerIdentity, fail func(*LayerError)) bool {
+	id := li.Kind.String() + ":" + li.Value
+	if !identityKind(li.Kind) || li.Value == "" {
+		fail(&LayerError{Object: "identity", ID: id, Field: "kind", Msg: "want a client, user or api_key with a value"})
+		return false
+	}
+	if _, ok := ls.st.tiers[li.Tier]; !ok {
+		fail(&LayerError{Object: "identity", ID: id, Field: "tier", Msg: fmt.Sprintf("unknown tier %q", li.Tier)})
+		return false
+	}
+	return true
+}
+
+// layerTiers records l's identities' tiers in ls (the last of an
+// identity's applies), and returns the identities whose tier differs from
+// old's (none without old).
+func (ls *layerState) layerTiers(l *Layer, old *layerState, fail func(*LayerError)) []identity {
+	ids := l.Identities
+	if old != nil && slices.Equal(old.idents, ids) {
+		ls.idents, ls.tiers = old.idents, old.tiers
+		return nil
+	}
+	ls.idents = slices.Clone(ids)
+	if old != nil {
+		pre, suf := middle(len(ids), len(old.idents), func(i, j int) bool { return ids[i] == old.idents[j] })
+		if len(ids)+len(old.idents)-2*(pre+suf) <= maxTierDiff {
+			return ls.tiersChanged(ids, old, pre, suf, fail)
+		}
+	}
+	var eds [DimGlobal + 1]*idMapEdit[string]
+	for i := range ids {
+		li := &ids[i]
+		if !ls.validIdentity(li, fail) {
+			continue
+		}
+		if eds[li.Kind] == nil {
+			eds[li.Kind] = (&idMap[string]{}).edit(len(ids))
+		}
+		eds[li.Kind].set(li.Value, li.Tier)
+	}
+	for d, ed := range eds {
+		if ed != nil {
+			ls.tiers[d] = ed.done()
+		}
+	}
+	if old == nil {
+		return nil
+	}
+	var changed []identity
+	for d := range ls.tiers {
+		kind := Dimension(d)
+		ls.tiers[d].all(func(v, t string) bool {
+			if ot, _ := old.tiers[d].get(v); ot != t {
+				changed = append(changed, identity{kind, v})
+			}
+			return true
+		})
+		old.tiers[d].all(func(v, _ string) bool {
+			if _, ok := ls.tiers[d].get(v); !ok {
+				changed = append(changed, identity{kind, v})
+			}
+			return true
+		})
+	}
+	return changed
+}
+
+// tiersChanged is layerTiers when ids differ from old's in
+// ids[pre:len(ids)-suf] only, and few of them.
+func (ls *layerState) tiersChanged(ids []LayerIdentity, old *layerState, pre, suf int, fail func(*LayerError)) []identity {
+	keys := map[identity]bool{}
+	for i := pre; i < len(ids)-suf; i++ {
+		if ls.validIdentity(&ids[i], fail) {
+			keys[identity{ids[i].Kind, ids[i].Value}] = true
+		}
+	}
+	for _, li := range old.idents[pre : len(old.idents)-suf] {
+		keys[identity{li.Kind, li.Value}] = true
+	}
+	ls.tiers = old.tiers
+	var eds [DimGlobal + 1]*idMapEdit[string]
+	var changed []identity
+	for k := range keys {
+		t := ""
+		for i := len(ids) - 1; i >= 0; i-- {
+			if ids[i].Kind == k.kind && ids[i].Value == k.value {
+				t = ids[i].Tier
+				break
+			}
+		}
+		if ot, _ := old.tiers[k.kind].get(k.value); ot == t {
+			continue
+		}
+		if eds[k.kind] == nil {
+			eds[k.kind] = old.tiers[k.kind].edit(len(ids))
+		}
+		if t == "" {
+			eds[k.kind].delete(k.value)
+		} else {
+			eds[k.kind].set(k.value, t)
+		}
+		changed = append(changed, k)
+	}
+	for d, ed := range eds {
+		if ed != nil {
+			ls.tiers[d] = ed.done()
+		}
+	}
+	return changed
+}
+
+// sameOverride reports whether lo has the id, version and identity of e.
+func sameOverride(lo *LayerOverride, e *overrideEntry) bool {
+	return lo.ID == e.o.id && lo.Version == e.version && lo.Kind == e.who.kind && lo.Value == e.who.value
+}
+
+// overridesChanged applies l's overrides by their difference with old's
+// when the rules are old's, and reports false, having recorded nothing,
+// when the difference is too large to be worth it: the overrides changed,
+// added and removed are compiled, and so are those of the identities whose
+// tier changed; the identities they belong to are assembled again.
+func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tierChanged []identity, oc *overrideCompiler, fail func(*LayerError)) bool {
+	los := l.Overrides
+	pre, suf := middle(len(los), len(old.ovs), func(i, j int) bool { return sameOverride(&los[i], old.ovs[j]) })
+	newMid, oldMid := los[pre:len(los)-suf], old.ovs[pre:len(old.ovs)-suf]
+	if len(newMid)+len(oldMid) > maxOverrideDiff {
+		return false
+	}
+	ed := old.overrides.edit(len(los))
+	// affected are the identities to assemble again, with the overrides
+	// they gained.
+	affected := map[identity][]string{}
+	inOldMid := make(map[string]bool, len(oldMid))
+	for _, e := range oldMid {
+		inOldMid[e.o.id] = true
+	}
+	seen := make(map[string]bool, len(newMid))
+	mid := make([]*overrideEntry, 0, len(newMid))
+	for i := range newMid {
+		lo := &newMid[i]
+		cur, inOld := old.overrides.get(lo.ID)
+		if seen[lo.ID] || inOld && !inOldMid[lo.ID] {
+			// The other is among the new ones, or among those unchanged.
+			fail(&LayerError{Object: "override", ID: lo.ID, Field: "id", Msg: "duplicate override id"})
+			continue
+		}
+		seen[lo.ID] = true
+		if !identityKind(lo.Kind) || lo.Value == "" {
+			fail(&LayerError{Object: "override", ID: lo.ID, Field: "kind", Msg: "want a client, user or api_key with a value"})
+			continue
+		}
+		k := identity{lo.Kind, lo.Value}
+		tier := ls.tierFor(p, k)
+		if cur != nil && cur.version == lo.Version && cur.who == k && cur.tier == tier {
+			mid = append(mid, cur) // moved, not changed
+			continue
+		}
+		o, le := oc.compile(lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo), tier)
+		if le != nil {
+			fail(le)
+			continue
+		}
+		e := &overrideEntry{version: lo.Version, who: k, tier: tier, o: o}
+		ed.set(lo.ID, e)
+		mid = append(mid, e)
+		affected[k] = append(affected[k], lo.ID)
+		if cur != nil {
+			if _, ok := affected[cur.who]; !ok {
+				affected[cur.who] = nil
+			}
+		}
+	}
+	for _, e := range oldMid {
+		if !seen[e.o.id] {
+			ed.delete(e.o.id)
+			if _, ok := affected[e.who]; !ok {
+				affected[e.who] = nil
+			}
+		}
+	}
+	// The overrides of identities whose tier changed inherit from other
+	// limits now.
+	for _, k := range tierChanged {
+		if _, ok := affected[k]; !ok {
+			affected[k] = nil
+		}
+		oa, _ := old.ids[k.kind].get(k.value)
+		if oa == nil {
+			continue
+		}
+		tier := ls.tierFor(p, k)
+		for _, o := range oa.overrides {
+			e, _ := ed.get(o.id)
+			if e == nil || e.who != k || e.tier == tier {
+				continue
+			}
+			no, le := oc.compile(o.id, o.version, o.expiresAt, o.limits, tier)
+			if le != nil {
+				fail(le)
+				continue
+			}
+			ed.set(o.id, &overrideEntry{version: e.version, who: k, tier: tier, o: no})
+		}
+	}
+	ls.ovs = make([]*overrideEntry, 0, len(los))
+	ls.ovs = append(ls.ovs, old.ovs[:pre]...)
+	ls.ovs = append(ls.ovs, mid...)
+	ls.ovs = append(ls.ovs, old.ovs[len(old.ovs)-suf:]...)
+	ls.overrides = ed.done()
+
+	// The identities affected, assembled again from their overrides
+	// unchanged and those they gained.
+	ls.ids = old.ids
+	var eds [DimGlobal + 1]*idMapEdit[*Assignment]
+	for k, gained := range affected {
+		var ids []string
+		if oa, _ := old.ids[k.kind].get(k.value); oa != nil {
+			for _, o := range oa.overrides {
+				ids = append(ids, o.id)
+			}
+		}
+		ids = append(ids, gained...)
+		slices.Sort(ids)
+		var list []*override
+		for _, id := range slices.Compact(ids) {
+			if e, _ := ls.overrides.get(id); e != nil && e.who == k {
+				list = append(list, e.o)
+			}
+		}
+		if eds[k.kind] == nil {
+			eds[k.kind] = old.ids[k.kind].edit(old.ids[k.kind].len() + len(affected))
+		}
+		if a := ls.assignment(p, k, list); a != nil {
+			eds[k.kind].set(k.value, a)
+		} else {
+			eds[k.kind].delete(k.value)
+		}
+	}
+	for d, ed := range eds {
+		if ed != nil {
+			ls.ids[d] = ed.done()
+		}
+	}
+	return true
+}
+
+// overridesAll applies l's overrides as a whole, reusing old's compiled
+// ones whose id, version, identity and tier are unchanged and whose rules'
+// limits are (always, when rulesSame), and assembles every identity.
+func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSame bool, oc *overrideCompiler, fail func(*LayerError)) {
+	ed := (&idMap[*overrideEntry]{}).edit(len(l.Overrides))
+	ls.ovs = make([]*overrideEntry, 0, len(l.Overrides))
+	var byWho [DimGlobal + 1]map[string][]*override
+	for i := range l.Overrides {
+		lo := &l.Overrides[i]
+		if _, dup := ed.get(lo.ID); dup {
+			fail(&LayerError{Object: "override", ID: lo.ID, Field: "id", Msg: "duplicate override id"})
+			continue
+		}
+		ed.set(lo.ID, nil) // seen, if not valid
+		if !identityKind(lo.Kind) || lo.Value == "" {
+			fail(&LayerError{Object: "override", ID: lo.ID, Field: "kind", Msg: "want a client, user or api_key with a value"})
+			continue
+		}
+		k := identity{lo.Kind, lo.Value}
+		tier := ls.tierFor(p, k)
+		var e *overrideEntry
+		if old != nil {
+			oe, _ := old.overrides.get(lo.ID)
+			if oe != nil && oe.version == lo.Version && oe.who == k && oe.tier == tier && (rulesSame || oe.o.sameParents(ls.byID, tier)) {
+				e = oe
+			}
+		}
+		if e == nil {
+			o, le := oc.compile(lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo), tier)
+			if le != nil {
+				fail(le)
+				continue
+			}
+			e = &overrideEntry{version: lo.Version, who: k, tier: tier, o: o}
+		}
+		ed.set(lo.ID, e)
+		ls.ovs = append(ls.ovs, e)
+		if byWho[k.kind] == nil {
+			byWho[k.kind] = map[string][]*override{}
+		}
+		byWho[k.kind][k.value] = append(byWho[k.kind][k.value], e.o)
+	}
+	ls.overrides = ed.done()
+
+	for d := range ls.ids {
+		kind := Dimension(d)
+		if len(byWho[d]) == 0 && ls.tiers[d].len() == 0 {
+			continue
+		}
+		ids := (&idMap[*Assignment]{}).edit(len(byWho[d]) + ls.tiers[d].len())
+		for v, list := range byWho[d] {
+			ids.set(v, ls.assignment(p, identity{kind, v}, list))
+		}
+		ls.tiers[d].all(func(v, _ string) bool {
+			if _, ok := byWho[d][v]; !ok {
+				ids.set(v, ls.assignment(p, identity{kind, v}, nil))
+			}
+			return true
+		})
+		ls.ids[d] = ids.done()
+	}
+}
+
+// assignment returns the layer's view of identity k with the overrides
+// list (in any order; sorted here): nil when k has neither a layer tier
+// nor an override.
+func (ls *layerState) assignment(p *Policy, k identity, list []*override) *Assignment {
+	tier, _ := ls.tiers[k.kind].get(k.value)
+	if len(list) == 0 && tier == "" {
+		return nil
+	}
+	if len(list) > 1 {
+		slices.SortFunc(list, func(x, y *override) int {
+			return cmp.Or(cmp.Compare(y.version, x.version), strings.Compare(y.id, x.id))
+		})
+	}
+	return &Assignment{Kind: k.kind, Value: k.value, Tier: tier, layered: true,
+		overrides: list, base: p.assignments[k.kind][k.value]}
+}
