@@ -309,6 +309,12 @@ func identityKind(d Dimension) bool { return d == DimClient || d == DimUser || d
 
 // decodeLayerRule decodes lr's spec with the decoder of the file's rules.
 func decodeLayerRule(lr *LayerRule, st *settings) (r *Rule, le *LayerError) {
+	return decodeLayerRuleWith(lr, st, true)
+}
+
+// decodeLayerRuleWith is decodeLayerRule, reading a JSON spec without
+// yaml.v3 when fast is set and the spec allows it.
+func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool) (r *Rule, le *LayerError) {
 	defer func() {
 		// As Parse: a bad spec must not take the process down.
 		if v := recover(); v != nil {
@@ -318,12 +324,18 @@ func decodeLayerRule(lr *LayerRule, st *settings) (r *Rule, le *LayerError) {
 	bad := func(field, msg string) (*Rule, *LayerError) {
 		return nil, &LayerError{Object: "rule", ID: lr.ID, Field: field, Msg: msg}
 	}
-	var doc yaml.Node
-	more, err := unmarshal(lr.Spec, &doc)
-	if err != nil || more != nil {
-		return bad("", "not a JSON object")
+	doc, ok := (*yaml.Node)(nil), false
+	if fast {
+		doc, ok = jsonNode(lr.Spec)
 	}
-	root := resolve(&doc)
+	if !ok {
+		doc = &yaml.Node{}
+		more, err := unmarshal(lr.Spec, doc)
+		if err != nil || more != nil {
+			return bad("", "not a JSON object")
+		}
+	}
+	root := resolve(doc)
 	if root != nil && root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
 		root = resolve(root.Content[0])
 	}
