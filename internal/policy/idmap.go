@@ -7,31 +7,38 @@ import "hash/maphash"
 
 // idMap is an immutable map from strings to V, split in buckets by the
 // key's hash. A version derived from another (see edit) shares the
-// buckets it did not change, so that changing k keys among n copies about
-// k*n/len(buckets) entries, and a lookup stays one hash and one small map.
-// The zero value is an empty map. It is safe for concurrent reads.
+// buckets it did not change with it, so that changing k keys among n
+// copies about k*bucketLoad entries, and a lookup stays one hash and a
+// scan of a few entries. The zero value is an empty map. It is safe for
+// concurrent reads.
 type idMap[V any] struct {
 	seed    maphash.Seed
-	buckets []map[string]V // a power of two of them
+	buckets [][]idEntry[V] // a power of two of them
 	n       int
 }
 
-// bucketLoad is the number of entries per bucket that the bucket count
-// aims at: small buckets make a change cheap to copy.
-const bucketLoad = 8
-
-func (m *idMap[V]) bucket(k string) int {
-	return int(maphash.String(m.seed, k) & uint64(len(m.buckets)-1))
+type idEntry[V any] struct {
+	hash uint64
+	key  string
+	v    V
 }
+
+// bucketLoad is the number of entries per bucket that the bucket count
+// aims at: small buckets make a change cheap to copy and a lookup short.
+const bucketLoad = 8
 
 // get returns the value of k.
 func (m *idMap[V]) get(k string) (V, bool) {
-	if len(m.buckets) == 0 {
-		var zero V
-		return zero, false
+	if len(m.buckets) != 0 {
+		h := maphash.String(m.seed, k)
+		for _, e := range m.buckets[h&uint64(len(m.buckets)-1)] {
+			if e.hash == h && e.key == k {
+				return e.v, true
+			}
+		}
 	}
-	v, ok := m.buckets[m.bucket(k)][k]
-	return v, ok
+	var zero V
+	return zero, false
 }
 
 // len returns the number of entries.
@@ -40,8 +47,8 @@ func (m *idMap[V]) len() int { return m.n }
 // all calls f for every entry, in no order, until f returns false.
 func (m *idMap[V]) all(f func(string, V) bool) {
 	for _, b := range m.buckets {
-		for k, v := range b {
-			if !f(k, v) {
+		for _, e := range b {
+			if !f(e.key, e.v) {
 				return
 			}
 		}
@@ -64,7 +71,7 @@ func (m *idMap[V]) edit(n int) *idMapEdit[V] {
 	}
 	e := &idMapEdit[V]{}
 	if len(m.buckets) == 0 || len(m.buckets) > 4*want || 4*len(m.buckets) < want {
-		e.m = idMap[V]{seed: maphash.MakeSeed(), buckets: make([]map[string]V, want)}
+		e.m = idMap[V]{seed: maphash.MakeSeed(), buckets: make([][]idEntry[V], want)}
 		e.owned = make([]bool, want)
 		m.all(func(k string, v V) bool {
 			e.set(k, v)
@@ -72,43 +79,70 @@ func (m *idMap[V]) edit(n int) *idMapEdit[V] {
 		})
 		return e
 	}
-	e.m = idMap[V]{seed: m.seed, buckets: append([]map[string]V(nil), m.buckets...), n: m.n}
+	e.m = idMap[V]{seed: m.seed, buckets: append([][]idEntry[V](nil), m.buckets...), n: m.n}
 	e.owned = make([]bool, len(m.buckets))
 	return e
 }
 
-// own returns bucket i, copied first when the edit does not own it yet.
-func (e *idMapEdit[V]) own(i int) map[string]V {
-	b := e.m.buckets[i]
-	if !e.owned[i] {
-		nb := make(map[string]V, len(b)+1)
-		for k, v := range b {
-			nb[k] = v
+// find returns the bucket of k, owned by the edit, and k's index in it
+// (-1 when absent).
+func (e *idMapEdit[V]) find(k string) (h uint64, b int, i int) {
+	h = maphash.String(e.m.seed, k)
+	b = int(h & uint64(len(e.m.buckets)-1))
+	if !e.owned[b] {
+		n := len(e.m.buckets[b]) + 1
+		if n == 1 {
+			n = bucketLoad // a bucket being filled
 		}
-		b, e.m.buckets[i], e.owned[i] = nb, nb, true
+		e.m.buckets[b] = append(make([]idEntry[V], 0, n), e.m.buckets[b]...)
+		e.owned[b] = true
 	}
-	return b
+	for i, x := range e.m.buckets[b] {
+		if x.hash == h && x.key == k {
+			return h, b, i
+		}
+	}
+	return h, b, -1
+}
+
+// slot returns where k's value is, adding k (with the zero value) when
+// absent, and whether it was there. The pointer is valid until the next
+// change of the edit.
+func (e *idMapEdit[V]) slot(k string) (*V, bool) {
+	h, b, i := e.find(k)
+	if i >= 0 {
+		return &e.m.buckets[b][i].v, true
+	}
+	e.m.buckets[b] = append(e.m.buckets[b], idEntry[V]{hash: h, key: k})
+	e.m.n++
+	return &e.m.buckets[b][len(e.m.buckets[b])-1].v, false
 }
 
 // get returns the value of k in the version being built.
 func (e *idMapEdit[V]) get(k string) (V, bool) { return e.m.get(k) }
 
-// set sets k to v.
-func (e *idMapEdit[V]) set(k string, v V) {
-	b := e.own(e.m.bucket(k))
-	if _, ok := b[k]; !ok {
-		e.m.n++
+// set sets k to v, and returns k's former value, if any.
+func (e *idMapEdit[V]) set(k string, v V) (old V, ok bool) {
+	h, b, i := e.find(k)
+	if i >= 0 {
+		old, e.m.buckets[b][i].v = e.m.buckets[b][i].v, v
+		return old, true
 	}
-	b[k] = v
+	e.m.buckets[b] = append(e.m.buckets[b], idEntry[V]{hash: h, key: k, v: v})
+	e.m.n++
+	return old, false
 }
 
 // delete removes k.
 func (e *idMapEdit[V]) delete(k string) {
-	i := e.m.bucket(k)
-	if _, ok := e.m.buckets[i][k]; !ok {
+	_, b, i := e.find(k)
+	if i < 0 {
 		return
 	}
-	delete(e.own(i), k)
+	bk := e.m.buckets[b]
+	bk[i] = bk[len(bk)-1]
+	bk[len(bk)-1] = idEntry[V]{}
+	e.m.buckets[b] = bk[:len(bk)-1]
 	e.m.n--
 }
 

@@ -278,7 +278,7 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 		if eds[k.kind] == nil {
 			eds[k.kind] = old.ids[k.kind].edit(old.ids[k.kind].len() + len(affected))
 		}
-		if a := ls.assignment(p, k, list); a != nil {
+		if a := ls.assignment(p, k, list, false); a != nil {
 			eds[k.kind].set(k.value, a)
 		} else {
 			eds[k.kind].delete(k.value)
@@ -298,14 +298,14 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSame bool, oc *overrideCompiler, fail func(*LayerError)) {
 	ed := (&idMap[*overrideEntry]{}).edit(len(l.Overrides))
 	ls.ovs = make([]*overrideEntry, 0, len(l.Overrides))
-	var byWho [DimGlobal + 1]map[string][]*override
+	var ids [DimGlobal + 1]*idMapEdit[*Assignment]
 	for i := range l.Overrides {
 		lo := &l.Overrides[i]
-		if _, dup := ed.get(lo.ID); dup {
+		slot, dup := ed.slot(lo.ID)
+		if dup {
 			fail(&LayerError{Object: "override", ID: lo.ID, Field: "id", Msg: "duplicate override id"})
 			continue
 		}
-		ed.set(lo.ID, nil) // seen, if not valid
 		if !identityKind(lo.Kind) || lo.Value == "" {
 			fail(&LayerError{Object: "override", ID: lo.ID, Field: "kind", Msg: "want a client, user or api_key with a value"})
 			continue
@@ -327,47 +327,60 @@ func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSa
 			}
 			e = &overrideEntry{version: lo.Version, who: k, tier: tier, o: o}
 		}
-		ed.set(lo.ID, e)
+		*slot = e
 		ls.ovs = append(ls.ovs, e)
-		if byWho[k.kind] == nil {
-			byWho[k.kind] = map[string][]*override{}
+		if ids[k.kind] == nil {
+			ids[k.kind] = (&idMap[*Assignment]{}).edit(len(l.Overrides) / 2)
 		}
-		byWho[k.kind][k.value] = append(byWho[k.kind][k.value], e.o)
+		a, _ := ids[k.kind].slot(k.value)
+		if *a == nil {
+			*a = ls.assignment(p, k, nil, true)
+		}
+		(*a).overrides = append((*a).overrides, e.o)
 	}
 	ls.overrides = ed.done()
 
 	for d := range ls.ids {
 		kind := Dimension(d)
-		if len(byWho[d]) == 0 && ls.tiers[d].len() == 0 {
-			continue
-		}
-		ids := (&idMap[*Assignment]{}).edit(len(byWho[d]) + ls.tiers[d].len())
-		for v, list := range byWho[d] {
-			ids.set(v, ls.assignment(p, identity{kind, v}, list))
-		}
 		ls.tiers[d].all(func(v, _ string) bool {
-			if _, ok := byWho[d][v]; !ok {
-				ids.set(v, ls.assignment(p, identity{kind, v}, nil))
+			if ids[d] == nil {
+				ids[d] = (&idMap[*Assignment]{}).edit(ls.tiers[d].len())
+			}
+			if a, _ := ids[d].slot(v); *a == nil {
+				*a = ls.assignment(p, identity{kind, v}, nil, true)
 			}
 			return true
 		})
-		ls.ids[d] = ids.done()
+		if ids[d] == nil {
+			continue
+		}
+		ls.ids[d] = ids[d].done()
+		ls.ids[d].all(func(_ string, a *Assignment) bool {
+			sortOverrides(a.overrides)
+			return true
+		})
 	}
 }
 
 // assignment returns the layer's view of identity k with the overrides
 // list (in any order; sorted here): nil when k has neither a layer tier
-// nor an override.
-func (ls *layerState) assignment(p *Policy, k identity, list []*override) *Assignment {
+// nor an override, unless always.
+func (ls *layerState) assignment(p *Policy, k identity, list []*override, always bool) *Assignment {
 	tier, _ := ls.tiers[k.kind].get(k.value)
-	if len(list) == 0 && tier == "" {
+	if len(list) == 0 && tier == "" && !always {
 		return nil
 	}
+	sortOverrides(list)
+	return &Assignment{Kind: k.kind, Value: k.value, Tier: tier, layered: true,
+		overrides: list, base: p.assignments[k.kind][k.value]}
+}
+
+// sortOverrides sorts an identity's overrides newest first: by version,
+// then id, decreasing.
+func sortOverrides(list []*override) {
 	if len(list) > 1 {
 		slices.SortFunc(list, func(x, y *override) int {
 			return cmp.Or(cmp.Compare(y.version, x.version), strings.Compare(y.id, x.id))
 		})
 	}
-	return &Assignment{Kind: k.kind, Value: k.value, Tier: tier, layered: true,
-		overrides: list, base: p.assignments[k.kind][k.value]}
 }

@@ -65,21 +65,80 @@ func (o *override) sameParents(byID map[string]*Rule, tier string) bool {
 	return true
 }
 
-// overrideCompiler compiles the overrides of one apply. Overrides of equal
-// limits over the same parent share one compiled limit: compiled limits
-// are immutable, and many identities get the same few values.
+// overrideCompiler compiles the overrides of one apply. Overrides whose
+// limits come out equal (algorithm, limit, window, burst, and the rule's
+// quantum, failure mode and instances) share one compiled limit: compiled
+// limits are immutable, and many identities get the same few values.
 type overrideCompiler struct {
 	st    *settings
 	byID  map[string]*Rule
+	rules map[string]*ruleInfo
 	cache map[overrideKey]*Limit
 }
 
-type overrideKey struct {
-	parent *Limit
-	ll     LayerLimit
+// ruleInfo is what compiling overrides asks of a rule, kept as they ask:
+// the limits it applies by tier, and the quantum of its limits by
+// algorithm and window.
+type ruleInfo struct {
+	r       *Rule
+	parents []tierLimit
+	quanta  []quantum
+}
+
+type tierLimit struct {
+	tier string
+	l    *Limit
+}
+
+type quantum struct {
+	alg    sluice.Algorithm
+	window time.Duration
 	q      int64
-	fm     FailureMode
-	inst   int64
+}
+
+func (c *overrideCompiler) rule(id string) *ruleInfo {
+	ri := c.rules[id]
+	if ri == nil {
+		r := c.byID[id]
+		if r == nil {
+			return nil
+		}
+		if c.rules == nil {
+			c.rules = map[string]*ruleInfo{}
+		}
+		ri = &ruleInfo{r: r}
+		c.rules[id] = ri
+	}
+	return ri
+}
+
+func (ri *ruleInfo) parent(tier string) *Limit {
+	for _, p := range ri.parents {
+		if p.tier == tier {
+			return p.l
+		}
+	}
+	l := ri.r.LimitFor(tier, nil)
+	ri.parents = append(ri.parents, tierLimit{tier, l})
+	return l
+}
+
+func (ri *ruleInfo) quantum(alg sluice.Algorithm, w time.Duration) int64 {
+	for _, q := range ri.quanta {
+		if q.alg == alg && q.window == w {
+			return q.q
+		}
+	}
+	q := quantumOf(ri.r, alg, w)
+	ri.quanta = append(ri.quanta, quantum{alg, w, q})
+	return q
+}
+
+type overrideKey struct {
+	spec limitSpec
+	q    int64
+	fm   FailureMode
+	inst int64
 }
 
 // compile compiles an override of the limits lls (sorted by rule id) for
@@ -91,14 +150,26 @@ func (c *overrideCompiler) compile(id string, version int64, expiresAt time.Time
 	bad := func(field, msg string) (*override, *LayerError) {
 		return nil, &LayerError{Object: "override", ID: id, Field: field, Msg: msg}
 	}
-	o := &override{id: id, version: version, expiresAt: expiresAt, limits: make([]ruleLimit, len(lls))}
+	var o *override
+	if len(lls) == 1 {
+		// One allocation for the override of one rule, the most common.
+		b := new(struct {
+			o   override
+			one [1]ruleLimit
+		})
+		o = &b.o
+		o.limits = b.one[:]
+	} else {
+		o = &override{limits: make([]ruleLimit, len(lls))}
+	}
+	o.id, o.version, o.expiresAt = id, version, expiresAt
 	for i, rl := range lls {
 		ll := rl.ll
-		r := c.byID[rl.rule]
-		if r == nil {
+		ri := c.rule(rl.rule)
+		if ri == nil {
 			return bad("limits."+rl.rule, "unknown rule id")
 		}
-		parent := r.LimitFor(tier, nil)
+		r, parent := ri.r, ri.parent(tier)
 		if parent == nil {
 			return bad("limits."+rl.rule, fmt.Sprintf("rule %q has no limit for tier %q", rl.rule, tier))
 		}
@@ -129,8 +200,8 @@ func (c *overrideCompiler) compile(id string, version int64, expiresAt time.Time
 		case ll.Burst > 0:
 			spec.burst, spec.hasBur = ll.Burst, true
 		}
-		q := quantumOf(r, spec.alg, spec.window)
-		k := overrideKey{parent: parent, ll: ll, q: q, fm: r.FailureMode, inst: r.ExpectedInstances}
+		q := ri.quantum(spec.alg, spec.window)
+		k := overrideKey{spec: spec, q: q, fm: r.FailureMode, inst: r.ExpectedInstances}
 		l := c.cache[k]
 		if l == nil {
 			f := "limits." + rl.rule
