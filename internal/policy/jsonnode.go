@@ -48,6 +48,8 @@ type jsonReader struct {
 	i    int
 	line int // of position i, less one
 	bol  int // the position where that line begins
+	// free are nodes allocated together, handed out one by one.
+	free []yaml.Node
 }
 
 func (r *jsonReader) space() {
@@ -62,7 +64,13 @@ func (r *jsonReader) space() {
 // node returns a node at the reader's position, as yaml.v3 places them
 // (1-based; a JSON spec is usually one line).
 func (r *jsonReader) node(kind yaml.Kind, tag, value string, style yaml.Style) *yaml.Node {
-	return &yaml.Node{Kind: kind, Tag: tag, Value: value, Style: style, Line: r.line + 1, Column: r.i - r.bol + 1}
+	if len(r.free) == 0 {
+		r.free = make([]yaml.Node, max(8, len(r.s)/8))
+	}
+	n := &r.free[0]
+	r.free = r.free[1:]
+	*n = yaml.Node{Kind: kind, Tag: tag, Value: value, Style: style, Line: r.line + 1, Column: r.i - r.bol + 1}
+	return n
 }
 
 // value reads the value at the reader's position.

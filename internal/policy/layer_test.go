@@ -227,7 +227,7 @@ func TestWithLayerReusesCompiled(t *testing.T) {
 
 // ov returns the compiled override id of lp's layer.
 func ov(lp *Policy, id string) *override {
-	e, _ := lp.layer.overrides.get(id)
+	e := lp.layer.override(id)
 	if e == nil {
 		return nil
 	}

@@ -57,10 +57,11 @@ type layerState struct {
 	idents []LayerIdentity
 	tiers  [DimGlobal + 1]idMap[string]
 	// ovs are the layer's overrides in its order, for the next apply to
-	// tell what changed by their id, version and identity (an entry there
-	// may be one compiled for a former tier); overrides are the compiled
-	// ones by id.
+	// tell what changed by their id, version and identity. When sorted,
+	// their ids increase and ovs is their index; otherwise overrides is,
+	// and an entry of ovs may be one compiled for a former tier.
 	ovs       []*overrideEntry
+	sorted    bool
 	overrides idMap[*overrideEntry]
 	// ids are the identities the layer names, with their tier and
 	// overrides, by kind and value.

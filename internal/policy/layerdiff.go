@@ -162,6 +162,31 @@ func sameOverride(lo *LayerOverride, e *overrideEntry) bool {
 	return lo.ID == e.o.id && lo.Version == e.version && lo.Kind == e.who.kind && lo.Value == e.who.value
 }
 
+// override returns the compiled override id; nil when there is none.
+func (ls *layerState) override(id string) *overrideEntry {
+	if ls.sorted {
+		if i, ok := slices.BinarySearchFunc(ls.ovs, id, compareID); ok {
+			return ls.ovs[i]
+		}
+		return nil
+	}
+	e, _ := ls.overrides.get(id)
+	return e
+}
+
+func compareID(e *overrideEntry, id string) int { return strings.Compare(e.o.id, id) }
+
+// increasing reports whether the ids of los increase strictly, from after
+// lo (when not "") to before hi (when not "").
+func increasing(los []LayerOverride, lo, hi string) bool {
+	for i := range los {
+		if i == 0 && lo != "" && los[i].ID <= lo || i > 0 && los[i].ID <= los[i-1].ID {
+			return false
+		}
+	}
+	return len(los) == 0 || hi == "" || los[len(los)-1].ID < hi
+}
+
 // overridesChanged applies l's overrides by their difference with old's
 // when the rules are old's, and reports false, having recorded nothing,
 // when the difference is too large to be worth it: the overrides changed,
@@ -174,10 +199,31 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 	if len(newMid)+len(oldMid) > maxOverrideDiff {
 		return false
 	}
-	ed := old.overrides.edit(len(los))
+	if old.sorted {
+		var lo, hi string
+		if pre > 0 {
+			lo = los[pre-1].ID
+		}
+		if suf > 0 {
+			hi = los[len(los)-suf].ID
+		}
+		if !increasing(newMid, lo, hi) {
+			return false // out of order now: indexed by a map from now on
+		}
+	}
+	ls.sorted = old.sorted
+	var ed *idMapEdit[*overrideEntry]
+	if !ls.sorted {
+		ed = old.overrides.edit(len(los))
+	}
 	// affected are the identities to assemble again, with the overrides
 	// they gained.
 	affected := map[identity][]string{}
+	touch := func(k identity) {
+		if _, ok := affected[k]; !ok {
+			affected[k] = nil
+		}
+	}
 	inOldMid := make(map[string]bool, len(oldMid))
 	for _, e := range oldMid {
 		inOldMid[e.o.id] = true
@@ -186,8 +232,8 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 	mid := make([]*overrideEntry, 0, len(newMid))
 	for i := range newMid {
 		lo := &newMid[i]
-		cur, inOld := old.overrides.get(lo.ID)
-		if seen[lo.ID] || inOld && !inOldMid[lo.ID] {
+		cur := old.override(lo.ID)
+		if seen[lo.ID] || cur != nil && !inOldMid[lo.ID] {
 			// The other is among the new ones, or among those unchanged.
 			fail(&LayerError{Object: "override", ID: lo.ID, Field: "id", Msg: "duplicate override id"})
 			continue
@@ -203,42 +249,51 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 			mid = append(mid, cur) // moved, not changed
 			continue
 		}
-		o, le := oc.compile(lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo), tier)
+		o, le := oc.compile(lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo, nil), tier)
 		if le != nil {
 			fail(le)
 			continue
 		}
 		e := &overrideEntry{version: lo.Version, who: k, tier: tier, o: o}
-		ed.set(lo.ID, e)
+		if ed != nil {
+			ed.set(lo.ID, e)
+		}
 		mid = append(mid, e)
 		affected[k] = append(affected[k], lo.ID)
 		if cur != nil {
-			if _, ok := affected[cur.who]; !ok {
-				affected[cur.who] = nil
-			}
+			touch(cur.who)
 		}
 	}
 	for _, e := range oldMid {
 		if !seen[e.o.id] {
-			ed.delete(e.o.id)
-			if _, ok := affected[e.who]; !ok {
-				affected[e.who] = nil
+			if ed != nil {
+				ed.delete(e.o.id)
 			}
+			touch(e.who)
 		}
 	}
+	ls.ovs = make([]*overrideEntry, 0, len(los))
+	ls.ovs = append(ls.ovs, old.ovs[:pre]...)
+	ls.ovs = append(ls.ovs, mid...)
+	ls.ovs = append(ls.ovs, old.ovs[len(old.ovs)-suf:]...)
+
 	// The overrides of identities whose tier changed inherit from other
 	// limits now.
 	for _, k := range tierChanged {
-		if _, ok := affected[k]; !ok {
-			affected[k] = nil
-		}
+		touch(k)
 		oa, _ := old.ids[k.kind].get(k.value)
 		if oa == nil {
 			continue
 		}
 		tier := ls.tierFor(p, k)
 		for _, o := range oa.overrides {
-			e, _ := ed.get(o.id)
+			var e *overrideEntry
+			at := -1
+			if ed != nil {
+				e, _ = ed.get(o.id)
+			} else if i, ok := slices.BinarySearchFunc(ls.ovs, o.id, compareID); ok {
+				e, at = ls.ovs[i], i
+			}
 			if e == nil || e.who != k || e.tier == tier {
 				continue
 			}
@@ -247,14 +302,17 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 				fail(le)
 				continue
 			}
-			ed.set(o.id, &overrideEntry{version: e.version, who: k, tier: tier, o: no})
+			ne := &overrideEntry{version: e.version, who: k, tier: tier, o: no}
+			if ed != nil {
+				ed.set(o.id, ne)
+			} else {
+				ls.ovs[at] = ne
+			}
 		}
 	}
-	ls.ovs = make([]*overrideEntry, 0, len(los))
-	ls.ovs = append(ls.ovs, old.ovs[:pre]...)
-	ls.ovs = append(ls.ovs, mid...)
-	ls.ovs = append(ls.ovs, old.ovs[len(old.ovs)-suf:]...)
-	ls.overrides = ed.done()
+	if ed != nil {
+		ls.overrides = ed.done()
+	}
 
 	// The identities affected, assembled again from their overrides
 	// unchanged and those they gained.
@@ -271,7 +329,7 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 		slices.Sort(ids)
 		var list []*override
 		for _, id := range slices.Compact(ids) {
-			if e, _ := ls.overrides.get(id); e != nil && e.who == k {
+			if e := ls.override(id); e != nil && e.who == k {
 				list = append(list, e.o)
 			}
 		}
@@ -295,16 +353,27 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 // overridesAll applies l's overrides as a whole, reusing old's compiled
 // ones whose id, version, identity and tier are unchanged and whose rules'
 // limits are (always, when rulesSame), and assembles every identity.
+// Overrides in the order of their ids, as the control plane sends them,
+// are found by a binary search of that order; others by a map.
 func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSame bool, oc *overrideCompiler, fail func(*LayerError)) {
-	ed := (&idMap[*overrideEntry]{}).edit(len(l.Overrides))
-	ls.ovs = make([]*overrideEntry, 0, len(l.Overrides))
+	los := l.Overrides
+	ls.sorted = increasing(los, "", "")
+	var ed *idMapEdit[*overrideEntry]
+	if !ls.sorted {
+		ed = (&idMap[*overrideEntry]{}).edit(len(los))
+	}
+	ls.ovs = make([]*overrideEntry, 0, len(los))
 	var ids [DimGlobal + 1]*idMapEdit[*Assignment]
-	for i := range l.Overrides {
-		lo := &l.Overrides[i]
-		slot, dup := ed.slot(lo.ID)
-		if dup {
-			fail(&LayerError{Object: "override", ID: lo.ID, Field: "id", Msg: "duplicate override id"})
-			continue
+	j := 0 // old's override of the id, when both are in order
+	for i := range los {
+		lo := &los[i]
+		var slot **overrideEntry
+		if ed != nil {
+			var dup bool
+			if slot, dup = ed.slot(lo.ID); dup {
+				fail(&LayerError{Object: "override", ID: lo.ID, Field: "id", Msg: "duplicate override id"})
+				continue
+			}
 		}
 		if !identityKind(lo.Kind) || lo.Value == "" {
 			fail(&LayerError{Object: "override", ID: lo.ID, Field: "kind", Msg: "want a client, user or api_key with a value"})
@@ -314,23 +383,36 @@ func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSa
 		tier := ls.tierFor(p, k)
 		var e *overrideEntry
 		if old != nil {
-			oe, _ := old.overrides.get(lo.ID)
+			var oe *overrideEntry
+			if ls.sorted && old.sorted {
+				for j < len(old.ovs) && old.ovs[j].o.id < lo.ID {
+					j++
+				}
+				if j < len(old.ovs) && old.ovs[j].o.id == lo.ID {
+					oe = old.ovs[j]
+				}
+			} else {
+				oe = old.override(lo.ID)
+			}
 			if oe != nil && oe.version == lo.Version && oe.who == k && oe.tier == tier && (rulesSame || oe.o.sameParents(ls.byID, tier)) {
 				e = oe
 			}
 		}
 		if e == nil {
-			o, le := oc.compile(lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo), tier)
+			var one [1]ruleLimit
+			o, le := oc.compile(lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo, one[:0]), tier)
 			if le != nil {
 				fail(le)
 				continue
 			}
 			e = &overrideEntry{version: lo.Version, who: k, tier: tier, o: o}
 		}
-		*slot = e
+		if slot != nil {
+			*slot = e
+		}
 		ls.ovs = append(ls.ovs, e)
 		if ids[k.kind] == nil {
-			ids[k.kind] = (&idMap[*Assignment]{}).edit(len(l.Overrides) / 2)
+			ids[k.kind] = (&idMap[*Assignment]{}).edit(len(los) / 2)
 		}
 		a, _ := ids[k.kind].slot(k.value)
 		if *a == nil {
@@ -338,7 +420,9 @@ func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSa
 		}
 		(*a).overrides = append((*a).overrides, e.o)
 	}
-	ls.overrides = ed.done()
+	if ed != nil {
+		ls.overrides = ed.done()
+	}
 
 	for d := range ls.ids {
 		kind := Dimension(d)

@@ -241,9 +241,9 @@ func quantumOf(r *Rule, alg sluice.Algorithm, w time.Duration) int64 {
 	return q
 }
 
-// layerLimits returns lo's limits sorted by rule id, as compile takes them.
-func layerLimits(lo *LayerOverride) []ruleLimit {
-	out := make([]ruleLimit, 0, len(lo.Limits))
+// layerLimits appends lo's limits to out, sorted by rule id, as compile
+// takes them.
+func layerLimits(lo *LayerOverride, out []ruleLimit) []ruleLimit {
 	for id, ll := range lo.Limits {
 		out = append(out, ruleLimit{rule: id, ll: ll})
 	}
