@@ -8,8 +8,10 @@ package policy
 import (
 	"cmp"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // maxDiff is the number of identities or overrides, changed, added or
@@ -354,63 +356,81 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 // ones whose id, version, identity and tier are unchanged and whose rules'
 // limits are (always, when rulesSame), and assembles every identity.
 // Overrides in the order of their ids, as the control plane sends them,
-// are found by a binary search of that order; others by a map.
-func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSame bool, oc *overrideCompiler, fail func(*LayerError)) {
+// are found by a binary search of that order; others by a map. The
+// overrides are compiled on several goroutines when they are many.
+func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSame bool, st *settings, fail func(*LayerError)) {
 	los := l.Overrides
 	ls.sorted = increasing(los, "", "")
+	type result struct {
+		e  *overrideEntry
+		le *LayerError
+	}
+	res := make([]result, len(los))
+	parallel(len(los), func(from, to int) {
+		oc := &overrideCompiler{st: st, byID: ls.byID}
+		j := 0 // old's override of the id, when both are in order
+		if old != nil && ls.sorted && old.sorted && from < to {
+			j, _ = slices.BinarySearchFunc(old.ovs, los[from].ID, compareID)
+		}
+		for i := from; i < to; i++ {
+			lo := &los[i]
+			if !identityKind(lo.Kind) || lo.Value == "" {
+				res[i].le = &LayerError{Object: "override", ID: lo.ID, Field: "kind", Msg: "want a client, user or api_key with a value"}
+				continue
+			}
+			k := identity{lo.Kind, lo.Value}
+			tier := ls.tierFor(p, k)
+			if old != nil {
+				var oe *overrideEntry
+				if ls.sorted && old.sorted {
+					for j < len(old.ovs) && old.ovs[j].o.id < lo.ID {
+						j++
+					}
+					if j < len(old.ovs) && old.ovs[j].o.id == lo.ID {
+						oe = old.ovs[j]
+					}
+				} else {
+					oe = old.override(lo.ID)
+				}
+				if oe != nil && oe.version == lo.Version && oe.who == k && oe.tier == tier && (rulesSame || oe.o.sameParents(ls.byID, tier)) {
+					res[i].e = oe
+					continue
+				}
+			}
+			var one [1]ruleLimit
+			o, le := oc.compile(lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo, one[:0]), tier)
+			if le != nil {
+				res[i].le = le
+				continue
+			}
+			res[i].e = &overrideEntry{version: lo.Version, who: k, tier: tier, o: o}
+		}
+	})
+
+	// The indexes, in the layer's order, which decides which of two
+	// overrides of one id is the duplicate.
 	var ed *idMapEdit[*overrideEntry]
 	if !ls.sorted {
 		ed = (&idMap[*overrideEntry]{}).edit(len(los))
 	}
 	ls.ovs = make([]*overrideEntry, 0, len(los))
 	var ids [DimGlobal + 1]*idMapEdit[*Assignment]
-	j := 0 // old's override of the id, when both are in order
 	for i := range los {
-		lo := &los[i]
-		var slot **overrideEntry
 		if ed != nil {
-			var dup bool
-			if slot, dup = ed.slot(lo.ID); dup {
-				fail(&LayerError{Object: "override", ID: lo.ID, Field: "id", Msg: "duplicate override id"})
+			slot, dup := ed.slot(los[i].ID)
+			if dup {
+				fail(&LayerError{Object: "override", ID: los[i].ID, Field: "id", Msg: "duplicate override id"})
 				continue
 			}
+			*slot = res[i].e
 		}
-		if !identityKind(lo.Kind) || lo.Value == "" {
-			fail(&LayerError{Object: "override", ID: lo.ID, Field: "kind", Msg: "want a client, user or api_key with a value"})
+		if res[i].le != nil {
+			fail(res[i].le)
 			continue
 		}
-		k := identity{lo.Kind, lo.Value}
-		tier := ls.tierFor(p, k)
-		var e *overrideEntry
-		if old != nil {
-			var oe *overrideEntry
-			if ls.sorted && old.sorted {
-				for j < len(old.ovs) && old.ovs[j].o.id < lo.ID {
-					j++
-				}
-				if j < len(old.ovs) && old.ovs[j].o.id == lo.ID {
-					oe = old.ovs[j]
-				}
-			} else {
-				oe = old.override(lo.ID)
-			}
-			if oe != nil && oe.version == lo.Version && oe.who == k && oe.tier == tier && (rulesSame || oe.o.sameParents(ls.byID, tier)) {
-				e = oe
-			}
-		}
-		if e == nil {
-			var one [1]ruleLimit
-			o, le := oc.compile(lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo, one[:0]), tier)
-			if le != nil {
-				fail(le)
-				continue
-			}
-			e = &overrideEntry{version: lo.Version, who: k, tier: tier, o: o}
-		}
-		if slot != nil {
-			*slot = e
-		}
+		e := res[i].e
 		ls.ovs = append(ls.ovs, e)
+		k := e.who
 		if ids[k.kind] == nil {
 			ids[k.kind] = (&idMap[*Assignment]{}).edit(len(los) / 2)
 		}
@@ -418,12 +438,11 @@ func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSa
 		if *a == nil {
 			*a = ls.assignment(p, k, nil, true)
 		}
-		(*a).overrides = append((*a).overrides, e.o)
+		(*a).overrides = insertOverride((*a).overrides, e.o)
 	}
 	if ed != nil {
 		ls.overrides = ed.done()
 	}
-
 	for d := range ls.ids {
 		kind := Dimension(d)
 		ls.tiers[d].all(func(v, _ string) bool {
@@ -435,15 +454,30 @@ func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSa
 			}
 			return true
 		})
-		if ids[d] == nil {
-			continue
+		if ids[d] != nil {
+			ls.ids[d] = ids[d].done()
 		}
-		ls.ids[d] = ids[d].done()
-		ls.ids[d].all(func(_ string, a *Assignment) bool {
-			sortOverrides(a.overrides)
-			return true
-		})
 	}
+}
+
+// parallelMin is the number of items below which parallel does not start
+// another goroutine.
+const parallelMin = 512
+
+// parallel calls f on consecutive ranges [from, to) covering [0, n): on up
+// to GOMAXPROCS goroutines at once, each given parallelMin items or more,
+// and returns once every call has returned.
+func parallel(n int, f func(from, to int)) {
+	w := min(runtime.GOMAXPROCS(0), n/parallelMin)
+	if w <= 1 {
+		f(0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range w {
+		wg.Go(func() { f(i*n/w, (i+1)*n/w) })
+	}
+	wg.Wait()
 }
 
 // assignment returns the layer's view of identity k with the overrides
@@ -463,8 +497,20 @@ func (ls *layerState) assignment(p *Policy, k identity, list []*override, always
 // then id, decreasing.
 func sortOverrides(list []*override) {
 	if len(list) > 1 {
-		slices.SortFunc(list, func(x, y *override) int {
-			return cmp.Or(cmp.Compare(y.version, x.version), strings.Compare(y.id, x.id))
-		})
+		slices.SortFunc(list, newer)
 	}
+}
+
+func newer(x, y *override) int {
+	return cmp.Or(cmp.Compare(y.version, x.version), strings.Compare(y.id, x.id))
+}
+
+// insertOverride inserts o into list, sorted as sortOverrides sorts it:
+// an identity has few overrides.
+func insertOverride(list []*override, o *override) []*override {
+	i := len(list)
+	for i > 0 && newer(o, list[i-1]) < 0 {
+		i--
+	}
+	return slices.Insert(list, i, o)
 }
