@@ -272,6 +272,20 @@ func (p *Policy) layerRules(l *Layer, old *layerState, ls *layerState, fail func
 	for i, r := range p.Rules {
 		fileIndex[r.ID] = i
 	}
+	// The rules not compiled already, decoded on several goroutines when
+	// they are many.
+	decoded := make([]struct {
+		r  *Rule
+		le *LayerError
+	}, len(l.Rules))
+	parallel(len(l.Rules), func(from, to int) {
+		for i := from; i < to; i++ {
+			lr := &l.Rules[i]
+			if c := compiled[lr.ID]; c == nil || !bytes.Equal(c.spec, lr.Spec) {
+				decoded[i].r, decoded[i].le = decodeLayerRule(lr, ls.st)
+			}
+		}
+	})
 	ids := make(map[string]struct{}, len(l.Rules))
 	rules := slices.Clone(p.Rules)
 	for i := range l.Rules {
@@ -285,12 +299,11 @@ func (p *Policy) layerRules(l *Layer, old *layerState, ls *layerState, fail func
 		if c := compiled[lr.ID]; c != nil && bytes.Equal(c.spec, lr.Spec) {
 			e = *c
 		} else {
-			r, le := decodeLayerRule(lr, ls.st)
-			if le != nil {
+			if le := decoded[i].le; le != nil {
 				fail(le)
 				continue
 			}
-			e = ruleEntry{id: lr.ID, spec: bytes.Clone(lr.Spec), rule: r}
+			e = ruleEntry{id: lr.ID, spec: bytes.Clone(lr.Spec), rule: decoded[i].r}
 		}
 		ls.rules = append(ls.rules, e)
 		c := *e.rule // the compiled rule is shared; its index is this policy's
