@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 )
 
 // bigLayerFile is the file under the control plane's configuration in the
@@ -89,6 +90,44 @@ func BenchmarkApplyOneChange(b *testing.B) {
 	for b.Loop() {
 		if _, err := p.WithLayer(&next, prev); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkLookupBigLayer looks up the tier and the limit of one rule for
+// identities with overrides in the configuration of
+// BenchmarkApplyLayer10kRules100kOverrides: the check path's part of it.
+func BenchmarkLookupBigLayer(b *testing.B) {
+	p := mustParse(b, bigLayerFile)
+	l := bigLayer(10_000, 100_000)
+	lp, err := p.WithLayer(l, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	byID := map[string]*Rule{}
+	for _, r := range lp.Rules {
+		byID[r.ID] = r
+	}
+	type probe struct {
+		q *Request
+		r *Rule
+	}
+	var probes []probe
+	for i := 0; i < len(l.Overrides); i += len(l.Overrides) / 1024 {
+		o := &l.Overrides[i]
+		for id := range o.Limits {
+			probes = append(probes, probe{&Request{ClientID: o.Value, Resource: "/x"}, byID[id]})
+		}
+	}
+	now := time.Now()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		pr := &probes[i%len(probes)]
+		i++
+		tier, a := lp.Lookup(pr.q, now)
+		if pr.r.LimitAt(tier, a, now) == nil {
+			b.Fatal("no limit")
 		}
 	}
 }
