@@ -82,11 +82,14 @@ type identity struct {
 	value string
 }
 
+// overrideEntry is a compiled override, with the identity and the tier it
+// was compiled for. o points into the entry, allocated with it.
 type overrideEntry struct {
-	version int64
-	who     identity
-	tier    string // it was compiled for
-	o       *override
+	who  identity
+	tier string
+	o    *override
+	ov   override
+	one  [1]ruleLimit // ov's limits, when it has one
 }
 
 // tierAt returns the tier a layered assignment gives at now ("" for the
@@ -372,6 +375,17 @@ func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool) (r *Rule, le *L
 	r = tmp.Rules[0]
 	if r.ID != lr.ID {
 		return bad("id", fmt.Sprintf("the spec's id %q is not the rule's id", r.ID))
+	}
+	// The spec's nodes place errors in a file; a layer rule's errors name
+	// its fields instead, and the policy need not keep the nodes.
+	forget := func(l *Limit) {
+		if l != nil && l.src != nil {
+			l.src.spec.node = nil
+		}
+	}
+	forget(r.Base)
+	for _, l := range r.byTier {
+		forget(l)
 	}
 	return r, nil
 }

@@ -14,9 +14,9 @@ import (
 	"sync"
 )
 
-// maxDiff is the number of identities or overrides, changed, added or
-// removed, above which they are applied as a whole rather than by their
-// difference.
+// The numbers of identities and of overrides, changed, added or removed,
+// above which they are applied as a whole rather than by their difference
+// (which looks each of them up).
 const (
 	maxTierDiff     = 16
 	maxOverrideDiff = 1024
@@ -49,13 +49,12 @@ func (ls *layerState) tierFor(p *Policy, k identity) string {
 
 // validIdentity reports whether li is an identity with a known tier.
 func (ls *layerState) validIdentity(li *LayerIdentity, fail func(*LayerError)) bool {
-	id := li.Kind.String() + ":" + li.Value
 	if !identityKind(li.Kind) || li.Value == "" {
-		fail(&LayerError{Object: "identity", ID: id, Field: "kind", Msg: "want a client, user or api_key with a value"})
+		fail(&LayerError{Object: "identity", ID: li.Kind.String() + ":" + li.Value, Field: "kind", Msg: "want a client, user or api_key with a value"})
 		return false
 	}
 	if _, ok := ls.st.tiers[li.Tier]; !ok {
-		fail(&LayerError{Object: "identity", ID: id, Field: "tier", Msg: fmt.Sprintf("unknown tier %q", li.Tier)})
+		fail(&LayerError{Object: "identity", ID: li.Kind.String() + ":" + li.Value, Field: "tier", Msg: fmt.Sprintf("unknown tier %q", li.Tier)})
 		return false
 	}
 	return true
@@ -161,7 +160,7 @@ func (ls *layerState) tiersChanged(ids []LayerIdentity, old *layerState, pre, su
 
 // sameOverride reports whether lo has the id, version and identity of e.
 func sameOverride(lo *LayerOverride, e *overrideEntry) bool {
-	return lo.ID == e.o.id && lo.Version == e.version && lo.Kind == e.who.kind && lo.Value == e.who.value
+	return lo.ID == e.o.id && lo.Version == e.o.version && lo.Kind == e.who.kind && lo.Value == e.who.value
 }
 
 // override returns the compiled override id; nil when there is none.
@@ -247,16 +246,15 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 		}
 		k := identity{lo.Kind, lo.Value}
 		tier := ls.tierFor(p, k)
-		if cur != nil && cur.version == lo.Version && cur.who == k && cur.tier == tier {
+		if cur != nil && cur.o.version == lo.Version && cur.who == k && cur.tier == tier {
 			mid = append(mid, cur) // moved, not changed
 			continue
 		}
-		o, le := oc.compile(lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo, nil), tier)
+		e, le := oc.compile(k, lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo, nil), tier)
 		if le != nil {
 			fail(le)
 			continue
 		}
-		e := &overrideEntry{version: lo.Version, who: k, tier: tier, o: o}
 		if ed != nil {
 			ed.set(lo.ID, e)
 		}
@@ -299,12 +297,11 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 			if e == nil || e.who != k || e.tier == tier {
 				continue
 			}
-			no, le := oc.compile(o.id, o.version, o.expiresAt, o.limits, tier)
+			ne, le := oc.compile(k, o.id, o.version, o.expiresAt, o.limits, tier)
 			if le != nil {
 				fail(le)
 				continue
 			}
-			ne := &overrideEntry{version: e.version, who: k, tier: tier, o: no}
 			if ed != nil {
 				ed.set(o.id, ne)
 			} else {
@@ -392,18 +389,13 @@ func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSa
 				} else {
 					oe = old.override(lo.ID)
 				}
-				if oe != nil && oe.version == lo.Version && oe.who == k && oe.tier == tier && (rulesSame || oe.o.sameParents(ls.byID, tier)) {
+				if oe != nil && oe.o.version == lo.Version && oe.who == k && oe.tier == tier && (rulesSame || oe.o.sameParents(ls.byID, tier)) {
 					res[i].e = oe
 					continue
 				}
 			}
 			var one [1]ruleLimit
-			o, le := oc.compile(lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo, one[:0]), tier)
-			if le != nil {
-				res[i].le = le
-				continue
-			}
-			res[i].e = &overrideEntry{version: lo.Version, who: k, tier: tier, o: o}
+			res[i].e, res[i].le = oc.compile(k, lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo, one[:0]), tier)
 		}
 	})
 

@@ -141,26 +141,22 @@ type overrideKey struct {
 	inst int64
 }
 
-// compile compiles an override of the limits lls (sorted by rule id) for
-// an identity of tier, on the typed path: each limit inherits the fields
-// it leaves zero from the limit the rule applies to the tier, and counts
-// at the quantum of the rule's limits of its algorithm and window, so that
-// its key is theirs.
-func (c *overrideCompiler) compile(id string, version int64, expiresAt time.Time, lls []ruleLimit, tier string) (*override, *LayerError) {
-	bad := func(field, msg string) (*override, *LayerError) {
+// compile compiles an override of identity k, of the limits lls (sorted
+// by rule id), for an identity of tier, on the typed path: each limit
+// inherits the fields it leaves zero from the limit the rule applies to
+// the tier, and counts at the quantum of the rule's limits of its
+// algorithm and window, so that its key is theirs.
+func (c *overrideCompiler) compile(k identity, id string, version int64, expiresAt time.Time, lls []ruleLimit, tier string) (*overrideEntry, *LayerError) {
+	bad := func(field, msg string) (*overrideEntry, *LayerError) {
 		return nil, &LayerError{Object: "override", ID: id, Field: field, Msg: msg}
 	}
-	var o *override
+	e := &overrideEntry{who: k, tier: tier}
+	o := &e.ov
+	e.o = o
 	if len(lls) == 1 {
-		// One allocation for the override of one rule, the most common.
-		b := new(struct {
-			o   override
-			one [1]ruleLimit
-		})
-		o = &b.o
-		o.limits = b.one[:]
+		o.limits = e.one[:] // one allocation for the most common override
 	} else {
-		o = &override{limits: make([]ruleLimit, len(lls))}
+		o.limits = make([]ruleLimit, len(lls))
 	}
 	o.id, o.version, o.expiresAt = id, version, expiresAt
 	for i, rl := range lls {
@@ -221,7 +217,7 @@ func (c *overrideCompiler) compile(id string, version int64, expiresAt time.Time
 		}
 		o.limits[i] = ruleLimit{rule: rl.rule, ll: ll, l: l, parent: parent}
 	}
-	return o, nil
+	return e, nil
 }
 
 // quantumOf returns the coarsest quantum of r's limits of algorithm alg
