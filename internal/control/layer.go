@@ -3,7 +3,6 @@ package control
 import (
 	"encoding/json"
 	"net/url"
-	"sort"
 	"strings"
 	"time"
 
@@ -41,23 +40,6 @@ func identityKey(kind, value string) string {
 // dimensions are the kinds of identities, as the policy knows them.
 var dimensions = map[string]policy.Dimension{
 	"client": policy.DimClient, "user": policy.DimUser, "api_key": policy.DimAPIKey,
-}
-
-// buildLayer makes the layer of the objects in state at revision rev,
-// leaving out the overrides and throttles expired at now. Objects that do
-// not decode are left out (they were checked when written).
-func buildLayer(state map[string]KV, rev int64, region string, now time.Time) *policy.Layer {
-	l := &policy.Layer{Revision: rev, Region: region}
-	keys := make([]string, 0, len(state))
-	for k := range state {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		o := decodeObject(state[k])
-		o.addTo(l, now)
-	}
-	return l
 }
 
 // layerObject is the layer's object that a key of the store holds,
@@ -141,10 +123,4 @@ func (o *layerObject) addTo(l *policy.Layer, now time.Time) {
 	case o.throttle != nil && o.throttle.ExpiresAt.After(now):
 		l.Throttles = append(l.Throttles, *o.throttle)
 	}
-}
-
-// earliestExpiry is the earliest expiry after now of an override or a
-// throttle in state; zero when none.
-func earliestExpiry(state map[string]KV, now time.Time) time.Time {
-	return (&layerCache{}).earliestExpiry(state, now)
 }

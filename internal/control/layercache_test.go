@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"sort"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/policy"
 )
 
 // The cached build of the layer, after any sequence of changes of the
@@ -57,4 +60,26 @@ func TestLayerCacheBuildsAsFromScratch(t *testing.T) {
 			}
 		}
 	}
+}
+
+// buildLayer makes the layer of the objects in state at revision rev from
+// scratch, as layerCache.build must: leaving out the overrides and
+// throttles expired at now, and objects that do not decode.
+func buildLayer(state map[string]KV, rev int64, region string, now time.Time) *policy.Layer {
+	l := &policy.Layer{Revision: rev, Region: region}
+	keys := make([]string, 0, len(state))
+	for k := range state {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		o := decodeObject(state[k])
+		o.addTo(l, now)
+	}
+	return l
+}
+
+// earliestExpiry is layerCache.earliestExpiry without a cache.
+func earliestExpiry(state map[string]KV, now time.Time) time.Time {
+	return (&layerCache{}).earliestExpiry(state, now)
 }
