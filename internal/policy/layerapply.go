@@ -171,7 +171,9 @@ func (p *Policy) Layer() int64 {
 // the rules whose spec is unchanged, the overrides whose id and version
 // are unchanged, and its indexes of identities and overrides, of which
 // only the entries that changed are copied. A change of a few objects
-// among many thus applies in about a millisecond, whatever their number.
+// among 100,000 thus applies in milliseconds: what remains in proportion
+// to their number is comparing the layer with prev's, in order, and
+// copying one slice of pointers.
 //
 // The layer's rules are decoded and validated as items of the file's
 // `rules:` list, with the file's defaults and tiers; one with the id of a
