@@ -232,7 +232,7 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 	// Identities and overrides: those that changed since prev are
 	// compiled, and the identities they belong to assembled again.
 	changed := ls.layerTiers(l, old, fail)
-	if old == nil || !rulesSame || !ls.overridesChanged(p, l, old, changed, &overrideCompiler{st: st, byID: ls.byID}, fail) {
+	if old == nil || !ls.overridesChanged(p, l, old, rulesSame, changed, &overrideCompiler{st: st, byID: ls.byID}, fail) {
 		ls.overridesAll(p, l, old, rulesSame, st, fail)
 	}
 	if len(errs) > 0 {

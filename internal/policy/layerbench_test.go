@@ -131,3 +131,35 @@ func BenchmarkLookupBigLayer(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkApplyOtherChange applies the configuration of
+// BenchmarkApplyLayer10kRules100kOverrides with one rule's limit or one
+// identity's tier changed, given the policy of the configuration before.
+// A rule changed decodes one rule but checks every override's parent.
+func BenchmarkApplyOtherChange(b *testing.B) {
+	p := mustParse(b, bigLayerFile)
+	l := bigLayer(10_000, 100_000)
+	prev, err := p.WithLayer(l, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rule := *l
+	rule.Rules = slices.Clone(l.Rules)
+	rule.Rules[4] = LayerRule{ID: "r00004", Version: 2, Spec: []byte(`{"id":"r00004","match":{"resource":"/api/v4/svc4/items"},"dimension":"client","limit":11,"window":"1s"}`)}
+	tier := *l
+	tier.Identities = slices.Clone(l.Identities)
+	tier.Identities[11].Tier = "enterprise" // c000110, premium before
+	for _, c := range []struct {
+		name string
+		l    *Layer
+	}{{"rule", &rule}, {"tier", &tier}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := p.WithLayer(c.l, prev); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

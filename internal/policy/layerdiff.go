@@ -188,17 +188,37 @@ func increasing(los []LayerOverride, lo, hi string) bool {
 	return len(los) == 0 || hi == "" || los[len(los)-1].ID < hi
 }
 
-// overridesChanged applies l's overrides by their difference with old's
-// when the rules are old's, and reports false, having recorded nothing,
-// when the difference is too large to be worth it: the overrides changed,
-// added and removed are compiled, and so are those of the identities whose
-// tier changed; the identities they belong to are assembled again.
-func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tierChanged []identity, oc *overrideCompiler, fail func(*LayerError)) bool {
+// overridesChanged applies l's overrides by their difference with old's,
+// and reports false, having recorded nothing, when the difference is too
+// large to be worth it: the overrides changed, added and removed are
+// compiled, and so are those of the identities whose tier changed and
+// those whose rules' limits changed (unless rulesSame); the identities
+// they belong to are assembled again.
+func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, rulesSame bool, tierChanged []identity, oc *overrideCompiler, fail func(*LayerError)) bool {
 	los := l.Overrides
 	pre, suf := middle(len(los), len(old.ovs), func(i, j int) bool { return sameOverride(&los[i], old.ovs[j]) })
 	newMid, oldMid := los[pre:len(los)-suf], old.ovs[pre:len(old.ovs)-suf]
 	if len(newMid)+len(oldMid) > maxOverrideDiff {
 		return false
+	}
+	// The overrides kept whose rules' limits changed, by their position
+	// in old.ovs.
+	var stale []int
+	if !rulesSame {
+		for _, r := range [2][2]int{{0, pre}, {len(old.ovs) - suf, len(old.ovs)}} {
+			for j := r[0]; j < r[1]; j++ {
+				e := old.ovs[j]
+				if !old.sorted {
+					e = old.override(e.o.id)
+				}
+				if !e.o.sameParents(ls.byID, e.tier) {
+					stale = append(stale, j)
+				}
+			}
+		}
+		if len(newMid)+len(oldMid)+len(stale) > maxOverrideDiff {
+			return false
+		}
 	}
 	if old.sorted {
 		var lo, hi string
@@ -246,7 +266,7 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 		}
 		k := identity{lo.Kind, lo.Value}
 		tier := ls.tierFor(p, k)
-		if cur != nil && cur.o.version == lo.Version && cur.who == k && cur.tier == tier {
+		if cur != nil && cur.o.version == lo.Version && cur.who == k && cur.tier == tier && (rulesSame || cur.o.sameParents(ls.byID, tier)) {
 			mid = append(mid, cur) // moved, not changed
 			continue
 		}
@@ -276,6 +296,29 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, tie
 	ls.ovs = append(ls.ovs, old.ovs[:pre]...)
 	ls.ovs = append(ls.ovs, mid...)
 	ls.ovs = append(ls.ovs, old.ovs[len(old.ovs)-suf:]...)
+
+	// The overrides kept whose rules' limits changed, compiled again for
+	// their identity's tier now.
+	for _, j := range stale {
+		e := old.ovs[j]
+		if !old.sorted {
+			e = old.override(e.o.id)
+		}
+		ne, le := oc.compile(e.who, e.o.id, e.o.version, e.o.expiresAt, e.o.limits, ls.tierFor(p, e.who))
+		if le != nil {
+			fail(le)
+			continue
+		}
+		if ed != nil {
+			ed.set(e.o.id, ne)
+		} else {
+			if j >= pre {
+				j += len(los) - len(old.ovs) // in the suffix
+			}
+			ls.ovs[j] = ne
+		}
+		touch(e.who)
+	}
 
 	// The overrides of identities whose tier changed inherit from other
 	// limits now.
