@@ -15,7 +15,9 @@ import (
 // a JSON object that yaml.v3 reads as JSON reads it: ASCII, without
 // escapes, and not deeper than maxJSONDepth. Otherwise it returns false,
 // and the spec goes through yaml.v3 (which reads YAML too).
-func jsonNode(data []byte) (*yaml.Node, bool) {
+// The nodes come from *slab (nil: a slab of their own), reused from its
+// start: the caller must not keep the previous tree's nodes.
+func jsonNode(data []byte, slab *[]yaml.Node) (*yaml.Node, bool) {
 	for _, c := range data {
 		// Non-ASCII characters and escapes are where YAML's double quoted
 		// strings and JSON's strings may part (line breaks such as U+2028,
@@ -27,7 +29,10 @@ func jsonNode(data []byte) (*yaml.Node, bool) {
 	if !json.Valid(data) {
 		return nil, false
 	}
-	r := jsonReader{s: string(data)}
+	if slab == nil {
+		slab = new([]yaml.Node)
+	}
+	r := jsonReader{s: string(data), slab: slab}
 	r.space()
 	if r.i >= len(r.s) || r.s[r.i] != '{' {
 		return nil, false
@@ -48,8 +53,10 @@ type jsonReader struct {
 	i    int
 	line int // of position i, less one
 	bol  int // the position where that line begins
-	// free are nodes allocated together, handed out one by one.
-	free []yaml.Node
+	// slab holds nodes allocated together, handed out one by one; used
+	// of them are.
+	slab *[]yaml.Node
+	used int
 }
 
 func (r *jsonReader) space() {
@@ -64,11 +71,12 @@ func (r *jsonReader) space() {
 // node returns a node at the reader's position, as yaml.v3 places them
 // (1-based; a JSON spec is usually one line).
 func (r *jsonReader) node(kind yaml.Kind, tag, value string, style yaml.Style) *yaml.Node {
-	if len(r.free) == 0 {
-		r.free = make([]yaml.Node, max(8, len(r.s)/8))
+	if r.used == len(*r.slab) {
+		// The nodes handed out stay in the former slab.
+		*r.slab, r.used = make([]yaml.Node, max(64, len(r.s)/8, 2*len(*r.slab))), 0
 	}
-	n := &r.free[0]
-	r.free = r.free[1:]
+	n := &(*r.slab)[r.used]
+	r.used++
 	*n = yaml.Node{Kind: kind, Tag: tag, Value: value, Style: style, Line: r.line + 1, Column: r.i - r.bol + 1}
 	return n
 }

@@ -3,6 +3,8 @@ package policy
 import (
 	"reflect"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // jsonSpecs are rule specs, valid or not, that the JSON reader must read
@@ -50,9 +52,12 @@ func FuzzJSONNode(f *testing.F) {
 // same error, with and without the JSON reader.
 func checkJSONNode(t *testing.T, s string) {
 	p := mustParse(t, layerFile)
+	// A slab that a former rule used, as the decoding of a layer reuses it.
+	var slab []yaml.Node
+	decodeLayerRuleWith(&LayerRule{ID: "x", Spec: []byte(jsonSpecs[2])}, p.st, true, &slab)
 	lr := &LayerRule{ID: "x", Spec: []byte(s)}
-	fast, ferr := decodeLayerRuleWith(lr, p.st, true)
-	slow, serr := decodeLayerRuleWith(lr, p.st, false)
+	fast, ferr := decodeLayerRuleWith(lr, p.st, true, &slab)
+	slow, serr := decodeLayerRuleWith(lr, p.st, false, nil)
 	if !reflect.DeepEqual(ferr, serr) {
 		t.Fatalf("%s: error %v, want %v", s, ferr, serr)
 	}

@@ -284,10 +284,11 @@ func (p *Policy) layerRules(l *Layer, old *layerState, ls *layerState, fail func
 		le *LayerError
 	}, len(l.Rules))
 	parallel(len(l.Rules), func(from, to int) {
+		var slab []yaml.Node
 		for i := from; i < to; i++ {
 			lr := &l.Rules[i]
 			if c := compiled[lr.ID]; c == nil || !bytes.Equal(c.spec, lr.Spec) {
-				decoded[i].r, decoded[i].le = decodeLayerRule(lr, ls.st)
+				decoded[i].r, decoded[i].le = decodeLayerRuleWith(lr, ls.st, true, &slab)
 			}
 		}
 	})
@@ -327,12 +328,13 @@ func identityKind(d Dimension) bool { return d == DimClient || d == DimUser || d
 
 // decodeLayerRule decodes lr's spec with the decoder of the file's rules.
 func decodeLayerRule(lr *LayerRule, st *settings) (r *Rule, le *LayerError) {
-	return decodeLayerRuleWith(lr, st, true)
+	return decodeLayerRuleWith(lr, st, true, nil)
 }
 
 // decodeLayerRuleWith is decodeLayerRule, reading a JSON spec without
-// yaml.v3 when fast is set and the spec allows it.
-func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool) (r *Rule, le *LayerError) {
+// yaml.v3 when fast is set and the spec allows it, into nodes from slab
+// (see jsonNode); the rule keeps none of them.
+func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool, slab *[]yaml.Node) (r *Rule, le *LayerError) {
 	defer func() {
 		// As Parse: a bad spec must not take the process down.
 		if v := recover(); v != nil {
@@ -344,7 +346,7 @@ func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool) (r *Rule, le *L
 	}
 	doc, ok := (*yaml.Node)(nil), false
 	if fast {
-		doc, ok = jsonNode(lr.Spec)
+		doc, ok = jsonNode(lr.Spec, slab)
 	}
 	if !ok {
 		doc = &yaml.Node{}
