@@ -12,17 +12,18 @@ import (
 )
 
 // jsonNode returns the node tree yaml.v3 would make of data, when data is
-// a JSON object that yaml.v3 reads as JSON reads it: ASCII, without
-// escapes, and not deeper than maxJSONDepth. Otherwise it returns false,
-// and the spec goes through yaml.v3 (which reads YAML too).
-// The nodes come from *slab (nil: a slab of their own), reused from its
-// start: the caller must not keep the previous tree's nodes.
+// a JSON object that yaml.v3 reads as JSON reads it: printable ASCII and
+// line breaks, without escapes, and not deeper than maxJSONDepth.
+// Otherwise it returns false, and the spec goes through yaml.v3 (which
+// reads YAML too). The nodes come from *slab (nil: a slab of their own),
+// reused from its start: the caller must not keep the previous tree's.
 func jsonNode(data []byte, slab *[]yaml.Node) (*yaml.Node, bool) {
 	for _, c := range data {
-		// Non-ASCII characters and escapes are where YAML's double quoted
-		// strings and JSON's strings may part (line breaks such as U+2028,
-		// surrogate pairs): leave them to yaml.v3.
-		if c >= 0x80 || c == '\\' || c == '\t' {
+		// Escapes, and characters other than printable ASCII and line
+		// breaks, are where YAML and JSON part (YAML refuses DEL and
+		// tabs in places, folds U+2028, and reads surrogate pairs
+		// otherwise): leave them to yaml.v3.
+		if (c < 0x20 || c > 0x7e || c == '\\') && c != '\n' && c != '\r' {
 			return nil, false
 		}
 	}

@@ -33,6 +33,7 @@ var jsonSpecs = []string{
 	`{"id":"x","name":"café","limit":1,"window":"1s"}`,
 	`{"id":"x",	"limit":1,"window":"1s"}`,
 	`{id: x, limit: 1, window: 1s}`,
+	"{\"\x7f\":\"\"}", // JSON takes DEL, YAML does not
 }
 
 func TestJSONNodeReadsAsYAML(t *testing.T) {
