@@ -34,6 +34,8 @@ var jsonSpecs = []string{
 	`{"id":"x",	"limit":1,"window":"1s"}`,
 	`{id: x, limit: 1, window: 1s}`,
 	"{\"\x7f\":\"\"}", // JSON takes DEL, YAML does not
+	"{\"id\":\"x\",\n\"limit\":1,\r\n\"window\":\"1s\"\n}",
+	"{\"id\":\"x\",\"limit\":1,\"window\":\"1s\",\"match\":{\"resource\":\n[\n\"/a\"\n]\n}}",
 }
 
 func TestJSONNodeReadsAsYAML(t *testing.T) {
