@@ -3,7 +3,6 @@ package control
 import (
 	"encoding/json"
 	"net/url"
-	"sort"
 	"strings"
 	"time"
 
@@ -43,73 +42,85 @@ var dimensions = map[string]policy.Dimension{
 	"client": policy.DimClient, "user": policy.DimUser, "api_key": policy.DimAPIKey,
 }
 
-// buildLayer makes the layer of the objects in state at revision rev,
-// leaving out the overrides and throttles expired at now. Objects that do
-// not decode are left out (they were checked when written).
-func buildLayer(state map[string]KV, rev int64, region string, now time.Time) *policy.Layer {
-	l := &policy.Layer{Revision: rev, Region: region}
-	keys := make([]string, 0, len(state))
-	for k := range state {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		kv := state[k]
-		switch {
-		case strings.HasPrefix(k, prefixRule):
-			var r Rule
-			if json.Unmarshal(kv.Value, &r) == nil {
-				l.Rules = append(l.Rules, policy.LayerRule{ID: r.ID, Spec: r.Spec, Version: kv.Version})
-			}
-		case strings.HasPrefix(k, prefixConfig):
-			var c Config
-			if json.Unmarshal(kv.Value, &c) == nil {
-				if spec, err := configRule(c); err == nil {
-					l.Rules = append(l.Rules, policy.LayerRule{ID: configRulePrefix + c.ID, Spec: spec, Version: kv.Version})
-				}
-			}
-		case strings.HasPrefix(k, prefixIdentity):
-			var id Identity
-			if json.Unmarshal(kv.Value, &id) == nil && id.Tier != "" {
-				l.Identities = append(l.Identities, policy.LayerIdentity{Kind: dimensions[id.Kind], Value: id.Value, Tier: id.Tier})
-			}
-		case strings.HasPrefix(k, prefixOverride):
-			var o Override
-			if json.Unmarshal(kv.Value, &o) == nil && o.ExpiresAt.After(now) {
-				lo := policy.LayerOverride{ID: o.ID, Kind: dimensions[o.Kind], Value: o.Value, ExpiresAt: o.ExpiresAt, Version: kv.Version, Limits: map[string]policy.LayerLimit{}}
-				for rule, s := range o.Limits {
-					w, _ := time.ParseDuration(s.Window)
-					lo.Limits[rule] = policy.LayerLimit{Algorithm: s.Algorithm, Limit: s.Limit, Window: w, Burst: s.Burst}
-				}
-				l.Overrides = append(l.Overrides, lo)
-			}
-		case strings.HasPrefix(k, prefixThrottle):
-			var t Throttle
-			if json.Unmarshal(kv.Value, &t) == nil && t.ExpiresAt.After(now) {
-				l.Throttles = append(l.Throttles, policy.LayerThrottle{ID: t.ID, Scope: t.Scope, Target: t.Target, Percent: t.ReductionPercent, ExpiresAt: t.ExpiresAt})
-			}
-		}
-	}
-	return l
+// layerObject is the layer's object that a key of the store holds,
+// decoded; none of them when the value does not decode.
+type layerObject struct {
+	modRevision, version int64 // of the value decoded
+
+	rule      *policy.LayerRule
+	identity  *policy.LayerIdentity
+	override  *policy.LayerOverride
+	throttle  *policy.LayerThrottle
+	expiresAt time.Time // of an override or a throttle, as written
 }
 
-// earliestExpiry is the earliest expiry after now of an override or a
-// throttle in state; zero when none.
-func earliestExpiry(state map[string]KV, now time.Time) time.Time {
-	var next time.Time
-	for k, kv := range state {
-		if !strings.HasPrefix(k, prefixOverride) && !strings.HasPrefix(k, prefixThrottle) {
-			continue
+// decodeObject decodes the value of kv as the object its key says.
+func decodeObject(kv KV) layerObject {
+	o := layerObject{modRevision: kv.ModRevision, version: kv.Version}
+	k := kv.Key
+	switch {
+	case strings.HasPrefix(k, prefixRule):
+		var r Rule
+		if json.Unmarshal(kv.Value, &r) == nil {
+			o.rule = &policy.LayerRule{ID: r.ID, Spec: r.Spec, Version: kv.Version}
 		}
-		var e struct {
-			ExpiresAt time.Time `json:"expires_at"`
+	case strings.HasPrefix(k, prefixConfig):
+		var c Config
+		if json.Unmarshal(kv.Value, &c) == nil {
+			if spec, err := configRule(c); err == nil {
+				o.rule = &policy.LayerRule{ID: configRulePrefix + c.ID, Spec: spec, Version: kv.Version}
+			}
 		}
-		if json.Unmarshal(kv.Value, &e) != nil || !e.ExpiresAt.After(now) {
-			continue
+	case strings.HasPrefix(k, prefixIdentity):
+		var id Identity
+		if json.Unmarshal(kv.Value, &id) == nil && id.Tier != "" {
+			o.identity = &policy.LayerIdentity{Kind: dimensions[id.Kind], Value: id.Value, Tier: id.Tier}
 		}
-		if next.IsZero() || e.ExpiresAt.Before(next) {
-			next = e.ExpiresAt
+	case strings.HasPrefix(k, prefixOverride):
+		var ov Override
+		if json.Unmarshal(kv.Value, &ov) == nil {
+			lo := policy.LayerOverride{ID: ov.ID, Kind: dimensions[ov.Kind], Value: ov.Value, ExpiresAt: ov.ExpiresAt, Version: kv.Version, Limits: map[string]policy.LayerLimit{}}
+			for rule, s := range ov.Limits {
+				w, _ := time.ParseDuration(s.Window)
+				lo.Limits[rule] = policy.LayerLimit{Algorithm: s.Algorithm, Limit: s.Limit, Window: w, Burst: s.Burst}
+			}
+			o.override, o.expiresAt = &lo, ov.ExpiresAt
+		} else {
+			o.expiresAt = decodeExpiry(kv.Value)
+		}
+	case strings.HasPrefix(k, prefixThrottle):
+		var t Throttle
+		if json.Unmarshal(kv.Value, &t) == nil {
+			o.throttle = &policy.LayerThrottle{ID: t.ID, Scope: t.Scope, Target: t.Target, Percent: t.ReductionPercent, ExpiresAt: t.ExpiresAt}
+			o.expiresAt = t.ExpiresAt
+		} else {
+			o.expiresAt = decodeExpiry(kv.Value)
 		}
 	}
-	return next
+	return o
+}
+
+// decodeExpiry returns the expires_at of an override's or a throttle's
+// value, even when the rest of it does not decode; zero when it has none.
+func decodeExpiry(value []byte) time.Time {
+	var e struct {
+		ExpiresAt time.Time `json:"expires_at"`
+	}
+	json.Unmarshal(value, &e) //nolint:errcheck // zero when it does not decode
+	return e.ExpiresAt
+}
+
+// addTo appends o to l, unless it is an override or a throttle expired at
+// now.
+func (o *layerObject) addTo(l *policy.Layer, now time.Time) {
+	switch {
+	case o.rule != nil:
+		l.Rules = append(l.Rules, *o.rule)
+	case o.identity != nil:
+		l.Identities = append(l.Identities, *o.identity)
+	case o.override != nil && o.override.ExpiresAt.After(now):
+		l.Overrides = append(l.Overrides, *o.override)
+	case o.throttle != nil && o.throttle.ExpiresAt.After(now):
+		l.Throttles = append(l.Throttles, *o.throttle)
+	}
 }

@@ -71,6 +71,7 @@ type Plane struct {
 	// mu guards the fields below.
 	mu     sync.Mutex
 	state  map[string]KV // the keys of the layer's objects, as last seen
+	layers layerCache    // state's objects decoded, for the next build
 	status Status
 	// regWake wakes the registration writer after an Apply.
 	regWake chan struct{}
@@ -159,7 +160,7 @@ func (p *Plane) loadAll(ctx context.Context) (map[string]KV, int64, error) {
 // applyState builds the layer of the state at rev and applies it.
 func (p *Plane) applyState(rev int64) error {
 	p.mu.Lock()
-	l := buildLayer(p.state, rev, p.opts.Region, p.opts.Now())
+	l := p.layers.build(p.state, rev, p.opts.Region, p.opts.Now())
 	p.mu.Unlock()
 	if err := p.callApply(l); err != nil {
 		p.setErr(fmt.Errorf("apply revision %d: %w", rev, err))
@@ -296,7 +297,7 @@ func (p *Plane) follow(ctx context.Context, ch <-chan WatchResponse, rev int64, 
 // state expires.
 func (p *Plane) armExpiry(t *time.Timer) {
 	p.mu.Lock()
-	next := earliestExpiry(p.state, p.opts.Now())
+	next := p.layers.earliestExpiry(p.state, p.opts.Now())
 	p.mu.Unlock()
 	t.Stop()
 	select {

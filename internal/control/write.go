@@ -86,13 +86,16 @@ func (p *Plane) writeOnce(ctx context.Context, a Actor, c change) (written, erro
 	if c.validate && p.opts.Validate != nil {
 		p.mu.Lock()
 		state := maps.Clone(p.state)
-		p.mu.Unlock()
 		if after == nil {
 			delete(state, c.key)
 		} else {
 			state[c.key] = KV{Key: c.key, Value: after, Version: curVersion + 1}
 		}
-		if err := p.opts.Validate(buildLayer(state, 0, p.opts.Region, p.opts.Now())); err != nil {
+		// The cache decodes the changed key only; the next build finds
+		// the key's value changed again (it has no revision yet).
+		l := p.layers.build(state, 0, p.opts.Region, p.opts.Now())
+		p.mu.Unlock()
+		if err := p.opts.Validate(l); err != nil {
 			return written{}, err
 		}
 	}

@@ -32,8 +32,9 @@ type LayerRule struct {
 	// Spec is the rule as a JSON object with the configuration file's
 	// field names.
 	Spec []byte
-	// Version is the rule's version in the control plane; a rule whose id
-	// and version are unchanged need not be compiled again.
+	// Version is the rule's version in the control plane. WithLayer
+	// compiles a rule again only when its spec changed, whatever its
+	// version.
 	Version int64
 }
 
@@ -53,7 +54,10 @@ type LayerOverride struct {
 	// would otherwise apply to the identity.
 	Limits    map[string]LayerLimit
 	ExpiresAt time.Time
-	// Version is the override's version in the control plane.
+	// Version is the override's version in the control plane: WithLayer
+	// compiles an override again only when its id, version or identity
+	// changed (or its identity's tier, or its rules), and takes one whose
+	// limits or expiry changed without a new version for unchanged.
 	Version int64
 }
 

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -206,7 +205,7 @@ func TestWithLayerReusesCompiled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Rules[3].Base != b.Rules[3].Base || a.layer.overrides["o"].o != b.layer.overrides["o"].o {
+	if a.Rules[3].Base != b.Rules[3].Base || ov(a, "o") != ov(b, "o") {
 		t.Error("unchanged rule or override compiled again")
 	}
 	l.Rules[0] = LayerRule{ID: "x", Version: 2, Spec: spec(`{"id":"x","limit":2,"window":"1s"}`)}
@@ -218,12 +217,21 @@ func TestWithLayerReusesCompiled(t *testing.T) {
 	if c.Rules[3].Base.Spec.Limit != 2 {
 		t.Errorf("changed rule: limit %d, want 2", c.Rules[3].Base.Spec.Limit)
 	}
-	if c.layer.overrides["o"].o == b.layer.overrides["o"].o {
+	if ov(c, "o") == ov(b, "o") {
 		t.Error("override reused though the identity's tier changed")
 	}
 	if b.Rules[3].Base.Spec.Limit != 1 {
 		t.Error("the previous policy changed")
 	}
+}
+
+// ov returns the compiled override id of lp's layer.
+func ov(lp *Policy, id string) *override {
+	e := lp.layer.override(id)
+	if e == nil {
+		return nil
+	}
+	return e.o
 }
 
 func TestThrottles(t *testing.T) {
@@ -323,49 +331,6 @@ func FuzzWithLayerRule(f *testing.F) {
 			}
 		}
 		lp.Match(&Request{ClientID: "c", Resource: "/a/b"}, nil)
-	})
-}
-
-// layerBench builds a file of n rules and a layer of m overrides.
-func layerBench(b testing.TB, n, m int) (*Policy, *Layer) {
-	p := benchPolicy(b, n)
-	l := &Layer{Revision: 1}
-	for i := range m {
-		l.Overrides = append(l.Overrides, LayerOverride{ID: fmt.Sprintf("o%d", i), Version: 1, Kind: DimClient,
-			Value: fmt.Sprintf("c%d", i), Limits: map[string]LayerLimit{fmt.Sprintf("r%d", i%n): {Limit: int64(20 + i%50)}}})
-	}
-	return p, l
-}
-
-func BenchmarkWithLayer10kRules100kOverrides(b *testing.B) {
-	p, l := layerBench(b, 10_000, 100_000)
-	b.Run("full", func(b *testing.B) {
-		for b.Loop() {
-			if _, err := p.WithLayer(l, nil); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("one-change", func(b *testing.B) {
-		prev, err := p.WithLayer(l, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		i := 0
-		for b.Loop() {
-			i++
-			l.Revision++
-			o := &l.Overrides[i%len(l.Overrides)]
-			o.Version++
-			for id := range o.Limits {
-				o.Limits[id] = LayerLimit{Limit: int64(20 + i%50)}
-			}
-			next, err := p.WithLayer(l, prev)
-			if err != nil {
-				b.Fatal(err)
-			}
-			prev = next
-		}
 	})
 }
 

@@ -6,10 +6,9 @@
 package policy
 
 import (
-	"cmp"
+	"bytes"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,28 +42,38 @@ func (e *LayerError) Error() string {
 func (e *LayerError) Unwrap() error { return ErrInvalidConfig }
 
 // layerState is the layer a Policy was built with, and what was compiled
-// for it, to be reused by the next WithLayer.
+// for it, to be reused by the next WithLayer. It is never modified once
+// built: the next one shares what did not change.
 type layerState struct {
 	revision int64
 	region   string
 	st       *settings // the file's, which compiled what is cached
+	// rules are the layer's rules in its order, compiled; byID the
+	// policy's rules by id.
+	rules []ruleEntry
+	byID  map[string]*Rule
+	// idents are the layer's identities as given, and tiers their tiers
+	// by kind and value.
+	idents []LayerIdentity
+	tiers  [DimGlobal + 1]idMap[string]
+	// ovs are the layer's overrides in its order, for the next apply to
+	// tell what changed by their id, version and identity. When sorted,
+	// their ids increase and ovs is their index; otherwise overrides is,
+	// and an entry of ovs may be one compiled for a former tier.
+	ovs       []*overrideEntry
+	sorted    bool
+	overrides idMap[*overrideEntry]
 	// ids are the identities the layer names, with their tier and
 	// overrides, by kind and value.
-	ids [DimGlobal + 1]map[string]*Assignment
-	// tiers are the layer's identities' tiers.
-	tiers map[identity]string
-	// rules and overrides are the compiled objects by id, and order the
-	// layer's rule ids in order. They are never modified once built.
-	rules     map[string]*ruleEntry
-	order     []string
-	overrides map[string]*overrideEntry
+	ids       [DimGlobal + 1]idMap[*Assignment]
 	throttles throttles
 	cuts      *cutCache
 }
 
 type ruleEntry struct {
-	version int64
-	rule    *Rule // as compiled, Index 0
+	id   string
+	spec []byte // a copy of the spec it was compiled from
+	rule *Rule  // as compiled, Index 0
 }
 
 // identity is one identity, by kind and value.
@@ -73,24 +82,14 @@ type identity struct {
 	value string
 }
 
+// overrideEntry is a compiled override, with the identity and the tier it
+// was compiled for. o points into the entry, allocated with it.
 type overrideEntry struct {
-	version int64
-	who     identity
-	tier    string
-	parents map[string]*Limit // the limit each rule would apply, inherited from
-	o       *override
-}
-
-// override is a compiled LayerOverride.
-type override struct {
-	id        string
-	version   int64
-	expiresAt time.Time
-	limits    map[string]*Limit
-}
-
-func (o *override) active(now time.Time) bool {
-	return o.expiresAt.IsZero() || now.Before(o.expiresAt)
+	who  identity
+	tier string
+	o    *override
+	ov   override
+	one  [1]ruleLimit // ov's limits, when it has one
 }
 
 // tierAt returns the tier a layered assignment gives at now ("" for the
@@ -138,7 +137,7 @@ func (r *Rule) LimitAt(tier string, a *Assignment, now time.Time) *Limit {
 func (r *Rule) limitAt(tier string, a *Assignment, now time.Time) (*Limit, string, string) {
 	if a != nil && a.layered {
 		for _, o := range a.overrides {
-			if l, ok := o.limits[r.ID]; ok && o.active(now) {
+			if l, ok := o.limit(r.ID); ok && o.active(now) {
 				return l, "override", o.id
 			}
 		}
@@ -168,9 +167,13 @@ func (p *Policy) Layer() int64 {
 
 // WithLayer returns a new policy: p, the configuration file's, with the
 // layer l applied. p is not modified. prev, the previous result of
-// WithLayer (may be nil), lends the rules and overrides whose id and
-// version are unchanged, compiled already, so that a change of one object
-// among many applies in milliseconds.
+// WithLayer (may be nil), lends what did not change, compiled already:
+// the rules whose spec is unchanged, the overrides whose id and version
+// are unchanged, and its indexes of identities and overrides, of which
+// only the entries that changed are copied. A change of a few objects
+// among 100,000 thus applies in milliseconds: what remains in proportion
+// to their number is comparing the layer with prev's, in order, and
+// copying one slice of pointers.
 //
 // The layer's rules are decoded and validated as items of the file's
 // `rules:` list, with the file's defaults and tiers; one with the id of a
@@ -210,116 +213,31 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 	if len(p.Rules)+len(l.Rules) > MaxRules {
 		return nil, &LayerError{Object: "rule", Msg: fmt.Sprintf("%d rules is more than the maximum %d", len(p.Rules)+len(l.Rules), MaxRules)}
 	}
-	rulesSame := old != nil && len(old.order) == len(l.Rules)
+	rulesSame := old != nil && len(old.rules) == len(l.Rules)
 	for i := 0; rulesSame && i < len(l.Rules); i++ {
-		e := old.rules[l.Rules[i].ID]
-		rulesSame = old.order[i] == l.Rules[i].ID && e != nil && e.version == l.Rules[i].Version
+		rulesSame = old.rules[i].id == l.Rules[i].ID && bytes.Equal(old.rules[i].spec, l.Rules[i].Spec)
 	}
 	var rules []*Rule
 	var m *matcher
 	if rulesSame {
-		rules, m, ls.rules, ls.order = prev.Rules, prev.matcher, old.rules, old.order
+		rules, m, ls.rules, ls.byID = prev.Rules, prev.matcher, old.rules, old.byID
 	} else {
 		rules = p.layerRules(l, old, ls, fail)
-	}
-	byID := make(map[string]*Rule, len(rules))
-	for _, r := range rules {
-		byID[r.ID] = r
+		ls.byID = make(map[string]*Rule, len(rules))
+		for _, r := range rules {
+			ls.byID[r.ID] = r
+		}
 	}
 
 	// Identities and overrides: those that changed since prev are
 	// compiled, and the identities they belong to assembled again.
-	ls.tiers = make(map[identity]string, len(l.Identities))
-	for _, li := range l.Identities {
-		id := li.Kind.String() + ":" + li.Value
-		if !identityKind(li.Kind) || li.Value == "" {
-			fail(&LayerError{Object: "identity", ID: id, Field: "kind", Msg: "want a client, user or api_key with a value"})
-			continue
-		}
-		if _, ok := st.tiers[li.Tier]; !ok {
-			fail(&LayerError{Object: "identity", ID: id, Field: "tier", Msg: fmt.Sprintf("unknown tier %q", li.Tier)})
-			continue
-		}
-		ls.tiers[identity{li.Kind, li.Value}] = li.Tier
-	}
-	tierFor := func(k identity) string {
-		if t := ls.tiers[k]; t != "" {
-			return t
-		}
-		if as := p.assignments[k.kind][k.value]; len(as) > 0 && as[0].Tier != "" {
-			return as[0].Tier
-		}
-		return st.defaultTier
-	}
-	affected := map[identity]bool{}
-	var oldOv map[string]*overrideEntry
-	if old != nil {
-		oldOv = old.overrides
-		for k, t := range ls.tiers {
-			if old.tiers[k] != t {
-				affected[k] = true
-			}
-		}
-		for k := range old.tiers {
-			if _, ok := ls.tiers[k]; !ok {
-				affected[k] = true
-			}
-		}
-	} else {
-		for k := range ls.tiers {
-			affected[k] = true
-		}
-	}
-	ls.overrides = maps.Clone(oldOv)
-	if ls.overrides == nil {
-		ls.overrides = make(map[string]*overrideEntry, len(l.Overrides))
-	}
-	seen := make(map[string]struct{}, len(l.Overrides))
-	fresh := map[identity][]*override{}
-	found := 0
-	for i := range l.Overrides {
-		lo := &l.Overrides[i]
-		if _, dup := seen[lo.ID]; dup {
-			fail(&LayerError{Object: "override", ID: lo.ID, Field: "id", Msg: "duplicate override id"})
-			continue
-		}
-		seen[lo.ID] = struct{}{}
-		if !identityKind(lo.Kind) || lo.Value == "" {
-			fail(&LayerError{Object: "override", ID: lo.ID, Field: "kind", Msg: "want a client, user or api_key with a value"})
-			continue
-		}
-		k := identity{lo.Kind, lo.Value}
-		tier := tierFor(k)
-		oe := oldOv[lo.ID]
-		if oe != nil {
-			found++
-			if oe.version == lo.Version && oe.who == k && oe.tier == tier && (rulesSame || sameParents(oe.parents, byID, tier)) {
-				continue
-			}
-			affected[oe.who] = true
-		}
-		e, le := compileOverride(lo, tier, byID, st)
-		if le != nil {
-			fail(le)
-			continue
-		}
-		e.who = k
-		ls.overrides[lo.ID] = e
-		affected[k] = true
-		fresh[k] = append(fresh[k], e.o)
-	}
-	if found != len(oldOv) {
-		for id, oe := range oldOv {
-			if _, ok := seen[id]; !ok {
-				delete(ls.overrides, id)
-				affected[oe.who] = true
-			}
-		}
+	changed := ls.layerTiers(l, old, fail)
+	if old == nil || !ls.overridesChanged(p, l, old, rulesSame, changed, &overrideCompiler{st: st, byID: ls.byID}, fail) {
+		ls.overridesAll(p, l, old, rulesSame, st, fail)
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	p.assemble(ls, old, affected, fresh)
 
 	// Throttles.
 	ts, terrs := compileThrottles(l)
@@ -344,38 +262,57 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 	return &np, nil
 }
 
-// layerRules returns the file's rules with l's applied, compiling those not
-// in old, and records them in ls.
+// layerRules returns the file's rules with l's applied, compiling those
+// whose spec is not one of old's, and records them in ls.
 func (p *Policy) layerRules(l *Layer, old *layerState, ls *layerState, fail func(*LayerError)) []*Rule {
-	ls.rules = make(map[string]*ruleEntry, len(l.Rules))
-	ls.order = make([]string, 0, len(l.Rules))
+	ls.rules = make([]ruleEntry, 0, len(l.Rules))
+	var compiled map[string]*ruleEntry
+	if old != nil {
+		compiled = make(map[string]*ruleEntry, len(old.rules))
+		for i := range old.rules {
+			compiled[old.rules[i].id] = &old.rules[i]
+		}
+	}
 	fileIndex := make(map[string]int, len(p.Rules))
 	for i, r := range p.Rules {
 		fileIndex[r.ID] = i
 	}
+	// The rules not compiled already, decoded on several goroutines when
+	// they are many.
+	decoded := make([]struct {
+		r  *Rule
+		le *LayerError
+	}, len(l.Rules))
+	parallel(len(l.Rules), func(from, to int) {
+		var slab []yaml.Node
+		for i := from; i < to; i++ {
+			lr := &l.Rules[i]
+			if c := compiled[lr.ID]; c == nil || !bytes.Equal(c.spec, lr.Spec) {
+				decoded[i].r, decoded[i].le = decodeLayerRuleWith(lr, ls.st, true, &slab)
+			}
+		}
+	})
+	ids := make(map[string]struct{}, len(l.Rules))
 	rules := slices.Clone(p.Rules)
 	for i := range l.Rules {
 		lr := &l.Rules[i]
-		if _, dup := ls.rules[lr.ID]; dup {
+		if _, dup := ids[lr.ID]; dup {
 			fail(&LayerError{Object: "rule", ID: lr.ID, Field: "id", Msg: "duplicate rule id"})
 			continue
 		}
-		var r *Rule
-		if old != nil {
-			if e := old.rules[lr.ID]; e != nil && e.version == lr.Version {
-				r = e.rule
-			}
-		}
-		if r == nil {
-			var e *LayerError
-			if r, e = decodeLayerRule(lr, ls.st); e != nil {
-				fail(e)
+		ids[lr.ID] = struct{}{}
+		var e ruleEntry
+		if c := compiled[lr.ID]; c != nil && bytes.Equal(c.spec, lr.Spec) {
+			e = *c
+		} else {
+			if le := decoded[i].le; le != nil {
+				fail(le)
 				continue
 			}
+			e = ruleEntry{id: lr.ID, spec: bytes.Clone(lr.Spec), rule: decoded[i].r}
 		}
-		ls.rules[lr.ID] = &ruleEntry{version: lr.Version, rule: r}
-		ls.order = append(ls.order, lr.ID)
-		c := *r // the compiled rule is shared; its index is this policy's
+		ls.rules = append(ls.rules, e)
+		c := *e.rule // the compiled rule is shared; its index is this policy's
 		if at, ok := fileIndex[lr.ID]; ok {
 			c.Index = at
 			rules[at] = &c
@@ -387,50 +324,17 @@ func (p *Policy) layerRules(l *Layer, old *layerState, ls *layerState, fail func
 	return rules
 }
 
-// assemble builds ls.ids: those of old, with the identities affected
-// assembled again from ls's tiers, their unchanged overrides and fresh,
-// the overrides compiled now by identity.
-func (p *Policy) assemble(ls, old *layerState, affected map[identity]bool, fresh map[identity][]*override) {
-	for d := range ls.ids {
-		if old != nil && old.ids[d] != nil {
-			ls.ids[d] = maps.Clone(old.ids[d])
-		}
-	}
-	for k := range affected {
-		var list []*override
-		if old != nil {
-			// The overrides it had, unless changed or deleted.
-			if oa := old.ids[k.kind][k.value]; oa != nil {
-				for _, o := range oa.overrides {
-					if e := ls.overrides[o.id]; e != nil && e.o == o {
-						list = append(list, o)
-					}
-				}
-			}
-		}
-		list = append(list, fresh[k]...)
-		tier := ls.tiers[k]
-		if len(list) == 0 && tier == "" {
-			delete(ls.ids[k.kind], k.value)
-			continue
-		}
-		if len(list) > 1 {
-			slices.SortFunc(list, func(x, y *override) int {
-				return cmp.Or(cmp.Compare(y.version, x.version), strings.Compare(y.id, x.id))
-			})
-		}
-		if ls.ids[k.kind] == nil {
-			ls.ids[k.kind] = map[string]*Assignment{}
-		}
-		ls.ids[k.kind][k.value] = &Assignment{Kind: k.kind, Value: k.value, Tier: tier, layered: true,
-			overrides: list, base: p.assignments[k.kind][k.value]}
-	}
-}
-
 func identityKind(d Dimension) bool { return d == DimClient || d == DimUser || d == DimAPIKey }
 
 // decodeLayerRule decodes lr's spec with the decoder of the file's rules.
 func decodeLayerRule(lr *LayerRule, st *settings) (r *Rule, le *LayerError) {
+	return decodeLayerRuleWith(lr, st, true, nil)
+}
+
+// decodeLayerRuleWith is decodeLayerRule, reading a JSON spec without
+// yaml.v3 when fast is set and the spec allows it, into nodes from slab
+// (see jsonNode); the rule keeps none of them.
+func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool, slab *[]yaml.Node) (r *Rule, le *LayerError) {
 	defer func() {
 		// As Parse: a bad spec must not take the process down.
 		if v := recover(); v != nil {
@@ -440,12 +344,18 @@ func decodeLayerRule(lr *LayerRule, st *settings) (r *Rule, le *LayerError) {
 	bad := func(field, msg string) (*Rule, *LayerError) {
 		return nil, &LayerError{Object: "rule", ID: lr.ID, Field: field, Msg: msg}
 	}
-	var doc yaml.Node
-	more, err := unmarshal(lr.Spec, &doc)
-	if err != nil || more != nil {
-		return bad("", "not a JSON object")
+	doc, ok := (*yaml.Node)(nil), false
+	if fast {
+		doc, ok = jsonNode(lr.Spec, slab)
 	}
-	root := resolve(&doc)
+	if !ok {
+		doc = &yaml.Node{}
+		more, err := unmarshal(lr.Spec, doc)
+		if err != nil || more != nil {
+			return bad("", "not a JSON object")
+		}
+	}
+	root := resolve(doc)
 	if root != nil && root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
 		root = resolve(root.Content[0])
 	}
@@ -469,6 +379,17 @@ func decodeLayerRule(lr *LayerRule, st *settings) (r *Rule, le *LayerError) {
 	r = tmp.Rules[0]
 	if r.ID != lr.ID {
 		return bad("id", fmt.Sprintf("the spec's id %q is not the rule's id", r.ID))
+	}
+	// The spec's nodes place errors in a file; a layer rule's errors name
+	// its fields instead, and the policy need not keep the nodes.
+	forget := func(l *Limit) {
+		if l != nil && l.src != nil {
+			l.src.spec.node = nil
+		}
+	}
+	forget(r.Base)
+	for _, l := range r.byTier {
+		forget(l)
 	}
 	return r, nil
 }

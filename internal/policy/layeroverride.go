@@ -3,6 +3,7 @@
 package policy
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,89 +13,236 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-// sameParents reports whether the rules named by parents would still have
-// an override inherit from the same compiled limits under tier.
-func sameParents(parents map[string]*Limit, byID map[string]*Rule, tier string) bool {
-	for id, l := range parents {
-		r := byID[id]
-		if r == nil || r.LimitFor(tier, nil) != l {
+// override is a compiled LayerOverride.
+type override struct {
+	id        string
+	version   int64
+	expiresAt time.Time
+	// limits are by rule id, sorted: an override names few rules, and a
+	// short slice is both smaller and quicker to search than a map.
+	limits []ruleLimit
+}
+
+// ruleLimit is an override's limit of one rule: as written, as compiled,
+// and the rule's limit it inherited from.
+type ruleLimit struct {
+	rule   string
+	ll     LayerLimit
+	l      *Limit
+	parent *Limit
+}
+
+func (o *override) active(now time.Time) bool {
+	return o.expiresAt.IsZero() || now.Before(o.expiresAt)
+}
+
+// limit returns the override's limit of the rule id.
+func (o *override) limit(id string) (*Limit, bool) {
+	if len(o.limits) <= 8 {
+		for i := range o.limits {
+			if o.limits[i].rule == id {
+				return o.limits[i].l, true
+			}
+		}
+		return nil, false
+	}
+	i, ok := slices.BinarySearchFunc(o.limits, id, func(rl ruleLimit, id string) int { return strings.Compare(rl.rule, id) })
+	if !ok {
+		return nil, false
+	}
+	return o.limits[i].l, true
+}
+
+// sameParents reports whether the rules of o's limits would still have
+// them inherit from the same compiled limits under tier.
+func (o *override) sameParents(byID map[string]*Rule, tier string) bool {
+	for _, rl := range o.limits {
+		r := byID[rl.rule]
+		if r == nil || r.LimitFor(tier, nil) != rl.parent {
 			return false
 		}
 	}
 	return true
 }
 
-// compileOverride compiles lo's limits for an identity of tier, on the
-// typed path: each limit inherits the fields it leaves zero from the limit
-// the rule applies to the tier, and counts at the quantum of the rule's
-// limits of its algorithm and window, so that its key is theirs.
-func compileOverride(lo *LayerOverride, tier string, byID map[string]*Rule, st *settings) (*overrideEntry, *LayerError) {
-	bad := func(field, msg string) (*overrideEntry, *LayerError) {
-		return nil, &LayerError{Object: "override", ID: lo.ID, Field: field, Msg: msg}
-	}
-	e := &overrideEntry{version: lo.Version, tier: tier, parents: make(map[string]*Limit, len(lo.Limits)),
-		o: &override{id: lo.ID, version: lo.Version, expiresAt: lo.ExpiresAt, limits: make(map[string]*Limit, len(lo.Limits))}}
-	ids := make([]string, 0, len(lo.Limits))
-	for id := range lo.Limits {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		ll := lo.Limits[id]
-		f := "limits." + id
-		r := byID[id]
+// overrideCompiler compiles the overrides of one apply. Overrides whose
+// limits come out equal (algorithm, limit, window, burst, and the rule's
+// quantum, failure mode and instances) share one compiled limit: compiled
+// limits are immutable, and many identities get the same few values.
+type overrideCompiler struct {
+	st    *settings
+	byID  map[string]*Rule
+	rules map[string]*ruleInfo
+	cache map[overrideKey]*Limit
+}
+
+// ruleInfo is what compiling overrides asks of a rule, kept as they ask:
+// the limits it applies by tier, and the quantum of its limits by
+// algorithm and window.
+type ruleInfo struct {
+	r       *Rule
+	parents []tierLimit
+	quanta  []quantum
+}
+
+type tierLimit struct {
+	tier string
+	l    *Limit
+}
+
+type quantum struct {
+	alg    sluice.Algorithm
+	window time.Duration
+	q      int64
+}
+
+func (c *overrideCompiler) rule(id string) *ruleInfo {
+	ri := c.rules[id]
+	if ri == nil {
+		r := c.byID[id]
 		if r == nil {
-			return bad(f, "unknown rule id")
+			return nil
 		}
-		parent := r.LimitFor(tier, nil)
+		if c.rules == nil {
+			c.rules = map[string]*ruleInfo{}
+		}
+		ri = &ruleInfo{r: r}
+		c.rules[id] = ri
+	}
+	return ri
+}
+
+func (ri *ruleInfo) parent(tier string) *Limit {
+	for _, p := range ri.parents {
+		if p.tier == tier {
+			return p.l
+		}
+	}
+	l := ri.r.LimitFor(tier, nil)
+	ri.parents = append(ri.parents, tierLimit{tier, l})
+	return l
+}
+
+func (ri *ruleInfo) quantum(alg sluice.Algorithm, w time.Duration) int64 {
+	for _, q := range ri.quanta {
+		if q.alg == alg && q.window == w {
+			return q.q
+		}
+	}
+	q := quantumOf(ri.r, alg, w)
+	ri.quanta = append(ri.quanta, quantum{alg, w, q})
+	return q
+}
+
+type overrideKey struct {
+	spec limitSpec
+	q    int64
+	fm   FailureMode
+	inst int64
+}
+
+// compile compiles an override of identity k, of the limits lls (sorted
+// by rule id), for an identity of tier, on the typed path: each limit
+// inherits the fields it leaves zero from the limit the rule applies to
+// the tier, and counts at the quantum of the rule's limits of its
+// algorithm and window, so that its key is theirs.
+func (c *overrideCompiler) compile(k identity, id string, version int64, expiresAt time.Time, lls []ruleLimit, tier string) (*overrideEntry, *LayerError) {
+	bad := func(field, msg string) (*overrideEntry, *LayerError) {
+		return nil, &LayerError{Object: "override", ID: id, Field: field, Msg: msg}
+	}
+	e := &overrideEntry{who: k, tier: tier}
+	o := &e.ov
+	e.o = o
+	if len(lls) == 1 {
+		o.limits = e.one[:] // one allocation for the most common override
+	} else {
+		o.limits = make([]ruleLimit, len(lls))
+	}
+	o.id, o.version, o.expiresAt = id, version, expiresAt
+	for i, rl := range lls {
+		ll := rl.ll
+		ri := c.rule(rl.rule)
+		if ri == nil {
+			return bad("limits."+rl.rule, "unknown rule id")
+		}
+		r, parent := ri.r, ri.parent(tier)
 		if parent == nil {
-			return bad(f, fmt.Sprintf("rule %q has no limit for tier %q", id, tier))
+			return bad("limits."+rl.rule, fmt.Sprintf("rule %q has no limit for tier %q", rl.rule, tier))
 		}
 		b := parent.Spec
 		spec := limitSpec{alg: b.Algorithm, limit: b.Limit, window: b.Window, burst: b.Burst, hasLim: true, hasWin: true, hasBur: b.Burst > 0}
 		if ll.Algorithm != "" {
 			a, err := sluice.ParseAlgorithm(ll.Algorithm)
 			if err != nil {
-				return bad(f+".algorithm", err.Error())
+				return bad("limits."+rl.rule+".algorithm", err.Error())
 			}
 			spec.alg = a
 		}
 		switch {
 		case ll.Limit < 0 || ll.Limit > sluice.MaxLimit:
-			return bad(f+".limit", fmt.Sprintf("must be between 1 and %d, got %d", int64(sluice.MaxLimit), ll.Limit))
+			return bad("limits."+rl.rule+".limit", fmt.Sprintf("must be between 1 and %d, got %d", int64(sluice.MaxLimit), ll.Limit))
 		case ll.Limit > 0:
 			spec.limit = ll.Limit
 		}
 		switch {
 		case ll.Window < 0 || ll.Window > sluice.MaxWindow || ll.Window%time.Microsecond != 0:
-			return bad(f+".window", fmt.Sprintf("must be a whole number of microseconds up to %s, got %s", sluice.MaxWindow, ll.Window))
+			return bad("limits."+rl.rule+".window", fmt.Sprintf("must be a whole number of microseconds up to %s, got %s", sluice.MaxWindow, ll.Window))
 		case ll.Window > 0:
 			spec.window = ll.Window
 		}
 		switch {
 		case ll.Burst < 0 || ll.Burst > sluice.MaxLimit:
-			return bad(f+".burst", fmt.Sprintf("must be between 1 and %d, got %d", int64(sluice.MaxLimit), ll.Burst))
+			return bad("limits."+rl.rule+".burst", fmt.Sprintf("must be between 1 and %d, got %d", int64(sluice.MaxLimit), ll.Burst))
 		case ll.Burst > 0:
 			spec.burst, spec.hasBur = ll.Burst, true
 		}
-		q := int64(1)
-		for _, rl := range r.Limits() {
-			if rl.Spec.Algorithm == spec.alg && rl.Spec.Window == spec.window {
-				q = max(q, rl.Params[0].Quantum)
-			}
-		}
-		d := &decoder{file: "override"}
-		l := d.compile(spec, st, r.FailureMode, r.ExpectedInstances, f, q)
+		q := ri.quantum(spec.alg, spec.window)
+		k := overrideKey{spec: spec, q: q, fm: r.FailureMode, inst: r.ExpectedInstances}
+		l := c.cache[k]
 		if l == nil {
-			msg := "cannot be compiled"
-			var ce *ConfigError
-			if len(d.errs) > 0 && errors.As(d.errs[0], &ce) {
-				msg = strings.TrimPrefix(ce.Msg, f+": ")
+			f := "limits." + rl.rule
+			d := &decoder{file: "override"}
+			if l = d.compile(spec, c.st, r.FailureMode, r.ExpectedInstances, f, q); l == nil {
+				msg := "cannot be compiled"
+				var ce *ConfigError
+				if len(d.errs) > 0 && errors.As(d.errs[0], &ce) {
+					msg = strings.TrimPrefix(ce.Msg, f+": ")
+				}
+				return bad(f, msg)
 			}
-			return bad(f, msg)
+			if c.cache == nil {
+				c.cache = map[overrideKey]*Limit{}
+			}
+			c.cache[k] = l
 		}
-		e.parents[id] = parent
-		e.o.limits[id] = l
+		o.limits[i] = ruleLimit{rule: rl.rule, ll: ll, l: l, parent: parent}
 	}
 	return e, nil
+}
+
+// quantumOf returns the coarsest quantum of r's limits of algorithm alg
+// and window w (1 when none), at which an override of them must count to
+// share their keys.
+func quantumOf(r *Rule, alg sluice.Algorithm, w time.Duration) int64 {
+	q := int64(1)
+	add := func(l *Limit) {
+		if l != nil && l.Spec.Algorithm == alg && l.Spec.Window == w {
+			q = max(q, l.Params[0].Quantum)
+		}
+	}
+	add(r.Base)
+	for _, l := range r.byTier {
+		add(l)
+	}
+	return q
+}
+
+// layerLimits appends lo's limits to out, sorted by rule id, as compile
+// takes them.
+func layerLimits(lo *LayerOverride, out []ruleLimit) []ruleLimit {
+	for id, ll := range lo.Limits {
+		out = append(out, ruleLimit{rule: id, ll: ll})
+	}
+	slices.SortFunc(out, func(a, b ruleLimit) int { return cmp.Compare(a.rule, b.rule) })
+	return out
 }

@@ -424,14 +424,15 @@ func (p *Policy) Limits() []*Limit {
 		dom.root.limits(&out)
 	}
 	if p.layer != nil {
-		for _, m := range p.layer.ids {
-			for _, a := range m {
+		for i := range p.layer.ids {
+			p.layer.ids[i].all(func(_ string, a *Assignment) bool {
 				for _, o := range a.overrides {
-					for _, l := range o.limits {
-						out = append(out, l)
+					for _, rl := range o.limits {
+						out = append(out, rl.l)
 					}
 				}
-			}
+				return true
+			})
 		}
 	}
 	return out
@@ -456,7 +457,7 @@ func (p *Policy) Lookup(r *Request, now time.Time) (tier string, a *Assignment) 
 			continue
 		}
 		if p.layer != nil {
-			if la := p.layer.ids[d][v]; la != nil {
+			if la, _ := p.layer.ids[d].get(v); la != nil {
 				if t, ok := la.tierAt(now); ok {
 					if t == "" {
 						t = p.DefaultTier
