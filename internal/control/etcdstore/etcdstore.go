@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -37,13 +38,18 @@ type Options struct {
 	RequestTimeout time.Duration
 	// TLS, when set, secures the connections.
 	TLS *tls.Config
+	// CAFile is a PEM file of the CAs that sign etcd's certificates,
+	// trusted instead of the system's roots. CertFile and KeyFile are the
+	// PEM files of a client certificate and its key, for an etcd that
+	// requires one (--client-cert-auth). They need TLS.
+	CAFile, CertFile, KeyFile string
 	// Username and Password authenticate, when Username is set.
 	Username, Password string
 }
 
 // ParseURL reads the store's URL: etcd://host:2379,host2:2379/prefix/
-// (etcds:// for TLS with the system's roots; user:password@ to
-// authenticate). The prefix defaults to DefaultPrefix.
+// (etcds:// for TLS, with the system's roots unless Options.CAFile names
+// others; user:password@ to authenticate). The prefix defaults to DefaultPrefix.
 func ParseURL(s string) (Options, error) {
 	u, err := url.Parse(s)
 	if err != nil {
@@ -78,18 +84,26 @@ func ParseURL(s string) (Options, error) {
 
 // Store is a control.Backend in etcd. It is safe for concurrent use.
 type Store struct {
-	cli     *clientv3.Client
-	prefix  string
-	timeout time.Duration
+	cli       *clientv3.Client
+	prefix    string
+	timeout   time.Duration
+	endpoints []string    // host:port
+	tls       *tls.Config // nil: plain connections
 
 	mu     sync.Mutex
 	leases map[string]clientv3.LeaseID // registered keys
 }
 
-// Open connects to etcd; it does not wait for etcd to answer.
+// Open connects to etcd. It does not wait for etcd to answer, except
+// with a Username: etcd's client then authenticates before it returns,
+// for at most DialTimeout, and a wrong password is an error of Open.
 func Open(o Options) (*Store, error) {
 	if len(o.Endpoints) == 0 {
 		return nil, errors.New("etcdstore: no endpoints")
+	}
+	tc, err := tlsConfig(o)
+	if err != nil {
+		return nil, err
 	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
@@ -105,7 +119,7 @@ func Open(o Options) (*Store, error) {
 		eps[i] = strings.TrimPrefix(strings.TrimPrefix(e, "http://"), "https://")
 	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: eps, DialTimeout: o.DialTimeout, TLS: o.TLS,
+		Endpoints: eps, DialTimeout: o.DialTimeout, TLS: tc,
 		Username: o.Username, Password: o.Password,
 		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 2 * time.Second,
 		Logger: zap.NewNop(),
@@ -117,12 +131,20 @@ func Open(o Options) (*Store, error) {
 		})},
 	})
 	if err != nil {
+		if errors.Is(err, rpctypes.ErrAuthFailed) {
+			return nil, fmt.Errorf("etcdstore: user %q: %w", o.Username, err)
+		}
 		return nil, fmt.Errorf("etcdstore: %w: %w", control.ErrUnavailable, err)
 	}
-	return &Store{cli: cli, prefix: o.Prefix, timeout: o.RequestTimeout, leases: map[string]clientv3.LeaseID{}}, nil
+	return &Store{cli: cli, prefix: o.Prefix, timeout: o.RequestTimeout, endpoints: eps, tls: tc, leases: map[string]clientv3.LeaseID{}}, nil
 }
 
-func unavailable(err error) error {
+// unavailable wraps the error of a call etcd did not answer, with the
+// reason a TLS connection fails when that is why.
+func (s *Store) unavailable(err error) error {
+	if herr := s.diagnoseTLS(err); herr != nil {
+		return fmt.Errorf("etcdstore: %w: %w (%w)", control.ErrUnavailable, err, herr)
+	}
 	return fmt.Errorf("etcdstore: %w: %w", control.ErrUnavailable, err)
 }
 
@@ -132,7 +154,7 @@ func (s *Store) Get(ctx context.Context, prefix string) ([]control.KV, int64, er
 	defer cancel()
 	resp, err := s.cli.Get(ctx, s.prefix+prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 	if err != nil {
-		return nil, 0, unavailable(err)
+		return nil, 0, s.unavailable(err)
 	}
 	out := make([]control.KV, len(resp.Kvs))
 	for i, kv := range resp.Kvs {
@@ -162,7 +184,7 @@ func (s *Store) Txn(ctx context.Context, ops []control.Op) (int64, error) {
 	}
 	resp, err := s.cli.Txn(ctx).If(cmps...).Then(writes...).Else(reads...).Commit()
 	if err != nil {
-		return 0, unavailable(err)
+		return 0, s.unavailable(err)
 	}
 	if resp.Succeeded {
 		return resp.Header.Revision, nil
@@ -199,7 +221,7 @@ func (s *Store) Watch(ctx context.Context, prefix string, fromRev int64) <-chan 
 			case resp.CompactRevision != 0:
 				r = control.WatchResponse{Revision: resp.CompactRevision, Compacted: true}
 			case resp.Err() != nil:
-				r = control.WatchResponse{Err: unavailable(resp.Err())}
+				r = control.WatchResponse{Err: s.unavailable(resp.Err())}
 			case len(resp.Events) == 0:
 				continue // progress notices
 			default:
@@ -236,12 +258,12 @@ func (s *Store) Register(ctx context.Context, key string, value []byte, ttl time
 		secs := max(int64(ttl/time.Second), 2)
 		g, err := s.cli.Grant(rctx, secs)
 		if err != nil {
-			return unavailable(err)
+			return s.unavailable(err)
 		}
 		id = g.ID
 		alive, err := s.cli.KeepAlive(ctx, id)
 		if err != nil {
-			return unavailable(err)
+			return s.unavailable(err)
 		}
 		s.mu.Lock()
 		s.leases[k] = id
@@ -249,7 +271,7 @@ func (s *Store) Register(ctx context.Context, key string, value []byte, ttl time
 		go s.keep(ctx, k, id, alive)
 	}
 	if _, err := s.cli.Put(rctx, k, string(value), clientv3.WithLease(id)); err != nil {
-		return unavailable(err)
+		return s.unavailable(err)
 	}
 	return nil
 }
