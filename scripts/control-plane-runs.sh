@@ -16,7 +16,9 @@
 # Environment: RULES (10000), KEYS (client ids, 100000: key k checks the
 # rule of resource k mod RULES), ROUNDS (3), DURATION (10s), CONCURRENCY
 # (64), TARGET (http or grpc, default http), SERVER_PROCS (GOMAXPROCS of
-# both servers; empty: Go's default). The admin API allows each token 100
+# both servers; empty: Go's default), PROFILE (a directory: each run also
+# writes the server's CPU profile there, NAME-ROUND.pprof, taken over the
+# run's duration less a second). The admin API allows each token 100
 # writes a minute, so the rules are written with one token per 100 rules.
 set -euo pipefail
 if [ $# -gt 0 ]; then
@@ -41,6 +43,7 @@ DURATION=${DURATION:-10s}
 CONCURRENCY=${CONCURRENCY:-64}
 TARGET=${TARGET:-http}
 SERVER_PROCS=${SERVER_PROCS:-}
+PROFILE=${PROFILE:-}
 case $TARGET in http|grpc) ;; *) echo "TARGET must be http or grpc" >&2; exit 2;; esac
 mkdir -p bin
 go build -o bin/sluice ./cmd/sluice
@@ -49,9 +52,9 @@ out=$(mktemp -d)
 EP=""; FP=""; CP=""
 trap 'kill $FP $CP $EP 2>/dev/null; wait $FP $CP $EP 2>/dev/null; rm -rf "$out"' EXIT
 
-# Eight free loopback ports: etcd's client and peer, then HTTP and gRPC of
-# each instance.
-read -r ETCD PEER FHTTP FGRPC CHTTP CGRPC _ _ < <(python3 -c '
+# Eight free loopback ports: etcd's client and peer, then HTTP, gRPC and
+# debug (pprof) of each instance.
+read -r ETCD PEER FHTTP FGRPC CHTTP CGRPC FDEBUG CDEBUG < <(python3 -c '
 import socket
 ss = [socket.socket() for _ in range(8)]
 for s in ss: s.bind(("127.0.0.1", 0))
@@ -86,10 +89,15 @@ EP=$!
 for _ in $(seq 300); do grep -qx ready "$out/etcd.log" && break; sleep 0.1; done
 grep -qx ready "$out/etcd.log" || { cat "$out/etcd.log"; exit 1; }
 procs=(); [ -n "$SERVER_PROCS" ] && procs=(GOMAXPROCS="$SERVER_PROCS")
-env "${procs[@]}" bin/sluice serve --config "$out/rules.yaml" --log-level warn \
+fdebug=(); cdebug=()
+if [ -n "$PROFILE" ]; then
+  mkdir -p "$PROFILE"
+  fdebug=(--debug-addr 127.0.0.1:$FDEBUG); cdebug=(--debug-addr 127.0.0.1:$CDEBUG)
+fi
+env "${procs[@]}" bin/sluice serve --config "$out/rules.yaml" --log-level warn "${fdebug[@]}" \
   --http-addr 127.0.0.1:$FHTTP --grpc-addr 127.0.0.1:$FGRPC 2>"$out/file.log" &
 FP=$!
-env "${procs[@]}" bin/sluice serve --config "$out/empty.yaml" --log-level warn \
+env "${procs[@]}" bin/sluice serve --config "$out/empty.yaml" --log-level warn "${cdebug[@]}" \
   --config-store etcd://127.0.0.1:$ETCD/sluice-bench --data-dir "$out/data" --admin-tokens "$out/tokens.yaml" \
   --http-addr 127.0.0.1:$CHTTP --grpc-addr 127.0.0.1:$CGRPC 2>"$out/etcd-instance.log" &
 CP=$!
@@ -149,13 +157,21 @@ PY
 
 cpu() { awk '{print $14+$15}' /proc/$1/stat; } # clock ticks
 tck=$(getconf CLK_TCK)
-run() { # name pid http-port grpc-port
+run() { # name pid http-port grpc-port debug-port round
   local name=$1 pid=$2 addr=127.0.0.1:$3
   [ "$TARGET" = grpc ] && addr=127.0.0.1:$4
+  local prof=""
+  if [ -n "$PROFILE" ]; then
+    local secs; secs=$(python3 -c 'import re, sys; m = re.fullmatch(r"(\d+)s", sys.argv[1]); print(max(int(m.group(1)) - 1, 1) if m else 5)' "$DURATION")
+    python3 -c 'import sys, urllib.request; open(sys.argv[2], "wb").write(urllib.request.urlopen(sys.argv[1], timeout=120).read())' \
+      "http://127.0.0.1:$5/debug/pprof/profile?seconds=$secs" "$PROFILE/$name-$6.pprof" &
+    prof=$!
+  fi
   local c0; c0=$(cpu "$pid")
   bin/sluice load --target "$TARGET" --addr "$addr" --duration "$DURATION" --concurrency "$CONCURRENCY" \
     --keys "$KEYS" --resource /api/v1/orders --resources "$RULES" --json >"$out/run.json" || true
   local c1; c1=$(cpu "$pid")
+  [ -n "$prof" ] && wait "$prof"
   python3 - "$out/run.json" "$name" $((c1 - c0)) "$tck" <<'PY' | tee -a "$out/runs.txt"
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -169,9 +185,9 @@ echo "$RULES rules, $TARGET, $CONCURRENCY callers, $KEYS keys, $DURATION per run
 for round in $(seq "$ROUNDS"); do
   # Alternate which goes first, so that a drift of the machine falls on both.
   if [ $((round % 2)) = 1 ]; then
-    run file $FP $FHTTP $FGRPC; run etcd $CP $CHTTP $CGRPC
+    run file $FP $FHTTP $FGRPC $FDEBUG "$round"; run etcd $CP $CHTTP $CGRPC $CDEBUG "$round"
   else
-    run etcd $CP $CHTTP $CGRPC; run file $FP $FHTTP $FGRPC
+    run etcd $CP $CHTTP $CGRPC $CDEBUG "$round"; run file $FP $FHTTP $FGRPC $FDEBUG "$round"
   fi
 done
 python3 - "$out/runs.txt" <<'PY'
