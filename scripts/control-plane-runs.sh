@@ -18,7 +18,8 @@
 # (64), TARGET (http or grpc, default http), SERVER_PROCS (GOMAXPROCS of
 # both servers; empty: Go's default), PROFILE (a directory: each run also
 # writes the server's CPU profile there, NAME-ROUND.pprof, taken over the
-# run's duration less a second). The admin API allows each token 100
+# run's duration less a second, and after the runs each server's heap
+# profile, NAME.heap). The admin API allows each token 100
 # writes a minute, so the rules are written with one token per 100 rules.
 set -euo pipefail
 if [ $# -gt 0 ]; then
@@ -190,6 +191,12 @@ for round in $(seq "$ROUNDS"); do
     run etcd $CP $CHTTP $CGRPC $CDEBUG "$round"; run file $FP $FHTTP $FGRPC $FDEBUG "$round"
   fi
 done
+if [ -n "$PROFILE" ]; then
+  for nd in file:$FDEBUG etcd:$CDEBUG; do
+    python3 -c 'import sys, urllib.request; open(sys.argv[2], "wb").write(urllib.request.urlopen(sys.argv[1], timeout=60).read())' \
+      "http://127.0.0.1:${nd#*:}/debug/pprof/heap?gc=1" "$PROFILE/${nd%%:*}.heap"
+  done
+fi
 python3 - "$out/runs.txt" <<'PY'
 import statistics, sys
 runs = {}
