@@ -166,3 +166,42 @@ func check(t *testing.T, err error, want string) {
 		t.Errorf("error %q does not say %q", err, want)
 	}
 }
+
+// An authenticating store opened while etcd is down is opened all the
+// same (an instance then serves its data directory's copy), fails its
+// calls as unavailable, and works once etcd is back.
+func TestAuthEtcdDownAtOpen(t *testing.T) {
+	srv := variant(t, "auth")
+	srv.Stop()
+	stopped := true
+	t.Cleanup(func() {
+		if stopped {
+			srv.Start()
+		}
+	})
+	o := options(t, "etcd://root:s3cret%20pass@"+srv.Endpoint()+srv.Prefix())
+	o.DialTimeout = 500 * time.Millisecond
+	s, err := etcdstore.Open(o)
+	if err != nil {
+		t.Fatalf("Open with etcd down: %v, want a store", err)
+	}
+	defer s.Close()
+	if _, _, err := s.Get(context.Background(), "k"); !errors.Is(err, control.ErrUnavailable) {
+		t.Fatalf("Get with etcd down: %v, want ErrUnavailable", err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, _, err := s.Get(context.Background(), "k")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Get 10s after etcd's return: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
