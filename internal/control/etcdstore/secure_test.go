@@ -8,7 +8,11 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"github.com/sluicehq/sluice/internal/control"
+	"github.com/sluicehq/sluice/internal/control/backendtest"
 	"github.com/sluicehq/sluice/internal/control/etcdstore"
 	"github.com/sluicehq/sluice/internal/control/etcdtest"
 )
@@ -205,3 +209,40 @@ func TestAuthEtcdDownAtOpen(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestAuthPrefixUser runs the conformance suite as a user whose role may
+// read and write the store's prefix and nothing else, as docs/operations.md
+// advises: Sluice needs no more.
+func TestAuthPrefixUser(t *testing.T) {
+	srv := variant(t, "auth")
+	root, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint()}, Username: "root", Password: rootPassword,
+		DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	ctx := context.Background()
+	backendtest.Run(t, func(t *testing.T) control.Backend {
+		prefix := srv.Prefix()
+		name := strings.Trim(prefix, "/")
+		for _, err := range []error{
+			second(root.RoleAdd(ctx, name)),
+			second(root.RoleGrantPermission(ctx, name, prefix, clientv3.GetPrefixRangeEnd(prefix), clientv3.PermissionType(clientv3.PermReadWrite))),
+			second(root.UserAdd(ctx, name, "pw-"+name)),
+			second(root.UserGrantRole(ctx, name, name)),
+		} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		o := options(t, "etcd://"+name+":pw-"+name+"@"+srv.Endpoint()+prefix)
+		s, err := etcdstore.Open(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
+func second[T any](_ T, err error) error { return err }
