@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +23,16 @@ var etcd struct {
 	once sync.Once
 	srv  *etcdtest.Server
 	err  error
+}
+
+// TestMain stops the package's etcd server, if a test started it: the
+// process would outlive the tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if etcd.srv != nil {
+		etcd.srv.Close()
+	}
+	os.Exit(code)
 }
 
 func etcdServer(t *testing.T) *etcdtest.Server {
