@@ -206,3 +206,56 @@ func TestEnsurePromtool(t *testing.T) {
 		})
 	}
 }
+
+// TestRunScriptsParse checks the syntax of the scripts that run servers
+// (bash -n), which only a long run would otherwise exercise.
+func TestRunScriptsParse(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skipf("bash not found: %v", err)
+	}
+	for _, s := range []string{"control-plane-runs.sh", "load-runs.sh", "redis-cpu-runs.sh"} {
+		if out, err := exec.Command(bash, "-n", s).CombinedOutput(); err != nil {
+			t.Errorf("bash -n %s: %v\n%s", s, err, out)
+		}
+	}
+}
+
+// TestControlPlaneRunsHelp checks that control-plane-runs.sh explains
+// itself with --help, builds and starts nothing then, and refuses other
+// arguments.
+func TestControlPlaneRunsHelp(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("the scripts are for Unix")
+	}
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skipf("bash not found: %v", err)
+	}
+	for _, tt := range []struct {
+		arg      string
+		wantCode int
+		want     string
+	}{
+		{"--help", 0, "Environment: RULES (10000)"},
+		{"--rounds", 2, "usage:"},
+	} {
+		// An empty PATH: go, python3 and the servers are not reached.
+		cmd := exec.Command(bash, "control-plane-runs.sh", tt.arg)
+		cmd.Env = []string{"PATH=" + t.TempDir()}
+		out, err := cmd.CombinedOutput()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != tt.wantCode || !strings.Contains(string(out), tt.want) {
+			t.Errorf("%s: exit code %d, want %d, output should say %q:\n%s", tt.arg, code, tt.wantCode, tt.want, out)
+		}
+		if strings.HasPrefix(string(out), "#") {
+			t.Errorf("%s: the help keeps its comment marks:\n%s", tt.arg, out)
+		}
+	}
+}

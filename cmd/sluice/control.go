@@ -17,6 +17,9 @@ import (
 func controlFlags(fs *flag.FlagSet) func(cfg *daemon.Config, w io.Writer) error {
 	dataDir := fs.String("data-dir", "", "local data directory: the control plane's rules, tiers, overrides and throttles when --config-store is empty (one instance), and the last configuration applied from etcd, served after a restart while etcd is down; empty with no --config-store: no control plane (the admin API says how to turn it on)")
 	store := fs.String("config-store", "", "the control plane's shared store for many instances: etcd://host:2379[,host:2379...][/prefix] (etcds:// for TLS; user:password@ for etcd's authentication)")
+	storeCA := fs.String("config-store-ca", "", "PEM file of the CAs that sign the etcds:// store's certificates, trusted instead of the system's roots")
+	storeCert := fs.String("config-store-cert", "", "PEM file of a client certificate for an etcds:// store that requires one (with --config-store-key)")
+	storeKey := fs.String("config-store-key", "", "PEM file of the key of --config-store-cert")
 	instance := fs.String("instance", "", "this instance's name in the control plane; empty: host name and process id")
 	region := fs.String("region", "", "this instance's region: for emergency throttles of scope region, and the name under which --sync shares its counts")
 	syncURL := fs.String("sync", "", "share the counts of global limits with the other regions through NATS JetStream: nats://host:4222[,nats://host:4222...]; needs --region (see docs/multi-region.md)")
@@ -26,6 +29,7 @@ func controlFlags(fs *flag.FlagSet) func(cfg *daemon.Config, w io.Writer) error 
 	requireToken := fs.Bool("require-check-token", false, "the check APIs (HTTP, gRPC, Envoy's) require a token of any role, as \"Authorization: Bearer TOKEN\"")
 	return func(cfg *daemon.Config, w io.Writer) error {
 		cfg.DataDir, cfg.ControlStore = *dataDir, *store
+		cfg.ControlCAFile, cfg.ControlCertFile, cfg.ControlKeyFile = *storeCA, *storeCert, *storeKey
 		cfg.Instance, cfg.Region, cfg.SyncURL = *instance, *region, *syncURL
 		if *syncPeers != "" {
 			cfg.SyncPeers = strings.Split(*syncPeers, ",")

@@ -54,6 +54,7 @@ Flags:
 	costs := fs.String("costs", "1", "cost mix cost:weight,... such as 1:90,5:9,10:1")
 	fs.StringVar(&cfg.KeyPrefix, "key-prefix", "load-", "prefix of the key names; empty: the key numbers alone")
 	fs.StringVar(&cfg.Resource, "resource", "/api/v1/orders", "resource of http and grpc checks; empty: checks that name none")
+	fs.IntVar(&cfg.Resources, "resources", 0, "spread single checks over this many resources: key k checks resource/(k mod N), for a policy of one rule per resource (http and grpc); 0: --resource alone")
 	fs.IntVar(&cfg.Batch, "batch", 0, "send all-or-nothing batches of this many checks of one key to resource/0, resource/1, ... (http and grpc)")
 	fs.StringVar(&cfg.Domain, "domain", "sluice", "Envoy domain")
 	fs.StringVar(&cfg.DescriptorKey, "descriptor-key", "client_id", "Envoy descriptor entry key; the value is the key name")

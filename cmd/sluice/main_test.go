@@ -228,3 +228,28 @@ func TestServeRefusesNegativeShutdownTimeout(t *testing.T) {
 		t.Errorf("serve --shutdown-timeout -1s: %v, %q; want exit 2 and an error naming the flag", err, out)
 	}
 }
+
+// The TLS files of the control plane's store reach it: refused with an
+// etcd:// URL, and a certificate without its key is refused at start.
+func TestServeConfigStoreTLSFlags(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--config-store", "etcd://127.0.0.1:1", "--config-store-ca", filepath.Join(dir, "ca.pem")}, "use an etcds:// URL"},
+		{[]string{"--config-store", "etcds://127.0.0.1:1", "--config-store-ca", filepath.Join(dir, "ca.pem")}, "CA file"},
+		{[]string{"--config-store", "etcds://127.0.0.1:1", "--config-store-cert", filepath.Join(dir, "c.pem")}, "its key file"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		args := append([]string{"serve", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--data-dir", dir}, tc.args...)
+		cmd := exec.CommandContext(ctx, os.Args[0], args...)
+		cmd.Env = append(os.Environ(), "SLUICE_TEST_MAIN=1")
+		out, err := cmd.CombinedOutput()
+		cancel()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || !strings.Contains(string(out), tc.want) {
+			t.Errorf("serve %q: %v, %q; want a failure saying %q", tc.args, err, out, tc.want)
+		}
+	}
+}

@@ -45,6 +45,7 @@ func openBackend(cfg *Config) (control.Backend, error) {
 	if cfg.ControlTLS != nil {
 		ec.TLS = cfg.ControlTLS
 	}
+	ec.CAFile, ec.CertFile, ec.KeyFile = cfg.ControlCAFile, cfg.ControlCertFile, cfg.ControlKeyFile
 	s, err := etcdstore.Open(ec)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: --config-store: %w", err)

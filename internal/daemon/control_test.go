@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +23,19 @@ var etcd struct {
 	once sync.Once
 	srv  *etcdtest.Server
 	err  error
+}
+
+// TestMain stops the package's etcd server, if a test started it: the
+// process would outlive the tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if etcd.srv != nil {
+		etcd.srv.Close()
+	}
+	if natsSrv.srv != nil {
+		natsSrv.srv.Close()
+	}
+	os.Exit(code)
 }
 
 func etcdServer(t *testing.T) *etcdtest.Server {
@@ -257,4 +271,35 @@ func TestControlPlaneEtcdDown(t *testing.T) {
 		t.Fatalf("a write once etcd is back: %d %s", status, resp)
 	}
 	propagation(t, ds, "c", "bob", "/api/x", 500, time.Now())
+}
+
+// TestControlPlaneSecureEtcd runs an instance on an etcd that requires
+// TLS, a client certificate and a user: the flags' files and the URL's
+// user reach the store, and a rule written through the admin API is
+// applied.
+func TestControlPlaneSecureEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd")
+	}
+	srv, err := etcdtest.StartConfig(etcdtest.Config{TLS: true, ClientCerts: true, RootPassword: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	token, _, err := auth.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := start(t, controlPolicy, func(c *daemon.Config) {
+		c.ControlStore = "etcds://root:pw@" + srv.Endpoint() + "/secure"
+		c.ControlCAFile, c.ControlCertFile, c.ControlKeyFile = srv.CAFile(), srv.ClientCertFile(), srv.ClientKeyFile()
+		c.DataDir = t.TempDir()
+		c.AdminToken = token
+	})
+	t0 := time.Now()
+	body := `{"match":{"resource":"/extra"},"dimension":"user","algorithm":"fixed_window","limit":1234,"window":"1m"}`
+	if status, resp := adminDo(t, "PUT", d.base+"/api/v1/rules/extra", token, body); status/100 != 2 {
+		t.Fatalf("PUT rule: %d %s", status, resp)
+	}
+	propagation(t, []*testDaemon{d}, "c", "u", "/extra", 1234, t0)
 }

@@ -185,8 +185,16 @@ type Config struct {
 	// etcd://host:2379[,host:2379...][/prefix] (etcds:// for TLS, with
 	// ControlTLS); empty keeps the objects in DataDir.
 	ControlStore string
-	// ControlTLS is the TLS configuration to reach an etcds:// store.
+	// ControlTLS is the TLS configuration to reach an etcds:// store;
+	// nil means TLS 1.2 or later with the system's roots.
 	ControlTLS *tls.Config
+	// ControlCAFile is a PEM file of the CAs of an etcds:// store's
+	// certificates, trusted instead of the system's roots; empty: those
+	// of ControlTLS.
+	ControlCAFile string
+	// ControlCertFile and ControlKeyFile are the PEM files of a client
+	// certificate and its key, for an etcds:// store that requires one.
+	ControlCertFile, ControlKeyFile string
 	// Instance names this instance in the control plane (GET
 	// /api/v1/configs/{id} lists those that lag); empty means host
 	// name and process id.

@@ -111,7 +111,7 @@ func (h *httpCaller) call(ctx context.Context, w *worker, key int, cost int64) (
 		b = append(b, "]}"...)
 	} else {
 		b = append(b, `,"resource":`...)
-		b = strconv.AppendQuote(b, cfg.Resource)
+		b = strconv.AppendQuote(b, h.r.resource(key))
 		b = append(b, `,"cost":`...)
 		b = strconv.AppendInt(b, cost, 10)
 		b = append(b, '}')
@@ -175,20 +175,21 @@ func (g *grpcCaller) call(ctx context.Context, w *worker, key int, cost int64) (
 		}
 		return resp.GetAllowed(), nil
 	}
-	resp, err := c.CheckRateLimit(ctx, w.checkRequest(cfg, g.r.keyNames[key], cost))
+	resp, err := c.CheckRateLimit(ctx, w.checkRequest(g.r.resource(key), g.r.keyNames[key], cost))
 	if err != nil {
 		return false, err
 	}
 	return resp.GetAllowed(), nil
 }
 
-// checkRequest returns w's CheckRequest, set for key and cost. A unary
-// call has marshalled its request when it returns, so one message serves
-// all of w's calls.
-func (w *worker) checkRequest(cfg *Config, key string, cost int64) *sluicev1.CheckRequest {
+// checkRequest returns w's CheckRequest, set for resource, key and cost.
+// A unary call has marshalled its request when it returns, so one message
+// serves all of w's calls.
+func (w *worker) checkRequest(resource, key string, cost int64) *sluicev1.CheckRequest {
 	if w.grpcReq == nil {
-		w.grpcReq = &sluicev1.CheckRequest{Resource: cfg.Resource, Cost: new(int64)}
+		w.grpcReq = &sluicev1.CheckRequest{Cost: new(int64)}
 	}
+	w.grpcReq.Resource = resource
 	w.grpcReq.ClientId = key
 	*w.grpcReq.Cost = cost
 	return w.grpcReq

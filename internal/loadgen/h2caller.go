@@ -90,7 +90,7 @@ func (h *h2Caller) message(w *worker, key int, cost int64) proto.Message {
 	case cfg.Batch > 1:
 		return w.batchRequest(cfg, h.r.keyNames[key], cost)
 	}
-	return w.checkRequest(cfg, h.r.keyNames[key], cost)
+	return w.checkRequest(h.r.resource(key), h.r.keyNames[key], cost)
 }
 
 // verdict turns a reply's field 1 into the request's verdict.

@@ -151,6 +151,11 @@ type Config struct {
 	// that name none. With Batch, check i of a batch goes to
 	// Resource + "/" + i.
 	Resource string
+	// Resources, when above 1, spreads the checks over that many
+	// resources: a check of key k goes to Resource + "/" + (k mod
+	// Resources), so that a policy of one rule per resource sees its
+	// rules hit as the keys are drawn. Not with Batch.
+	Resources int
 	// Batch sends batches of this many checks of one key (HTTP and gRPC,
 	// all-or-nothing); 0 or 1 sends single checks.
 	Batch int
@@ -244,6 +249,12 @@ func (c *Config) defaults() error {
 	if c.Batch > 1 && c.Target == TargetEnvoy {
 		return errors.New("loadgen: batches are for the http and grpc targets")
 	}
+	if c.Resources < 0 || c.Resources > MaxKeys {
+		return fmt.Errorf("loadgen: resources %d: want 0 to %d", c.Resources, MaxKeys)
+	}
+	if c.Resources > 1 && (c.Batch > 1 || c.Target == TargetEnvoy) {
+		return errors.New("loadgen: resources are for single checks of the http and grpc targets")
+	}
 	if c.Domain == "" {
 		c.Domain = "sluice"
 	}
@@ -318,6 +329,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.keyNames = make([]string, cfg.Keys)
 	for i := range r.keyNames {
 		r.keyNames[i] = cfg.KeyPrefix + strconv.Itoa(i)
+	}
+	r.resources = []string{cfg.Resource}
+	if cfg.Resources > 1 {
+		r.resources = make([]string, cfg.Resources)
+		for i := range r.resources {
+			r.resources[i] = cfg.Resource + "/" + strconv.Itoa(i)
+		}
 	}
 	for _, c := range cfg.Costs {
 		r.costTotal += c.Weight

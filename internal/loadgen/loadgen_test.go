@@ -425,3 +425,52 @@ func TestAllAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestResources spreads checks over three resources of a rule each: key k
+// consumes from the rule of resource k mod 3 and from no other.
+func TestResources(t *testing.T) {
+	const limit = 1_000_000
+	var policy strings.Builder
+	policy.WriteString("version: 1\nrules:\n")
+	for i := range 3 {
+		fmt.Fprintf(&policy, "  - { id: r%d, match: { resource: \"/api/s/%d\" }, dimension: client, algorithm: fixed_window, limit: %d, window: 1h }\n", i, i, limit)
+	}
+	d := startPolicy(t, policy.String())
+	for _, target := range []string{loadgen.TargetHTTP, loadgen.TargetGRPC} {
+		t.Run(target, func(t *testing.T) {
+			addr := d.GRPCAddr()
+			if target == loadgen.TargetHTTP {
+				addr = d.HTTPAddr()
+			}
+			prefix := "spread-" + target + "-"
+			rep, err := loadgen.Run(t.Context(), loadgen.Config{Target: target, Addr: addr, Concurrency: 4, Requests: 300,
+				Keys: 6, KeyPrefix: prefix, Resource: "/api/s", Resources: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Errors != 0 || rep.Allowed != 300 {
+				t.Fatalf("allowed %d, errors %d %v; want 300, none", rep.Allowed, rep.Errors, rep.ErrorSamples)
+			}
+			for k := range 6 {
+				for res := range 3 {
+					resp, err := http.Get(fmt.Sprintf("http://%s/api/v1/status/%s%d?resource=/api/s/%d", d.HTTPAddr(), prefix, k, res))
+					if err != nil {
+						t.Fatal(err)
+					}
+					var status struct{ Limits []struct{ Remaining int64 } }
+					err = json.NewDecoder(resp.Body).Decode(&status)
+					resp.Body.Close()
+					if err != nil || len(status.Limits) != 1 {
+						t.Fatalf("status: %v, %+v", err, status)
+					}
+					if used := status.Limits[0].Remaining < limit; used != (res == k%3) {
+						t.Errorf("key %d, resource %d: consumed %v, want %v", k, res, used, res == k%3)
+					}
+				}
+			}
+		})
+	}
+	if _, err := loadgen.Run(t.Context(), loadgen.Config{Addr: d.HTTPAddr(), Resources: 3, Batch: 2}); !errors.Is(err, loadgen.ErrInvalidConfig) {
+		t.Errorf("resources with batches: %v, want ErrInvalidConfig", err)
+	}
+}

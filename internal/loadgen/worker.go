@@ -48,7 +48,11 @@ type run struct {
 	perKey    []atomic.Int64 // cost admitted per key
 	touched   []atomic.Bool  // keys that received a request
 	keyNames  []string
+	resources []string // by key mod its length
 }
+
+// resource returns the resource of a single check of key.
+func (r *run) resource(key int) string { return r.resources[key%len(r.resources)] }
 
 // burst sends one request from each worker, all released together once
 // every worker's goroutine runs, and returns the instant of the release.

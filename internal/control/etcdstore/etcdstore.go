@@ -11,8 +11,10 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -37,13 +39,18 @@ type Options struct {
 	RequestTimeout time.Duration
 	// TLS, when set, secures the connections.
 	TLS *tls.Config
+	// CAFile is a PEM file of the CAs that sign etcd's certificates,
+	// trusted instead of the system's roots. CertFile and KeyFile are the
+	// PEM files of a client certificate and its key, for an etcd that
+	// requires one (--client-cert-auth). They need TLS.
+	CAFile, CertFile, KeyFile string
 	// Username and Password authenticate, when Username is set.
 	Username, Password string
 }
 
 // ParseURL reads the store's URL: etcd://host:2379,host2:2379/prefix/
-// (etcds:// for TLS with the system's roots; user:password@ to
-// authenticate). The prefix defaults to DefaultPrefix.
+// (etcds:// for TLS, with the system's roots unless Options.CAFile names
+// others; user:password@ to authenticate). The prefix defaults to DefaultPrefix.
 func ParseURL(s string) (Options, error) {
 	u, err := url.Parse(s)
 	if err != nil {
@@ -78,18 +85,33 @@ func ParseURL(s string) (Options, error) {
 
 // Store is a control.Backend in etcd. It is safe for concurrent use.
 type Store struct {
-	cli     *clientv3.Client
-	prefix  string
-	timeout time.Duration
+	config    clientv3.Config
+	cli       atomic.Pointer[clientv3.Client] // nil until connected
+	closed    atomic.Bool
+	prefix    string
+	timeout   time.Duration
+	endpoints []string    // host:port
+	tls       *tls.Config // nil: plain connections
 
-	mu     sync.Mutex
-	leases map[string]clientv3.LeaseID // registered keys
+	mu       sync.Mutex
+	leases   map[string]clientv3.LeaseID // registered keys
+	failedAt time.Time                   // of the last failed connection, with
+	failErr  error                       // its error
 }
 
-// Open connects to etcd; it does not wait for etcd to answer.
+// Open connects to etcd; it does not wait for etcd to answer. With a
+// Username, etcd's client authenticates as it connects: Open tries once,
+// for at most DialTimeout, and fails on a wrong password; when etcd does
+// not answer, each call tries again, so that an instance started while
+// etcd is down serves what it has (the data directory's copy) until etcd
+// returns.
 func Open(o Options) (*Store, error) {
 	if len(o.Endpoints) == 0 {
 		return nil, errors.New("etcdstore: no endpoints")
+	}
+	tc, err := tlsConfig(o)
+	if err != nil {
+		return nil, err
 	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
@@ -104,8 +126,9 @@ func Open(o Options) (*Store, error) {
 	for i, e := range o.Endpoints {
 		eps[i] = strings.TrimPrefix(strings.TrimPrefix(e, "http://"), "https://")
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: eps, DialTimeout: o.DialTimeout, TLS: o.TLS,
+	s := &Store{prefix: o.Prefix, timeout: o.RequestTimeout, endpoints: eps, tls: tc, leases: map[string]clientv3.LeaseID{}}
+	s.config = clientv3.Config{
+		Endpoints: eps, DialTimeout: o.DialTimeout, TLS: tc,
 		Username: o.Username, Password: o.Password,
 		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 2 * time.Second,
 		Logger: zap.NewNop(),
@@ -115,24 +138,78 @@ func Open(o Options) (*Store, error) {
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: o.DialTimeout,
 		})},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("etcdstore: %w: %w", control.ErrUnavailable, err)
 	}
-	return &Store{cli: cli, prefix: o.Prefix, timeout: o.RequestTimeout, leases: map[string]clientv3.LeaseID{}}, nil
+	if _, err := s.client(); err != nil && (o.Username == "" || !errors.Is(err, control.ErrUnavailable)) {
+		return nil, err
+	}
+	return s, nil
 }
 
-func unavailable(err error) error {
+// redialAfter is how long after a failed connection the calls fail with
+// its error rather than try again: each try can take DialTimeout.
+const redialAfter = time.Second
+
+// client returns the etcd client, connecting first if no attempt has
+// succeeded yet (only with a Username can one fail for want of etcd).
+// Concurrent first calls may both connect; one client is kept.
+func (s *Store) client() (*clientv3.Client, error) {
+	if c := s.cli.Load(); c != nil {
+		return c, nil
+	}
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	s.mu.Lock()
+	failed, ferr := s.failedAt, s.failErr
+	s.mu.Unlock()
+	if ferr != nil && time.Since(failed) < redialAfter {
+		return nil, ferr
+	}
+	c, err := clientv3.New(s.config)
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrAuthFailed) {
+			err = fmt.Errorf("etcdstore: user %q: %w", s.config.Username, err)
+		} else {
+			err = s.unavailable(err)
+		}
+		s.mu.Lock()
+		s.failedAt, s.failErr = time.Now(), err
+		s.mu.Unlock()
+		return nil, err
+	}
+	if !s.cli.CompareAndSwap(nil, c) {
+		c.Close()
+		return s.cli.Load(), nil
+	}
+	if s.closed.Load() { // Close ran while this connected
+		c.Close()
+		return nil, errClosed
+	}
+	return c, nil
+}
+
+var errClosed = errors.New("etcdstore: closed")
+
+// unavailable wraps the error of a call etcd did not answer, with the
+// reason a TLS connection fails when that is why.
+func (s *Store) unavailable(err error) error {
+	if herr := s.diagnoseTLS(err); herr != nil {
+		return fmt.Errorf("etcdstore: %w: %w (%w)", control.ErrUnavailable, err, herr)
+	}
 	return fmt.Errorf("etcdstore: %w: %w", control.ErrUnavailable, err)
 }
 
 // Get implements control.Backend.
 func (s *Store) Get(ctx context.Context, prefix string) ([]control.KV, int64, error) {
+	cli, err := s.client()
+	if err != nil {
+		return nil, 0, err
+	}
 	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), s.timeout)
 	defer cancel()
-	resp, err := s.cli.Get(ctx, s.prefix+prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	resp, err := cli.Get(ctx, s.prefix+prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 	if err != nil {
-		return nil, 0, unavailable(err)
+		return nil, 0, s.unavailable(err)
 	}
 	out := make([]control.KV, len(resp.Kvs))
 	for i, kv := range resp.Kvs {
@@ -144,6 +221,10 @@ func (s *Store) Get(ctx context.Context, prefix string) ([]control.KV, int64, er
 // Txn implements control.Backend with one etcd transaction comparing the
 // versions of the keys its ops name.
 func (s *Store) Txn(ctx context.Context, ops []control.Op) (int64, error) {
+	cli, err := s.client()
+	if err != nil {
+		return 0, err
+	}
 	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), s.timeout)
 	defer cancel()
 	var cmps []clientv3.Cmp
@@ -160,9 +241,9 @@ func (s *Store) Txn(ctx context.Context, ops []control.Op) (int64, error) {
 			writes = append(writes, clientv3.OpPut(k, string(op.Value)))
 		}
 	}
-	resp, err := s.cli.Txn(ctx).If(cmps...).Then(writes...).Else(reads...).Commit()
+	resp, err := cli.Txn(ctx).If(cmps...).Then(writes...).Else(reads...).Commit()
 	if err != nil {
-		return 0, unavailable(err)
+		return 0, s.unavailable(err)
 	}
 	if resp.Succeeded {
 		return resp.Header.Revision, nil
@@ -191,15 +272,23 @@ func (s *Store) Watch(ctx context.Context, prefix string, fromRev int64) <-chan 
 	ch := make(chan control.WatchResponse, 1)
 	go func() {
 		defer close(ch)
+		cli, err := s.client()
+		if err != nil {
+			select {
+			case ch <- control.WatchResponse{Err: err}:
+			case <-ctx.Done():
+			}
+			return
+		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		defer cancel()
-		for resp := range s.cli.Watch(wctx, s.prefix+prefix, clientv3.WithPrefix(), clientv3.WithRev(fromRev)) {
+		for resp := range cli.Watch(wctx, s.prefix+prefix, clientv3.WithPrefix(), clientv3.WithRev(fromRev)) {
 			var r control.WatchResponse
 			switch {
 			case resp.CompactRevision != 0:
 				r = control.WatchResponse{Revision: resp.CompactRevision, Compacted: true}
 			case resp.Err() != nil:
-				r = control.WatchResponse{Err: unavailable(resp.Err())}
+				r = control.WatchResponse{Err: s.unavailable(resp.Err())}
 			case len(resp.Events) == 0:
 				continue // progress notices
 			default:
@@ -226,6 +315,10 @@ func (s *Store) Watch(ctx context.Context, prefix string, fromRev int64) <-chan 
 // kept alive until ctx ends, then revoked. When the lease is lost (etcd
 // unreachable for longer than ttl), the next Register takes a new one.
 func (s *Store) Register(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	cli, err := s.client()
+	if err != nil {
+		return err
+	}
 	k := s.prefix + key
 	s.mu.Lock()
 	id, ok := s.leases[k]
@@ -234,29 +327,29 @@ func (s *Store) Register(ctx context.Context, key string, value []byte, ttl time
 	defer cancel()
 	if !ok {
 		secs := max(int64(ttl/time.Second), 2)
-		g, err := s.cli.Grant(rctx, secs)
+		g, err := cli.Grant(rctx, secs)
 		if err != nil {
-			return unavailable(err)
+			return s.unavailable(err)
 		}
 		id = g.ID
-		alive, err := s.cli.KeepAlive(ctx, id)
+		alive, err := cli.KeepAlive(ctx, id)
 		if err != nil {
-			return unavailable(err)
+			return s.unavailable(err)
 		}
 		s.mu.Lock()
 		s.leases[k] = id
 		s.mu.Unlock()
-		go s.keep(ctx, k, id, alive)
+		go s.keep(ctx, cli, k, id, alive)
 	}
-	if _, err := s.cli.Put(rctx, k, string(value), clientv3.WithLease(id)); err != nil {
-		return unavailable(err)
+	if _, err := cli.Put(rctx, k, string(value), clientv3.WithLease(id)); err != nil {
+		return s.unavailable(err)
 	}
 	return nil
 }
 
 // keep drains the keep-alive answers of lease id; when they end it forgets
 // the lease and, if ctx ended, revokes it.
-func (s *Store) keep(ctx context.Context, k string, id clientv3.LeaseID, alive <-chan *clientv3.LeaseKeepAliveResponse) {
+func (s *Store) keep(ctx context.Context, cli *clientv3.Client, k string, id clientv3.LeaseID, alive <-chan *clientv3.LeaseKeepAliveResponse) {
 	for range alive {
 	}
 	s.mu.Lock()
@@ -267,11 +360,15 @@ func (s *Store) keep(ctx context.Context, k string, id clientv3.LeaseID, alive <
 	if ctx.Err() != nil {
 		rctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 		defer cancel()
-		_, _ = s.cli.Revoke(rctx, id)
+		_, _ = cli.Revoke(rctx, id)
 	}
 }
 
 // Close implements control.Backend.
 func (s *Store) Close() error {
-	return s.cli.Close()
+	s.closed.Store(true)
+	if c := s.cli.Load(); c != nil {
+		return c.Close()
+	}
+	return nil
 }

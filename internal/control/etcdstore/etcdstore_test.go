@@ -22,6 +22,7 @@ func TestMain(m *testing.M) {
 	server = s
 	code := m.Run()
 	s.Close()
+	closeVariants()
 	os.Exit(code)
 }
 

@@ -2,7 +2,8 @@
 // once from the tools module internal/tools/etcd into the user's cache
 // directory, on free ports of 127.0.0.1, with its data in a temporary
 // directory. Start one per test package in TestMain and give each test its
-// own key prefix.
+// own key prefix. StartConfig starts one over TLS, with a throwaway CA, or
+// with etcd's authentication on.
 package etcdtest
 
 import (
@@ -37,10 +38,25 @@ const installHint = "the tests build etcd from " + toolsModule + " into the user
 // in the user's cache.
 func binary() (string, error) { return testbin.Build(toolsModule, ".", "etcd-test") }
 
+// Config chooses how a server is started. The zero value serves plain
+// HTTP without authentication.
+type Config struct {
+	// TLS serves clients over TLS, with a certificate for 127.0.0.1 and
+	// localhost signed by a CA made for this server (Server.CAFile).
+	TLS bool
+	// ClientCerts, with TLS, requires clients to present a certificate
+	// signed by that CA (Server.ClientCertFile and ClientKeyFile).
+	ClientCerts bool
+	// RootPassword, when set, turns etcd's authentication on, with the
+	// user root of this password.
+	RootPassword string
+}
+
 // Server is a running (or stopped) etcd server.
 type Server struct {
 	bin, dir     string
 	client, peer string
+	cfg          Config
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -50,7 +66,10 @@ type Server struct {
 
 // Start builds the server if needed and starts it on free ports with a
 // new data directory.
-func Start() (*Server, error) {
+func Start() (*Server, error) { return StartConfig(Config{}) }
+
+// StartConfig is Start with the TLS and authentication of cfg.
+func StartConfig(cfg Config) (*Server, error) {
 	bin, err := binary()
 	if err != nil {
 		return nil, fmt.Errorf("etcdtest: no etcd server: %w\n%s", err, installHint)
@@ -59,15 +78,30 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	scheme := "http://"
+	if cfg.TLS {
+		scheme = "https://"
+		if err := writeCerts(dir); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
 	var last error
 	for range 3 { // a free port may be taken before the server listens
 		ports, err := freePorts(2)
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{bin: bin, dir: dir, client: "http://127.0.0.1:" + strconv.Itoa(ports[0]), peer: "http://127.0.0.1:" + strconv.Itoa(ports[1])}
+		s := &Server{bin: bin, dir: dir, cfg: cfg, client: scheme + "127.0.0.1:" + strconv.Itoa(ports[0]), peer: "http://127.0.0.1:" + strconv.Itoa(ports[1])}
 		if last = s.Start(); last == nil {
-			return s, nil
+			if cfg.RootPassword == "" {
+				return s, nil
+			}
+			if last = s.enableAuth(); last == nil {
+				return s, nil
+			}
+			s.Stop()
+			break
 		}
 		os.RemoveAll(filepath.Join(dir, "data"))
 	}
@@ -75,11 +109,31 @@ func Start() (*Server, error) {
 	return nil, fmt.Errorf("etcdtest: start etcd: %w", last)
 }
 
-// URL is the client URL, such as http://127.0.0.1:41234.
+// URL is the client URL, such as http://127.0.0.1:41234 (https with TLS).
 func (s *Server) URL() string { return s.client }
 
 // Endpoint is the client address, host:port.
-func (s *Server) Endpoint() string { return strings.TrimPrefix(s.client, "http://") }
+func (s *Server) Endpoint() string {
+	return strings.TrimPrefix(strings.TrimPrefix(s.client, "http://"), "https://")
+}
+
+// CAFile is the PEM file of the CA of a TLS server's certificate (and of
+// the client certificate); empty without TLS.
+func (s *Server) CAFile() string { return s.file(caFile) }
+
+// ClientCertFile and ClientKeyFile are the PEM files of a client
+// certificate the CA signed, and of its key; empty without TLS.
+func (s *Server) ClientCertFile() string { return s.file(clientCertFile) }
+
+// ClientKeyFile: see ClientCertFile.
+func (s *Server) ClientKeyFile() string { return s.file(clientKeyFile) }
+
+func (s *Server) file(name string) string {
+	if !s.cfg.TLS {
+		return ""
+	}
+	return filepath.Join(s.dir, name)
+}
 
 // Prefix returns a key prefix no other caller of this Server gets.
 func (s *Server) Prefix() string { return "/test" + strconv.FormatInt(s.n.Add(1), 10) + "/" }
@@ -92,7 +146,14 @@ func (s *Server) Start() error {
 	if s.cmd != nil {
 		return nil
 	}
-	cmd := exec.Command(s.bin, "-client", s.client, "-peer", s.peer, "-data-dir", filepath.Join(s.dir, "data"))
+	args := []string{"-client", s.client, "-peer", s.peer, "-data-dir", filepath.Join(s.dir, "data")}
+	if s.cfg.TLS {
+		args = append(args, "-cert-file", filepath.Join(s.dir, serverCertFile), "-key-file", filepath.Join(s.dir, serverKeyFile))
+		if s.cfg.ClientCerts {
+			args = append(args, "-trusted-ca-file", filepath.Join(s.dir, caFile))
+		}
+	}
+	cmd := exec.Command(s.bin, args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return err

@@ -2,7 +2,10 @@ module github.com/sluicehq/sluice/internal/tools/etcd
 
 go 1.26.8
 
-require go.etcd.io/etcd/server/v3 v3.7.3
+require (
+	go.etcd.io/etcd/client/pkg/v3 v3.7.3
+	go.etcd.io/etcd/server/v3 v3.7.3
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -34,7 +37,6 @@ require (
 	github.com/xiang90/probing v0.0.0-20221125231312-a49e3df8f510 // indirect
 	go.etcd.io/bbolt v1.5.0 // indirect
 	go.etcd.io/etcd/api/v3 v3.7.3 // indirect
-	go.etcd.io/etcd/client/pkg/v3 v3.7.3 // indirect
 	go.etcd.io/etcd/client/v3 v3.7.3 // indirect
 	go.etcd.io/etcd/pkg/v3 v3.7.3 // indirect
 	go.etcd.io/raft/v3 v3.7.0 // indirect
