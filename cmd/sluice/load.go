@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/loadgen"
@@ -36,6 +37,7 @@ Examples:
   sluice load --target envoy --addr 127.0.0.1:8081 --domain load --descriptor-key client_id
   sluice load --target grpc  --addr 127.0.0.1:8081 --rate 5000 --keys 100000 --zipf
   sluice load --all-at-once --concurrency 1000 --keys 1 --expect-limit 100 --window 1h
+  sluice load --addr eu:8080,us:8080,ap:8080 --split 60,30,10 --keys 10 --expect-limit 1000 --window 1m
 
 Flags:
 `)
@@ -43,7 +45,8 @@ Flags:
 	}
 	var cfg loadgen.Config
 	fs.StringVar(&cfg.Target, "target", "http", "API to drive: http (JSON API), grpc (Sluice's gRPC API) or envoy (Envoy's ShouldRateLimit)")
-	fs.StringVar(&cfg.Addr, "addr", "", "server address host:port; default 127.0.0.1:8080 for http, 127.0.0.1:8081 for grpc and envoy")
+	fs.StringVar(&cfg.Addr, "addr", "", "server address host:port; default 127.0.0.1:8080 for http, 127.0.0.1:8081 for grpc and envoy. Several, comma-separated: one server per region, driven at once on the same keys (see --split), the report comparing what all admitted with --expect-limit, a global limit")
+	split := fs.String("split", "", "with several --addr, each region's part of the callers and of --rate, such as 60,30,10; empty: equal parts")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "concurrent callers")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "total requests per second (open loop, latency from each request's due time); 0: closed loop at full speed")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to send requests (at most 1h); those in flight then are answered and counted")
@@ -159,7 +162,18 @@ Flags:
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	rep, err := loadgen.Run(ctx, cfg)
+	var regions []*loadgen.Report
+	var rep *loadgen.Report
+	if strings.Contains(cfg.Addr, ",") || *split != "" {
+		var rs []loadgen.Region
+		if rs, err = loadgen.ParseRegions(cfg.Addr, *split); err != nil {
+			fmt.Fprintf(stderr, "sluice load: --addr, --split: %v\n", err)
+			return 2
+		}
+		rep, regions, err = loadgen.RunRegions(ctx, cfg, rs)
+	} else {
+		rep, err = loadgen.Run(ctx, cfg)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice load: %v\n", err)
 		if errors.Is(err, loadgen.ErrInvalidConfig) {
@@ -170,9 +184,24 @@ Flags:
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		enc.Encode(rep)
+		if regions != nil {
+			enc.Encode(struct {
+				*loadgen.Report
+				Regions []*loadgen.Report `json:"regions"`
+			}{rep, regions})
+		} else {
+			enc.Encode(rep)
+		}
 	} else {
 		rep.Text(stdout)
+		for _, r := range regions {
+			fmt.Fprintf(stdout, "region      %s: %d callers, %d requests, %d allowed, %d denied, %d errors, admitted %d units\n",
+				r.Addr, r.Concurrency, r.Requests, r.Allowed, r.Denied, r.Errors, r.AdmittedCost)
+		}
+		if o := rep.Overshoot; regions != nil && o != nil {
+			fmt.Fprintf(stdout, "global      admitted %d units in all regions against a global limit of %d per key per window (%d windows, %d keys over)\n",
+				rep.AdmittedCost, o.ExpectLimit, o.Windows, o.KeysOver)
+		}
 	}
 	if rep.Errors > 0 || (rep.Overshoot != nil && rep.Overshoot.Total > 0) {
 		return 1

@@ -325,7 +325,24 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, configError{err}
 	}
-	r := &run{cfg: cfg, perKey: make([]atomic.Int64, cfg.Keys), touched: make([]atomic.Bool, cfg.Keys)}
+	r := newRun(cfg, nil)
+	workers, start, elapsed, err := r.execute(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return r.report(workers, elapsed, start), nil
+}
+
+// newRun prepares a run of cfg (with its defaults), counting the cost
+// admitted per key in shared's counters when it is not nil (a run over
+// several regions) and in its own otherwise.
+func newRun(cfg Config, shared *run) *run {
+	r := &run{cfg: cfg}
+	if shared != nil {
+		r.perKey, r.touched = shared.perKey, shared.touched
+	} else {
+		r.perKey, r.touched = make([]atomic.Int64, cfg.Keys), make([]atomic.Bool, cfg.Keys)
+	}
 	r.keyNames = make([]string, cfg.Keys)
 	for i := range r.keyNames {
 		r.keyNames[i] = cfg.KeyPrefix + strconv.Itoa(i)
@@ -340,9 +357,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	for _, c := range cfg.Costs {
 		r.costTotal += c.Weight
 	}
+	return r
+}
+
+// execute sends the run's requests and returns its workers, when it
+// started and how long it took.
+func (r *run) execute(ctx context.Context) ([]*worker, time.Time, time.Duration, error) {
+	cfg := r.cfg
 	cl, closeFn, err := newCaller(&r.cfg, r)
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, 0, err
 	}
 	defer closeFn()
 
@@ -372,6 +396,5 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		wg.Wait()
 	}
-	elapsed := time.Since(start)
-	return r.report(workers, elapsed, start), nil
+	return workers, start, time.Since(start), nil
 }
