@@ -165,6 +165,13 @@ type Sync struct {
 	wake   chan struct{}        // (re)connected: set up the consumer now
 	ready  atomic.Bool          // the stream exists: publishing can begin
 	lost   chan struct{}        // the stream stopped answering: make it again
+	// back is told of a reconnection: the consumer starts again at once,
+	// and what was in flight is sent again, rather than each waiting for
+	// its own timeout (a healed partition then agrees within a few lags).
+	back, resend chan struct{}
+	// consumed is the stream sequence of the last message consumed, 0
+	// before any or after the stream was lost.
+	consumed atomic.Uint64
 	closed sync.Once
 
 	mu    sync.Mutex // guards peers
@@ -218,6 +225,8 @@ func Start(ctx context.Context, cfg Config) (*Sync, error) {
 		peers:    make(map[string]*peer),
 		wake:     make(chan struct{}, 1),
 		lost:     make(chan struct{}, 1),
+		back:     make(chan struct{}, 1),
+		resend:   make(chan struct{}, 1),
 	}
 	for _, p := range cfg.Peers {
 		s.state.origin(p)

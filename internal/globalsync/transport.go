@@ -52,6 +52,12 @@ func (s *Sync) run(ctx context.Context) {
 			nats.ReconnectHandler(func(c *nats.Conn) {
 				log.Info("reconnected to NATS", "server", c.ConnectedUrlRedacted())
 				s.wakeConsumer()
+				for _, ch := range []chan struct{}{s.back, s.resend} {
+					select {
+					case ch <- struct{}{}:
+					default:
+					}
+				}
 			}),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				if err != nil {
@@ -146,6 +152,14 @@ func (s *Sync) publishLoop(ctx context.Context, c *conn) {
 			return
 		case <-flush.C:
 			s.flush(p)
+		case <-s.resend:
+			// Reconnected: what was in flight may never be acknowledged;
+			// its counts go again (merging them twice changes nothing).
+			for _, x := range p.inflight {
+				s.out.failed(x.entries)
+			}
+			p.inflight = p.inflight[:0]
+			s.flush(p)
 		case <-sweep.C:
 			now := s.cfg.Now().UnixMilli()
 			s.state.Sweep(now)
@@ -165,9 +179,12 @@ func (s *Sync) flush(p *publisher) {
 	}
 	entries := s.out.take(nil)
 	now := s.cfg.Now()
-	if len(entries) == 0 && now.Sub(p.last) >= heartbeatFlushes*s.cfg.FlushEvery {
-		// A heartbeat: nothing grew, and the other regions learn that
-		// this one is reachable (see silence.go).
+	if len(entries) == 0 && now.Sub(p.last) >= heartbeatFlushes*s.cfg.FlushEvery && s.out.pending() == 0 {
+		// A heartbeat: nothing grew, every count is acknowledged, and
+		// the other regions learn that this one is reachable and up to
+		// date (see silence.go). With counts unacknowledged it stays
+		// silent: heard again, it would be counted at counts the others
+		// may not have.
 		p.seq++
 		data, err := AppendEncode(nil, &Message{Origin: s.cfg.Region, Instance: s.cfg.Instance, SentAt: now.UnixMilli(), Seq: p.seq})
 		if err == nil {
@@ -242,6 +259,7 @@ func (s *Sync) publishFailed(entries []Entry, err error) {
 // skips the new stream's first messages; a new one starts from the
 // look-back.
 func (s *Sync) streamLost(err error) {
+	s.consumed.Store(0) // a stream made again numbers from 1
 	if s.ready.CompareAndSwap(true, false) {
 		s.log.Warn("the stream is gone: making it again", "stream", s.cfg.Stream, "err", err)
 		select {
@@ -266,6 +284,9 @@ func (s *Sync) consumeLoop(ctx context.Context, c *conn) {
 		if time.Since(began) > time.Minute { // it worked for a while: not a failing setup
 			wait = firstWait
 		}
+		if errors.Is(err, errReconnected) {
+			continue
+		}
 		if c.nc.IsConnected() {
 			s.log.Warn("consume the other regions' counts", "err", err)
 		}
@@ -281,6 +302,8 @@ var (
 	errConsumerStopped = errors.New("globalsync: consumer stopped")
 	// errStreamLost is a stream that no longer answers publishes.
 	errStreamLost = errors.New("globalsync: the stream is gone")
+	// errReconnected is a reconnection: the consumer starts again.
+	errReconnected = errors.New("globalsync: reconnected")
 )
 
 // consume creates (or updates) the stream and consumes it from a little
@@ -314,11 +337,13 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 			filter = append(filter, s.cfg.Subject+"."+p)
 		}
 	}
-	cons, err := c.js.OrderedConsumer(rctx, s.cfg.Stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: filter,
-		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
-		OptStartTime:   &start,
-	})
+	occ := jetstream.OrderedConsumerConfig{FilterSubjects: filter, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start}
+	if seq := s.consumed.Load(); seq > 0 {
+		// Consumed before (a reconnection): on from there, rather than
+		// the whole look-back again.
+		occ.DeliverPolicy, occ.OptStartTime, occ.OptStartSeq = jetstream.DeliverByStartSequencePolicy, nil, seq+1
+	}
+	cons, err := c.js.OrderedConsumer(rctx, s.cfg.Stream, occ)
 	if err != nil {
 		return err
 	}
@@ -339,12 +364,17 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		return errConsumerStopped
 	case <-s.lost:
 		return errStreamLost
+	case <-s.back:
+		return errReconnected
 	}
 }
 
 // receive merges one message of the stream.
 func (s *Sync) receive(msg jetstream.Msg) {
 	s.merge(msg.Subject(), msg.Data(), s.cfg.Now())
+	if md, err := msg.Metadata(); err == nil {
+		s.consumed.Store(md.Sequence.Stream)
+	}
 }
 
 // merge decodes a message received on subject at now and merges its
