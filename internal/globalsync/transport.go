@@ -211,6 +211,7 @@ func (s *Sync) reap(p *publisher) {
 func (s *Sync) publishFailed(entries []Entry, err error) {
 	s.c.publishErrors.Add(1)
 	s.out.failed(entries)
+	s.log.Debug("publish counts", "entries", len(entries), "err", err)
 	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 		s.streamLost(err)
 	}
@@ -249,12 +250,22 @@ func (s *Sync) consumeLoop(ctx context.Context, c *conn) {
 		if c.nc.IsConnected() {
 			s.log.Warn("consume the other regions' counts", "err", err)
 		}
-		if !sleep(ctx, wait, s.wake) {
+		wake := s.wake
+		if errors.Is(err, errStreamLost) {
+			// The server may still be removing the deleted stream's
+			// files: a stream made again at once can lose them.
+			wake = nil
+			wait = max(wait, streamLostWait)
+		}
+		if !sleep(ctx, wait, wake) {
 			return
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
 }
+
+// streamLostWait is the wait before making a deleted stream again.
+const streamLostWait = time.Second
 
 var (
 	// errConsumerStopped is a consumer that stopped on its own.
@@ -285,6 +296,10 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		s.log.Warn("use the stream as it is", "stream", s.cfg.Stream, "err", err)
 	}
 	s.ready.Store(true)
+	select { // a (re)connection's wake-up is spent: the stream is set up
+	case <-s.wake:
+	default:
+	}
 	start := s.cfg.Now().Add(-s.cfg.LookBack)
 	filter := []string{s.cfg.Subject + ".>"}
 	if len(s.cfg.Peers) > 0 {
