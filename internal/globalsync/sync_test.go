@@ -104,10 +104,7 @@ func (n *testNet) publish(region string, data []byte) {
 }
 
 // currentWindow returns the minute window of key that holds now.
-func currentWindow(key string) Window {
-	now := time.Now().UnixMilli()
-	return Window{Key: key, Start: now - now%60_000, Length: time.Minute}
-}
+func currentWindow(key string) Window { return WindowAt(key, time.Minute, time.Now()) }
 
 // eventually waits until cond holds, failing the test after converge.
 func eventually(t testing.TB, what string, cond func() bool) time.Duration {
