@@ -2,6 +2,7 @@ package globalsync
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"slices"
 	"time"
@@ -162,7 +163,7 @@ func (s *Sync) flush(p *publisher) {
 	for len(entries) > 0 {
 		n, size := 0, 0
 		for n < len(entries) && n < maxBatch && size < batchBytes {
-			size += len(entries[n].Key) + 3*binaryMaxVarint
+			size += len(entries[n].Key) + 3*binary.MaxVarintLen64
 			n++
 		}
 		batch := entries[:n:n]
@@ -184,9 +185,6 @@ func (s *Sync) flush(p *publisher) {
 		p.inflight = append(p.inflight, inflight{f: f, entries: batch})
 	}
 }
-
-// binaryMaxVarint is the most bytes a 64-bit varint takes.
-const binaryMaxVarint = 10
 
 // reap records the acknowledgements received: acknowledged counts are
 // done, failed ones go back to the outbox to be sent again.
