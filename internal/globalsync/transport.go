@@ -1,6 +1,7 @@
 package globalsync
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -160,6 +161,8 @@ func (s *Sync) flush(p *publisher) {
 		return
 	}
 	entries := s.out.take(nil)
+	// In start order, each entry's start costs a byte (see codec.go).
+	slices.SortFunc(entries, func(a, b Entry) int { return cmp.Compare(a.Start, b.Start) })
 	for len(entries) > 0 {
 		n, size := 0, 0
 		for n < len(entries) && n < maxBatch && size < batchBytes {
