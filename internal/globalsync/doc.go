@@ -34,6 +34,13 @@
 // Redis by passing L - seen - reserve as the per-call limit. The reserve
 // bounds the overshoot; reserve.go derives the bound.
 //
+// In code, per check of a global limit L over windows of length d:
+//
+//	w := globalsync.WindowAt(key, d, now)
+//	seen, reserve := sy.OthersAt(w, now)
+//	own, ok := <in Redis, atomically: count and admit iff own < L - seen - reserve>
+//	sy.Observe(w, own)
+//
 // # Transport
 //
 // Counts travel over NATS JetStream, on the stream SLUICE_SYNC with one

@@ -17,6 +17,15 @@ type Window struct {
 	Length time.Duration // whole milliseconds
 }
 
+// WindowAt returns the window of key and length that holds instant t:
+// the one starting at t - t mod length, in unix ms. length is rounded
+// down to whole milliseconds, and is at least one.
+func WindowAt(key string, length time.Duration, t time.Time) Window {
+	ms := t.UnixMilli()
+	l := max(length.Milliseconds(), 1)
+	return Window{Key: key, Start: ms - ms%l, Length: time.Duration(l) * time.Millisecond}
+}
+
 // end returns the window's end in unix ms.
 func (w Window) end() int64 { return w.Start + w.Length.Milliseconds() }
 

@@ -9,6 +9,23 @@ import (
 
 var w0 = Window{Key: "global:orders", Start: 60_000, Length: time.Minute}
 
+func TestWindowAt(t *testing.T) {
+	for _, tc := range []struct {
+		ms     int64
+		length time.Duration
+		want   Window
+	}{
+		{1_790_000_012_345, time.Minute, Window{"k", 1_789_999_980_000, time.Minute}},
+		{1_790_000_040_000, time.Minute, Window{"k", 1_790_000_040_000, time.Minute}},
+		{1_790_000_012_345, time.Second + 500*time.Microsecond, Window{"k", 1_790_000_012_000, time.Second}},
+		{1_790_000_012_345, 0, Window{"k", 1_790_000_012_345, time.Millisecond}},
+	} {
+		if got := WindowAt("k", tc.length, time.UnixMilli(tc.ms)); got != tc.want {
+			t.Errorf("WindowAt(%d, %v) = %+v, want %+v", tc.ms, tc.length, got, tc.want)
+		}
+	}
+}
+
 func TestMergeIsMaxPerOrigin(t *testing.T) {
 	s := NewState(10*time.Second, 20*time.Millisecond, 1000)
 	for _, step := range []struct {

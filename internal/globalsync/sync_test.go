@@ -104,10 +104,7 @@ func (n *testNet) publish(region string, data []byte) {
 }
 
 // currentWindow returns the minute window of key that holds now.
-func currentWindow(key string) Window {
-	now := time.Now().UnixMilli()
-	return Window{Key: key, Start: now - now%60_000, Length: time.Minute}
-}
+func currentWindow(key string) Window { return WindowAt(key, time.Minute, time.Now()) }
 
 // eventually waits until cond holds, failing the test after converge.
 func eventually(t testing.TB, what string, cond func() bool) time.Duration {
@@ -486,9 +483,10 @@ func BenchmarkObserveParallel(b *testing.B) {
 	ws := benchWindows()
 	b.ReportAllocs()
 	b.ResetTimer()
+	var g atomic.Int64
 	b.RunParallel(func(pb *testing.PB) {
 		var c int64
-		for i := 0; pb.Next(); i++ {
+		for i := int(g.Add(1)) * 7919; pb.Next(); i++ {
 			c++
 			sy.Observe(ws[i&(len(ws)-1)], c)
 		}
@@ -527,8 +525,11 @@ func BenchmarkOthersParallel(b *testing.B) {
 	sy, ws := othersBench(b)
 	b.ReportAllocs()
 	b.ResetTimer()
+	var g atomic.Int64
 	b.RunParallel(func(pb *testing.PB) {
-		for i := 0; pb.Next(); i++ {
+		// Each goroutine checks other keys than its neighbours, as
+		// checks of different clients do.
+		for i := int(g.Add(1)) * 7919; pb.Next(); i++ {
 			sy.Others(ws[i&(len(ws)-1)])
 		}
 	})

@@ -1,7 +1,9 @@
 package globalsync
 
 import (
+	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"slices"
 	"time"
@@ -195,10 +197,12 @@ func (s *Sync) flush(p *publisher) {
 		}
 		return
 	}
+	// In start order, each entry's start costs a byte (see codec.go).
+	slices.SortFunc(entries, func(a, b Entry) int { return cmp.Compare(a.Start, b.Start) })
 	for len(entries) > 0 {
 		n, size := 0, 0
 		for n < len(entries) && n < maxBatch && size < batchBytes {
-			size += len(entries[n].Key) + 3*binaryMaxVarint
+			size += len(entries[n].Key) + 3*binary.MaxVarintLen64
 			n++
 		}
 		batch := entries[:n:n]
@@ -221,9 +225,6 @@ func (s *Sync) flush(p *publisher) {
 		p.inflight = append(p.inflight, inflight{f: f, entries: batch})
 	}
 }
-
-// binaryMaxVarint is the most bytes a 64-bit varint takes.
-const binaryMaxVarint = 10
 
 // reap records the acknowledgements received: acknowledged counts are
 // done, failed ones go back to the outbox to be sent again.
@@ -248,6 +249,7 @@ func (s *Sync) reap(p *publisher) {
 func (s *Sync) publishFailed(entries []Entry, err error) {
 	s.c.publishErrors.Add(1)
 	s.out.failed(entries)
+	s.log.Debug("publish counts", "entries", len(entries), "err", err)
 	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 		s.streamLost(err)
 	}
@@ -290,12 +292,22 @@ func (s *Sync) consumeLoop(ctx context.Context, c *conn) {
 		if c.nc.IsConnected() {
 			s.log.Warn("consume the other regions' counts", "err", err)
 		}
-		if !sleep(ctx, wait, s.wake) {
+		wake := s.wake
+		if errors.Is(err, errStreamLost) {
+			// The server may still be removing the deleted stream's
+			// files: a stream made again at once can lose them.
+			wake = nil
+			wait = max(wait, streamLostWait)
+		}
+		if !sleep(ctx, wait, wake) {
 			return
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
 }
+
+// streamLostWait is the wait before making a deleted stream again.
+const streamLostWait = time.Second
 
 var (
 	// errConsumerStopped is a consumer that stopped on its own.
@@ -328,6 +340,10 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		s.log.Warn("use the stream as it is", "stream", s.cfg.Stream, "err", err)
 	}
 	s.ready.Store(true)
+	select { // a (re)connection's wake-up is spent: the stream is set up
+	case <-s.wake:
+	default:
+	}
 	start := s.cfg.Now().Add(-s.cfg.LookBack)
 	filter := []string{s.cfg.Subject + ".>"}
 	if len(s.cfg.Peers) > 0 {
