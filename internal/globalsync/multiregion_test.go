@@ -329,7 +329,7 @@ func TestMultiRegion(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		ap.proxy.Disable(t)
 		cut := time.Now()
-		time.Sleep(3 * time.Second)
+		time.Sleep(30 * time.Second)
 		during := d.admitted.Load()
 		ap.proxy.Enable(t)
 		healed := time.Now()
@@ -340,53 +340,6 @@ func TestMultiRegion(t *testing.T) {
 		// After the heal, every instance converges on the count of what
 		// was admitted (all regions are at the limit by now: nothing
 		// more is admitted).
-		go func() {
-			for time.Since(healed) < 3*time.Second {
-				if ap.inst[0].sync.Status().Connected && ap.inst[1].sync.Status().Connected {
-					t.Logf("DEBUG ap connected %s after the heal", time.Since(healed))
-					return
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}()
-		go func() {
-			win := w.window(t, client)
-			for time.Since(healed) < 3*time.Second {
-				if w.regions[0].inst[0].sync.Counts(win)["ap"] == ap.inst[0].sync.Counts(win)["ap"] {
-					t.Logf("DEBUG eu has ap's count %s after the heal", time.Since(healed))
-					return
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}()
-		go func() {
-			win := w.window(t, client)
-			for time.Since(healed) < 3*time.Second {
-				if ap.inst[0].sync.Counts(win)["eu"] == w.regions[0].inst[0].sync.Counts(win)["eu"] {
-					t.Logf("DEBUG ap has eu's count %s after the heal", time.Since(healed))
-					return
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}()
-		go func() {
-			for time.Since(healed) < 3*time.Second {
-				for _, p := range w.regions[0].inst[0].sync.Status().Peers {
-					if p.Region == "ap" && p.LastSync.After(healed) {
-						t.Logf("DEBUG eu heard ap %s after the heal (messages %d)", p.LastSync.Sub(healed), p.Messages)
-						return
-					}
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}()
-		go func() {
-			win := w.window(t, client)
-			for time.Since(healed) < 2500*time.Millisecond {
-				t.Logf("DEBUG %s: eu sees %v; ap-0 sees %v; ap-1 sees %v", time.Since(healed).Round(time.Millisecond), w.regions[0].inst[0].sync.Counts(win), ap.inst[0].sync.Counts(win), ap.inst[1].sync.Counts(win))
-				time.Sleep(150 * time.Millisecond)
-			}
-		}()
 		var agreed time.Time
 		for deadline := healed.Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 			m := w.merged(t, client)

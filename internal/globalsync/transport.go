@@ -53,6 +53,7 @@ func (s *Sync) run(ctx context.Context) {
 			}),
 			nats.ReconnectHandler(func(c *nats.Conn) {
 				log.Info("reconnected to NATS", "server", c.ConnectedUrlRedacted())
+				s.abortSetup()
 				s.wakeConsumer()
 				for _, ch := range []chan struct{}{s.back, s.resend} {
 					select {
@@ -105,6 +106,14 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 	case <-wake:
 	}
 	return true
+}
+
+// abortSetup cuts short the consumer's set-up in progress, or the consumer
+// itself, which starts again.
+func (s *Sync) abortSetup() {
+	if abort := s.setup.Load(); abort != nil {
+		(*abort)()
+	}
 }
 
 // wakeConsumer cuts short the consume loop's wait before its next try:
@@ -321,7 +330,14 @@ var (
 // consume creates (or updates) the stream and consumes it from a little
 // in the past, until ctx ends or the consumer stops.
 func (s *Sync) consume(ctx context.Context, c *conn) error {
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	// A request in flight when the connection drops gets no answer: a
+	// reconnection cuts the set-up short rather than leaving it to time
+	// out (see abortSetup).
+	actx, abort := context.WithCancel(ctx)
+	defer abort()
+	s.setup.Store(&abort)
+	defer s.setup.Store(nil)
+	rctx, cancel := context.WithTimeout(actx, requestTimeout)
 	defer cancel()
 	cfg := jetstream.StreamConfig{
 		Name:        s.cfg.Stream,
@@ -340,9 +356,11 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		s.log.Warn("use the stream as it is", "stream", s.cfg.Stream, "err", err)
 	}
 	s.ready.Store(true)
-	select { // a (re)connection's wake-up is spent: the stream is set up
-	case <-s.wake:
-	default:
+	for _, ch := range []chan struct{}{s.wake, s.back} {
+		select { // a (re)connection's signals are spent: the stream is set up
+		case <-ch:
+		default:
+		}
 	}
 	start := s.cfg.Now().Add(-s.cfg.LookBack)
 	filter := []string{s.cfg.Subject + ".>"}
@@ -381,6 +399,11 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 	case <-s.lost:
 		return errStreamLost
 	case <-s.back:
+		return errReconnected
+	case <-actx.Done():
+		if ctx.Err() != nil {
+			return nil
+		}
 		return errReconnected
 	}
 }
