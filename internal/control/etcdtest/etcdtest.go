@@ -7,18 +7,14 @@
 package etcdtest
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/testbin"
@@ -58,10 +54,9 @@ type Server struct {
 	client, peer string
 	cfg          Config
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
-	n      atomic.Int64
+	mu   sync.Mutex
+	proc *testbin.Process // nil while stopped
+	n    atomic.Int64
 }
 
 // Start builds the server if needed and starts it on free ports with a
@@ -143,7 +138,7 @@ func (s *Server) Prefix() string { return "/test" + strconv.FormatInt(s.n.Add(1)
 func (s *Server) Start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd != nil {
+	if s.proc != nil {
 		return nil
 	}
 	args := []string{"-client", s.client, "-peer", s.peer, "-data-dir", filepath.Join(s.dir, "data")}
@@ -153,44 +148,11 @@ func (s *Server) Start() error {
 			args = append(args, "-trusted-ca-file", filepath.Join(s.dir, caFile))
 		}
 	}
-	cmd := exec.Command(s.bin, args...)
-	out, err := cmd.StdoutPipe()
+	proc, err := testbin.Start("etcd", s.bin, args, 60*time.Second)
 	if err != nil {
 		return err
 	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		ok := false
-		for sc.Scan() {
-			if sc.Text() == "ready" && !ok {
-				ok = true
-				ready <- true
-			}
-		}
-		if !ok {
-			ready <- false
-		}
-	}()
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	select {
-	case ok := <-ready:
-		if !ok {
-			<-exited
-			return fmt.Errorf("etcd exited at start: %s", stderr.String())
-		}
-	case <-time.After(60 * time.Second):
-		cmd.Process.Kill()
-		<-exited
-		return errors.New("etcd not ready after 60s")
-	}
-	s.cmd, s.exited = cmd, exited
+	s.proc = proc
 	return nil
 }
 
@@ -199,17 +161,11 @@ func (s *Server) Start() error {
 func (s *Server) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(10 * time.Second):
-		s.cmd.Process.Kill()
-		<-s.exited
-	}
-	s.cmd = nil
+	s.proc.Stop()
+	s.proc = nil
 }
 
 // Close stops the server and removes its data.

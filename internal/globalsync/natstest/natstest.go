@@ -8,18 +8,13 @@
 package natstest
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/testbin"
@@ -40,10 +35,9 @@ type Server struct {
 	bin, dir string
 	port     int
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
-	n      atomic.Int64
+	mu   sync.Mutex
+	proc *testbin.Process // nil while stopped
+	n    atomic.Int64
 }
 
 // Start builds the server if needed and starts it on a free port with a
@@ -89,47 +83,14 @@ func (s *Server) Name(prefix string) string { return prefix + strconv.FormatInt(
 func (s *Server) Start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd != nil {
+	if s.proc != nil {
 		return nil
 	}
-	cmd := exec.Command(s.bin, "-port", strconv.Itoa(s.port), "-store-dir", filepath.Join(s.dir, "jetstream"))
-	out, err := cmd.StdoutPipe()
+	proc, err := testbin.Start("NATS", s.bin, []string{"-port", strconv.Itoa(s.port), "-store-dir", filepath.Join(s.dir, "jetstream")}, 30*time.Second)
 	if err != nil {
 		return err
 	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		ok := false
-		for sc.Scan() {
-			if sc.Text() == "ready" && !ok {
-				ok = true
-				ready <- true
-			}
-		}
-		if !ok {
-			ready <- false
-		}
-	}()
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	select {
-	case ok := <-ready:
-		if !ok {
-			<-exited
-			return fmt.Errorf("NATS exited at start: %s", stderr.String())
-		}
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		<-exited
-		return errors.New("NATS not ready after 30s")
-	}
-	s.cmd, s.exited = cmd, exited
+	s.proc = proc
 	return nil
 }
 
@@ -138,29 +99,22 @@ func (s *Server) Start() error {
 func (s *Server) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(10 * time.Second):
-		s.cmd.Process.Kill()
-		<-s.exited
-	}
-	s.cmd = nil
+	s.proc.Stop()
+	s.proc = nil
 }
 
 // Kill kills the server (SIGKILL), as a crash would, keeping its files.
 func (s *Server) Kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	s.cmd.Process.Kill()
-	<-s.exited
-	s.cmd = nil
+	s.proc.Kill()
+	s.proc = nil
 }
 
 // Close stops the server and removes its files.
