@@ -43,7 +43,7 @@ func (s *Sync) run(ctx context.Context) {
 			nats.MaxReconnects(-1),
 			// A healed partition is noticed within this (and a jitter of
 			// up to half of it): the regions agree again soon after.
-			nats.ReconnectWait(100*time.Millisecond), nats.ReconnectJitter(50*time.Millisecond, 50*time.Millisecond),
+			nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(25*time.Millisecond, 25*time.Millisecond),
 			// No buffering while disconnected: the outbox keeps the
 			// newest counts, which is all that needs sending.
 			nats.ReconnectBufSize(-1),
@@ -347,7 +347,10 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		Storage:     jetstream.FileStorage,
 		Discard:     jetstream.DiscardOld,
 	}
-	if _, err := c.js.CreateOrUpdateStream(rctx, cfg); err != nil {
+	if s.consumed.Load() > 0 {
+		// Consumed before, and not lost since (see streamLost): the
+		// stream is there; a reconnection goes straight to the consumer.
+	} else if _, err := c.js.CreateOrUpdateStream(rctx, cfg); err != nil {
 		// Another instance may have made it with settings we cannot
 		// change (storage, say): use it as it is.
 		if _, err2 := c.js.Stream(rctx, s.cfg.Stream); err2 != nil {
