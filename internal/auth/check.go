@@ -43,6 +43,20 @@ func (a *Authenticator) StreamInterceptor() grpc.StreamServerInterceptor {
 	}
 }
 
+// AuthorizeGRPC returns nil when the call of ctx carries a token whose role
+// is at least need: Unauthenticated without a valid token, PermissionDenied
+// with a lesser role, Unavailable when the token source fails.
+func (a *Authenticator) AuthorizeGRPC(ctx context.Context, need string) error {
+	act, err := a.grpcActor(ctx)
+	if err != nil {
+		return err
+	}
+	if !Allows(act.Role, need) {
+		return status.Errorf(codes.PermissionDenied, "sluice: this call needs a token of role %s or above; %q is %s", need, act.Name, act.Role)
+	}
+	return nil
+}
+
 func (a *Authenticator) grpcActor(ctx context.Context) (control.Actor, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	var header string

@@ -101,12 +101,22 @@ func (d *Daemon) startControl(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("daemon: admin API: %w", err)
 	}
+	if d.roles, err = auth.New(tokens, d.plane.Tokens); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
 	if cfg.RequireCheckToken {
-		if d.checkAuth, err = auth.New(tokens, d.plane.Tokens); err != nil {
-			return fmt.Errorf("daemon: %w", err)
-		}
+		d.checkAuth = d.roles
 	}
 	return nil
+}
+
+// authorizeReset admits a ResetLimit of an operator (or admin); without a
+// control plane there are no roles, and no ResetLimit.
+func (d *Daemon) authorizeReset() func(ctx context.Context) error {
+	if d.roles == nil {
+		return nil
+	}
+	return func(ctx context.Context) error { return d.roles.AuthorizeGRPC(ctx, control.RoleOperator) }
 }
 
 // closeControl stops the control plane and closes its store.

@@ -266,6 +266,7 @@ type Daemon struct {
 	backend   control.Backend     // the plane's store
 	admin     *adminapi.Handler   // nil without a control plane
 	checkAuth *auth.Authenticator // nil unless RequireCheckToken
+	roles     *auth.Authenticator // the admin tokens' roles; nil without a control plane
 	adminLn   net.Listener
 	adminSrv  *http.Server
 	sync      *globalsync.Sync // nil without SyncURL
@@ -380,7 +381,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err != nil {
 		return fail(err)
 	}
-	svc, err := grpcapi.New(grpcapi.Config{Engine: d.eng, Now: cfg.Now})
+	svc, err := grpcapi.New(grpcapi.Config{Engine: d.eng, Now: cfg.Now, AuthorizeReset: d.authorizeReset()})
 	if err != nil {
 		return fail(err)
 	}

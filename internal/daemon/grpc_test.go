@@ -2,6 +2,8 @@ package daemon_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,11 +14,13 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/internal/auth"
 	"github.com/sluicehq/sluice/internal/daemon"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
@@ -56,12 +60,10 @@ func TestGRPCRateLimiter(t *testing.T) {
 	if err != nil || len(q.GetRules()) != 1 || q.GetRules()[0].GetRemaining() != 0 || q.GetRules()[0].GetLimit() != 3 {
 		t.Fatalf("quota: %v %v", q, err)
 	}
-	if _, err := c.ResetLimit(ctx(t), &sluicev1.ResetRequest{ClientId: "g1", Resource: "/api/limited"}); err != nil {
-		t.Fatal(err)
-	}
-	q, err = c.GetRemainingQuota(ctx(t), &sluicev1.QuotaRequest{ClientId: "g1", Resource: "/api/limited"})
-	if err != nil || q.GetRules()[0].GetRemaining() != 3 {
-		t.Fatalf("quota after reset: %v %v, want 3 remaining", q, err)
+	// ResetLimit is an operator's tool: without a control plane, there
+	// are no roles and no ResetLimit.
+	if _, err := c.ResetLimit(ctx(t), &sluicev1.ResetRequest{ClientId: "g1", Resource: "/api/limited"}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("ResetLimit without a control plane: %v, want PermissionDenied", err)
 	}
 
 	b, err := c.BatchCheck(ctx(t), &sluicev1.BatchCheckRequest{
@@ -398,5 +400,43 @@ func TestMalformedProtobufInvalidArgument(t *testing.T) {
 				t.Errorf("%s with %x: %v, want InvalidArgument (malformed request)", method, raw, err)
 			}
 		}
+	}
+}
+
+// ResetLimit needs a token of role operator or admin.
+func TestGRPCResetNeedsOperator(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens.yaml")
+	if err := os.WriteFile(tokens, []byte("- {name: ops, role: operator, sha256: "+auth.Hash("op-token")+"}\n- {name: eyes, role: viewer, sha256: "+auth.Hash("view-token")+"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	td := start(t, policyText(), func(c *daemon.Config) { c.DataDir, c.AdminTokensPath = filepath.Join(dir, "data"), tokens })
+	c := sluicev1.NewRateLimiterClient(dial(t, td.GRPCAddr()))
+	with := func(token string) context.Context {
+		return metadata.AppendToOutgoingContext(ctx(t), "authorization", "Bearer "+token)
+	}
+	req := &sluicev1.CheckRequest{ClientId: "r1", Resource: "/api/limited"}
+	for range 3 {
+		if _, err := c.CheckRateLimit(ctx(t), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reset := &sluicev1.ResetRequest{ClientId: "r1", Resource: "/api/limited"}
+	for _, tc := range []struct {
+		ctx  context.Context
+		want codes.Code
+	}{
+		{ctx(t), codes.Unauthenticated},
+		{with("wrong"), codes.Unauthenticated},
+		{with("view-token"), codes.PermissionDenied},
+		{with("op-token"), codes.OK},
+	} {
+		if _, err := c.ResetLimit(tc.ctx, reset); status.Code(err) != tc.want {
+			t.Errorf("ResetLimit: %v, want %s", err, tc.want)
+		}
+	}
+	q, err := c.GetRemainingQuota(ctx(t), &sluicev1.QuotaRequest{ClientId: "r1", Resource: "/api/limited"})
+	if err != nil || q.GetRules()[0].GetRemaining() != 3 {
+		t.Fatalf("quota after the operator's reset: %v %v, want 3 remaining", q, err)
 	}
 }

@@ -50,14 +50,19 @@ type Config struct {
 	Engine Engine
 	// Now is the clock used for reset_at; nil means time.Now.
 	Now func() time.Time
+	// AuthorizeReset decides whether the caller may call ResetLimit, an
+	// operator's tool: nil, or a gRPC status error (Unauthenticated,
+	// PermissionDenied). Nil refuses every ResetLimit.
+	AuthorizeReset func(ctx context.Context) error
 }
 
 // Server implements sluicev1.RateLimiterServer. It is safe for concurrent
 // use.
 type Server struct {
 	sluicev1.UnimplementedRateLimiterServer
-	eng Engine
-	now func() time.Time
+	eng   Engine
+	now   func() time.Time
+	reset func(ctx context.Context) error
 }
 
 // New returns the service for cfg.
@@ -65,7 +70,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Engine == nil {
 		return nil, errors.New("grpcapi: Config.Engine is required")
 	}
-	s := &Server{eng: cfg.Engine, now: cfg.Now}
+	s := &Server{eng: cfg.Engine, now: cfg.Now, reset: cfg.AuthorizeReset}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -320,6 +325,12 @@ func (s *Server) ResetLimit(ctx context.Context, req *sluicev1.ResetRequest) (*s
 	var c engine.Check
 	if err := id.check(&c); err != nil {
 		return nil, toStatus(err)
+	}
+	if s.reset == nil {
+		return nil, status.Error(codes.PermissionDenied, "sluice: ResetLimit is an operator's tool: it needs the control plane (--data-dir or --config-store) and a token of role operator or admin (see docs/operations.md)")
+	}
+	if err := s.reset(ctx); err != nil {
+		return nil, err
 	}
 	if err := s.eng.Reset(ctx, &c); err != nil {
 		return nil, toStatus(err)
