@@ -172,6 +172,8 @@ type Sync struct {
 	// consumed is the stream sequence of the last message consumed, 0
 	// before any or after the stream was lost.
 	consumed atomic.Uint64
+	// made reports the stream set up by this Sync, and not lost since.
+	made atomic.Bool
 	// setup cancels the stream and consumer set-up in progress, if any.
 	setup atomic.Pointer[context.CancelFunc]
 	closed sync.Once

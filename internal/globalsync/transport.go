@@ -271,6 +271,7 @@ func (s *Sync) publishFailed(entries []Entry, err error) {
 // look-back.
 func (s *Sync) streamLost(err error) {
 	s.consumed.Store(0) // a stream made again numbers from 1
+	s.made.Store(false)
 	if s.ready.CompareAndSwap(true, false) {
 		s.log.Warn("the stream is gone: making it again", "stream", s.cfg.Stream, "err", err)
 		select {
@@ -347,9 +348,9 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		Storage:     jetstream.FileStorage,
 		Discard:     jetstream.DiscardOld,
 	}
-	if s.consumed.Load() > 0 {
-		// Consumed before, and not lost since (see streamLost): the
-		// stream is there; a reconnection goes straight to the consumer.
+	if s.made.Load() {
+		// Set up before, and not lost since (see streamLost): the stream
+		// is there; a reconnection goes straight to the consumer.
 	} else if _, err := c.js.CreateOrUpdateStream(rctx, cfg); err != nil {
 		// Another instance may have made it with settings we cannot
 		// change (storage, say): use it as it is.
@@ -359,6 +360,7 @@ func (s *Sync) consume(ctx context.Context, c *conn) error {
 		s.log.Warn("use the stream as it is", "stream", s.cfg.Stream, "err", err)
 	}
 	s.ready.Store(true)
+	s.made.Store(true)
 	for _, ch := range []chan struct{}{s.wake, s.back} {
 		select { // a (re)connection's signals are spent: the stream is set up
 		case <-ch:
