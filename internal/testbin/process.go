@@ -20,6 +20,7 @@ type Process struct {
 // names the server in errors.
 func Start(name, bin string, args []string, wait time.Duration) (*Process, error) {
 	cmd := exec.Command(bin, args...)
+	DieWithParent(cmd)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

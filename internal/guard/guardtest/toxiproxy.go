@@ -71,6 +71,7 @@ func tryStart(t testing.TB, bin string) (string, error) {
 	}
 	var stderr bytes.Buffer
 	cmd := exec.Command(bin, "-host", "127.0.0.1", "-port", strconv.Itoa(port))
+	testbin.DieWithParent(cmd)
 	cmd.Env = append(os.Environ(), "LOG_LEVEL=error")
 	cmd.Stdout = &stderr // its log, shown when it fails to start
 	cmd.Stderr = &stderr

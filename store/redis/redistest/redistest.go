@@ -35,6 +35,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testbin"
 )
 
 // startTimeout bounds how long a server or a cluster may take to answer.
@@ -207,6 +209,7 @@ func ephemeralLow() int {
 func (s *Server) launch(bin string) error {
 	cmd := exec.Command(bin, s.args...)
 	cmd.Dir = s.Dir
+	testbin.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", bin, err)
 	}

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testbin"
 )
 
 // PKI is a certificate authority made for one test, and the certificates it
@@ -165,6 +167,7 @@ func skipWithoutTLS(t testing.TB) {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "--port", "0", "--tls-port", "0", "--save", "", "--appendonly", "no")
+	testbin.DieWithParent(cmd)
 	cmd.Dir = t.TempDir()
 	out, _ := cmd.CombinedOutput()
 	if strings.Contains(string(out), "Bad directive") {
