@@ -1,0 +1,137 @@
+// Package reservation holds the core of Sluice's reservations of capacity:
+// a pool of tokens that clients reserve ahead, use, and give back, and the
+// queue in which they wait their turn, as pure state transitions,
+//
+//	(config, state, now, request) -> (state, result, effects)
+//
+// with no locks, no I/O and no clock, in the manner of package algorithm.
+// The stores keep the State and make each transition one atomic step; the
+// caller says what time it is. The state is plain integers and small
+// records so that a Redis Lua script can hold and change it in the same
+// order, with the same arithmetic.
+//
+// # Pool and units
+//
+// A pool belongs to one (resource, limit) and has Config.Capacity tokens.
+// Time is in microseconds since the Unix epoch, as in package algorithm;
+// durations are in microseconds. Every integer stays within MaxExact
+// (2^51), so that Lua's doubles compute it exactly.
+//
+// State.Held is the number of tokens granted and not yet returned; the
+// pool's free tokens are Capacity - Held. The zero State is a pool never
+// used: every token free, nobody queued.
+//
+// # Reservations
+//
+// Reserve(client, tokens, duration, priority) at now is refused with an
+// *InvalidError (which wraps ErrInvalid and names the field) when tokens <=
+// 0, tokens above what the pool could ever grant the client (the capacity,
+// or the client's MaxBurst), duration <= 0 or above Config.MaxDuration
+// (at most 300 s), or the priority is not High, Normal or Low. It is
+// refused with ErrQueueFull when Config.QueueLimit requests are already
+// queued. Otherwise it is queued, and the queue is granted from its head
+// (see Granting): if the new request is granted at once its Result has
+// Position 0 and ExpiresAt = now + duration; else the Result gives its
+// Position in the queue (1 for the head) and EstimatedAt, an estimate of
+// its grant instant.
+//
+// A granted reservation (a Reservation) holds its tokens as a balance.
+// Use(id, n) draws n from the balance into use (refused with
+// ErrInsufficient if n exceeds the balance: the balance never goes below
+// 0). Complete(id, n) ends n tokens of use and returns them to the pool.
+// Release(id) returns the balance to the pool and sets it to 0; releasing
+// again returns nothing (the record stays, marked Released, until it
+// expires, so that a second release is recognised rather than an error).
+// At ExpiresAt the reservation expires: whatever it still holds, balance
+// and tokens in use, goes back to the pool and the record is removed; a
+// Use, Complete or Release after that gets ErrNotFound. Every token is thus
+// returned exactly once: by Complete, by Release or by expiry, and the
+// invariant
+//
+//	Held = sum over reservations of (Balance + InUse) <= Capacity
+//
+// holds after every transition. Cancel(id) removes a queued request;
+// granted reservations are released, not cancelled (ErrNotQueued).
+//
+// Every transition first expires the reservations whose ExpiresAt <= now,
+// and ends by granting from the queue, so the caller need not call Expire
+// before each one; Expire(now) alone is for a periodic sweep.
+//
+// # The queue: weighted fair queuing
+//
+// Each client has a Quota: Weight (share of the pool under contention),
+// MinGuaranteed (tokens it can count on), MaxBurst (the most tokens it may
+// hold at once). Fairness is by virtual finish time. The pool keeps a
+// virtual time V, and each client the finish tag F of its last request. A
+// request of t tokens from a client of weight w gets
+//
+//	start  = max(V, F)
+//	finish = start + ceil(t · VirtualScale / w),   and F becomes finish.
+//
+// VirtualScale (720720, divisible by every integer up to 16) keeps the
+// division exact for the usual weights. When a request is granted, V
+// becomes max(V, its start). A client that has been idle starts again at V,
+// so it cannot bank credit; a backlogged client's tags advance in steps
+// inversely proportional to its weight, so that backlogged clients are
+// granted tokens in the ratio of their weights. When V passes 2^44 every
+// tag is shifted down by V (which keeps their order) so that they stay
+// within MaxExact.
+//
+// # Order and priorities
+//
+// Priorities are High, Normal and Low (class 0, 1, 2). A request ages: a
+// request of class k that has waited w has the effective class
+//
+//	e = k - floor(w / P),  P = Config.AgingPeriod,
+//
+// so a low request becomes normal after P and high after 2P. A request
+// whose e would fall below 0 is overdue, from its deadline
+// enqueued + (k+1)·P. The queue is ordered, at now, by:
+//
+//  1. overdue requests, by deadline (earliest first);
+//  2. requests within the client's guarantee (the client's held tokens
+//     plus the request's tokens at most its MinGuaranteed), by finish tag;
+//  3. the others by effective class (high first), then by finish tag;
+//
+// ties broken by ID (arrival order). The order is a function of the state
+// and now, so a store computes it on each call and keeps no index.
+//
+// # Granting
+//
+// Whenever tokens return (release, expiry, a use completing) and after a
+// Reserve, the pool grants in order: it takes the first request of the
+// order whose client holds fewer than MaxBurst - tokens (a client at its
+// burst is skipped, not blocking others); if the request's tokens are
+// free it is granted (expiring at now + its duration) and the pool looks
+// again; if not, granting stops. Granting stops at a head that does not
+// fit rather than passing it to smaller requests behind it, so large
+// requests are not starved by small ones, and free tokens are kept for a
+// client below its guarantee.
+//
+// # The aging bound
+//
+// A request of class k enqueued at t, whose client is not at its MaxBurst,
+// is granted by
+//
+//	t + (k+1)·P + L·D
+//
+// where L is Config.QueueLimit and D is Config.MaxDuration, whatever load
+// of higher priority arrives. For a low request that is t + 3P + L·D. The
+// reason: at its deadline d = t + (k+1)·P it is overdue, and from then on
+// only overdue requests with an earlier deadline are ahead of it. A request
+// arriving after d has a deadline of at least its arrival + P > d, so
+// everything ahead was already queued at d: at most L - 1 requests. Nothing
+// behind it is granted while it waits (granting stops at the head). The
+// tokens held at d are back by d + D at the latest; each request ahead,
+// once granted, holds its tokens for at most D. So the requests ahead are
+// granted one after another within D each in the worst case (each
+// needing the whole pool), and it is granted by d + L·D. This is a worst
+// case; with requests releasing early or needing part of the pool, it is
+// served much sooner. The bound counts from instants at which the store
+// runs a transition: expiry happens when a transition at or after
+// ExpiresAt runs, so a store sweeps with Expire at least every few seconds.
+//
+// Aging also orders requests of one class by age once they wait longer
+// than P, so weighted fairness holds among requests that wait less than
+// an aging period; choose P above the waits expected under normal load.
+package reservation
