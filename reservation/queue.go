@@ -1,0 +1,153 @@
+package reservation
+
+import "slices"
+
+// key is a request's place in the order at some instant: smaller first.
+type key struct {
+	tier int64 // 0 overdue, 1 within the guarantee, 2 + effective class
+	tag  int64 // the deadline for the overdue, else the finish tag
+	id   int64
+}
+
+func (a key) less(b key) bool {
+	if a.tier != b.tier {
+		return a.tier < b.tier
+	}
+	if a.tag != b.tag {
+		return a.tag < b.tag
+	}
+	return a.id < b.id
+}
+
+// order returns the key of r at now; held is what its client holds.
+func order(c *Config, r *Request, now, held int64) key {
+	k := int64(r.Priority)
+	aged := max(now-r.Enqueued, 0) / c.AgingPeriod
+	if aged > k {
+		return key{tier: 0, tag: r.Enqueued + (k+1)*c.AgingPeriod, id: r.ID}
+	}
+	if held+r.Tokens <= c.quota(r.Client).MinGuaranteed {
+		return key{tier: 1, tag: r.Finish, id: r.ID}
+	}
+	return key{tier: 2 + k - aged, tag: r.Finish, id: r.ID}
+}
+
+// grant grants from the queue at now: the first eligible request of the
+// order while it fits in the free tokens.
+func grant(c *Config, s *State, now int64, fx *Effects) {
+	for {
+		best, bk := -1, key{}
+		for i := range s.Queue {
+			r := &s.Queue[i]
+			held := s.Clients[r.Client].Held
+			if held+r.Tokens > c.quota(r.Client).MaxBurst {
+				continue // at its burst: skipped, not blocking
+			}
+			if k := order(c, r, now, held); best < 0 || k.less(bk) {
+				best, bk = i, k
+			}
+		}
+		if best < 0 || s.Queue[best].Tokens > c.Capacity-s.Held {
+			return
+		}
+		r := s.Queue[best]
+		s.Queue = append(s.Queue[:best], s.Queue[best+1:]...)
+		cl := s.Clients[r.Client]
+		cl.Held += r.Tokens
+		cl.Queued--
+		s.Clients[r.Client] = cl
+		s.Held += r.Tokens
+		s.Virtual = max(s.Virtual, r.Start)
+		exp := now + r.Duration
+		s.Granted = append(s.Granted, Reservation{ID: r.ID, Client: r.Client, Tokens: r.Tokens,
+			Balance: r.Tokens, GrantedAt: now, ExpiresAt: exp})
+		fx.Granted = append(fx.Granted, Grant{ID: r.ID, Client: r.Client, Tokens: r.Tokens, ExpiresAt: exp})
+		if s.Virtual >= rebaseAt {
+			rebase(s)
+		}
+	}
+}
+
+// rebase shifts every tag down by the virtual time, which keeps their
+// order and the differences the fair queue works with.
+func rebase(s *State) {
+	v := s.Virtual
+	s.Virtual = 0
+	for name, cl := range s.Clients {
+		cl.Finish -= v
+		s.Clients[name] = cl
+	}
+	for i := range s.Queue {
+		s.Queue[i].Start -= v
+		s.Queue[i].Finish -= v
+	}
+}
+
+// estimate returns the position of the queued request id in the order at
+// now (1 for the head) and an estimate of its grant instant: the queue
+// served in order, each reservation held to its expiry, each request
+// ahead granted as soon as tokens are back and held for its duration.
+// It leaves out the clients' bursts and guarantees as they change.
+func estimate(c *Config, s *State, now, id int64) (int64, int64) {
+	type item struct {
+		k key
+		r *Request
+	}
+	items := make([]item, len(s.Queue))
+	for i := range s.Queue {
+		r := &s.Queue[i]
+		items[i] = item{order(c, r, now, s.Clients[r.Client].Held), r}
+	}
+	slices.SortFunc(items, func(a, b item) int {
+		if a.k.less(b.k) {
+			return -1
+		}
+		if b.k.less(a.k) {
+			return 1
+		}
+		return 0
+	})
+	// Tokens coming back, by instant.
+	type back struct{ at, n int64 }
+	var backs []back
+	for _, g := range s.Granted {
+		if n := g.Balance + g.InUse; n > 0 {
+			backs = append(backs, back{g.ExpiresAt, n})
+		}
+	}
+	insert := func(b back) {
+		i, _ := slices.BinarySearchFunc(backs, b.at, func(x back, at int64) int {
+			switch {
+			case x.at < at:
+				return -1
+			case x.at > at:
+				return 1
+			}
+			return 0
+		})
+		backs = slices.Insert(backs, i, b)
+	}
+	slices.SortFunc(backs, func(a, b back) int {
+		switch {
+		case a.at < b.at:
+			return -1
+		case a.at > b.at:
+			return 1
+		}
+		return 0
+	})
+	free, t := c.Capacity-s.Held, now
+	for pos, it := range items {
+		for free < it.r.Tokens && len(backs) > 0 {
+			free += backs[0].n
+			t = max(t, backs[0].at)
+			backs = backs[1:]
+		}
+		if it.r.ID == id {
+			return int64(pos + 1), t
+		}
+		free -= it.r.Tokens
+		insert(back{t + it.r.Duration, it.r.Tokens})
+	}
+	return 0, now
+}
