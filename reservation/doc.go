@@ -75,7 +75,8 @@
 // inversely proportional to its weight, so that backlogged clients are
 // granted tokens in the ratio of their weights. When V passes 2^44 every
 // tag is shifted down by V (which keeps their order) so that they stay
-// within MaxExact.
+// within MaxExact. A pool with no reservation and nothing queued is idle:
+// it forgets V and every client, and is the zero State again.
 //
 // # Order and priorities
 //

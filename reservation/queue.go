@@ -48,6 +48,11 @@ func grant(c *Config, s *State, now int64, fx *Effects) {
 			}
 		}
 		if best < 0 || s.Queue[best].Tokens > c.Capacity-s.Held {
+			if s.Held == 0 && len(s.Queue) == 0 && len(s.Granted) == 0 {
+				// An idle pool: the fair queue's history no longer
+				// matters, and the zero state is the same pool.
+				s.Virtual, s.Clients = 0, nil
+			}
 			return
 		}
 		r := s.Queue[best]

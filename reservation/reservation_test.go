@@ -217,10 +217,10 @@ func TestLifecycle(t *testing.T) {
 		{at: 1, do: "use", n: 1, m: 0, err: ErrInvalid, held: 6},
 		{at: 2, do: "complete", n: 1, m: 1, held: 5}, // a use done: one token back
 		{at: 2, do: "complete", n: 1, m: 2, err: ErrInsufficient, held: 5},
-		{at: 3, do: "release", n: 1, ret: 4, held: 1},                // the balance back, 1 still in use
-		{at: 3, do: "release", n: 1, ret: 0, held: 1},                // twice: once
+		{at: 3, do: "release", n: 1, ret: 4, held: 1},                 // the balance back, 1 still in use
+		{at: 3, do: "release", n: 1, ret: 0, held: 1},                 // twice: once
 		{at: 3, do: "use", n: 1, m: 1, err: ErrInsufficient, held: 1}, // nothing left to use
-		{at: 30, do: "expire", expired: []int64{1}, held: 0}, // the last token in use back
+		{at: 30, do: "expire", expired: []int64{1}, held: 0},          // the last token in use back
 		{at: 31, do: "release", n: 1, err: ErrNotFound, held: 0},
 		{at: 31, do: "use", n: 1, m: 1, err: ErrNotFound, held: 0},
 		{at: 31, do: "complete", n: 1, m: 1, err: ErrNotFound, held: 0},

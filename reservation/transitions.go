@@ -11,23 +11,10 @@ func Reserve(c *Config, s *State, now int64, client string, tokens, duration int
 	var fx Effects
 	expire(s, now, &fx)
 	q := c.quota(client)
-	switch {
-	case client == "":
-		return Result{}, fx, invalid("client", "empty")
-	case tokens <= 0:
-		return Result{}, fx, invalid("tokens", "%d not positive", tokens)
-	case tokens > c.Capacity:
-		return Result{}, fx, invalid("tokens", "%d above the capacity %d", tokens, c.Capacity)
-	case tokens > q.MaxBurst:
-		return Result{}, fx, invalid("tokens", "%d above the client's max_burst %d", tokens, q.MaxBurst)
-	case duration <= 0:
-		return Result{}, fx, invalid("duration", "%dµs not positive", duration)
-	case duration > c.maxDuration():
-		return Result{}, fx, invalid("duration", "%dµs above %dµs", duration, c.maxDuration())
-	case p != High && p != Normal && p != Low:
-		return Result{}, fx, invalid("priority", "unknown priority %d", int64(p))
-	case int64(len(s.Queue)) >= c.QueueLimit:
-		return Result{}, fx, ErrQueueFull
+	if err := check(c, s, q, client, tokens, duration, p); err != nil {
+		// What expired may let the queue move even so.
+		grant(c, s, now, &fx)
+		return Result{}, fx, err
 	}
 	if s.Clients == nil {
 		s.Clients = make(map[string]Client)
@@ -229,3 +216,26 @@ func queued(s *State, id int64) int {
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// check validates a request to Reserve.
+func check(c *Config, s *State, q Quota, client string, tokens, duration int64, p Priority) error {
+	switch {
+	case client == "":
+		return invalid("client", "empty")
+	case tokens <= 0:
+		return invalid("tokens", "%d not positive", tokens)
+	case tokens > c.Capacity:
+		return invalid("tokens", "%d above the capacity %d", tokens, c.Capacity)
+	case tokens > q.MaxBurst:
+		return invalid("tokens", "%d above the client's max_burst %d", tokens, q.MaxBurst)
+	case duration <= 0:
+		return invalid("duration", "%dµs not positive", duration)
+	case duration > c.maxDuration():
+		return invalid("duration", "%dµs above %dµs", duration, c.maxDuration())
+	case p != High && p != Normal && p != Low:
+		return invalid("priority", "unknown priority %d", int64(p))
+	case int64(len(s.Queue)) >= c.QueueLimit:
+		return ErrQueueFull
+	}
+	return nil
+}
