@@ -15,7 +15,9 @@
 // A pool belongs to one (resource, limit) and has Config.Capacity tokens.
 // Time is in microseconds since the Unix epoch, as in package algorithm;
 // durations are in microseconds. Every integer stays within MaxExact
-// (2^51), so that Lua's doubles compute it exactly.
+// (2^51), so that Lua's doubles compute it exactly: this is why
+// Config.Validate bounds the capacity, the weights, and the capacity times
+// the queue limit (the virtual time a client's whole backlog can cost).
 //
 // State.Held is the number of tokens granted and not yet returned; the
 // pool's free tokens are Capacity - Held. The zero State is a pool never
@@ -28,8 +30,8 @@
 // 0, tokens above what the pool could ever grant the client (the capacity,
 // or the client's MaxBurst), duration <= 0 or above Config.MaxDuration
 // (at most 300 s), or the priority is not High, Normal or Low. It is
-// refused with ErrQueueFull when Config.QueueLimit requests are already
-// queued. Otherwise it is queued, and the queue is granted from its head
+// refused with ErrQueueFull when Config.QueueLimit requests are queued
+// (after what was due at now was expired and granted). Otherwise it is queued, and the queue is granted from its head
 // (see Granting): if the new request is granted at once its Result has
 // Position 0 and ExpiresAt = now + duration; else the Result gives its
 // Position in the queue (1 for the head) and EstimatedAt, an estimate of
@@ -41,7 +43,9 @@
 // 0). Complete(id, n) ends n tokens of use and returns them to the pool.
 // Release(id) returns the balance to the pool and sets it to 0; releasing
 // again returns nothing (the record stays, marked Released, until it
-// expires, so that a second release is recognised rather than an error).
+// expires, so that a second release is recognised rather than an error;
+// the pool thus keeps a record of each reservation for its duration, at
+// most 300 s).
 // At ExpiresAt the reservation expires: whatever it still holds, balance
 // and tokens in use, goes back to the pool and the record is removed; a
 // Use, Complete or Release after that gets ErrNotFound. Every token is thus
@@ -53,8 +57,9 @@
 // holds after every transition. Cancel(id) removes a queued request;
 // granted reservations are released, not cancelled (ErrNotQueued).
 //
-// Every transition first expires the reservations whose ExpiresAt <= now,
-// and ends by granting from the queue, so the caller need not call Expire
+// Every transition first expires the reservations whose ExpiresAt <= now
+// (Reserve also grants what that frees before it queues the new request,
+// which arrived after them), and ends by granting from the queue, so the caller need not call Expire
 // before each one; Expire(now) alone is for a periodic sweep.
 //
 // # The queue: weighted fair queuing
@@ -101,8 +106,9 @@
 //
 // Whenever tokens return (release, expiry, a use completing) and after a
 // Reserve, the pool grants in order: it takes the first request of the
-// order whose client holds fewer than MaxBurst - tokens (a client at its
-// burst is skipped, not blocking others); if the request's tokens are
+// order whose client's held tokens plus the request's are at most the
+// client's MaxBurst (a client at its burst is skipped, not blocking
+// others); if the request's tokens are
 // free it is granted (expiring at now + its duration) and the pool looks
 // again; if not, granting stops. Granting stops at a head that does not
 // fit rather than passing it to smaller requests behind it, so large
@@ -111,8 +117,7 @@
 //
 // # The aging bound
 //
-// A request of class k enqueued at t, whose client is not at its MaxBurst,
-// is granted by
+// A request of class k enqueued at t is granted by
 //
 //	t + (k+1)·P + L·D
 //
@@ -128,7 +133,9 @@
 // granted one after another within D each in the worst case (each
 // needing the whole pool), and it is granted by d + L·D. This is a worst
 // case; with requests releasing early or needing part of the pool, it is
-// served much sooner. The bound counts from instants at which the store
+// served much sooner. It assumes the request's own client leaves it room
+// under its MaxBurst: a client at its burst waits for its own tokens,
+// which is its quota, not starvation. The bound counts from instants at which the store
 // runs a transition: expiry happens when a transition at or after
 // ExpiresAt runs, so a store sweeps with Expire at least every few seconds.
 //

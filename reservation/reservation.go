@@ -29,6 +29,10 @@ const (
 	MaxDuration = 300_000_000
 	// MaxQueueLimit is the longest queue a pool may have.
 	MaxQueueLimit = 1 << 16
+	// MaxQueueTokens bounds Capacity x QueueLimit, the tokens a full queue
+	// can ask for: one client's backlog then costs at most 2^30 ·
+	// VirtualScale < 2^50 of virtual time.
+	MaxQueueTokens = 1 << 30
 )
 
 // Priority is the class of a request. Lower values are served first.
@@ -135,6 +139,9 @@ func (c *Config) Validate() error {
 	}
 	if c.QueueLimit < 1 || c.QueueLimit > MaxQueueLimit {
 		return invalid("queue_limit", "%d not in [1, %d]", c.QueueLimit, MaxQueueLimit)
+	}
+	if c.Capacity*c.QueueLimit > MaxQueueTokens {
+		return invalid("queue_limit", "capacity x queue limit %d above %d", c.Capacity*c.QueueLimit, MaxQueueTokens)
 	}
 	if c.AgingPeriod <= 0 || c.AgingPeriod > MaxExact/4 {
 		return invalid("aging_period", "%dµs not positive", c.AgingPeriod)

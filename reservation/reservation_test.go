@@ -34,6 +34,7 @@ func TestConfigValidate(t *testing.T) {
 		{"capacity too large", func(c *Config) { c.Capacity = MaxCapacity + 1 }, "capacity"},
 		{"queue 0", func(c *Config) { c.QueueLimit = 0 }, "queue_limit"},
 		{"aging 0", func(c *Config) { c.AgingPeriod = 0 }, "aging_period"},
+		{"queue of too many tokens", func(c *Config) { c.Capacity, c.QueueLimit = MaxCapacity, 1<<7 }, "queue_limit"},
 		{"duration above 300s", func(c *Config) { c.MaxDuration = MaxDuration + 1 }, "max_duration"},
 		{"weight too large", func(c *Config) { c.Quotas["x"] = Quota{Weight: MaxWeight + 1} }, "fairness_quotas"},
 		{"burst above capacity", func(c *Config) { c.Default.MaxBurst = 11 }, "fairness_quotas"},
@@ -311,4 +312,57 @@ func TestGuaranteeAndBurst(t *testing.T) {
 		{at: 2, do: "release", n: 3, ret: 5, granted: []int64{2}, held: 9},
 		{at: 3, do: "release", n: 4, ret: 4, granted: []int64{5}, held: 6},
 	})
+}
+
+// TestRebase checks that the tags are shifted down once the virtual time
+// passes its bound, keeping the differences between clients.
+func TestRebase(t *testing.T) {
+	c := testConfig()
+	v0 := int64(rebaseAt - 1)
+	// A released record keeps the pool from being idle (and reset).
+	s := State{Virtual: v0, LastID: 1, Granted: []Reservation{{ID: 1, Client: "z", Tokens: 1, ExpiresAt: t0 + 60*sec, Released: true}},
+		Clients: map[string]Client{"z": {}}}
+	do := func(client string, n int64) Result {
+		t.Helper()
+		r, _, err := Reserve(c, &s, t0, client, n, sec, Normal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	first := do("a", 10) // granted at v0, a's finish v0 + 10 units
+	do("b", 5)           // queued: start v0, finish v0 + 5 units
+	do("a", 5)           // queued: start v0 + 10 units
+	if s.Virtual != v0 {
+		t.Fatalf("virtual %d, want %d", s.Virtual, v0)
+	}
+	if _, fx, err := Release(c, &s, t0, first.ID); err != nil || len(fx.Granted) != 2 {
+		t.Fatalf("release: %+v, %v, want two grants", fx, err)
+	}
+	// Granting a's second request moved V to v0 + 10 units, past the bound:
+	// everything is shifted down by it.
+	const u = VirtualScale
+	if s.Virtual != 0 || s.Clients["a"].Finish != 5*u || s.Clients["b"].Finish != -5*u {
+		t.Fatalf("after the rebase: virtual %d, finish a %d b %d, want 0, %d, %d",
+			s.Virtual, s.Clients["a"].Finish, s.Clients["b"].Finish, 5*u, -5*u)
+	}
+}
+
+// TestIdleResets checks that a pool with nothing held, granted or queued
+// is the zero State again.
+func TestIdleResets(t *testing.T) {
+	c := testConfig()
+	var s State
+	r, _, _ := Reserve(c, &s, t0, "a", 3, sec, Normal)
+	if s.Virtual != 0 || s.Clients["a"].Finish != 3*VirtualScale {
+		t.Fatalf("state %+v", s)
+	}
+	Release(c, &s, t0, r.ID)
+	if len(s.Clients) == 0 {
+		t.Fatalf("forgot the client while its released record lives")
+	}
+	Expire(c, &s, t0+sec)
+	if s.Held != 0 || s.Virtual != 0 || len(s.Clients) != 0 || len(s.Queue) != 0 || len(s.Granted) != 0 {
+		t.Fatalf("idle pool: %+v, want the zero state (but for LastID)", s)
+	}
 }

@@ -10,10 +10,10 @@ package reservation
 func Reserve(c *Config, s *State, now int64, client string, tokens, duration int64, p Priority) (Result, Effects, error) {
 	var fx Effects
 	expire(s, now, &fx)
+	// What was due before this request is served before it is queued.
+	grant(c, s, now, &fx)
 	q := c.quota(client)
 	if err := check(c, s, q, client, tokens, duration, p); err != nil {
-		// What expired may let the queue move even so.
-		grant(c, s, now, &fx)
 		return Result{}, fx, err
 	}
 	if s.Clients == nil {
