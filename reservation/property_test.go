@@ -12,6 +12,15 @@ type ledger struct {
 	granted  map[int64]int64 // tokens granted, by ID
 	returned map[int64]int64 // tokens returned, by ID
 	released map[int64]bool
+	// bound is, for each queued request whose client has no burst of its
+	// own, the instant by which it must be granted.
+	bound map[int64]int64
+	now   int64
+	// checked counts the grants checked against the bound; closest is
+	// the largest fraction of its bound a wait took.
+	checked int
+	closest float64
+	wait    map[int64]int64 // the bound's length, by ID
 }
 
 func (l *ledger) effects(t *testing.T, fx Effects) {
@@ -21,6 +30,15 @@ func (l *ledger) effects(t *testing.T, fx Effects) {
 			t.Fatalf("reservation %d granted twice", g.ID)
 		}
 		l.granted[g.ID] = g.Tokens
+		if b, ok := l.bound[g.ID]; ok {
+			if l.now > b {
+				t.Fatalf("reservation %d granted %dµs after its bound", g.ID, l.now-b)
+			}
+			l.checked++
+			w := l.wait[g.ID]
+			l.closest = max(l.closest, float64(w-(b-l.now))/float64(w))
+		}
+		delete(l.bound, g.ID)
 	}
 	for _, e := range fx.Expired {
 		l.returned[e.ID] += e.Returned
@@ -30,9 +48,15 @@ func (l *ledger) effects(t *testing.T, fx Effects) {
 // TestConservation runs random sequences of every transition on small
 // pools and checks at every step that the tokens granted and the tokens
 // free make the capacity, that the queue's head never fits (the pool
-// grants as far as it can), and at the end, once everything has expired,
-// that every token granted came back exactly once.
+// grants as far as it can), that every request (of a client without a
+// burst of its own) is granted within the aging bound, and at the end,
+// once everything has expired, that every token granted came back exactly
+// once.
 func TestConservation(t *testing.T) {
+	checked, closest := 0, 0.0
+	defer func() {
+		t.Logf("%d grants checked against the aging bound, the longest wait %.1f%% of its bound", checked, 100*closest)
+	}()
 	for seed := range uint64(200) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		c := &Config{
@@ -51,11 +75,18 @@ func TestConservation(t *testing.T) {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
 		var s State
-		l := ledger{map[int64]int64{}, map[int64]int64{}, map[int64]bool{}}
+		l := ledger{granted: map[int64]int64{}, returned: map[int64]int64{}, released: map[int64]bool{}, bound: map[int64]int64{}, wait: map[int64]int64{}}
+		// The aging bound, with the lag of expiries that happen only when
+		// a transition runs, at most gap after they are due.
+		const gap = sec
+		wait := func(p Priority) int64 {
+			return (int64(p)+1)*c.AgingPeriod + c.QueueLimit*(c.maxDuration()+gap) + gap
+		}
 		now := t0
 		pick := func() int64 { return 1 + rng.Int64N(s.LastID+2) } // known, or not
 		for step := 0; step < 400; step++ {
-			now += rng.Int64N(sec)
+			now += rng.Int64N(gap)
+			l.now = now
 			var fx Effects
 			var err error
 			switch rng.IntN(7) {
@@ -64,9 +95,14 @@ func TestConservation(t *testing.T) {
 				dur := rng.Int64N(c.maxDuration()+2) - 1
 				p := Priority(rng.IntN(4))
 				var r Result
-				r, fx, err = Reserve(c, &s, now, clients[rng.IntN(len(clients))], tokens, dur, p)
+				client := clients[rng.IntN(len(clients))]
+				r, fx, err = Reserve(c, &s, now, client, tokens, dur, p)
 				if err == nil && r.Granted != (r.Position == 0) {
 					t.Fatalf("seed %d step %d: result %+v", seed, step, r)
+				}
+				if err == nil && !r.Granted && c.quota(client).MaxBurst == c.Capacity {
+					l.bound[r.ID] = now + wait(p)
+					l.wait[r.ID] = wait(p)
 				}
 			case 2:
 				_, fx, err = Use(c, &s, now, pick(), rng.Int64N(c.Capacity+1))
@@ -88,7 +124,11 @@ func TestConservation(t *testing.T) {
 					l.returned[id] += n
 				}
 			case 5:
-				fx, err = Cancel(c, &s, now, pick())
+				id := pick()
+				fx, err = Cancel(c, &s, now, id)
+				if err == nil {
+					delete(l.bound, id)
+				}
 			case 6:
 				fx = Expire(c, &s, now)
 			}
@@ -116,13 +156,16 @@ func TestConservation(t *testing.T) {
 		// Drain: everything queued is granted in turn, everything granted
 		// expires.
 		for i := 0; len(s.Granted)+len(s.Queue) > 0; i++ {
-			if i > 1000 {
+			if i > 100_000 {
 				t.Fatalf("seed %d: never drained: %+v", seed, s)
 			}
-			now += c.maxDuration()
+			now += min(c.maxDuration(), gap)
+			l.now = now
 			l.effects(t, Expire(c, &s, now))
 			checkInvariant(t, c, &s)
 		}
+		checked += l.checked
+		closest = max(closest, l.closest)
 		for id, g := range l.granted {
 			if l.returned[id] != g {
 				t.Fatalf("seed %d: reservation %d granted %d, returned %d", seed, id, g, l.returned[id])
