@@ -23,19 +23,32 @@
 // pool's free tokens are Capacity - Held. The zero State is a pool never
 // used: every token free, nobody queued.
 //
+// # State
+//
+// State holds three integers (Held, Virtual, LastID) and three small
+// collections: Clients (by name: Finish, Held, Queued), Queue (the
+// requests waiting, in arrival order) and Granted (the reservations not yet
+// expired). Every field is an integer or a client's name, and nothing is
+// derived from an index that would have to be kept in step: the order of
+// the queue is computed from the fields at each call. A Redis store can
+// keep a pool as one hash of the integers and the clients, and the two
+// collections as hashes of records by ID; each transition reads them all,
+// which the queue limit keeps small.
+//
 // # Reservations
 //
 // Reserve(client, tokens, duration, priority) at now is refused with an
-// *InvalidError (which wraps ErrInvalid and names the field) when tokens <=
-// 0, tokens above what the pool could ever grant the client (the capacity,
-// or the client's MaxBurst), duration <= 0 or above Config.MaxDuration
-// (at most 300 s), or the priority is not High, Normal or Low. It is
-// refused with ErrQueueFull when Config.QueueLimit requests are queued
-// (after what was due at now was expired and granted). Otherwise it is queued, and the queue is granted from its head
-// (see Granting): if the new request is granted at once its Result has
-// Position 0 and ExpiresAt = now + duration; else the Result gives its
-// Position in the queue (1 for the head) and EstimatedAt, an estimate of
-// its grant instant.
+// *InvalidError (which wraps ErrInvalid and names the field) when the
+// client is empty, tokens <= 0, tokens above what the pool could ever
+// grant the client (the capacity, or the client's MaxBurst), duration <= 0
+// or above Config.MaxDuration (at most 300 s), or the priority is not
+// High, Normal or Low. It is refused with ErrQueueFull when
+// Config.QueueLimit requests are queued (after what was due at now was
+// expired and granted). Otherwise it is queued, and the queue is granted
+// from its head (see Granting): if the new request is granted at once its
+// Result has Position 0 and ExpiresAt = now + duration; else the Result
+// gives its Position in the queue (1 for the head) and EstimatedAt, an
+// estimate of its grant instant.
 //
 // A granted reservation (a Reservation) holds its tokens as a balance.
 // Use(id, n) draws n from the balance into use (refused with
@@ -58,17 +71,20 @@
 // granted reservations are released, not cancelled (ErrNotQueued).
 //
 // Every transition first expires the reservations whose ExpiresAt <= now
-// (Reserve also grants what that frees before it queues the new request,
-// which arrived after them), and ends by granting from the queue, so the caller need not call Expire
-// before each one; Expire(now) alone is for a periodic sweep.
+// (Reserve also grants what that frees, before it queues the new request,
+// which arrived after them), and ends by granting from the queue. The
+// caller need not call Expire before each one; Expire(now) alone is for a
+// periodic sweep.
 //
 // # The queue: weighted fair queuing
 //
-// Each client has a Quota: Weight (share of the pool under contention),
-// MinGuaranteed (tokens it can count on), MaxBurst (the most tokens it may
-// hold at once). Fairness is by virtual finish time. The pool keeps a
-// virtual time V, and each client the finish tag F of its last request. A
-// request of t tokens from a client of weight w gets
+// Each client has a Quota (fairness_quotas): Weight, its share of the pool
+// under contention; MinGuaranteed, the tokens up to which its requests go
+// ahead of the others' (see Order); MaxBurst, the most tokens it may hold
+// at once. Config.Validate keeps the guarantees' sum within the capacity.
+// Fairness is by virtual finish time. The pool keeps a virtual time V,
+// and each client the finish tag F of its last request. A request of t
+// tokens from a client of weight w gets
 //
 //	start  = max(V, F)
 //	finish = start + ceil(t · VirtualScale / w),   and F becomes finish.
@@ -105,15 +121,14 @@
 // # Granting
 //
 // Whenever tokens return (release, expiry, a use completing) and after a
-// Reserve, the pool grants in order: it takes the first request of the
+// Reserve, the pool grants in order. It takes the first request of the
 // order whose client's held tokens plus the request's are at most the
-// client's MaxBurst (a client at its burst is skipped, not blocking
-// others); if the request's tokens are
-// free it is granted (expiring at now + its duration) and the pool looks
-// again; if not, granting stops. Granting stops at a head that does not
-// fit rather than passing it to smaller requests behind it, so large
-// requests are not starved by small ones, and free tokens are kept for a
-// client below its guarantee.
+// client's MaxBurst (a client at its burst is skipped, and blocks no one).
+// If the request's tokens are free it is granted, expiring at now + its
+// duration, and the pool looks again; if not, granting stops. Stopping at
+// a head that does not fit, rather than passing it to smaller requests
+// behind it, keeps large requests from being starved by small ones, and
+// keeps the returning tokens for a client below its guarantee.
 //
 // # The aging bound
 //
@@ -122,24 +137,32 @@
 //	t + (k+1)·P + L·D
 //
 // where L is Config.QueueLimit and D is Config.MaxDuration, whatever load
-// of higher priority arrives. For a low request that is t + 3P + L·D. The
-// reason: at its deadline d = t + (k+1)·P it is overdue, and from then on
-// only overdue requests with an earlier deadline are ahead of it. A request
-// arriving after d has a deadline of at least its arrival + P > d, so
-// everything ahead was already queued at d: at most L - 1 requests. Nothing
-// behind it is granted while it waits (granting stops at the head). The
-// tokens held at d are back by d + D at the latest; each request ahead,
-// once granted, holds its tokens for at most D. So the requests ahead are
-// granted one after another within D each in the worst case (each
-// needing the whole pool), and it is granted by d + L·D. This is a worst
-// case; with requests releasing early or needing part of the pool, it is
-// served much sooner. It assumes the request's own client leaves it room
-// under its MaxBurst: a client at its burst waits for its own tokens,
-// which is its quota, not starvation. The bound counts from instants at which the store
-// runs a transition: expiry happens when a transition at or after
-// ExpiresAt runs, so a store sweeps with Expire at least every few seconds.
+// of higher priority arrives: a low request by t + 3P + L·D.
 //
-// Aging also orders requests of one class by age once they wait longer
-// than P, so weighted fairness holds among requests that wait less than
-// an aging period; choose P above the waits expected under normal load.
+// Why: at its deadline d = t + (k+1)·P it is overdue, and from then on only
+// overdue requests with an earlier deadline are ahead of it. A request
+// arriving after d has a deadline of at least its arrival + P > d, so
+// everything ever ahead of it was already queued at d: at most L - 1
+// requests. Nothing behind it is granted while it waits, since granting
+// stops at the first eligible request that does not fit. The tokens held
+// at d are all back by d + D; the j-th request ahead, once granted, holds
+// its tokens for at most D, so by the time it has been granted for D every
+// token is back and the next one can be granted. Each takes at most D, and
+// the request is granted by d + L·D.
+//
+// It is a worst case, with each request needing the whole pool for the
+// longest duration; requests that release early or need part of the pool
+// are served much sooner. It assumes the request's own client leaves it
+// room under its MaxBurst: a client at its burst waits for its own
+// tokens, which is its quota and not starvation. Expiry happens when a
+// transition runs at or after ExpiresAt; if transitions (or Expire sweeps)
+// run at least every g, each step can be late by g, and the bound is
+// t + (k+1)·P + L·(D+g) + g. The property tests hold every queued request
+// to that bound.
+//
+// Aging orders the requests of one class by age once they have waited
+// longer than P, whatever their finish tags, so weighted fairness holds
+// among requests that wait less than an aging period: choose P above the
+// waits expected under normal load, and the queue limit to what the bound
+// should be.
 package reservation
