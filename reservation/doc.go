@@ -97,7 +97,7 @@
 // granted tokens in the ratio of their weights. When V passes 2^44 every
 // tag is shifted down by V (which keeps their order) so that they stay
 // within MaxExact. A pool with no reservation and nothing queued is idle:
-// it forgets V and every client, and is the zero State again.
+// it forgets V and every client, and decides as the zero State.
 //
 // # Order and priorities
 //

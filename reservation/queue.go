@@ -1,6 +1,9 @@
 package reservation
 
-import "slices"
+import (
+	"cmp"
+	"slices"
+)
 
 // key is a request's place in the order at some instant: smaller first.
 type key struct {
@@ -9,14 +12,14 @@ type key struct {
 	id   int64
 }
 
-func (a key) less(b key) bool {
-	if a.tier != b.tier {
-		return a.tier < b.tier
+func (a key) compare(b key) int {
+	if c := cmp.Compare(a.tier, b.tier); c != 0 {
+		return c
 	}
-	if a.tag != b.tag {
-		return a.tag < b.tag
+	if c := cmp.Compare(a.tag, b.tag); c != 0 {
+		return c
 	}
-	return a.id < b.id
+	return cmp.Compare(a.id, b.id)
 }
 
 // order returns the key of r at now; held is what its client holds.
@@ -43,7 +46,7 @@ func grant(c *Config, s *State, now int64, fx *Effects) {
 			if held+r.Tokens > c.quota(r.Client).MaxBurst {
 				continue // at its burst: skipped, not blocking
 			}
-			if k := order(c, r, now, held); best < 0 || k.less(bk) {
+			if k := order(c, r, now, held); best < 0 || k.compare(bk) < 0 {
 				best, bk = i, k
 			}
 		}
@@ -51,7 +54,8 @@ func grant(c *Config, s *State, now int64, fx *Effects) {
 			if s.Held == 0 && len(s.Queue) == 0 && len(s.Granted) == 0 {
 				// An idle pool: the fair queue's history no longer
 				// matters, and the zero state is the same pool.
-				s.Virtual, s.Clients = 0, nil
+				s.Virtual = 0
+				clear(s.Clients)
 			}
 			return
 		}
@@ -103,44 +107,17 @@ func estimate(c *Config, s *State, now, id int64) (int64, int64) {
 		r := &s.Queue[i]
 		items[i] = item{order(c, r, now, s.Clients[r.Client].Held), r}
 	}
-	slices.SortFunc(items, func(a, b item) int {
-		if a.k.less(b.k) {
-			return -1
-		}
-		if b.k.less(a.k) {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(items, func(a, b item) int { return a.k.compare(b.k) })
 	// Tokens coming back, by instant.
 	type back struct{ at, n int64 }
+	byAt := func(a, b back) int { return cmp.Compare(a.at, b.at) }
 	var backs []back
 	for _, g := range s.Granted {
 		if n := g.Balance + g.InUse; n > 0 {
 			backs = append(backs, back{g.ExpiresAt, n})
 		}
 	}
-	insert := func(b back) {
-		i, _ := slices.BinarySearchFunc(backs, b.at, func(x back, at int64) int {
-			switch {
-			case x.at < at:
-				return -1
-			case x.at > at:
-				return 1
-			}
-			return 0
-		})
-		backs = slices.Insert(backs, i, b)
-	}
-	slices.SortFunc(backs, func(a, b back) int {
-		switch {
-		case a.at < b.at:
-			return -1
-		case a.at > b.at:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(backs, byAt)
 	free, t := c.Capacity-s.Held, now
 	for pos, it := range items {
 		for free < it.r.Tokens && len(backs) > 0 {
@@ -152,7 +129,9 @@ func estimate(c *Config, s *State, now, id int64) (int64, int64) {
 			return int64(pos + 1), t
 		}
 		free -= it.r.Tokens
-		insert(back{t + it.r.Duration, it.r.Tokens})
+		b := back{t + it.r.Duration, it.r.Tokens}
+		i, _ := slices.BinarySearchFunc(backs, b, byAt)
+		backs = slices.Insert(backs, i, b)
 	}
 	return 0, now
 }

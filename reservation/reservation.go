@@ -234,28 +234,42 @@ type Client struct {
 	Queued int64
 }
 
-// Request is a queued request.
+// Request is a queued request: what Reserve was asked, and its tags.
 type Request struct {
-	ID       int64
-	Client   string
-	Tokens   int64
-	Duration int64 // µs
+	// ID is the request's ID, kept when it is granted.
+	ID int64
+	// Client names the client that asked.
+	Client string
+	// Tokens is the number of tokens asked for.
+	Tokens int64
+	// Duration is how long the reservation lasts once granted, in µs.
+	Duration int64
+	// Priority is the class it was asked at; its effective class rises
+	// as it waits.
 	Priority Priority
-	Enqueued int64 // µs since the epoch
+	// Enqueued is the instant it was queued, in µs since the epoch.
+	Enqueued int64
 	// Start and Finish are the request's virtual start and finish tags.
 	Start, Finish int64
 }
 
-// Reservation is a granted reservation.
+// Reservation is a granted reservation. It holds Balance + InUse tokens.
 type Reservation struct {
-	ID        int64
-	Client    string
-	Tokens    int64 // granted
-	Balance   int64 // granted, not yet used nor released
-	InUse     int64 // drawn by Use, not yet completed
-	GrantedAt int64 // µs since the epoch
-	ExpiresAt int64 // µs since the epoch
-	Released  bool
+	// ID is the ID Reserve returned.
+	ID int64
+	// Client names the client that holds it.
+	Client string
+	// Tokens is the number of tokens granted.
+	Tokens int64
+	// Balance is the part of the tokens neither used nor released.
+	Balance int64
+	// InUse is the part drawn by Use and not yet completed.
+	InUse int64
+	// GrantedAt and ExpiresAt are the instants of the grant and of the
+	// expiry, in µs since the epoch.
+	GrantedAt, ExpiresAt int64
+	// Released is set by the first Release.
+	Released bool
 }
 
 // Result is the outcome of a Reserve that was not refused.
@@ -276,15 +290,18 @@ type Result struct {
 	EstimatedAt int64
 }
 
-// Grant is a queued request granted by a transition.
+// Grant is a queued request granted by a transition, which a store tells
+// the client that waits for it.
 type Grant struct {
-	ID        int64
-	Client    string
-	Tokens    int64
+	ID     int64
+	Client string
+	Tokens int64
+	// ExpiresAt is the instant the grant expires, in µs since the epoch.
 	ExpiresAt int64
 }
 
-// Expiry is a reservation that expired, and the tokens it returned.
+// Expiry is a reservation that expired, and the tokens it returned (its
+// balance and the tokens still in use).
 type Expiry struct {
 	ID       int64
 	Client   string
@@ -292,7 +309,8 @@ type Expiry struct {
 }
 
 // Effects is what a transition did besides its own result: the
-// reservations it expired first and the queued requests it granted last.
+// reservations it expired first and the queued requests it granted, in
+// the order of the grants. The zero value is nothing done.
 type Effects struct {
 	Expired []Expiry
 	Granted []Grant
