@@ -11,7 +11,7 @@ func BenchmarkReserveRelease(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		now += 2 // the released record expires before the next
-		r, _, err := Reserve(c, &s, now, "client", 10, 1, Normal)
+		r, _, err := Reserve(c, &s, now, Ask{Client: "client", Tokens: 10, Duration: 1, Priority: Normal})
 		if err != nil || !r.Granted {
 			b.Fatalf("got %+v, %v", r, err)
 		}
@@ -35,7 +35,7 @@ func BenchmarkReserveReleaseQueued(b *testing.B) {
 	}
 	var held []int64
 	for i := range 48 + 10 {
-		r, fx, err := Reserve(c, &s, now, clients[i%16], 10, 60*sec, Normal)
+		r, fx, err := Reserve(c, &s, now, Ask{Client: clients[i%16], Tokens: 10, Duration: 60 * sec, Priority: Normal})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -56,7 +56,7 @@ func BenchmarkReserveReleaseQueued(b *testing.B) {
 		for _, g := range fx.Granted {
 			held = append(held, g.ID)
 		}
-		_, fx, err = Reserve(c, &s, now, clients[i%16], 10, 60*sec, Normal)
+		_, fx, err = Reserve(c, &s, now, Ask{Client: clients[i%16], Tokens: 10, Duration: 60 * sec, Priority: Normal})
 		if err != nil {
 			b.Fatal(err)
 		}

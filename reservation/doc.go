@@ -37,7 +37,7 @@
 //
 // # Reservations
 //
-// Reserve(client, tokens, duration, priority) at now is refused with an
+// Reserve(Ask{client, tokens, duration, priority}) at now is refused with an
 // *InvalidError (which wraps ErrInvalid and names the field) when the
 // client is empty, tokens <= 0, tokens above what the pool could ever
 // grant the client (the capacity, or the client's MaxBurst), duration <= 0
@@ -101,7 +101,7 @@
 //
 // # Order and priorities
 //
-// Priorities are High, Normal and Low (class 0, 1, 2). A request ages: a
+// Priorities are High, Normal and Low, of class 0, 1 and 2. A request ages: a
 // request of class k that has waited w has the effective class
 //
 //	e = k - floor(w / P),  P = Config.AgingPeriod,

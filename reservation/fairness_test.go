@@ -34,7 +34,7 @@ func newBacklog(t *testing.T, c *Config) *backlog {
 
 func (b *backlog) reserve(client string) {
 	b.t.Helper()
-	r, fx, err := Reserve(b.c, &b.s, b.now, client, b.tok[client], b.c.maxDuration(), b.prio[client])
+	r, fx, err := Reserve(b.c, &b.s, b.now, Ask{Client: client, Tokens: b.tok[client], Duration: b.c.maxDuration(), Priority: b.prio[client]})
 	if err != nil {
 		b.t.Fatalf("reserve %s: %v", client, err)
 	}
@@ -125,6 +125,15 @@ func TestWeightedFairness(t *testing.T) {
 			for i, n := range names {
 				if dev := math.Abs(norm[i]/mean - 1); dev > 0.05 {
 					t.Errorf("%s: %d tokens, %.1f per unit of weight, %.1f%% from the mean", n, b.tokens[n], norm[i], 100*dev)
+				}
+			}
+			if sizes[0] == sizes[1] && sizes[1] == sizes[2] {
+				// Equal requests: the grants themselves are in 1:2:4.
+				for i, n := range names {
+					want := float64(total) * float64(weights[i]) / 7
+					if dev := math.Abs(float64(b.grants[n])/want - 1); dev > 0.05 {
+						t.Errorf("%s: %d grants, want %.0f within 5%%", n, b.grants[n], want)
+					}
 				}
 			}
 			j := jain(norm)

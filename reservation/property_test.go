@@ -80,7 +80,7 @@ func TestConservation(t *testing.T) {
 		// a transition runs, at most gap after they are due.
 		const gap = sec
 		wait := func(p Priority) int64 {
-			return (int64(p)+1)*c.AgingPeriod + c.QueueLimit*(c.maxDuration()+gap) + gap
+			return int64(p)*c.AgingPeriod + c.QueueLimit*(c.maxDuration()+gap) + gap
 		}
 		now := t0
 		pick := func() int64 { return 1 + rng.Int64N(s.LastID+2) } // known, or not
@@ -93,10 +93,10 @@ func TestConservation(t *testing.T) {
 			case 0, 1:
 				tokens := rng.Int64N(c.Capacity+2) - 1
 				dur := rng.Int64N(c.maxDuration()+2) - 1
-				p := Priority(rng.IntN(4))
+				p := Priority(1 + rng.IntN(4)) // 1 in 4 invalid
 				var r Result
 				client := clients[rng.IntN(len(clients))]
-				r, fx, err = Reserve(c, &s, now, client, tokens, dur, p)
+				r, fx, err = Reserve(c, &s, now, Ask{Client: client, Tokens: tokens, Duration: dur, Priority: p})
 				if err == nil && r.Granted != (r.Position == 0) {
 					t.Fatalf("seed %d step %d: result %+v", seed, step, r)
 				}

@@ -24,7 +24,7 @@ func (a key) compare(b key) int {
 
 // order returns the key of r at now; held is what its client holds.
 func order(c *Config, r *Request, now, held int64) key {
-	k := int64(r.Priority)
+	k := int64(r.Priority) - 1 // the class
 	aged := max(now-r.Enqueued, 0) / c.AgingPeriod
 	if aged > k {
 		return key{tier: 0, tag: r.Enqueued + (k+1)*c.AgingPeriod, id: r.ID}

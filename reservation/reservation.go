@@ -35,14 +35,17 @@ const (
 	MaxQueueTokens = 1 << 30
 )
 
-// Priority is the class of a request. Lower values are served first.
+// Priority is the class of a request: High, Normal or Low. The zero value
+// is no priority, which Reserve refuses, so that a request that forgot to
+// say is not served as high.
 type Priority int64
 
-// The priorities, from the most urgent.
+// The priorities, from the most urgent. A request of priority p is of
+// class p - 1 (0, 1 or 2) in the order of the queue.
 const (
-	High   Priority = 0
-	Normal Priority = 1
-	Low    Priority = 2
+	High   Priority = 1
+	Normal Priority = 2
+	Low    Priority = 3
 )
 
 // String returns "high", "normal" or "low".
@@ -270,6 +273,20 @@ type Reservation struct {
 	GrantedAt, ExpiresAt int64
 	// Released is set by the first Release.
 	Released bool
+}
+
+// Ask is a request for a reservation.
+type Ask struct {
+	// Client names the client asking; not empty.
+	Client string
+	// Tokens is the number of tokens asked for: positive, at most the
+	// capacity and the client's MaxBurst.
+	Tokens int64
+	// Duration is how long the reservation lasts once granted, in µs:
+	// positive, at most the pool's MaxDuration.
+	Duration int64
+	// Priority is High, Normal or Low.
+	Priority Priority
 }
 
 // Result is the outcome of a Reserve that was not refused.

@@ -72,11 +72,12 @@ func TestReserveInvalid(t *testing.T) {
 		{"zero duration", "a", 1, 0, Normal, "duration"},
 		{"negative duration", "a", 1, -sec, Normal, "duration"},
 		{"above the pool's max duration", "a", 1, 60*sec + 1, Normal, "duration"},
-		{"unknown priority", "a", 1, sec, Priority(3), "priority"},
+		{"unknown priority", "a", 1, sec, Priority(4), "priority"},
+		{"no priority", "a", 1, sec, 0, "priority"},
 		{"negative priority", "a", 1, sec, Priority(-1), "priority"},
 	} {
 		var s State
-		_, _, err := Reserve(c, &s, t0, tc.client, tc.tokens, tc.duration, tc.p)
+		_, _, err := Reserve(c, &s, t0, Ask{Client: tc.client, Tokens: tc.tokens, Duration: tc.duration, Priority: tc.p})
 		var ie *InvalidError
 		if !errors.As(err, &ie) || ie.Field != tc.field {
 			t.Errorf("%s: got %v, want an invalid %s", tc.name, err, tc.field)
@@ -88,10 +89,10 @@ func TestReserveInvalid(t *testing.T) {
 	// 300 s is the ceiling whatever the pool says.
 	c.MaxDuration = 0
 	var s State
-	if _, _, err := Reserve(c, &s, t0, "a", 1, MaxDuration+1, Normal); err == nil {
+	if _, _, err := Reserve(c, &s, t0, Ask{Client: "a", Tokens: 1, Duration: MaxDuration + 1, Priority: Normal}); err == nil {
 		t.Errorf("duration above 300s: got nil error")
 	}
-	if r, _, err := Reserve(c, &s, t0, "a", 1, MaxDuration, Normal); err != nil || !r.Granted {
+	if r, _, err := Reserve(c, &s, t0, Ask{Client: "a", Tokens: 1, Duration: MaxDuration, Priority: Normal}); err != nil || !r.Granted {
 		t.Errorf("duration 300s: got %+v, %v, want granted", r, err)
 	}
 }
@@ -101,9 +102,9 @@ type op struct {
 	at      int64  // seconds after t0
 	do      string // reserve, use, complete, release, cancel, expire
 	client  string
-	n       int64 // tokens, or the ID for use/complete/release/cancel
-	m       int64 // duration in seconds for reserve, tokens for use/complete
-	p       Priority
+	n       int64    // tokens, or the ID for use/complete/release/cancel
+	m       int64    // duration in seconds for reserve, tokens for use/complete
+	p       Priority // Normal if zero
 	err     error
 	want    Result  // for reserve (EstimatedAt in seconds after t0)
 	ret     int64   // tokens returned, for release
@@ -121,8 +122,11 @@ func runOps(t *testing.T, c *Config, ops []op) *State {
 		var err error
 		switch o.do {
 		case "reserve":
+			if o.p == 0 {
+				o.p = Normal
+			}
 			var r Result
-			r, fx, err = Reserve(c, &s, now, o.client, o.n, o.m*sec, o.p)
+			r, fx, err = Reserve(c, &s, now, Ask{Client: o.client, Tokens: o.n, Duration: o.m * sec, Priority: o.p})
 			if err == nil {
 				w := o.want
 				if w.Granted {
@@ -324,7 +328,7 @@ func TestRebase(t *testing.T) {
 		Clients: map[string]Client{"z": {}}}
 	do := func(client string, n int64) Result {
 		t.Helper()
-		r, _, err := Reserve(c, &s, t0, client, n, sec, Normal)
+		r, _, err := Reserve(c, &s, t0, Ask{Client: client, Tokens: n, Duration: sec, Priority: Normal})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -353,7 +357,7 @@ func TestRebase(t *testing.T) {
 func TestIdleResets(t *testing.T) {
 	c := testConfig()
 	var s State
-	r, _, _ := Reserve(c, &s, t0, "a", 3, sec, Normal)
+	r, _, _ := Reserve(c, &s, t0, Ask{Client: "a", Tokens: 3, Duration: sec, Priority: Normal})
 	if s.Virtual != 0 || s.Clients["a"].Finish != 3*VirtualScale {
 		t.Fatalf("state %+v", s)
 	}

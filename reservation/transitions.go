@@ -4,10 +4,10 @@ package reservation
 // first, validates, changes the state, and ends by granting from the queue.
 // A refused request leaves the state as the expiries left it.
 
-// Reserve asks for tokens from client for duration microseconds at the
-// given priority, at now. It returns the request's Result, or an
-// *InvalidError or ErrQueueFull; see the package documentation.
-func Reserve(c *Config, s *State, now int64, client string, tokens, duration int64, p Priority) (Result, Effects, error) {
+// Reserve asks for a reservation at now. It returns the request's Result,
+// or an *InvalidError or ErrQueueFull; see the package documentation.
+func Reserve(c *Config, s *State, now int64, a Ask) (Result, Effects, error) {
+	client, tokens, duration, p := a.Client, a.Tokens, a.Duration, a.Priority
 	var fx Effects
 	expire(s, now, &fx)
 	// What was due before this request is served before it is queued.
