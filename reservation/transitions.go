@@ -7,27 +7,26 @@ package reservation
 // Reserve asks for a reservation at now. It returns the request's Result,
 // or an *InvalidError or ErrQueueFull; see the package documentation.
 func Reserve(c *Config, s *State, now int64, a Ask) (Result, Effects, error) {
-	client, tokens, duration, p := a.Client, a.Tokens, a.Duration, a.Priority
 	var fx Effects
 	expire(s, now, &fx)
 	// What was due before this request is served before it is queued.
 	grant(c, s, now, &fx)
-	q := c.quota(client)
-	if err := check(c, s, q, client, tokens, duration, p); err != nil {
+	q := c.quota(a.Client)
+	if err := check(c, s, q, a); err != nil {
 		return Result{}, fx, err
 	}
 	if s.Clients == nil {
 		s.Clients = make(map[string]Client)
 	}
-	cl := s.Clients[client]
+	cl := s.Clients[a.Client]
 	start := max(s.Virtual, cl.Finish)
-	finish := start + ceilDiv(tokens*VirtualScale, q.Weight)
+	finish := start + ceilDiv(a.Tokens*VirtualScale, q.Weight)
 	cl.Finish = finish
 	cl.Queued++
-	s.Clients[client] = cl
+	s.Clients[a.Client] = cl
 	s.LastID++
-	r := Request{ID: s.LastID, Client: client, Tokens: tokens, Duration: duration,
-		Priority: p, Enqueued: now, Start: start, Finish: finish}
+	r := Request{ID: s.LastID, Client: a.Client, Tokens: a.Tokens, Duration: a.Duration,
+		Priority: a.Priority, Enqueued: now, Start: start, Finish: finish}
 	s.Queue = append(s.Queue, r)
 	grant(c, s, now, &fx)
 	for _, g := range fx.Granted {
@@ -217,10 +216,11 @@ func queued(s *State, id int64) int {
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-// check validates a request to Reserve.
-func check(c *Config, s *State, q Quota, client string, tokens, duration int64, p Priority) error {
+// check validates a request to Reserve from a client of quota q.
+func check(c *Config, s *State, q Quota, a Ask) error {
+	tokens, duration, p := a.Tokens, a.Duration, a.Priority
 	switch {
-	case client == "":
+	case a.Client == "":
 		return invalid("client", "empty")
 	case tokens <= 0:
 		return invalid("tokens", "%d not positive", tokens)
