@@ -75,7 +75,10 @@ local corrupt = 0
 local clock -- Redis' TIME in µs, read once
 -- all or nothing: the writes held back, 5 values each (key, new state,
 -- time to live in ms or false to keep it)
-local held, nheld = {}, 0
+local held, nheld
+if all == 1 then
+  held, nheld = {}, 0
+end
 
 -- write writes the state (a, b, c) to key with a time to live of px ms,
 -- or, when px is false, overwrites its B in place, keeping its time to
@@ -357,7 +360,7 @@ for k = 1, nsets do
 end
 local reply, n = { 0 }, 1
 local denied = false
-local checks = {} -- all or nothing: each check's set and instant
+local first = pos -- the checks, when U is 0
 for i = 1, #KEYS do
   local k, cost, now = U, C, -1
   if U == 0 then
@@ -371,9 +374,6 @@ for i = 1, #KEYS do
     n = n + 1
     denied = true
   end
-  if all == 1 then
-    checks[2 * i - 1], checks[2 * i] = k, now
-  end
 end
 if all == 1 then
   if not denied then
@@ -384,12 +384,16 @@ if all == 1 then
     -- Nothing is written: the reply is made again, each check that was
     -- admitted reported as a read of its key, limited, without a retry.
     local old, o = reply, 2
-    reply, n = { 0 }, 1
+    reply, n, pos = { 0 }, 1, first
     for i = 1, #KEYS do
+      local k, cost, now = U, C, -1
+      if U == 0 then
+        k, cost, now, pos = unpack_('<Hdd', args, pos)
+      end
       local reason, rem, reset, retry = old[o] % 4, (old[o] - old[o] % 4) / 4, old[o + 1], 0
       o = o + 2
       if reason == 0 then
-        reason, rem, reset = decide(KEYS[i], sets[checks[2 * i - 1]], 0, checks[2 * i])
+        reason, rem, reset = decide(KEYS[i], sets[k], 0, now)
         reason = 1
       else
         retry = old[o]
