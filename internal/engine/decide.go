@@ -221,8 +221,7 @@ func (e *Engine) storeCheck(ctx context.Context, all bool, reqs []store.Request,
 // modes apply.
 func (e *Engine) call(ctx context.Context, c *storeCall, all bool, reqs []store.Request, out []sluice.Decision, src []Source) error {
 	// One request decides alike either way, and a batch that is not All
-	// has the stores' single-check path (on Redis a script a third of the
-	// cost).
+	// has the stores' single-check path (on Redis the leanest call).
 	c.b = store.Batch{Reqs: reqs, Out: out, All: all && len(reqs) > 1}
 	if src != nil {
 		c.src = growStoreSource(c.src, len(src))

@@ -1,6 +1,6 @@
 -- Sluice: decide checks of the three-integer algorithms (token bucket,
 -- leaky bucket, fixed window, sliding window counter, GCRA), each on its
--- own, in one atomic step. It is check.lua's arithmetic for the most common
+-- own or all or nothing, in one atomic step. It is check.lua's arithmetic for the most common
 -- call, written for the least Redis CPU per check: a script's whole body
 -- runs on every call, so the checks a server gathers share one call (its
 -- cost, the reading of its arguments and of Redis' clock), and each check
@@ -20,9 +20,11 @@
 -- KEYS[i]  the state key of check i; a key that appears twice sees the
 --          effect of its first check
 -- ARGV[1]  little-endian binary: the expiry margin in milliseconds
---          (double), the number of parameter sets P (uint16), U (uint16)
---          and C (double): when U is not 0 every check uses set U at cost
---          C and Redis' clock; then P sets of 7 doubles: algorithm,
+--          (double), the number of parameter sets P (uint16), U (uint16),
+--          all (byte) and C (double): when U is not 0 every check uses set
+--          U at cost C and Redis' clock; when all is 1 the checks are
+--          decided all or nothing (their keys must be distinct); then P
+--          sets of 7 doubles: algorithm,
 --          limit, burst, window, quantum, deny all (0/1; 2: a fixed window
 --          counting refused requests), expiry limit
 --          (algorithm.Params.ExpiryLimit; 0: the limit); then, when U is
@@ -33,6 +35,14 @@
 -- Reply: {corrupt keys reset, then per check: remaining x 4 + reason,
 -- reset after (quanta), and when the reason is not 0 (admitted) the retry
 -- after (quanta)}.
+--
+-- All or nothing: every check is decided first and its write held back;
+-- the writes are made when every check is admitted. Otherwise nothing is
+-- written, and each check that alone would have been admitted is
+-- reported as a read of its key (cost 0) would be, with reason 1 and no
+-- retry after, as check.lua does. The keys being distinct, no check sees
+-- another's effect either way, which is why a batch with a repeated key
+-- goes to check.lua.
 --
 -- State: the 25 bytes struct.pack('<Bddd', 2, A, B, C) (algorithm.State,
 -- integers in doubles); the text "1:<A>:<B>:<C>" of earlier versions is
@@ -60,9 +70,27 @@ local function idiv(x, y)
 end
 
 local args = ARGV[1]
-local margin, nsets, U, C, pos = unpack_('<dHHd', args)
+local margin, nsets, U, all, C, pos = unpack_('<dHHBd', args)
 local corrupt = 0
 local clock -- Redis' TIME in µs, read once
+-- all or nothing: the writes held back, 5 values each (key, new state,
+-- time to live in ms or false to keep it)
+local held, nheld
+if all == 1 then
+  held, nheld = {}, 0
+end
+
+-- write writes the state (a, b, c) to key with a time to live of px ms,
+-- or, when px is false, overwrites its B in place, keeping its time to
+-- live.
+local function write(key, px, a, b, c)
+  if px then
+    call('SET', key, pack('<Bddd', 2, a, b, c), 'PX', px)
+  else
+    -- B alone changes: bytes 9 to 16
+    call('SETRANGE', key, '9', pack('<d', b))
+  end
+end
 
 -- decide decides one check of key with the parameter set ps, writes the
 -- key when it is admitted with a positive cost (or refused and counted, in
@@ -293,11 +321,9 @@ local function decide(key, ps, cost, now)
     return 1, 0, 0, 0
   end
 
-  if keep then
-    -- B alone changes: bytes 9 to 16
-    call('SETRANGE', key, '9', pack('<d', nb))
-  else
-    local px = 1
+  local px = false
+  if not keep then
+    px = 1
     if exp * Q > now then
       px = idiv(exp * Q - now + 999, 1000)
     end
@@ -307,7 +333,12 @@ local function decide(key, ps, cost, now)
       -- which PX refuses; a bucket of a very large burst lives that long.
       px = string.format('%.0f', px)
     end
-    call('SET', key, pack('<Bddd', 2, na, nb, nc), 'PX', px)
+  end
+  if all == 1 then
+    held[nheld + 1], held[nheld + 2], held[nheld + 3], held[nheld + 4], held[nheld + 5] = key, px, na, nb, nc
+    nheld = nheld + 5
+  else
+    write(key, px, na, nb, nc)
   end
   if refused then
     if refused == 1 then
@@ -328,6 +359,8 @@ for k = 1, nsets do
   sets[k] = { alg, N, K, W, Q, deny == 1, E, deny == 2 }
 end
 local reply, n = { 0 }, 1
+local denied = false
+local first = pos -- the checks, when U is 0
 for i = 1, #KEYS do
   local k, cost, now = U, C, -1
   if U == 0 then
@@ -339,6 +372,36 @@ for i = 1, #KEYS do
   if reason ~= 0 then
     reply[n + 1] = retry
     n = n + 1
+    denied = true
+  end
+end
+if all == 1 then
+  if not denied then
+    for j = 1, nheld, 5 do
+      write(held[j], held[j + 1], held[j + 2], held[j + 3], held[j + 4])
+    end
+  else
+    -- Nothing is written: the reply is made again, each check that was
+    -- admitted reported as a read of its key, limited, without a retry.
+    local old, o = reply, 2
+    reply, n, pos = { 0 }, 1, first
+    for i = 1, #KEYS do
+      local k, cost, now = U, C, -1
+      if U == 0 then
+        k, cost, now, pos = unpack_('<Hdd', args, pos)
+      end
+      local reason, rem, reset, retry = old[o] % 4, (old[o] - old[o] % 4) / 4, old[o + 1], 0
+      o = o + 2
+      if reason == 0 then
+        reason, rem, reset = decide(KEYS[i], sets[k], 0, now)
+        reason = 1
+      else
+        retry = old[o]
+        o = o + 1
+      end
+      reply[n + 1], reply[n + 2], reply[n + 3] = rem * 4 + reason, reset, retry
+      n = n + 3
+    end
   end
 end
 reply[1] = corrupt

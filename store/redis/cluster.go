@@ -4,6 +4,7 @@ package redis
 
 import (
 	"math"
+	"slices"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/store"
@@ -98,7 +99,7 @@ func (s *Store) splitEach(reqs []store.Request) []*group {
 		g.keys = append(g.keys, k)
 	}
 	for _, g := range groups {
-		g.args = s.eachArgs(reqs, g.idx)
+		g.args = s.eachArgs(reqs, g.idx, false)
 	}
 	if len(logs) == 0 {
 		return groups
@@ -114,4 +115,43 @@ func (s *Store) splitEach(reqs []store.Request) []*group {
 		groups = append(groups, g)
 	}
 	return groups
+}
+
+// allEach returns the checkeach.lua call that decides reqs all or
+// nothing, or nil when check.lua must: a sliding window log, a key that
+// appears twice (checkeach.lua holds its writes back until every check is
+// decided, so a second check of a key would not see the first), more
+// requests than a call takes, or keys on several slots of a cluster.
+func (s *Store) allEach(reqs []store.Request) *group {
+	if len(reqs) > maxEachChecks {
+		return nil
+	}
+	g := &group{script: checkEachScript, idx: make([]int, len(reqs)), keys: make([]string, len(reqs))}
+	var seen map[string]struct{} // past 8 keys
+	for i := range reqs {
+		if reqs[i].Params.Algorithm == sluice.SlidingWindowLog {
+			return nil
+		}
+		k := redisKey(s.prefix, reqs[i].Key, s.maxKey)
+		if s.cluster && i > 0 && slotOf(k) != slotOf(g.keys[0]) {
+			return nil
+		}
+		if seen != nil {
+			if _, ok := seen[k]; ok {
+				return nil
+			}
+			seen[k] = struct{}{}
+		} else if slices.Contains(g.keys[:i], k) {
+			return nil
+		}
+		g.idx[i], g.keys[i] = i, k
+		if i == 8 {
+			seen = make(map[string]struct{}, len(reqs))
+			for _, q := range g.keys[:i+1] {
+				seen[q] = struct{}{}
+			}
+		}
+	}
+	g.args = s.eachArgs(reqs, g.idx, true)
+	return g
 }

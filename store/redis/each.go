@@ -21,10 +21,10 @@ import (
 // Lua's tonumber is strtod.
 
 // Sizes in the binary argument of checkeach.lua: its head is a double, 2
-// uint16 and a double, a parameter set 7 doubles, a check a uint16 and 2
-// doubles.
+// uint16, a byte and a double, a parameter set 7 doubles, a check a uint16
+// and 2 doubles.
 const (
-	eachHeadSize  = 8 + 2 + 2 + 8
+	eachHeadSize  = 8 + 2 + 2 + 1 + 8
 	eachSetSize   = 7 * 8
 	eachCheckSize = 2 + 2*8
 )
@@ -33,10 +33,11 @@ const (
 var errEachReply = errors.New("malformed reply of the check script")
 
 // eachArgs returns the argument of a checkeach.lua call on the requests
-// idx of reqs: the expiry margin, the parameter sets the requests use (each
-// once), and a set, a cost and an instant per request, unless all share
-// one set and cost at Redis' clock.
-func (s *Store) eachArgs(reqs []store.Request, idx []int) []string {
+// idx of reqs, decided all or nothing when all is set (their keys must
+// then be distinct): the expiry margin, the parameter sets the requests
+// use (each once), and a set, a cost and an instant per request, unless
+// all share one set and cost at Redis' clock.
+func (s *Store) eachArgs(reqs []store.Request, idx []int, all bool) []string {
 	var (
 		sets  []*algorithm.Params
 		which = make([]int, len(idx))
@@ -85,9 +86,9 @@ func (s *Store) eachArgs(reqs []store.Request, idx []int) []string {
 	}
 	b := make([]byte, 0, size)
 	if uniform {
-		b = s.appendEachHead(b, 1, 1, reqs[idx[0]].Cost)
+		b = s.appendEachHead(b, 1, 1, all, reqs[idx[0]].Cost)
 	} else {
-		b = s.appendEachHead(b, len(sets), 0, 0)
+		b = s.appendEachHead(b, len(sets), 0, all, 0)
 	}
 	for _, p := range sets {
 		b = appendEachSet(b, p)
@@ -101,12 +102,18 @@ func (s *Store) eachArgs(reqs []store.Request, idx []int) []string {
 }
 
 // appendEachHead appends the head of checkeach.lua's argument: the expiry
-// margin, the number of parameter sets and, when every check uses set
-// uniform (not 0) at cost and Redis' clock, that set and cost.
-func (s *Store) appendEachHead(b []byte, sets, uniform int, cost int64) []byte {
+// margin, the number of parameter sets, when every check uses set uniform
+// (not 0) at cost and Redis' clock, that set, whether the checks are
+// decided all or nothing, and the cost.
+func (s *Store) appendEachHead(b []byte, sets, uniform int, all bool, cost int64) []byte {
 	b = appendDouble(b, s.margin)
 	b = binary.LittleEndian.AppendUint16(b, uint16(sets))
 	b = binary.LittleEndian.AppendUint16(b, uint16(uniform))
+	var a byte
+	if all {
+		a = 1
+	}
+	b = append(b, a)
 	return appendDouble(b, cost)
 }
 
@@ -191,9 +198,9 @@ func (s *Store) checkOne(ctx context.Context, r *store.Request, out *sluice.Deci
 	var buf [eachHeadSize + eachSetSize + eachCheckSize]byte
 	var b []byte
 	if r.Now.IsZero() {
-		b = appendEachSet(s.appendEachHead(buf[:0], 1, 1, r.Cost), r.Params)
+		b = appendEachSet(s.appendEachHead(buf[:0], 1, 1, false, r.Cost), r.Params)
 	} else {
-		b = appendEachCheck(appendEachSet(s.appendEachHead(buf[:0], 1, 0, 0), r.Params), 1, r)
+		b = appendEachCheck(appendEachSet(s.appendEachHead(buf[:0], 1, 0, false, 0), r.Params), 1, r)
 	}
 	arg := string(b)
 	res := c.Do(ctx, c.B().Evalsha().Sha1(checkEachScript.sha).Numkeys(1).Key(key).Arg(arg).Build())

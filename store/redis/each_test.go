@@ -146,3 +146,61 @@ func TestCheckOfMoreLimitsThanOneCallNumbers(t *testing.T) {
 		}
 	}
 }
+
+// TestAllEachRoute checks which all-or-nothing batches checkeach.lua
+// decides (distinct keys of the three-integer algorithms) and which go to
+// check.lua, and that a denied batch of checkeach.lua writes nothing and
+// reports the admitted request as it stands, as check.lua does.
+func TestAllEachRoute(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	fw := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Minute})
+	gcra := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 1, Window: time.Minute})
+	log := compile(t, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Limit: 5, Window: time.Minute})
+	many := make([]store.Request, 12)
+	for i := range many {
+		many[i] = store.Request{Key: "k" + strconv.Itoa(i), Params: fw, Cost: 1}
+	}
+	for _, tc := range []struct {
+		name string
+		reqs []store.Request
+		each bool
+	}{
+		{"two keys", []store.Request{{Key: "a", Params: fw, Cost: 1}, {Key: "b", Params: gcra, Cost: 1}}, true},
+		{"twelve keys", many, true},
+		{"a key twice", []store.Request{{Key: "a", Params: fw, Cost: 1}, {Key: "a", Params: fw, Cost: 1}}, false},
+		{"a key twice past eight", append(slices.Clone(many), many[10]), false},
+		{"a log", []store.Request{{Key: "a", Params: fw, Cost: 1}, {Key: "b", Params: log, Cost: 1}}, false},
+	} {
+		if got := s.allEach(tc.reqs) != nil; got != tc.each {
+			t.Errorf("%s: by checkeach.lua %v, want %v", tc.name, got, tc.each)
+		}
+	}
+
+	ctx := context.Background()
+	reqs := []store.Request{{Key: "rl:a", Params: fw, Cost: 2, Now: t0}, {Key: "rl:b", Params: gcra, Cost: 1, Now: t0}}
+	out := make([]sluice.Decision, 2)
+	for i, wantAllowed := range []bool{true, false} {
+		if err := s.CheckAll(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		if out[0].Allowed != wantAllowed || out[1].Allowed != wantAllowed {
+			t.Fatalf("call %d: got %+v, want allowed %v", i, out, wantAllowed)
+		}
+	}
+	// The second call: rl:b's GCRA refused it, and rl:a reports its 3
+	// left, limited, without a retry.
+	if d := out[0]; d.Reason != sluice.ReasonLimited || d.Remaining != 3 || d.RetryAfter != 0 {
+		t.Errorf("admitted request of a denied batch: got %+v, want limited, 3 remaining, no retry", d)
+	}
+	if d := out[1]; d.Reason != sluice.ReasonLimited || d.RetryAfter <= 0 {
+		t.Errorf("denied request: got %+v, want limited with a retry", d)
+	}
+	one := make([]sluice.Decision, 1)
+	if err := s.Check(ctx, []store.Request{{Key: "rl:a", Params: fw, Now: t0}}, one); err != nil {
+		t.Fatal(err)
+	}
+	if one[0].Remaining != 3 {
+		t.Errorf("rl:a after a denied batch: %d remaining, want 3 (nothing consumed)", one[0].Remaining)
+	}
+}

@@ -7,7 +7,8 @@
 // algorithms, ported integer for integer from package algorithm:
 // check.lua holds all six and decides batches, all-or-nothing checks and
 // idempotency records; checkeach.lua decides independent checks of the
-// five three-integer algorithms, one or many per call.
+// five three-integer algorithms, one or many per call, and all-or-nothing
+// checks of theirs on distinct keys of one slot (the rules of one check).
 // The script is called with EVALSHA; after a SCRIPT FLUSH or a restart the
 // server answers NOSCRIPT and the call is sent once more with EVAL, which
 // loads it again. A batch of requests whose keys live on one node is one
