@@ -26,5 +26,5 @@
 // Rollups are additive: a minute flushed twice (once early, once when more
 // events of it arrived) is two rows whose sums are the minute's counts.
 // Both stores answer Query with the same Result, built by the same
-// accumulator from rollup rows.
+// Accumulator from rollup rows.
 package analytics

@@ -121,11 +121,11 @@ func (m *Memory) Rows() (held int, evicted int64) {
 // answers from memory; it is there so that Memory and the PostgreSQL store
 // share one signature.
 func (m *Memory) Query(_ context.Context, f Filter) (Result, error) {
-	if err := f.validate(); err != nil {
+	if err := f.Validate(); err != nil {
 		return Result{}, err
 	}
 	from, to := f.Start.Unix(), f.End.Unix()
-	acc := newAccumulator(f)
+	acc := NewAccumulator(f)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for minute, byKey := range m.minutes {
@@ -134,9 +134,9 @@ func (m *Memory) Query(_ context.Context, f Filter) (Result, error) {
 		}
 		for _, r := range byKey {
 			if f.matches(&r.Key) {
-				acc.add(r)
+				acc.Add(r)
 			}
 		}
 	}
-	return acc.result(), nil
+	return acc.Result(), nil
 }

@@ -45,8 +45,9 @@ type Filter struct {
 	Top int
 }
 
-// validate checks f.
-func (f *Filter) validate() error {
+// Validate reports whether f can be answered: Start before End and a
+// known granularity. The error wraps ErrBadFilter.
+func (f *Filter) Validate() error {
 	if f.Start.IsZero() || f.End.IsZero() || !f.End.After(f.Start) {
 		return errors.Join(ErrBadFilter, errors.New("start must be before end"))
 	}
@@ -133,9 +134,10 @@ func (s *sum) summary() Summary {
 	return out
 }
 
-// accumulator builds a Result from rollup rows; both stores use it, so
-// they answer alike. It expects rows already filtered.
-type accumulator struct {
+// Accumulator builds a Result from rollup rows; every store uses it, so
+// they all answer alike. It expects rows already filtered by the store. It
+// is not safe for concurrent use.
+type Accumulator struct {
 	f         Filter
 	all       sum
 	regions   map[string]*sum
@@ -144,8 +146,9 @@ type accumulator struct {
 	resources map[string]*Top
 }
 
-func newAccumulator(f Filter) *accumulator {
-	return &accumulator{
+// NewAccumulator returns an empty Accumulator for the answer to f.
+func NewAccumulator(f Filter) *Accumulator {
+	return &Accumulator{
 		f:         f,
 		regions:   map[string]*sum{},
 		points:    map[int64]*Point{},
@@ -154,8 +157,8 @@ func newAccumulator(f Filter) *accumulator {
 	}
 }
 
-// add counts one rollup.
-func (a *accumulator) add(r *Rollup) {
+// Add counts one rollup.
+func (a *Accumulator) Add(r *Rollup) {
 	a.all.add(r)
 	rs := a.regions[r.Region]
 	if rs == nil {
@@ -193,8 +196,8 @@ func top(m map[string]*Top, name string) *Top {
 	return t
 }
 
-// result returns the Result of the rollups added.
-func (a *accumulator) result() Result {
+// Result returns the Result of the rollups added.
+func (a *Accumulator) Result() Result {
 	out := Result{Summary: a.all.summary()}
 	for name, s := range a.regions {
 		out.ByRegion = append(out.ByRegion, RegionSummary{Region: name, Summary: s.summary()})
