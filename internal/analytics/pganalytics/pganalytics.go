@@ -183,6 +183,21 @@ func (s *Store) Write(ctx context.Context, rs []analytics.Rollup, blocked []anal
 	if len(rs) == 0 && len(blocked) == 0 {
 		return nil
 	}
+	// A transaction that failed left nothing behind, so it can run again;
+	// once, because after PostgreSQL restarted the pool's first connection
+	// is found dead only when used.
+	err := s.write(ctx, rs, blocked)
+	if err != nil && ctx.Err() == nil {
+		err = s.write(ctx, rs, blocked)
+	}
+	if err != nil {
+		return fmt.Errorf("pganalytics: write: %w", err)
+	}
+	return nil
+}
+
+// write is one attempt of Write.
+func (s *Store) write(ctx context.Context, rs []analytics.Rollup, blocked []analytics.Event) error {
 	var created []int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
@@ -206,7 +221,7 @@ func (s *Store) Write(ctx context.Context, rs []analytics.Rollup, blocked []anal
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("pganalytics: write: %w", err)
+		return err
 	}
 	s.mu.Lock()
 	for _, d := range created {

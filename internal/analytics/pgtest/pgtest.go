@@ -1,7 +1,8 @@
 // Package pgtest starts a real PostgreSQL server for tests: initdb and
-// postgres from PATH, on a free port of 127.0.0.1 (never 5432), with its
+// postgres from PATH (or Debian's /usr/lib/postgresql), on a free port of 127.0.0.1 (never 5432), with its
 // data in a temporary directory, trust authentication and no durability
-// (fsync off), since a test's data need not survive a crash. Start one per
+// (fsync off), since a test's data need not survive the machine crashing;
+// commits are still synchronous, so a killed server keeps them. Start one per
 // test package in TestMain and give each test its own database
 // (NewDatabase).
 //
@@ -115,7 +116,9 @@ func (s *Server) Restart() error {
 		"-p", strconv.Itoa(s.Port),
 		"-c", "listen_addresses=127.0.0.1",
 		"-c", "unix_socket_directories="+s.dir,
-		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		// fsync off loses data only when the machine crashes; commits
+		// stay synchronous so that a killed server (Kill) keeps them.
+		"-c", "fsync=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=50")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 	log, err := os.Create(filepath.Join(s.dir, "postgres.log"))
