@@ -239,3 +239,32 @@ func BenchmarkRecord(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(rec.Stats().Dropped)/float64(b.N), "drops/op")
 }
+
+// BenchmarkAggregate measures what the aggregator keeps up with: one
+// producer records events of 1000 clients and waits for the aggregator
+// every 4096 events, so that none is dropped. events/s is the figure.
+func BenchmarkAggregate(b *testing.B) {
+	rec := NewRecorder(Config{QueueSize: 8192})
+	defer rec.Close()
+	clients := make([]string, 1000)
+	for i := range clients {
+		clients[i] = "client-" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+	}
+	ev := Event{Time: time.Now(), Resource: "/api/orders", Region: "eu-west", Allowed: true, Cost: 1, Latency: 42 * time.Microsecond}
+	ctx := context.Background()
+	b.ReportAllocs()
+	start := time.Now()
+	i := 0
+	for b.Loop() {
+		ev.Client = clients[i%len(clients)]
+		rec.Record(ev)
+		if i++; i%4096 == 0 {
+			rec.Flush(ctx)
+		}
+	}
+	rec.Flush(ctx)
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+	if d := rec.Stats().Dropped; d != 0 {
+		b.Errorf("%d events dropped", d)
+	}
+}

@@ -1,10 +1,10 @@
 // Package pgtest starts a real PostgreSQL server for tests: initdb and
-// postgres from PATH (or Debian's /usr/lib/postgresql), on a free port of 127.0.0.1 (never 5432), with its
-// data in a temporary directory, trust authentication and no durability
-// (fsync off), since a test's data need not survive the machine crashing;
-// commits are still synchronous, so a killed server keeps them. Start one per
-// test package in TestMain and give each test its own database
-// (NewDatabase).
+// postgres from PATH (or Debian's /usr/lib/postgresql), on a free port of
+// 127.0.0.1 (never 5432), with its data in a temporary directory, trust
+// authentication and fsync off, since a test's data need not survive the
+// machine crashing; commits are still synchronous, so a killed server keeps
+// them. Start one per test package in TestMain and give each test its own
+// database (NewDatabase).
 //
 // PostgreSQL refuses to run as root; when the tests run as root the server
 // runs as the system's postgres user, which the distribution's package
