@@ -57,8 +57,22 @@ func (m *Memory) Add(now time.Time, rs []Rollup) {
 	m.expireLocked(now.Unix() - m.retention)
 }
 
-// addLocked merges one rollup. Requires mu held.
+// addLocked merges one rollup. When the store is full, the oldest minute
+// makes room, unless the rollup itself is of that minute or older: then
+// the rollup is the one dropped. Requires mu held.
 func (m *Memory) addLocked(r *Rollup) {
+	if have := m.minutes[r.Minute][r.Key]; have != nil {
+		have.merge(r)
+		return
+	}
+	for m.rows >= m.maxRows {
+		if r.Minute <= m.oldest {
+			m.evicted++
+			return
+		}
+		m.evicted += int64(len(m.minutes[m.oldest]))
+		m.dropLocked(m.oldest)
+	}
 	byKey := m.minutes[r.Minute]
 	if byKey == nil {
 		byKey = map[Key]*Rollup{}
@@ -67,21 +81,7 @@ func (m *Memory) addLocked(r *Rollup) {
 			m.oldest = r.Minute
 		}
 	}
-	if have := byKey[r.Key]; have != nil {
-		have.merge(r)
-		return
-	}
-	for m.rows >= m.maxRows && m.rows > 0 {
-		m.evicted += int64(len(m.minutes[m.oldest]))
-		m.dropLocked(m.oldest)
-	}
 	c := *r
-	byKey = m.minutes[r.Minute] // the eviction may have dropped it
-	if byKey == nil {
-		byKey = map[Key]*Rollup{}
-		m.minutes[r.Minute] = byKey
-		m.oldest = r.Minute
-	}
 	byKey[r.Key] = &c
 	m.rows++
 }
@@ -98,7 +98,6 @@ func (m *Memory) dropLocked(minute int64) {
 	m.rows -= len(m.minutes[minute])
 	delete(m.minutes, minute)
 	if m.rows == 0 {
-		clear(m.minutes) // minutes emptied by eviction of all their rows
 		return
 	}
 	first := true

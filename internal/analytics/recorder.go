@@ -31,8 +31,9 @@ type Config struct {
 	// FlushInterval.
 	Sink Sink
 	// MaxBacklog bounds the rollups and blocked events kept for the Sink
-	// while it fails; zero means 100,000 of each. Beyond it, rows are
-	// dropped and counted as the sink's gap.
+	// while it fails, and the blocked events waiting between two flushes;
+	// zero means 100,000 of each. Beyond it, rows are dropped and counted
+	// as the sink's gap.
 	MaxBacklog int
 	// Now returns the current time; nil means time.Now. It decides which
 	// minutes the Memory store expires.
@@ -260,6 +261,13 @@ func (r *Recorder) commit(batch map[Key]*Rollup, blocked *[]Event) {
 			} else {
 				r.pending[k] = ro
 			}
+		}
+		// Blocked events wait for the flusher in a bounded list: a flood of
+		// refusals must not grow the process without limit.
+		room := r.cfg.MaxBacklog - len(r.pendingBlocked)
+		if over := len(*blocked) - max(room, 0); over > 0 {
+			r.sinkDroppedEvents.Add(int64(over))
+			*blocked = (*blocked)[:len(*blocked)-over]
 		}
 		r.pendingBlocked = append(r.pendingBlocked, *blocked...)
 		r.mu.Unlock()

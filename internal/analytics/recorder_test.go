@@ -118,6 +118,16 @@ func TestMemoryRetentionAndBound(t *testing.T) {
 	if held != 3 || evicted != 1 {
 		t.Errorf("rows = %d, evicted %d; want 3 held, 1 evicted (minute 70 made room for 72)", held, evicted)
 	}
+	// Full, a row older than every minute held is the one dropped.
+	mem.Add(now, []Rollup{row(65, "late")})
+	held, evicted = mem.Rows()
+	if held != 3 || evicted != 2 {
+		t.Errorf("rows = %d, evicted %d; want 3 held, 2 evicted (the late row dropped)", held, evicted)
+	}
+	res, _ := mem.Query(context.Background(), Filter{Start: day0, End: now})
+	if res.Summary.Total != 3 {
+		t.Errorf("total = %d, want 3 (minutes 71 and 72)", res.Summary.Total)
+	}
 }
 
 // stuckSink blocks every Write until release is closed, and fails while
