@@ -3,8 +3,16 @@ package analytics
 import "time"
 
 // Event is one decision of the limiter, as the check path reports it. Its
-// fields are the engine's check result copied as they are: strings are
-// shared, not copied, so building an Event costs no allocation.
+// fields are the engine's check and result copied as they are: strings are
+// shared, not copied, so building an Event costs no allocation. From an
+// engine Check c and Result r decided at now in d:
+//
+//	Event{Time: now, Client: c.ClientID, Resource: c.Resource, Region: region,
+//		Rule: r.Deciding.Rule, Reason: reason, Allowed: r.Allowed,
+//		Cost: r.Deciding.Cost, Latency: d}
+//
+// where reason is one of the Reason constants, picked from r.Unavailable
+// and r.ThrottlePercent, so that it too is a string that exists already.
 type Event struct {
 	// Time is when the check was decided; it picks the event's minute.
 	Time time.Time
@@ -26,6 +34,19 @@ type Event struct {
 	// Latency is how long the check took to decide.
 	Latency time.Duration
 }
+
+// Reasons for a blocked check, as Event.Reason. Other strings are kept as
+// they are; these are the ones the engine's results map to.
+const (
+	// ReasonOverLimit is a rule's limit reached.
+	ReasonOverLimit = "over_limit"
+	// ReasonThrottled is a limit reached because an emergency throttle
+	// cut it.
+	ReasonThrottled = "throttled"
+	// ReasonUnavailable is the store not answering for a rule that fails
+	// closed.
+	ReasonUnavailable = "unavailable"
+)
 
 // Key identifies a rollup: one minute of one client on one resource in one
 // region, allowed or blocked.
