@@ -73,6 +73,12 @@ type Recorder struct {
 	pending        map[Key]*Rollup // guarded by mu
 	pendingBlocked []Event         // guarded by mu
 
+	// Owned by the aggregator goroutine: rollups to reuse, so that folding
+	// an event allocates only when a key is new to the flush interval, and
+	// the buffer of rows handed to the Memory store.
+	free []*Rollup
+	rows []Rollup
+
 	flushNow chan chan struct{} // Flush to the aggregator
 	sinkNow  chan chan struct{} // the aggregator to the flusher
 	cancel   context.CancelFunc
@@ -232,7 +238,12 @@ func (r *Recorder) fold(batch map[Key]*Rollup, blocked *[]Event, ev *Event) {
 	k := keyOf(ev)
 	ro := batch[k]
 	if ro == nil {
-		ro = &Rollup{Key: k}
+		if n := len(r.free); n > 0 {
+			ro, r.free = r.free[n-1], r.free[:n-1]
+			*ro = Rollup{Key: k}
+		} else {
+			ro = &Rollup{Key: k}
+		}
 		batch[k] = ro
 	}
 	ro.add(ev)
@@ -248,18 +259,24 @@ func (r *Recorder) commit(batch map[Key]*Rollup, blocked *[]Event) {
 	if len(batch) == 0 {
 		return
 	}
-	rows := make([]Rollup, 0, len(batch))
+	rows := r.rows[:0]
 	for _, ro := range batch {
 		rows = append(rows, *ro)
 	}
+	r.rows = rows
 	r.memory.Add(r.cfg.Now(), rows)
-	if r.cfg.Sink != nil {
+	if r.cfg.Sink == nil {
+		for _, ro := range batch {
+			r.free = append(r.free, ro)
+		}
+	} else {
 		r.mu.Lock()
 		for k, ro := range batch {
 			if have := r.pending[k]; have != nil {
 				have.merge(ro)
+				r.free = append(r.free, ro)
 			} else {
-				r.pending[k] = ro
+				r.pending[k] = ro // the flusher copies it out, and drops it
 			}
 		}
 		// Blocked events wait for the flusher in a bounded list: a flood of
