@@ -278,3 +278,31 @@ func BenchmarkAggregate(b *testing.B) {
 		b.Errorf("%d events dropped", d)
 	}
 }
+
+func TestFlushEveryInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &stuckSink{release: make(chan struct{})}
+		close(sink.release)
+		rec := NewRecorder(Config{Sink: sink, FlushInterval: 10 * time.Second})
+		defer rec.Close()
+		rec.Record(Event{Time: time.Now(), Client: "c", Allowed: false, Reason: ReasonOverLimit})
+		synctest.Wait() // aggregated
+		time.Sleep(9 * time.Second)
+		synctest.Wait()
+		sink.mu.Lock()
+		if sink.rows != 0 {
+			t.Errorf("written before the interval: %d", sink.rows)
+		}
+		sink.mu.Unlock()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		sink.mu.Lock()
+		if sink.rows != 1 || sink.events != 1 {
+			t.Errorf("after the interval: %d requests, %d events; want 1 and 1", sink.rows, sink.events)
+		}
+		sink.mu.Unlock()
+		if st := rec.Stats(); st.SinkFlushes != 1 {
+			t.Errorf("flushes = %d, want 1", st.SinkFlushes)
+		}
+	})
+}
