@@ -172,7 +172,8 @@ func (r *Recorder) Flush(ctx context.Context) error {
 }
 
 // Close stops the Recorder: the events still queued are aggregated and
-// offered to the Sink once more, then the goroutines end.
+// offered to the Sink once more, then the goroutines end. With a Sink
+// that does not answer, Close waits for that last write's timeout (30s).
 func (r *Recorder) Close() {
 	r.cancel()
 	r.wg.Wait()
