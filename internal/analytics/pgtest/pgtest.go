@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -112,6 +113,22 @@ func (s *Server) Restart() error {
 	if s.cmd != nil {
 		return nil
 	}
+	// After Kill, the old server's backends may hold its shared memory for
+	// a moment more, and the new postmaster refuses to start until they
+	// have gone.
+	var err error
+	for range 50 {
+		if err = s.launchLocked(); err == nil || !strings.Contains(err.Error(), "pre-existing shared memory block") {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+// launchLocked starts postgres and waits until it accepts connections.
+// Requires mu held.
+func (s *Server) launchLocked() error {
 	cmd := exec.Command(s.bin, "-D", filepath.Join(s.dir, "data"),
 		"-p", strconv.Itoa(s.Port),
 		"-c", "listen_addresses=127.0.0.1",
@@ -120,7 +137,8 @@ func (s *Server) Restart() error {
 		// stay synchronous so that a killed server (Kill) keeps them.
 		"-c", "fsync=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=50")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	// Its own process group, so that Kill takes the backends too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true}
 	log, err := os.Create(filepath.Join(s.dir, "postgres.log"))
 	if err != nil {
 		return err
@@ -183,8 +201,7 @@ func (s *Server) NewDatabase(t testing.TB) string {
 // Stop stops the server with a fast shutdown (SIGINT) and waits for it.
 func (s *Server) Stop() { s.signal(syscall.SIGINT) }
 
-// Kill kills the server (SIGKILL), as a crash would. The postmaster's
-// children notice and exit on their own.
+// Kill kills the server and its backends (SIGKILL), as a crash would.
 func (s *Server) Kill() { s.signal(syscall.SIGKILL) }
 
 func (s *Server) signal(sig syscall.Signal) {
@@ -193,7 +210,11 @@ func (s *Server) signal(sig syscall.Signal) {
 	if s.cmd == nil {
 		return
 	}
-	s.cmd.Process.Signal(sig)
+	if sig == syscall.SIGKILL {
+		syscall.Kill(-s.cmd.Process.Pid, sig) // the whole group, as a crash of the machine would
+	} else {
+		s.cmd.Process.Signal(sig)
+	}
 	select {
 	case <-s.done:
 	case <-time.After(30 * time.Second):
