@@ -31,6 +31,7 @@ build:
 # that the test processes do not all build it at once.
 deps:
 	@./scripts/ensure-redis.sh
+	@./scripts/ensure-postgres.sh
 	@./scripts/ensure-promtool.sh
 	$(GO) test -count=1 -run '^TestProxy$$' ./internal/guard/guardtest/
 	$(GO) test -count=1 -run '^TestBuild$$' ./internal/testbin/

@@ -1,0 +1,295 @@
+package analytics
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Sink receives what the Recorder flushes: the rollups changed since the
+// last flush (rows to add to the ones already written) and the blocked
+// events. A Sink is called from one goroutine at a time; an error means
+// nothing of the call was kept, and the Recorder offers the same rows
+// again with the next flush.
+type Sink interface {
+	Write(ctx context.Context, rollups []Rollup, blocked []Event) error
+}
+
+// Config shapes a Recorder. The zero value records into a 24-hour Memory
+// store, with no sink.
+type Config struct {
+	// QueueSize bounds the events waiting to be aggregated; zero means
+	// 65536. When the queue is full, Record drops the event.
+	QueueSize int
+	// FlushInterval is how often rollups go to the Sink; zero means 10s.
+	FlushInterval time.Duration
+	// Memory receives the rollups as they are aggregated; nil means a new
+	// Memory store with its defaults.
+	Memory *Memory
+	// Sink, when set, receives the rollups and blocked events every
+	// FlushInterval.
+	Sink Sink
+	// MaxBacklog bounds the rollups and blocked events kept for the Sink
+	// while it fails, and the blocked events waiting between two flushes;
+	// zero means 100,000 of each. Beyond it, rows are dropped and counted
+	// as the sink's gap.
+	MaxBacklog int
+	// Now returns the current time; nil means time.Now. It decides which
+	// minutes the Memory store expires.
+	Now func() time.Time
+}
+
+// Stats are a Recorder's counters since it started.
+type Stats struct {
+	// Recorded is the events aggregated.
+	Recorded int64
+	// Dropped is the events Record dropped because the queue was full.
+	Dropped int64
+	// SinkFlushes and SinkErrors count the Sink's writes and failures.
+	SinkFlushes, SinkErrors int64
+	// SinkBacklogRows is the rollups waiting for the Sink now.
+	SinkBacklogRows int64
+	// SinkDroppedRows and SinkDroppedEvents are the rollups and blocked
+	// events that never reached the Sink because its backlog was full:
+	// the gap in the sink's history.
+	SinkDroppedRows, SinkDroppedEvents int64
+}
+
+// Recorder aggregates events into per-minute rollups in the background.
+// Record is safe for concurrent use; Close stops the goroutines.
+type Recorder struct {
+	cfg    Config
+	queue  chan Event
+	memory *Memory
+
+	recorded, dropped                  atomic.Int64
+	flushes, sinkErrors, backlog       atomic.Int64
+	sinkDroppedRows, sinkDroppedEvents atomic.Int64
+
+	// pending is what the aggregator gathered since the flusher last
+	// took it.
+	mu             sync.Mutex
+	pending        map[Key]*Rollup // guarded by mu
+	pendingBlocked []Event         // guarded by mu
+
+	// Owned by the aggregator goroutine: rollups to reuse, so that folding
+	// an event allocates only when a key is new to the flush interval, and
+	// the buffer of rows handed to the Memory store.
+	free []*Rollup
+	rows []Rollup
+
+	flushNow chan chan struct{} // Flush to the aggregator
+	sinkNow  chan chan struct{} // the aggregator to the flusher
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+// NewRecorder starts a Recorder's aggregator and, with a Sink, its flusher.
+func NewRecorder(cfg Config) *Recorder {
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = 65536
+	}
+	if cfg.FlushInterval <= 0 {
+		cfg.FlushInterval = 10 * time.Second
+	}
+	if cfg.Memory == nil {
+		cfg.Memory = NewMemory(MemoryConfig{})
+	}
+	if cfg.MaxBacklog <= 0 {
+		cfg.MaxBacklog = 100_000
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Recorder{
+		cfg:      cfg,
+		queue:    make(chan Event, cfg.QueueSize),
+		memory:   cfg.Memory,
+		pending:  map[Key]*Rollup{},
+		flushNow: make(chan chan struct{}),
+		sinkNow:  make(chan chan struct{}),
+		cancel:   cancel,
+	}
+	aggregated := make(chan struct{})
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer close(aggregated)
+		r.aggregate(ctx)
+	}()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.flushLoop(ctx, aggregated)
+	}()
+	return r
+}
+
+// Record queues ev for aggregation. It never blocks: when the queue is
+// full the event is dropped and counted in Stats.Dropped.
+func (r *Recorder) Record(ev Event) {
+	select {
+	case r.queue <- ev:
+	default:
+		r.dropped.Add(1)
+	}
+}
+
+// Memory returns the in-process store the Recorder fills.
+func (r *Recorder) Memory() *Memory { return r.memory }
+
+// Stats returns the Recorder's counters.
+func (r *Recorder) Stats() Stats {
+	return Stats{
+		Recorded:          r.recorded.Load(),
+		Dropped:           r.dropped.Load(),
+		SinkFlushes:       r.flushes.Load(),
+		SinkErrors:        r.sinkErrors.Load(),
+		SinkBacklogRows:   r.backlog.Load(),
+		SinkDroppedRows:   r.sinkDroppedRows.Load(),
+		SinkDroppedEvents: r.sinkDroppedEvents.Load(),
+	}
+}
+
+// Flush waits until every event queued before the call is in the Memory
+// store and, with a Sink, has been offered to it once. It returns early
+// when ctx ends.
+func (r *Recorder) Flush(ctx context.Context) error {
+	done := make(chan struct{})
+	select {
+	case r.flushNow <- done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close stops the Recorder: the events still queued are aggregated and
+// offered to the Sink once more, then the goroutines end. With a Sink
+// that does not answer, Close waits for that last write's timeout (30s).
+func (r *Recorder) Close() {
+	r.cancel()
+	r.wg.Wait()
+}
+
+// batchSize is how many queued events the aggregator folds under one lock.
+const batchSize = 512
+
+// aggregate folds queued events into the Memory store and the pending
+// rollups until ctx ends, then drains the queue.
+func (r *Recorder) aggregate(ctx context.Context) {
+	batch := map[Key]*Rollup{}
+	var blocked []Event
+	for {
+		var ev Event
+		select {
+		case ev = <-r.queue:
+		case done := <-r.flushNow:
+			r.drain(batch, &blocked)
+			if r.cfg.Sink == nil {
+				close(done)
+			} else {
+				r.sinkNow <- done
+			}
+			continue
+		case <-ctx.Done():
+			r.drain(batch, &blocked)
+			return
+		}
+		r.fold(batch, &blocked, &ev)
+		// Take what else is queued, up to a batch, then publish it.
+	more:
+		for n := 1; n < batchSize; n++ {
+			select {
+			case ev = <-r.queue:
+				r.fold(batch, &blocked, &ev)
+			default:
+				break more
+			}
+		}
+		r.commit(batch, &blocked)
+	}
+}
+
+// drain aggregates every queued event.
+func (r *Recorder) drain(batch map[Key]*Rollup, blocked *[]Event) {
+	for {
+		select {
+		case ev := <-r.queue:
+			r.fold(batch, blocked, &ev)
+			if len(batch) >= batchSize {
+				r.commit(batch, blocked)
+			}
+		default:
+			r.commit(batch, blocked)
+			return
+		}
+	}
+}
+
+// fold adds ev to batch.
+func (r *Recorder) fold(batch map[Key]*Rollup, blocked *[]Event, ev *Event) {
+	k := keyOf(ev)
+	ro := batch[k]
+	if ro == nil {
+		if n := len(r.free); n > 0 {
+			ro, r.free = r.free[n-1], r.free[:n-1]
+			*ro = Rollup{Key: k}
+		} else {
+			ro = &Rollup{Key: k}
+		}
+		batch[k] = ro
+	}
+	ro.add(ev)
+	if !ev.Allowed && r.cfg.Sink != nil {
+		*blocked = append(*blocked, *ev)
+	}
+	r.recorded.Add(1)
+}
+
+// commit moves batch into the Memory store and the pending rollups, and
+// empties it.
+func (r *Recorder) commit(batch map[Key]*Rollup, blocked *[]Event) {
+	if len(batch) == 0 {
+		return
+	}
+	rows := r.rows[:0]
+	for _, ro := range batch {
+		rows = append(rows, *ro)
+	}
+	r.rows = rows
+	r.memory.Add(r.cfg.Now(), rows)
+	if r.cfg.Sink == nil {
+		for _, ro := range batch {
+			r.free = append(r.free, ro)
+		}
+	} else {
+		r.mu.Lock()
+		for k, ro := range batch {
+			if have := r.pending[k]; have != nil {
+				have.merge(ro)
+				r.free = append(r.free, ro)
+			} else {
+				r.pending[k] = ro // the flusher copies it out, and drops it
+			}
+		}
+		// Blocked events wait for the flusher in a bounded list: a flood of
+		// refusals must not grow the process without limit.
+		room := r.cfg.MaxBacklog - len(r.pendingBlocked)
+		if over := len(*blocked) - max(room, 0); over > 0 {
+			r.sinkDroppedEvents.Add(int64(over))
+			*blocked = (*blocked)[:len(*blocked)-over]
+		}
+		r.pendingBlocked = append(r.pendingBlocked, *blocked...)
+		r.mu.Unlock()
+	}
+	clear(batch)
+	*blocked = (*blocked)[:0]
+}
