@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/sluicehq/sluice/internal/testbin"
 )
 
 // installHint says how to get the server's binaries.
@@ -139,6 +140,7 @@ func (s *Server) launchLocked() error {
 		"-c", "max_connections=50")
 	// Its own process group, so that Kill takes the backends too.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true}
+	testbin.DieWithParent(cmd)
 	log, err := os.Create(filepath.Join(s.dir, "postgres.log"))
 	if err != nil {
 		return err
