@@ -84,8 +84,8 @@ func TestGrantUseReleaseQueue(t *testing.T) {
 	if err != nil || b.Granted || b.Position != 1 || b.EstimatedAt.IsZero() {
 		t.Fatalf("Reserve b = %+v, %v; want queued at 1", b, err)
 	}
-	if bal, err := k.Use("a", a.ID, 10); err != nil || bal != 50 {
-		t.Fatalf("Use = %d, %v; want 50", bal, err)
+	if st, err := k.Use("a", a.ID, 10); err != nil || st.Balance != 50 || st.Used != 10 {
+		t.Fatalf("Use = %+v, %v; want balance 50, used 10", st, err)
 	}
 	if _, err := k.Use("a", a.ID, 51); !errors.Is(err, reservation.ErrInsufficient) {
 		t.Errorf("Use above the balance: %v, want ErrInsufficient", err)

@@ -184,41 +184,41 @@ func (k *Keeper) Release(client, id string) (Ended, error) {
 }
 
 // Use draws n tokens from reservation id for a check of client, and
-// returns the balance left. It is reservation.ErrInsufficient when the
-// balance is short (nothing is drawn), reservation.ErrNotGranted while
-// queued, reservation.ErrNotFound when the ID is unknown, expired or
-// released, and ErrForbidden when another client holds it.
-func (k *Keeper) Use(client, id string, n int64) (int64, error) {
+// returns the reservation's state after the draw. It is
+// reservation.ErrInsufficient when the balance is short (nothing is
+// drawn), reservation.ErrNotGranted while queued, reservation.ErrNotFound
+// when the ID is unknown, expired or released, and ErrForbidden when
+// another client holds it. n = 0 draws nothing.
+func (k *Keeper) Use(client, id string, n int64) (Status, error) {
 	p, num, e, err := k.lookup(client, id)
 	if err != nil {
-		return 0, err
+		return Status{}, err
 	}
 	if e.released {
 		p.mu.Unlock()
-		return 0, reservation.ErrNotFound
+		return Status{}, reservation.ErrNotFound
 	}
 	now := k.cfg.Now()
-	var r reservation.Reservation
 	var fx reservation.Effects
 	if n == 0 {
-		// A check of cost 0 reads: draw nothing.
 		fx = reservation.Expire(&p.conf, &p.st, now.UnixMicro())
-		var st Status
+	} else {
+		_, fx, err = reservation.Use(&p.conf, &p.st, now.UnixMicro(), num, n)
+	}
+	evs := p.effects(fx, now)
+	var st Status
+	if err == nil {
 		st, err = p.status(num, e)
-		r.Balance = st.Balance
 		if err == nil && st.State == "queued" {
 			err = reservation.ErrNotGranted
 		}
-	} else {
-		r, fx, err = reservation.Use(&p.conf, &p.st, now.UnixMicro(), num, n)
 	}
-	evs := p.effects(fx, now)
 	p.mu.Unlock()
 	k.emit(evs)
 	if err != nil {
-		return 0, err
+		return Status{}, err
 	}
-	return r.Balance, nil
+	return st, nil
 }
 
 // Held returns the tokens held in the pool of (client, resource), and its
