@@ -468,7 +468,12 @@ func (r *Ring) Last(n int, keep func(*Event) bool) (evs []Event, total int64) {
 }
 
 // Capacity returns the most events the ring holds.
-func (r *Ring) Capacity() int { return cap(r.buf) }
+func (r *Ring) Capacity() int {
+	// Under mu: Emit's append writes the slice header.
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return cap(r.buf)
+}
 
 // LogSink writes events to a structured logger, one line each, at the
 // level of their severity. It is a Sink.
