@@ -160,6 +160,9 @@ type statusBody struct {
 	Used      int64  `json:"tokens_used"`
 	GrantedAt string `json:"granted_at,omitempty"`
 	ExpiresAt string `json:"expires_at,omitempty"`
+	// Position and EstimatedAt are set while queued.
+	Position    int64  `json:"position_in_queue"`
+	EstimatedAt string `json:"estimated_grant_at,omitempty"`
 }
 
 // reserveClient returns the optional client_id query parameter of GET and
@@ -190,6 +193,8 @@ func (h *Handler) handleReserveGet(w http.ResponseWriter, r *http.Request) {
 		Rule: st.Rule, Tokens: st.Tokens, Remaining: st.Balance, Used: st.Used}
 	if st.State == "granted" {
 		body.GrantedAt, body.ExpiresAt = stamp(st.GrantedAt), stamp(st.ExpiresAt)
+	} else {
+		body.Position, body.EstimatedAt = st.Position, stamp(st.EstimatedAt)
 	}
 	h.writeReserveJSON(w, r, http.StatusOK, body)
 }

@@ -97,8 +97,8 @@ func TestGrantUseReleaseQueue(t *testing.T) {
 		t.Errorf("Use by another client: %v, want ErrForbidden", err)
 	}
 	st, err := k.Get("", b.ID)
-	if err != nil || st.State != "queued" {
-		t.Errorf("Get b = %+v, %v; want queued", st, err)
+	if err != nil || st.State != "queued" || st.Position != 1 || !st.EstimatedAt.Equal(a.ExpiresAt) {
+		t.Errorf("Get b = %+v, %v; want queued at 1, granted by %v", st, err, a.ExpiresAt)
 	}
 	end, err := k.Release("a", a.ID)
 	if err != nil || end.State != "released" || end.Returned != 50 {

@@ -91,6 +91,10 @@ type Status struct {
 	Balance, Used int64
 	// GrantedAt and ExpiresAt are set once granted.
 	GrantedAt, ExpiresAt time.Time
+	// Position and EstimatedAt are, while queued, the request's place in
+	// the queue (1 for the head) and an upper estimate of its grant.
+	Position    int64
+	EstimatedAt time.Time
 }
 
 // Get returns the state of reservation id. client, when not empty, must be
@@ -105,6 +109,10 @@ func (k *Keeper) Get(client, id string) (Status, error) {
 	fx := reservation.Expire(&p.conf, &p.st, now.UnixMicro())
 	evs := p.effects(fx, now)
 	st, err := p.status(n, e)
+	if err == nil && st.State == "queued" {
+		pos, at := reservation.Estimate(&p.conf, &p.st, now.UnixMicro(), n)
+		st.Position, st.EstimatedAt = pos, micros(at)
+	}
 	p.mu.Unlock()
 	k.emit(evs)
 	return st, err
