@@ -38,6 +38,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -60,6 +61,7 @@ const (
 	DefaultQueueLimit  = 100
 	DefaultAgingPeriod = 30 * time.Second
 	DefaultSweepEvery  = time.Second
+	DefaultMaxPools    = 100_000
 )
 
 // Config configures a Keeper.
@@ -82,6 +84,11 @@ type Config struct {
 	// DefaultSweepEvery, negative runs no sweep (expiry then happens at
 	// the pool's next call).
 	SweepEvery time.Duration
+	// MaxPools bounds the pools held at once (each resource matching a
+	// rule may make one); zero means DefaultMaxPools. A reservation that
+	// would need one more is refused with reservation.ErrQueueFull until
+	// the sweep forgets idle pools.
+	MaxPools int
 }
 
 // Keeper holds the pools of one instance. It is safe for concurrent use.
@@ -136,6 +143,9 @@ func New(cfg Config) (*Keeper, error) {
 	}
 	if cfg.SweepEvery == 0 {
 		cfg.SweepEvery = DefaultSweepEvery
+	}
+	if cfg.MaxPools <= 0 {
+		cfg.MaxPools = DefaultMaxPools
 	}
 	k := &Keeper{
 		cfg:      cfg,
@@ -219,6 +229,10 @@ func (k *Keeper) poolFor(client, resource string) (*pool, error) {
 	for {
 		k.mu.Lock()
 		p := k.pools[key]
+		if p == nil && len(k.pools) >= k.cfg.MaxPools {
+			k.mu.Unlock()
+			return nil, fmt.Errorf("%w: %d pools held, the most this instance keeps", reservation.ErrQueueFull, len(k.pools))
+		}
 		if p == nil {
 			p = &pool{
 				handle:   newHandle(k.byHandle),

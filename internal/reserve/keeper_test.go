@@ -269,3 +269,27 @@ func TestConcurrent(t *testing.T) {
 		t.Errorf("%d grants of %d tokens; returned %d released + %d expired", ng, granted, released, expired)
 	}
 }
+
+func TestMaxPools(t *testing.T) {
+	c := newClock()
+	p, err := policy.Parse("test.yaml", []byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := New(Config{Policy: func() *policy.Policy { return p }, Now: c.now, SweepEvery: -1, MaxPools: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	for i, res := range []string{"/api/a", "/api/b", "/api/c"} {
+		_, err := k.Reserve(Ask{Client: "a", Resource: res, Tokens: 1, Duration: time.Second, Priority: reservation.Low})
+		if wantFull := i == 2; errors.Is(err, reservation.ErrQueueFull) != wantFull {
+			t.Errorf("pool %d: %v, want full %v", i+1, err, wantFull)
+		}
+	}
+	c.add(time.Second)
+	k.Sweep()
+	if _, err := k.Reserve(Ask{Client: "a", Resource: "/api/c", Tokens: 1, Duration: time.Second, Priority: reservation.Low}); err != nil {
+		t.Errorf("after the sweep: %v", err)
+	}
+}
