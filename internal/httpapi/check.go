@@ -32,6 +32,7 @@ var errorStatuses = []struct {
 	{reservation.ErrQueueFull, http.StatusTooManyRequests, "queue_full"},
 	{reservation.ErrNotFound, http.StatusNotFound, "reservation_not_found"},
 	{reserve.ErrForbidden, http.StatusForbidden, "forbidden"},
+	{reserve.ErrDenyListed, http.StatusForbidden, "forbidden"},
 }
 
 // statusOf returns the HTTP status and error code for err.
@@ -99,7 +100,7 @@ func (h *Handler) handleCheck(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err)
 		return
 	}
-	if resID != "" && h.checkReserved(w, r, c.ClientID, resID, c.Cost) {
+	if resID != "" && h.checkReserved(w, r, &c, resID) {
 		return
 	}
 	if c.IdempotencyKey == "" {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/internal/reserve"
 	"github.com/sluicehq/sluice/reservation"
 )
@@ -18,7 +20,7 @@ type Reservations interface {
 	Reserve(a reserve.Ask) (reserve.Result, error)
 	Get(client, id string) (reserve.Status, error)
 	Release(client, id string) (reserve.Ended, error)
-	Use(client, id string, n int64) (reserve.Status, error)
+	Use(q *policy.Request, id string, n int64) (reserve.Status, error)
 }
 
 // reserveRequest is the JSON body of POST /api/v1/reserve.
@@ -230,16 +232,19 @@ func (h *Handler) writeReserveJSON(w http.ResponseWriter, r *http.Request, statu
 // checkReserved decides a check that carries a reservation ID: it draws
 // the check's cost from the reservation, without touching the limits, and
 // answers. It reports false, having answered nothing, when the reservation
-// cannot cover the check (its balance is short, or it is still queued):
-// the limits then decide it as any other check.
-func (h *Handler) checkReserved(w http.ResponseWriter, r *http.Request, client, id string, cost int64) bool {
+// cannot cover the check (its balance is short, or it is still queued) or
+// the caller is deny-listed: the limits then decide it as any other check.
+func (h *Handler) checkReserved(w http.ResponseWriter, r *http.Request, c *engine.Check, id string) bool {
 	if h.resv == nil {
 		h.writeError(w, r, fieldErr("reservation_id", "reservations are not enabled on this server"))
 		return true
 	}
-	st, err := h.resv.Use(client, id, cost)
+	cost := c.Cost
+	st, err := h.resv.Use(&policy.Request{ClientID: c.ClientID, User: c.User, IP: c.IP, APIKey: c.APIKey,
+		Resource: c.Resource, Method: c.Method, Operation: c.Operation}, id, cost)
 	switch {
-	case errors.Is(err, reservation.ErrInsufficient), errors.Is(err, reservation.ErrNotGranted):
+	case errors.Is(err, reservation.ErrInsufficient), errors.Is(err, reservation.ErrNotGranted),
+		errors.Is(err, reserve.ErrDenyListed):
 		return false
 	case err != nil:
 		h.writeError(w, r, err)

@@ -54,6 +54,10 @@ var (
 	// ErrForbidden refuses a reservation ID presented by a client other
 	// than the one that holds it.
 	ErrForbidden = errors.New("sluice: reservation held by another client")
+	// ErrDenyListed refuses a reservation, or a draw from one, for a
+	// caller on the policy's deny list: the limits' answer (a denial)
+	// stands for it.
+	ErrDenyListed = errors.New("sluice: caller on the deny list")
 )
 
 // Defaults of Config.
@@ -284,6 +288,12 @@ func (k *Keeper) match(client, resource string) (string, int64) {
 		return r.ID, min(l.Spec.Limit, reservation.MaxCapacity)
 	}
 	return "", 0
+}
+
+// denied reports whether the policy in force deny-lists q.
+func (k *Keeper) denied(q *policy.Request) bool {
+	pol := k.cfg.Policy()
+	return pol != nil && pol.Denied(q)
 }
 
 // lookup returns the pool and the reservation of the public ID, the pool

@@ -84,16 +84,16 @@ func TestGrantUseReleaseQueue(t *testing.T) {
 	if err != nil || b.Granted || b.Position != 1 || b.EstimatedAt.IsZero() {
 		t.Fatalf("Reserve b = %+v, %v; want queued at 1", b, err)
 	}
-	if st, err := k.Use("a", a.ID, 10); err != nil || st.Balance != 50 || st.Used != 10 {
+	if st, err := k.Use(&policy.Request{ClientID: "a"}, a.ID, 10); err != nil || st.Balance != 50 || st.Used != 10 {
 		t.Fatalf("Use = %+v, %v; want balance 50, used 10", st, err)
 	}
-	if _, err := k.Use("a", a.ID, 51); !errors.Is(err, reservation.ErrInsufficient) {
+	if _, err := k.Use(&policy.Request{ClientID: "a"}, a.ID, 51); !errors.Is(err, reservation.ErrInsufficient) {
 		t.Errorf("Use above the balance: %v, want ErrInsufficient", err)
 	}
-	if _, err := k.Use("b", b.ID, 1); !errors.Is(err, reservation.ErrNotGranted) {
+	if _, err := k.Use(&policy.Request{ClientID: "b"}, b.ID, 1); !errors.Is(err, reservation.ErrNotGranted) {
 		t.Errorf("Use of a queued one: %v, want ErrNotGranted", err)
 	}
-	if _, err := k.Use("b", a.ID, 1); !errors.Is(err, ErrForbidden) {
+	if _, err := k.Use(&policy.Request{ClientID: "b"}, a.ID, 1); !errors.Is(err, ErrForbidden) {
 		t.Errorf("Use by another client: %v, want ErrForbidden", err)
 	}
 	st, err := k.Get("", b.ID)
@@ -240,7 +240,7 @@ func TestConcurrent(t *testing.T) {
 				over.Add(1)
 			}
 			if r.Granted {
-				k.Use(client, r.ID, 1)
+				k.Use(&policy.Request{ClientID: client}, r.ID, 1)
 			}
 			if i%2 == 0 {
 				k.Release(client, r.ID)
@@ -291,5 +291,30 @@ func TestMaxPools(t *testing.T) {
 	k.Sweep()
 	if _, err := k.Reserve(Ask{Client: "a", Resource: "/api/c", Tokens: 1, Duration: time.Second, Priority: reservation.Low}); err != nil {
 		t.Errorf("after the sweep: %v", err)
+	}
+}
+
+// TestDenyListed: a deny-listed caller can neither reserve nor draw, by
+// any of its identities.
+func TestDenyListed(t *testing.T) {
+	c := newClock()
+	p, err := policy.Parse("test.yaml", []byte(testPolicy+"deny:\n  - client: bad\n  - ip: 203.0.113.66\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := New(Config{Policy: func() *policy.Policy { return p }, Now: c.now, SweepEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	if _, err := k.Reserve(ask("bad", 1, time.Second)); !errors.Is(err, ErrDenyListed) {
+		t.Errorf("Reserve by a deny-listed client: %v, want ErrDenyListed", err)
+	}
+	r, err := k.Reserve(ask("a", 1, time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Use(&policy.Request{ClientID: "a", IP: "203.0.113.66", Resource: "/api/orders"}, r.ID, 1); !errors.Is(err, ErrDenyListed) {
+		t.Errorf("Use from a deny-listed IP: %v, want ErrDenyListed", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/events"
+	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/reservation"
 )
 
@@ -49,6 +50,9 @@ func (k *Keeper) Reserve(a Ask) (Result, error) {
 	}
 	if a.Client == "" {
 		return Result{}, &reservation.InvalidError{Field: "client", Reason: "empty"}
+	}
+	if k.denied(&policy.Request{ClientID: a.Client, Resource: a.Resource}) {
+		return Result{}, ErrDenyListed
 	}
 	p, err := k.poolFor(a.Client, a.Resource)
 	if err != nil {
@@ -191,14 +195,19 @@ func (k *Keeper) Release(client, id string) (Ended, error) {
 	return end, nil
 }
 
-// Use draws n tokens from reservation id for a check of client, and
+// Use draws n tokens from reservation id for a check of caller q (its
+// ClientID must be the holder's), and
 // returns the reservation's state after the draw. It is
 // reservation.ErrInsufficient when the balance is short (nothing is
 // drawn), reservation.ErrNotGranted while queued, reservation.ErrNotFound
 // when the ID is unknown, expired or released, and ErrForbidden when
-// another client holds it. n = 0 draws nothing.
-func (k *Keeper) Use(client, id string, n int64) (Status, error) {
-	p, num, e, err := k.lookup(client, id)
+// another client holds it, ErrDenyListed when the policy deny-lists q
+// (by any of its identities). n = 0 draws nothing.
+func (k *Keeper) Use(q *policy.Request, id string, n int64) (Status, error) {
+	if k.denied(q) {
+		return Status{}, ErrDenyListed
+	}
+	p, num, e, err := k.lookup(q.ClientID, id)
 	if err != nil {
 		return Status{}, err
 	}
