@@ -149,6 +149,15 @@ func GrantQueued(c *Config, s *State, now int64) Effects {
 	return fx
 }
 
+// Estimate returns the place of the queued request id in the order at now
+// (1 for the head) and the estimate of its grant instant that Reserve
+// gives (see Result.EstimatedAt); 0 and now when id is not queued. It
+// reads the state and changes nothing: a store answering "where is my
+// request?" calls it after a transition at now.
+func Estimate(c *Config, s *State, now, id int64) (position, at int64) {
+	return estimate(c, s, now, id)
+}
+
 // expire removes the reservations whose ExpiresAt <= now and returns what
 // they held, keeping the order of the others.
 func expire(s *State, now int64, fx *Effects) {

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,6 +41,7 @@ import (
 	"github.com/sluicehq/sluice/internal/logging"
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/internal/reserve"
 )
 
 // Defaults of Config.
@@ -224,6 +226,12 @@ type Config struct {
 	// that a region cut off from its start keeps to its share; empty
 	// learns the regions from their messages.
 	SyncPeers []string
+	// NoReservations turns off the reservations of capacity
+	// (/api/v1/reserve and the reservation_id of checks). They are
+	// served, in process, on the memory store only: with a shared store
+	// each instance would hold a whole pool, so there they are off until
+	// the store keeps the pools.
+	NoReservations bool
 }
 
 // Daemon is a running server. Its methods are safe for concurrent use.
@@ -246,6 +254,7 @@ type Daemon struct {
 	ring     *events.Ring
 	debugLn  net.Listener
 	debugSrv *http.Server
+	keeper   *reserve.Keeper // nil when reservations are off
 
 	// reloadMu serializes reloads.
 	reloadMu sync.Mutex
@@ -347,6 +356,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.closer = closer
 	fail := func(err error) (*Daemon, error) {
+		if d.keeper != nil {
+			d.keeper.Close()
+		}
 		d.closeSync()
 		d.closeControl()
 		d.closeListeners()
@@ -370,7 +382,16 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return fail(err)
 	}
 
+	var resv httpapi.Reservations
+	if !cfg.NoReservations && strings.HasPrefix(cfg.StoreURL, "memory://") {
+		d.keeper, err = reserve.New(reserve.Config{Policy: d.eng.Policy, Now: cfg.Now, Events: d.events})
+		if err != nil {
+			return fail(err)
+		}
+		resv = d.keeper
+	}
 	api, err := httpapi.New(httpapi.Config{
+		Reservations: resv,
 		Engine:       d.eng,
 		Metrics:      promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}),
 		ConfigStatus: d.ConfigStatus,
@@ -575,6 +596,9 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		d.adminSrv.Close()
 	}
 	d.wg.Wait()
+	if d.keeper != nil {
+		d.keeper.Close()
+	}
 	if err := d.closeControl(); err != nil {
 		errs = append(errs, fmt.Errorf("daemon: closing the control plane: %w", err))
 	}

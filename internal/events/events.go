@@ -72,6 +72,16 @@ const (
 	// (create, update, delete, rollback, lift), Object and ObjectID which
 	// object, Reason why, Revision at which revision of the store.
 	ControlChange Type = "control_plane_change"
+	// ReservationGranted: a reservation of capacity was granted, at once
+	// or from the queue: Reservation, Tokens (granted), ClientID,
+	// Resource and Rule (the pool's).
+	ReservationGranted Type = "reservation_granted"
+	// ReservationReleased: a reservation was released by its client;
+	// Tokens is what it returned (the part not used).
+	ReservationReleased Type = "reservation_released"
+	// ReservationExpired: a reservation reached its expiry; Tokens is
+	// what it still held and returned to the pool.
+	ReservationExpired Type = "reservation_expired"
 )
 
 // Severities of events.
@@ -118,6 +128,10 @@ type Event struct {
 	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
 	// Count is the number of denials within the window, for burst events.
 	Count int64 `json:"count,omitempty"`
+	// Reservation is the id of a reservation, for the reservation
+	// events; Tokens the tokens it was granted or returned.
+	Reservation string `json:"reservation_id,omitempty"`
+	Tokens      int64  `json:"tokens,omitempty"`
 	// WindowMS is the burst window, in milliseconds.
 	WindowMS int64 `json:"window_ms,omitempty"`
 	// Version and PreviousVersion are configuration versions.
@@ -454,7 +468,12 @@ func (r *Ring) Last(n int, keep func(*Event) bool) (evs []Event, total int64) {
 }
 
 // Capacity returns the most events the ring holds.
-func (r *Ring) Capacity() int { return cap(r.buf) }
+func (r *Ring) Capacity() int {
+	// Under mu: Emit's append writes the slice header.
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return cap(r.buf)
+}
 
 // LogSink writes events to a structured logger, one line each, at the
 // level of their severity. It is a Sink.

@@ -10,6 +10,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/internal/reserve"
+	"github.com/sluicehq/sluice/reservation"
 )
 
 // errorStatuses maps errors to HTTP statuses and the error codes of the JSON
@@ -26,6 +28,11 @@ var errorStatuses = []struct {
 	{sluice.ErrStoreUnavailable, http.StatusServiceUnavailable, "unavailable"},
 	{context.DeadlineExceeded, http.StatusServiceUnavailable, "unavailable"},
 	{context.Canceled, http.StatusServiceUnavailable, "unavailable"},
+	{reservation.ErrInvalid, http.StatusBadRequest, "invalid_request"},
+	{reservation.ErrQueueFull, http.StatusTooManyRequests, "queue_full"},
+	{reservation.ErrNotFound, http.StatusNotFound, "reservation_not_found"},
+	{reserve.ErrForbidden, http.StatusForbidden, "forbidden"},
+	{reserve.ErrDenyListed, http.StatusForbidden, "forbidden"},
 }
 
 // statusOf returns the HTTP status and error code for err.
@@ -88,8 +95,12 @@ func (h *Handler) handleCheck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var c engine.Check
-	if err := decodeCheck(b.b, &c); err != nil {
+	resID, err := decodeCheck(b.b, &c)
+	if err != nil {
 		h.writeError(w, r, err)
+		return
+	}
+	if resID != "" && h.checkReserved(w, r, &c, resID) {
 		return
 	}
 	if c.IdempotencyKey == "" {

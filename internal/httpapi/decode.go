@@ -38,6 +38,9 @@ type checkRequest struct {
 	IP             string `json:"ip"`
 	APIKey         string `json:"api_key"`
 	Method         string `json:"method"`
+	// ReservationID draws the check from a reservation (single checks
+	// only; see handleCheck).
+	ReservationID string `json:"reservation_id"`
 }
 
 // batchRequest is the JSON body of POST /api/v1/batch-check.
@@ -91,7 +94,11 @@ func readBody(r *http.Request, b *buf) error {
 // decodeStrict decodes one JSON value from data into v, refusing unknown
 // fields, trailing data and invalid UTF-8. Its errors are
 // *engine.FieldError naming the field.
-func decodeStrict(data []byte, v any) error {
+func decodeStrict(data []byte, v any) error { return decodeStrictKeys(data, v, keyBit) }
+
+// decodeStrictKeys is decodeStrict for a body whose field names bits
+// knows (see keyBit).
+func decodeStrictKeys(data []byte, v any, bits func([]byte) uint16) error {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return fieldErr("body", "empty body; want a JSON object")
 	}
@@ -101,12 +108,12 @@ func decodeStrict(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return jsonFieldErr(data, err)
+		return jsonFieldErr(data, err, bits)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return fieldErr("body", "unexpected data after the JSON object")
 	}
-	return checkKeys(data)
+	return checkKeys(data, bits)
 }
 
 // keyBit returns the bit of a request field name, exactly as spelled in
@@ -137,6 +144,8 @@ func keyBit(name []byte) uint16 {
 		return 1 << 10
 	case "checks":
 		return 1 << 11
+	case "reservation_id":
+		return 1 << 12
 	}
 	return 0
 }
@@ -148,7 +157,7 @@ func keyBit(name []byte) uint16 {
 // decided for b, while a proxy in front may have read a. The error names
 // the key's value, such as "checks[1].cost". It runs on documents
 // encoding/json accepted, so it only tells strings from the rest.
-func checkKeys(data []byte) error {
+func checkKeys(data []byte, keyBit func([]byte) uint16) error {
 	// frame is one open object (the keys it has had) or array.
 	type frame struct {
 		obj, wantKey bool
@@ -400,15 +409,18 @@ func statusFlag(name, val string) error {
 }
 
 // decodeCheck decodes and validates the body of POST /api/v1/check.
-func decodeCheck(data []byte, c *engine.Check) error {
+func decodeCheck(data []byte, c *engine.Check) (reservationID string, err error) {
 	var cr checkRequest
 	if !decodeCheckFast(data, &cr) {
 		cr = checkRequest{}
 		if err := decodeStrict(data, &cr); err != nil {
-			return err
+			return "", err
 		}
 	}
-	return cr.toCheck(c)
+	if err := checkIdent("reservation_id", cr.ReservationID); err != nil {
+		return "", err
+	}
+	return cr.ReservationID, cr.toCheck(c)
 }
 
 // decodeBatch decodes and validates the body of POST /api/v1/batch-check.
@@ -459,6 +471,9 @@ func decodeBatch(data []byte) ([]engine.Check, engine.BatchMode, error) {
 		}
 		if cr.ClientID == "" {
 			return nil, 0, engine.InBatch(i, fieldErr("client_id", "required (in the batch or in every check)"))
+		}
+		if cr.ReservationID != "" {
+			return nil, 0, engine.InBatch(i, fieldErr("reservation_id", "not accepted in a batch; use POST /api/v1/check"))
 		}
 		if err := cr.toCheck(&checks[i]); err != nil {
 			return nil, 0, engine.InBatch(i, err)

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/buildinfo"
@@ -79,6 +80,10 @@ type Config struct {
 	Breaker func() string
 	// Logger receives errors the API answers with 5xx; nil discards them.
 	Logger *slog.Logger
+	// Reservations serves /api/v1/reserve and the reservation_id of
+	// checks; nil answers 404 on those routes and 400 to a check with a
+	// reservation_id.
+	Reservations Reservations
 }
 
 // Handler serves the API. It is safe for concurrent use.
@@ -90,6 +95,7 @@ type Handler struct {
 	readyTO time.Duration
 	breaker func() string
 	log     *slog.Logger
+	resv    Reservations
 	mux     *http.ServeMux
 	healthz []byte // the body of /healthz: status and build
 }
@@ -108,6 +114,7 @@ func New(cfg Config) (*Handler, error) {
 		readyTO: cfg.ReadyTimeout,
 		breaker: cfg.Breaker,
 		log:     cfg.Logger,
+		resv:    cfg.Reservations,
 		mux:     http.NewServeMux(),
 	}
 	if h.now == nil {
@@ -136,6 +143,13 @@ func New(cfg Config) (*Handler, error) {
 		// specific pattern above wins for its own method).
 		h.mux.Handle(rt.path, methodNotAllowed(rt.method))
 	}
+	if h.resv != nil {
+		h.mux.HandleFunc("POST /api/v1/reserve", h.handleReserve)
+		h.mux.Handle("/api/v1/reserve", methodNotAllowed("POST"))
+		h.mux.HandleFunc("GET /api/v1/reserve/{id}", h.handleReserveGet)
+		h.mux.HandleFunc("DELETE /api/v1/reserve/{id}", h.handleReserveDelete)
+		h.mux.Handle("/api/v1/reserve/{id}", methodNotAllowed("GET, DELETE"))
+	}
 	h.mux.HandleFunc("/", h.handleNotFound)
 	return h, nil
 }
@@ -144,8 +158,8 @@ func New(cfg Config) (*Handler, error) {
 // (and HEAD with GET).
 func methodNotAllowed(method string) http.Handler {
 	allow := method
-	if method == "GET" {
-		allow = "GET, HEAD"
+	if strings.HasPrefix(method, "GET") {
+		allow = "GET, HEAD" + strings.TrimPrefix(method, "GET")
 	}
 	body := []byte(`{"error":"method_not_allowed","error_description":"use ` + allow + `; see docs/api.md"}`)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

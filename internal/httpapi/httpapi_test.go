@@ -572,7 +572,7 @@ func FuzzDecodeCheck(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var c engine.Check
-		err := decodeCheck(data, &c)
+		_, err := decodeCheck(data, &c)
 		if err != nil {
 			if _, code := statusOf(err); code != "invalid_request" {
 				t.Fatalf("error %v maps to %s, want invalid_request", err, code)

@@ -16,7 +16,7 @@ import (
 // *engine.FieldError. A value of the wrong type is named by its path in
 // data, with the index of a batch's check (encoding/json names
 // "checks.cost" for "checks[2].cost").
-func jsonFieldErr(data []byte, err error) error {
+func jsonFieldErr(data []byte, err error, bits func([]byte) uint16) error {
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
 	switch {
@@ -40,7 +40,7 @@ func jsonFieldErr(data []byte, err error) error {
 	if name, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
 		if json.Valid(data) {
 			// Named with its path, such as "checks[1].usr".
-			if err := checkKeys(data); err != nil {
+			if err := checkKeys(data, bits); err != nil {
 				return err
 			}
 		}

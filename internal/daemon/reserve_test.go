@@ -1,0 +1,90 @@
+package daemon_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/daemon"
+)
+
+func del(t *testing.T, url string) *response {
+	t.Helper()
+	req, err := http.NewRequest("DELETE", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return read(t, resp)
+}
+
+// TestReservations runs a reservation through the daemon on the memory
+// store: granted, drawn by checks, released, and its events logged.
+func TestReservations(t *testing.T) {
+	td := start(t, `version: 1
+rules:
+  - {id: orders, match: {resource: "/api/orders"}, limit: 5, window: 1m, algorithm: fixed_window}
+`)
+	r := post(t, td.base+"/api/v1/reserve", `{"client_id":"a","resource":"/api/orders","tokens_needed":3,"duration_seconds":30}`)
+	if r.status != 200 || r.num("tokens_reserved") != 3 {
+		t.Fatalf("reserve: %d %s", r.status, r.raw)
+	}
+	id := r.str("reservation_id")
+	// Three checks draw from the reservation; the limit of 5 stays whole
+	// for the checks without one.
+	for i := range 3 {
+		c := post(t, td.base+"/api/v1/check", `{"client_id":"a","resource":"/api/orders","reservation_id":"`+id+`"}`)
+		if c.status != 200 || c.str("source") != "reservation" || c.num("remaining") != int64(2-i) {
+			t.Fatalf("check %d with the reservation: %d %s", i, c.status, c.raw)
+		}
+	}
+	for i := range 5 {
+		if c := post(t, td.base+"/api/v1/check", `{"client_id":"a","resource":"/api/orders"}`); c.status != 200 {
+			t.Fatalf("check %d without: %d %s", i, c.status, c.raw)
+		}
+	}
+	if c := post(t, td.base+"/api/v1/check", `{"client_id":"b","resource":"/api/orders","reservation_id":"`+id+`"}`); c.status != 403 {
+		t.Errorf("another client's reservation: %d %s", c.status, c.raw)
+	}
+	if d := del(t, td.base+"/api/v1/reserve/"+id); d.status != 200 || d.num("tokens_returned") != 0 {
+		t.Errorf("release: %d %s", d.status, d.raw)
+	}
+	if d := del(t, td.base+"/api/v1/reserve/"+id); d.status != 404 {
+		t.Errorf("second release: %d %s", d.status, d.raw)
+	}
+	r = post(t, td.base+"/api/v1/reserve", `{"client_id":"a","resource":"/api/orders","tokens_needed":6,"duration_seconds":30}`)
+	if r.status != 400 || r.str("field") != "tokens_needed" {
+		t.Errorf("above the limit: %d %s", r.status, r.raw)
+	}
+	// The used tokens come back at expiry, which the sweep reports.
+	td.clock.Advance(31 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ev := get(t, td.base+"/api/v1/events?type=reservation_expired")
+		if evs, _ := ev.body["events"].([]any); len(evs) == 1 {
+			if e := evs[0].(map[string]any); e["reservation_id"] != id || e["tokens"] != 3.0 {
+				t.Errorf("expiry event %v", e)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no expiry event: %s", ev.raw)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, typ := range []string{"reservation_granted", "reservation_released"} {
+		if ev := get(t, td.base+"/api/v1/events?type="+typ); len(ev.body["events"].([]any)) != 1 {
+			t.Errorf("%s events: %s", typ, ev.raw)
+		}
+	}
+}
+
+func TestReservationsOff(t *testing.T) {
+	td := start(t, "", func(c *daemon.Config) { c.NoReservations = true })
+	if r := post(t, td.base+"/api/v1/reserve", `{}`); r.status != 404 {
+		t.Errorf("reserve with reservations off: %d %s", r.status, r.raw)
+	}
+}
