@@ -168,12 +168,13 @@ func redisBenchmarkCeiling(b *testing.B, srv *redistest.Server) {
 
 // ceilingArg is checkeach.lua's argument for one check of GCRA at
 // redisLimit per second at the server's clock: the expiry margin (1000
-// ms), one parameter set, every check on set 1 at cost 1, then the set
-// (see the script's header).
+// ms), one parameter set, every check on set 1, each on its own (not all
+// or nothing), at cost 1, then the set (see the script's header).
 func ceilingArg() string {
 	b := binary.LittleEndian.AppendUint64(nil, math.Float64bits(1000))
 	b = binary.LittleEndian.AppendUint16(b, 1)
 	b = binary.LittleEndian.AppendUint16(b, 1)
+	b = append(b, 0)
 	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(1))
 	for _, v := range []float64{6, redisLimit, redisLimit, 1_000_000, 1, 0, 0} {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
