@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,11 +22,10 @@ var testTokens = []control.Token{
 	{Name: "admin", Role: control.RoleAdmin, SHA256: auth.Hash("admin-secret")},
 }
 
-// newHandler returns the API over a real Plane with testTokens, its clock
-// at *now.
-func newHandler(t *testing.T, now *time.Time) *Handler {
+// newHandler returns the API over a real Plane with testTokens, at the
+// clock now (read by the plane's own goroutines too).
+func newHandler(t *testing.T, clock func() time.Time) *Handler {
 	t.Helper()
-	clock := func() time.Time { return *now }
 	h, err := New(Config{Plane: newPlane(t, clock), Tokens: testTokens, Now: clock,
 		Limits: func(kind, value string) any { return map[string]string{"kind": kind, "value": value} }})
 	if err != nil {
@@ -55,7 +55,7 @@ const testRule = `{"id":"api","match":{"resource":"/api/*"},"dimension":"client"
 // token of each role: 401, 403, or an answer that is not about auth.
 func TestRoutesByRole(t *testing.T) {
 	now := time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
-	h := newHandler(t, &now)
+	h := newHandler(t, func() time.Time { return now })
 	samples := map[string]struct{ path, body string }{
 		"GET /api/v1/rules":                                 {"/api/v1/rules", ""},
 		"GET /api/v1/rules/{id}":                            {"/api/v1/rules/api", ""},
@@ -117,7 +117,7 @@ func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 // the other gets 409 with the current version, and no update is lost.
 func TestRuleRace(t *testing.T) {
 	now := time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
-	h := newHandler(t, &now)
+	h := newHandler(t, func() time.Time { return now })
 	if rec := do(h, "admin", "POST", "/api/v1/rules", testRule); rec.Code != 201 {
 		t.Fatalf("create: %d %s", rec.Code, rec.Body)
 	}
@@ -156,7 +156,7 @@ func TestRuleRace(t *testing.T) {
 // trail with its actor, before, after and reason.
 func TestAuditShowsChanges(t *testing.T) {
 	now := time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
-	h := newHandler(t, &now)
+	h := newHandler(t, func() time.Time { return now })
 	for _, c := range []struct{ tok, method, path, body string }{
 		{"admin", "PUT", "/api/v1/rules/api", strings.TrimSuffix(testRule, "}") + `,"reason":"new api"}`},
 		{"admin", "PUT", "/api/v1/rules/api", strings.Replace(testRule, "100", "150", 1)},
@@ -197,7 +197,7 @@ func TestAuditShowsChanges(t *testing.T) {
 
 func TestLimitsBodyAndErrors(t *testing.T) {
 	now := time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
-	h := newHandler(t, &now)
+	h := newHandler(t, func() time.Time { return now })
 	big := `{"id":"api","x":"` + strings.Repeat("a", MaxBodyBytes) + `"}`
 	for _, tc := range []struct {
 		name, tok, method, path, body string
@@ -224,8 +224,9 @@ func TestLimitsBodyAndErrors(t *testing.T) {
 }
 
 func TestRateLimit(t *testing.T) {
-	now := time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
-	h := newHandler(t, &now)
+	var at atomic.Int64 // the clock moves while the plane's goroutines read it
+	at.Store(time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC).UnixNano())
+	h := newHandler(t, func() time.Time { return time.Unix(0, at.Load()).UTC() })
 	for i := range WritesPerMinute {
 		if rec := do(h, "operator", "DELETE", "/api/v1/emergency/throttle/none", ""); rec.Code == 429 {
 			t.Fatalf("write %d: 429 before the limit", i+1)
@@ -241,7 +242,7 @@ func TestRateLimit(t *testing.T) {
 	if rec := do(h, "admin", "DELETE", "/api/v1/emergency/throttle/none", ""); rec.Code == 429 {
 		t.Fatal("another token was limited too")
 	}
-	now = now.Add(2 * time.Minute)
+	at.Add(int64(2 * time.Minute))
 	if rec := do(h, "operator", "DELETE", "/api/v1/emergency/throttle/none", ""); rec.Code == 429 {
 		t.Fatal("still limited two minutes later")
 	}
