@@ -49,6 +49,10 @@ type Server struct {
 	bin, dir string
 	cred     *syscall.Credential // the user the server runs as, when not ours
 	n        atomic.Int64        // databases made
+	// id names this server's databases: a client of a killed server that
+	// reconnects to its port, taken meanwhile by another test server,
+	// finds no database of its name there rather than writing into it.
+	id string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd     // guarded by mu; nil while stopped
@@ -70,7 +74,7 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{bin: bin, dir: dir}
+	s := &Server{bin: bin, dir: dir, id: strconv.FormatInt(time.Now().UnixNano()%1e9, 36) + strconv.Itoa(os.Getpid())}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -185,7 +189,7 @@ func (s *Server) URL(db string) string {
 // string. The database lives as long as the server.
 func (s *Server) NewDatabase(t testing.TB) string {
 	t.Helper()
-	name := fmt.Sprintf("test_%d", s.n.Add(1))
+	name := fmt.Sprintf("test_%s_%d", s.id, s.n.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := pgx.Connect(ctx, s.URL("postgres"))
@@ -193,7 +197,8 @@ func (s *Server) NewDatabase(t testing.TB) string {
 		t.Fatalf("pgtest: %v", err)
 	}
 	defer c.Close(ctx)
-	// name is made here of a counter, never of input: safe to splice.
+	// name is made here of a counter, a clock and a process id, never of
+	// input: safe to splice.
 	if _, err := c.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("pgtest: create database: %v", err)
 	}
