@@ -218,7 +218,14 @@ func (s *Server) signal(sig syscall.Signal) {
 		return
 	}
 	if sig == syscall.SIGKILL {
-		syscall.Kill(-s.cmd.Process.Pid, sig) // the whole group, as a crash of the machine would
+		// The backends too, as a crash of the machine would: each calls
+		// setsid, so the postmaster's group does not hold them, and a
+		// backend whose postmaster is gone goes on serving its
+		// connection until it notices.
+		for _, pid := range children(s.cmd.Process.Pid) {
+			syscall.Kill(pid, sig)
+		}
+		syscall.Kill(-s.cmd.Process.Pid, sig)
 	} else {
 		s.cmd.Process.Signal(sig)
 	}
@@ -274,4 +281,28 @@ func freePort() (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("pgtest: no free port")
+}
+
+// children returns the processes whose parent is pid, read from /proc
+// (none where there is no /proc).
+func children(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses,
+		// so the fields are counted from the last ')'.
+		rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+		if f := strings.Fields(rest); len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	return out
 }
