@@ -123,6 +123,9 @@ func (h *Handler) handleCheck(w http.ResponseWriter, r *http.Request) {
 	status := decisionStatus(&res)
 	setHeaders(w.Header(), &res, now, latency)
 	b.b = appendResult(b.b[:0], &res, status, now, "", latency)
+	if status == http.StatusTooManyRequests {
+		b.b = h.appendQueued(b.b, &c, now)
+	}
 	writeJSON(w, status, b.b)
 }
 

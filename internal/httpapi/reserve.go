@@ -21,6 +21,25 @@ type Reservations interface {
 	Get(client, id string) (reserve.Status, error)
 	Release(client, id string) (reserve.Ended, error)
 	Use(q *policy.Request, id string, n int64) (reserve.Status, error)
+	Queued(client, resource string) (position int64, at time.Time, ok bool)
+}
+
+// appendQueued adds to the JSON object b (closed) the place and the wait
+// of a queued reservation of the check's client, when it has one: a check
+// refused by the limits tells its client to wait its turn.
+func (h *Handler) appendQueued(b []byte, c *engine.Check, now time.Time) []byte {
+	if h.resv == nil || len(b) == 0 || b[len(b)-1] != '}' {
+		return b
+	}
+	pos, at, ok := h.resv.Queued(c.ClientID, c.Resource)
+	if !ok {
+		return b
+	}
+	b = append(b[:len(b)-1], `,"queue_position":`...)
+	b = strconv.AppendInt(b, pos, 10)
+	b = append(b, `,"estimated_wait_ms":`...)
+	b = strconv.AppendInt(b, max(ceilMillis(at.Sub(now)), 0), 10)
+	return append(b, '}')
 }
 
 // reserveRequest is the JSON body of POST /api/v1/reserve.

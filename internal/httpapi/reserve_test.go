@@ -205,3 +205,30 @@ func FuzzReserveDecode(f *testing.F) {
 		}
 	})
 }
+
+// A check refused by the limits tells a client with a queued reservation
+// its place and its wait; others' refusals say nothing of it.
+func TestRefusedCheckTellsQueuedPlace(t *testing.T) {
+	h, _, f := newReserveHandler(t)
+	if rec := do(h, "POST", "/api/v1/reserve", `{"client_id":"a","resource":"/api/x","tokens_needed":100,"duration_seconds":60}`); rec.Code != 200 {
+		t.Fatalf("reserve: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do(h, "POST", "/api/v1/reserve", `{"client_id":"b","resource":"/api/x","tokens_needed":10,"duration_seconds":10}`); rec.Code != 202 {
+		t.Fatalf("queued: %d %s", rec.Code, rec.Body)
+	}
+	f.result = deniedResult()
+	rec := do(h, "POST", "/api/v1/check", `{"client_id":"b","resource":"/api/x"}`)
+	m := decodeBody(t, rec)
+	if rec.Code != 429 || m["queue_position"] != 1.0 || m["estimated_wait_ms"] == nil || m["estimated_wait_ms"].(float64) < 0 {
+		t.Errorf("b's refused check: %d %s; want its place 1 and a wait", rec.Code, rec.Body)
+	}
+	rec = do(h, "POST", "/api/v1/check", `{"client_id":"c","resource":"/api/x"}`)
+	if m := decodeBody(t, rec); rec.Code != 429 || m["queue_position"] != nil {
+		t.Errorf("c's refused check: %d %s; want no queue place", rec.Code, rec.Body)
+	}
+	f.result = allowedResult(100, 50)
+	rec = do(h, "POST", "/api/v1/check", `{"client_id":"b","resource":"/api/x"}`)
+	if m := decodeBody(t, rec); rec.Code != 200 || m["queue_position"] != nil {
+		t.Errorf("b's admitted check: %d %s; want no queue place", rec.Code, rec.Body)
+	}
+}

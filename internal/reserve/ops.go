@@ -252,3 +252,30 @@ func (k *Keeper) Held(client, resource string) (held, capacity int64) {
 	defer p.mu.Unlock()
 	return p.st.Held, p.conf.Capacity
 }
+
+// Queued returns the place in its pool's queue of client's first request
+// queued for resource, and the estimated instant of its grant; ok is false
+// when client has none queued there. A check refused by the limits tells
+// its client this, so that it waits its turn rather than retrying.
+func (k *Keeper) Queued(client, resource string) (position int64, at time.Time, ok bool) {
+	rule, _ := k.match(client, resource)
+	if rule == "" {
+		return 0, time.Time{}, false
+	}
+	k.mu.Lock()
+	p := k.pools[poolKey{rule, resource}]
+	k.mu.Unlock()
+	if p == nil {
+		return 0, time.Time{}, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := k.cfg.Now().UnixMicro()
+	for _, q := range p.st.Queue {
+		if q.Client == client {
+			pos, est := reservation.Estimate(&p.conf, &p.st, now, q.ID)
+			return pos, micros(est), true
+		}
+	}
+	return 0, time.Time{}, false
+}
