@@ -175,7 +175,7 @@ type Sync struct {
 	// made reports the stream set up by this Sync, and not lost since.
 	made atomic.Bool
 	// setup cancels the stream and consumer set-up in progress, if any.
-	setup atomic.Pointer[context.CancelFunc]
+	setup  atomic.Pointer[context.CancelFunc]
 	closed sync.Once
 
 	mu    sync.Mutex // guards peers
