@@ -40,7 +40,7 @@ func assemble(items []item, allowed bool) Result {
 		if rr.Limit == 0 && !it.params.DenyAll {
 			rr.Limit = it.params.Limit
 		}
-		if it.global {
+		if it.gbase != nil {
 			globalResult(&rr, it)
 		}
 		res.Rules[i] = rr

@@ -24,7 +24,7 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 		it := &s.items[i]
 		if !it.shadow {
 			at := now
-			if it.global {
+			if it.gbase != nil {
 				// Also keeps the guard from answering it in process: its
 				// limit changes from check to check.
 				at = it.at

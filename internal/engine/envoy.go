@@ -225,11 +225,7 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		s.items = append(s.items, it)
 		rf := ref{i, len(s.items) - 1, -1}
 		if l.Global != nil && !it.shadow {
-			g := it
-			g.global, g.gbase, g.glimit, g.at, g.local = true, l.Global, l.Global.Limit, e.now(), nil
-			if g.mode == policy.FailLocal {
-				g.mode = policy.FailOpen // the limit's own local share bounds it
-			}
+			g := globalItem(&it, l.Global, e.now())
 			g.key = string(l.AppendGlobalKey(s.keys[:0], descs[i].Entries))
 			s.items = append(s.items, g)
 			s.globals++

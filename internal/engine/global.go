@@ -32,8 +32,8 @@ type GlobalView interface {
 }
 
 // planGlobal appends to s the item of r's global limit for the check, when
-// r has one; l is the rule's limit for the check (its throttle applies to
-// the global limit too).
+// r has one, beside it, the item of r's own limit (whose throttle cuts the
+// global limit too).
 func (e *Engine) planGlobal(s *scratch, r *policy.Rule, q *policy.Request, it *item, at time.Time) {
 	if r.Global == nil {
 		return
@@ -44,20 +44,27 @@ func (e *Engine) planGlobal(s *scratch, r *policy.Rule, q *policy.Request, it *i
 		return
 	}
 	s.keys = keys
+	g := globalItem(it, r.Global, at)
+	s.items = append(s.items, g)
+	s.ends = append(s.ends, len(s.keys))
+	s.globals++
+}
+
+// globalItem returns the item of the global limit base beside it, the item
+// of its limit, at the instant at: the same check, cost and throttle.
+func globalItem(it *item, base *algorithm.Params, at time.Time) item {
 	g := *it
-	g.global, g.gbase, g.at, g.tier, g.local = true, r.Global, at, "", nil
-	g.glimit = r.Global.Limit
+	g.gbase, g.at, g.tier, g.local = base, at, "", nil
+	g.glimit = base.Limit
 	if it.throttle > 0 {
 		g.glimit = int64(float64(g.glimit) * (1 - it.throttle/100))
 	}
 	if g.mode == policy.FailLocal {
-		// The rule's own limit, decided locally with its share, bounds
-		// the check while the store cannot answer.
+		// The limit's own local share bounds the check while the store
+		// cannot answer.
 		g.mode = policy.FailOpen
 	}
-	s.items = append(s.items, g)
-	s.ends = append(s.ends, len(s.keys))
-	s.globals++
+	return g
 }
 
 // resolveGlobal sets the params of the global items of s, once their keys
@@ -74,7 +81,7 @@ func (e *Engine) resolveGlobal(s *scratch) {
 	j := 0
 	for i := range s.items {
 		it := &s.items[i]
-		if !it.global {
+		if it.gbase == nil {
 			continue
 		}
 		p := &s.gparams[j]
@@ -100,7 +107,7 @@ func (e *Engine) observeGlobal(s *scratch) {
 	}
 	for i := range s.items {
 		it := &s.items[i]
-		if !it.global || it.source != SourceStore {
+		if it.gbase == nil || it.source != SourceStore {
 			continue
 		}
 		// Remaining is the limit less the count, never negative: a

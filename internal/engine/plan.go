@@ -30,10 +30,10 @@ type item struct {
 	key    string
 	// throttle is the percent by which a throttle cut the limit.
 	throttle float64
-	// global marks the item of a rule's global limit (see global.go):
-	// glimit is that limit, and at the instant that picks its window,
-	// given to the store so that its window is the one the sync names.
-	global bool
+	// gbase is set on the item of a global limit (see global.go): glimit
+	// is that limit (cut by a throttle), and at the instant that picks
+	// its window, given to the store so that its window is the one the
+	// sync names.
 	gbase  *algorithm.Params
 	glimit int64
 	at     time.Time
