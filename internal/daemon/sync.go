@@ -123,34 +123,36 @@ type syncCollector struct{ s *globalsync.Sync }
 
 var (
 	syncLagDesc = syncDesc("sluice_sync_lag_ms",
-		"p95 of the lag of recent sync messages from a peer region, from its clock to ours, in milliseconds.", []string{"peer"}, nil)
+		"p95 of the lag of recent sync messages from a peer region, from its clock to ours, in milliseconds.", []string{"peer"})
 	syncLastDesc = syncDesc("sluice_sync_last_sync_timestamp_seconds",
-		"When the last sync message from a peer region arrived, in Unix seconds.", []string{"peer"}, nil)
+		"When the last sync message from a peer region arrived, in Unix seconds.", []string{"peer"})
 	syncPeerMessagesDesc = syncDesc("sluice_sync_peer_messages_total",
-		"Sync messages merged from a peer region.", []string{"peer"}, nil)
+		"Sync messages merged from a peer region.", []string{"peer"})
 	syncPendingDesc = syncDesc("sluice_sync_pending_events",
-		"Windows of this region whose newest count the sync has not yet had acknowledged.", nil, nil)
+		"Windows of this region whose newest count the sync has not yet had acknowledged.", nil)
 	syncConnectedDesc = syncDesc("sluice_sync_connected",
-		"1 while the sync is connected to NATS with its stream in place, 0 otherwise.", nil, nil)
+		"1 while the sync is connected to NATS with its stream in place, 0 otherwise.", nil)
 	syncMessagesDesc = syncDesc("sluice_sync_messages_total",
-		"Sync messages by outcome: published, publish_error, received, malformed, foreign, own (ignored).", []string{"outcome"}, nil)
+		"Sync messages by outcome: published, publish_error, received, malformed, foreign, own (ignored).", []string{"outcome"})
 	syncDroppedDesc = syncDesc("sluice_sync_dropped_total",
-		"Counts this region could not hold for sending (more windows pending than the bound).", nil, nil)
+		"Counts this region could not hold for sending (more windows pending than the bound).", nil)
 )
-
-// syncDescs are the sync's metrics.
-var syncDescs = []*prometheus.Desc{syncLagDesc, syncLastDesc, syncPeerMessagesDesc, syncPendingDesc, syncConnectedDesc, syncMessagesDesc, syncDroppedDesc}
 
 // SyncMetricNames returns the names of the sync's metrics, which a daemon
 // with a sync exposes beside those of internal/metrics.
 func SyncMetricNames() []string { return slices.Clone(syncNames) }
 
-// syncNames are the names of the sync's metrics, as syncDesc made them.
-var syncNames []string
+// syncDescs and syncNames are the sync's metrics and their names, as
+// syncDesc made them.
+var (
+	syncDescs []*prometheus.Desc
+	syncNames []string
+)
 
-func syncDesc(name, help string, labels []string, _ prometheus.Labels) *prometheus.Desc {
-	syncNames = append(syncNames, name)
-	return prometheus.NewDesc(name, help, labels, nil)
+func syncDesc(name, help string, labels []string) *prometheus.Desc {
+	d := prometheus.NewDesc(name, help, labels, nil)
+	syncDescs, syncNames = append(syncDescs, d), append(syncNames, name)
+	return d
 }
 
 func (c syncCollector) Describe(ch chan<- *prometheus.Desc) {
