@@ -23,22 +23,26 @@
 //
 // # Deciding
 //
-// A region admits a request of global limit L iff
+// A region admits a request of global limit L while its own count, in
+// its Redis, stays within its allowance (Sync.Allowance):
 //
-//	own + seen + reserve < L
+//	own < L - seen - reserve, and near the limit, own < known + (L - seen - reserve - known) / N
 //
-// where own is its Redis count, seen the sum of the other regions'
-// latest counts (Sync.Others) and reserve an estimate of what they have
-// admitted since: per origin, its recent rate for the key times its sync
-// lag plus one flush period. The caller makes the test atomic in its
-// Redis by passing L - seen - reserve as the per-call limit. The reserve
-// bounds the overshoot; reserve.go derives the bound.
-//
-// In code, per check of a global limit L over windows of length d:
+// where seen is the sum of the other regions' latest counts, reserve an
+// estimate of what they have admitted since (per origin, its recent rate
+// for the key times its sync lag plus one flush period, growing while the
+// origin is unheard; reserve.go derives the bound), known this region's
+// count as the others know it (the last one JetStream acknowledged), and
+// N the regions heard from: near the limit each region takes its part of
+// what is left, the remainder going to one region in turn. A region
+// unheard for longer than its lag, a flush and a heartbeat is quiet, and
+// counts as having taken at least its share of the limit (silence.go).
+// The caller makes the test atomic in its Redis by passing the allowance
+// as the per-call limit:
 //
 //	w := globalsync.WindowAt(key, d, now)
-//	seen, reserve := sy.OthersAt(w, now)
-//	own, ok := <in Redis, atomically: count and admit iff own < L - seen - reserve>
+//	limit := sy.Allowance(w, L)
+//	own, ok := <in Redis, atomically: count and admit iff own < limit>
 //	sy.Observe(w, own)
 //
 // # Transport

@@ -258,13 +258,7 @@ func (s *Sync) Observe(w Window, count int64) { s.out.observe(w, count) }
 // not reached us yet (see reserve.go). A request of global limit L is
 // admitted iff own + seen + reserve < L.
 func (s *Sync) Others(w Window) (seen, reserve int64) {
-	return s.OthersAt(w, s.cfg.Now())
-}
-
-// OthersAt is Others at instant now, for a caller that has read the clock
-// already (a third of Others' cost is reading it).
-func (s *Sync) OthersAt(w Window, now time.Time) (seen, reserve int64) {
-	return s.state.Others(w, now.UnixMilli())
+	return s.state.Others(w, s.cfg.Now().UnixMilli())
 }
 
 // Counts returns every region's count of w as this instance knows it: its
