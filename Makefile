@@ -25,7 +25,9 @@ LDFLAGS ?= -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT) -
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/sluice ./cmd/sluice
 
-# The fault tests' TCP proxy: toxiproxy-server from PATH, or built once from
+# The dashboard's test drives headless Chromium (scripts/ensure-chromium.sh
+# installs Debian's chromium package when none is found). The fault tests'
+# TCP proxy: toxiproxy-server from PATH, or built once from
 # internal/tools/toxiproxy into the user's cache directory by this test; the
 # cross-region tests' NATS server, built once from internal/tools/nats, so
 # that the test processes do not all build it at once.
@@ -33,6 +35,7 @@ deps:
 	@./scripts/ensure-redis.sh
 	@./scripts/ensure-postgres.sh
 	@./scripts/ensure-promtool.sh
+	@./scripts/ensure-chromium.sh
 	$(GO) test -count=1 -run '^TestProxy$$' ./internal/guard/guardtest/
 	$(GO) test -count=1 -run '^TestBuild$$' ./internal/testbin/
 

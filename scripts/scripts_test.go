@@ -121,6 +121,65 @@ func TestEnsureRedis(t *testing.T) {
 	}
 }
 
+func TestEnsureChromium(t *testing.T) {
+	const root = "echo 0"
+	// apt-get "installs" chromium by writing a stub beside itself.
+	const aptInstalls = `case "$*" in *install*) printf '#!/bin/sh\n' > "$(dirname "$0")/chromium"; chmod +x "$(dirname "$0")/chromium";; esac`
+	tests := []struct {
+		name     string
+		cmds     map[string]string
+		wantCode int
+		want     []string // in standard error
+	}{
+		{name: "installed", cmds: map[string]string{"chromium": ""}, wantCode: 0},
+		{name: "google-chrome instead", cmds: map[string]string{"google-chrome": ""}, wantCode: 0},
+		{
+			name:     "installed by apt-get",
+			cmds:     map[string]string{"id": root, "apt-get": aptInstalls},
+			wantCode: 0,
+			want:     []string{"installing chromium with apt-get"},
+		},
+		{
+			name:     "no apt-get",
+			cmds:     map[string]string{"id": root},
+			wantCode: 1,
+			want:     []string{"Could not install Chromium", "apt-get install chromium"},
+		},
+		{
+			name: "apt-get install fails",
+			cmds: map[string]string{"id": root,
+				"apt-get": `case "$*" in *install*) echo "E: Unable to locate package chromium" >&2; exit 100;; esac`},
+			wantCode: 1,
+			want:     []string{"Unable to locate package", "Could not install Chromium"},
+		},
+		{
+			name:     "not root, no sudo",
+			cmds:     map[string]string{"id": "echo 1000", "apt-get": aptInstalls},
+			wantCode: 1,
+			want:     []string{"Could not install Chromium"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := stubs(t, tt.cmds)
+			for _, tool := range []string{"dirname", "chmod", "printf"} {
+				if p, err := exec.LookPath(tool); err == nil {
+					os.Symlink(p, filepath.Join(dir, tool))
+				}
+			}
+			code, stderr := run(t, "ensure-chromium.sh", dir)
+			if code != tt.wantCode {
+				t.Errorf("exit code %d, want %d; stderr:\n%s", code, tt.wantCode, stderr)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr does not say %q:\n%s", w, stderr)
+				}
+			}
+		})
+	}
+}
+
 // TestMakeTestWithoutCgo checks that `make test` runs where Go has no C
 // compiler (cgo off), which the race detector needs: without it the tests
 // run without -race, and it says so, instead of failing to build.

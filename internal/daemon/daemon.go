@@ -245,7 +245,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 
 	d.httpSrv = &http.Server{
-		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withSync(d.withEvents(d.withAdmin(api))))),
+		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withUI(d.withSync(d.withEvents(d.withAdmin(api)))))),
 		ReadHeaderTimeout: 5 * time.Second,
 		// A request whose body stops coming, or a client that stops
 		// reading its answers, would otherwise hold its connection and

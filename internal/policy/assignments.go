@@ -4,8 +4,10 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -103,6 +105,27 @@ func (d *decoder) assignments(n *yaml.Node, st *settings, p *Policy) {
 		}
 		p.assignments[a.Kind][a.Value] = append(p.assignments[a.Kind][a.Value], a)
 	}
+}
+
+// Assignments returns the configuration file's assignments active at now,
+// by kind (client, user, api_key) and identity, each identity's in file
+// order. The control plane's identities and overrides are not among them:
+// they are the layer's (see Layer). It is for display; Lookup decides.
+func (p *Policy) Assignments(now time.Time) []*Assignment {
+	var out []*Assignment
+	for _, m := range p.assignments {
+		start := len(out)
+		for _, as := range m {
+			for _, a := range as {
+				if a.active(now) {
+					out = append(out, a)
+				}
+			}
+		}
+		// Sorted by identity; stable keeps each identity's file order.
+		slices.SortStableFunc(out[start:], func(a, b *Assignment) int { return cmp.Compare(a.Value, b.Value) })
+	}
+	return out
 }
 
 func (d *decoder) identities(n *yaml.Node, what string, set *identitySet) {
