@@ -54,6 +54,9 @@ type Stats struct {
 	// events that never reached the Sink because its backlog was full:
 	// the gap in the sink's history.
 	SinkDroppedRows, SinkDroppedEvents int64
+	// SinkFailing reports that the Sink's last write failed: the rows
+	// since are waiting in the backlog.
+	SinkFailing bool
 }
 
 // Recorder aggregates events into per-minute rollups in the background.
@@ -66,6 +69,7 @@ type Recorder struct {
 	recorded, dropped                  atomic.Int64
 	flushes, sinkErrors, backlog       atomic.Int64
 	sinkDroppedRows, sinkDroppedEvents atomic.Int64
+	sinkFailing                        atomic.Bool
 
 	// pending is what the aggregator gathered since the flusher last
 	// took it.
@@ -150,6 +154,7 @@ func (r *Recorder) Stats() Stats {
 		SinkBacklogRows:   r.backlog.Load(),
 		SinkDroppedRows:   r.sinkDroppedRows.Load(),
 		SinkDroppedEvents: r.sinkDroppedEvents.Load(),
+		SinkFailing:       r.sinkFailing.Load(),
 	}
 }
 
