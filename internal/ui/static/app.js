@@ -8,7 +8,7 @@
   const $ = (id) => document.getElementById(id);
   const TOKEN = "sluice.token"; // sessionStorage key: forgotten with the tab
   const POLL_MS = 2000;
-  const LIVE_MINUTES = 10, LIVE_RESOURCES = 6;
+  const LIVE_MINUTES = 10, LIVE_RESOURCES = 5;
   // Each range, its length and the granularity of its points.
   const RANGES = {
     "15m": { ms: 15 * 60e3, granularity: "minute", step: 60e3 },
@@ -133,17 +133,19 @@
       (g.sink_healthy === false ? "; the database is not answering now (the counts shown come from memory)." : ".");
   }
 
-  // The live charts: each of the busiest resources' checks per second over
-  // the last minutes, and the rate since the last poll.
-  const lastCounts = new Map(); // resource -> {at, allowed, blocked} of the last poll
+  // The live charts: all checks, and each of the most blocked resources
+  // (the analytics rank resources by blocked checks, and list only those
+  // with some), per second over the last minutes, with the rate since the
+  // last poll.
+  const lastCounts = new Map(); // resource ("" for all) -> {at, allowed, blocked} of the last poll
   async function refreshLive(now) {
     const end = floorTo(now, 60e3) + 60e3, start = end - LIVE_MINUTES * 60e3;
     const base = { start_time: iso(start), end_time: iso(end), granularity: "minute" };
     const all = await analytics(base);
     const names = (all.top_resources || []).slice(0, LIVE_RESOURCES).map((r) => r.name);
     const per = await Promise.all(names.map((n) => analytics({ ...base, resource: n })));
-    const figs = names.map((name, i) => {
-      const byT = new Map((per[i].time_series || []).map((p) => [new Date(p.timestamp).getTime(), p]));
+    const figure = (name, answer) => {
+      const byT = new Map((answer.time_series || []).map((p) => [new Date(p.timestamp).getTime(), p]));
       const points = [];
       for (let t = start; t < end; t += 60e3) {
         const p = byT.get(t) || {};
@@ -151,7 +153,7 @@
         const seconds = t + 60e3 > now ? Math.max(1, (now - t) / 1000) : 60;
         points.push({ t: new Date(t), allowed: p.allowed || 0, blocked: p.blocked || 0, seconds });
       }
-      const sum = per[i].summary || {};
+      const sum = answer.summary || {};
       const prev = lastCounts.get(name);
       const cur = { at: now, allowed: sum.allowed || 0, blocked: sum.blocked || 0 };
       lastCounts.set(name, cur);
@@ -161,12 +163,12 @@
         const ra = Math.max(0, cur.allowed - prev.allowed) / dt, rb = Math.max(0, cur.blocked - prev.blocked) / dt;
         rate = `now ${SVG.fmt(ra)}/s allowed, ${SVG.fmt(rb)}/s blocked`;
       }
-      return h("figure", { "data-resource": name },
-        h("figcaption", {}, h("code", {}, name), h("span", { class: "rate muted" }, rate)),
-        SVG.stackedBars(points, { label: `checks per second of ${name}`, slots: LIVE_MINUTES }));
-    });
-    if (figs.length) $("live-charts").replaceChildren(...figs);
-    else $("live-charts").replaceChildren(h("p", { class: "empty-chart" }, "no checks in the last minutes"));
+      const label = name ? h("code", {}, name) : h("span", {}, "all resources");
+      return h("figure", name ? { "data-resource": name } : { "data-all": "" },
+        h("figcaption", {}, label, h("span", { class: "rate muted" }, rate)),
+        SVG.stackedBars(points, { label: `checks per second of ${name || "all resources"}`, slots: LIVE_MINUTES }));
+    };
+    $("live-charts").replaceChildren(figure("", all), ...names.map((n, i) => figure(n, per[i])));
   }
 
   // dur shortens Go's duration syntax: "1m0s" to "1m", "1h0m0s" to "1h".
@@ -176,7 +178,7 @@
     if (!l) return "—";
     if (l.deny_all) return "deny all";
     const parts = [];
-    if (l.limit) parts.push(`${count(l.limit)} per ${dur(l.window) || "(inherited window)"}`);
+    if (l.limit) parts.push(`${count(l.limit)} per ${dur(l.window) || "inherited window"}`);
     else if (l.window) parts.push(`per ${dur(l.window)}`);
     if (l.burst) parts.push(`burst ${count(l.burst)}`);
     if (l.algorithm) parts.push(l.algorithm.replaceAll("_", " "));
@@ -199,7 +201,8 @@
       return;
     }
     $("policy-version").textContent = `version ${p.version}` + (p.layer_revision ? `, control plane revision ${p.layer_revision}` : "") +
-      (p.source && p.source !== p.version ? ` (${p.source})` : "");
+      (p.source && p.source !== p.version ? ` (${p.source.split("/").pop()})` : "");
+    $("policy-version").title = p.source || "";
     const tag = (t) => h("span", { class: "tag" }, t);
     rows($("rules-body"), p.rules || [], (r) => {
       const match = [].concat((r.methods || []).length ? [r.methods.join(" ")] : [], (r.resources || []).join(", ") || [],
@@ -254,7 +257,7 @@
         who: a.client_id || a.client || "", detail: a.description || a.details || [a.resource, a.score && "score " + a.score].filter(Boolean).join(", ") });
     }
     list.sort((x, y) => new Date(y.time) - new Date(x.time));
-    rows($("events-body"), list.slice(0, 20), (e) => h("tr", { "data-type": e.type },
+    rows($("events-body"), list.slice(0, 10), (e) => h("tr", { "data-type": e.type },
       h("td", {}, when(e.time)), h("td", {}, e.what), h("td", {}, h("code", {}, e.who)), h("td", {}, typeof e.detail === "string" ? e.detail : JSON.stringify(e.detail))),
     "none recently (bursts of denials, checks decided without the store, denials and detected anomalies show here)");
   }

@@ -29,20 +29,23 @@ const SVG = (() => {
   }
 
   function fmt(v) {
+    if (Number.isInteger(v) && v < 1e4) return String(v);
     if (v >= 1e6) return (v / 1e6).toFixed(v >= 1e7 ? 0 : 1) + "M";
     if (v >= 1e3) return (v / 1e3).toFixed(v >= 1e4 ? 0 : 1) + "k";
     if (v >= 10 || v === 0) return String(Math.round(v));
-    return v.toFixed(v >= 1 ? 1 : 2);
+    return String(Number(v.toFixed(v >= 1 ? 1 : 2)));
   }
 
-  // frame draws the y grid (4 lines, labelled) of a chart of width w and
+  // frame draws the y grid (5 steps, labelled) of a chart of width w and
   // height h whose values go from 0 to max, and returns the group.
   function frame(w, h, pad, max, label) {
     const g = el("g", { class: "frame" });
-    for (let i = 0; i <= 4; i++) {
-      const y = pad.top + (h - pad.top - pad.bottom) * (1 - i / 4);
+    // niceMax gives 1, 2 or 5 times a power of ten: fifths of it are
+    // round numbers.
+    for (let i = 0; i <= 5; i++) {
+      const y = pad.top + (h - pad.top - pad.bottom) * (1 - i / 5);
       g.append(el("line", { class: "grid-line", x1: pad.left, x2: w - pad.right, y1: y, y2: y }));
-      g.append(el("text", { x: pad.left - 4, y: y + 4, "text-anchor": "end" }, label(max * i / 4)));
+      g.append(el("text", { x: pad.left - 4, y: y + 4, "text-anchor": "end" }, label(max * i / 5)));
     }
     return g;
   }
