@@ -8,26 +8,20 @@ import (
 	"image/png"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/cdp"
-	cdplog "github.com/chromedp/cdproto/log"
-	"github.com/chromedp/cdproto/network"
-	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
 	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/internal/globalsync/natstest"
 )
 
 // The policy of the browser test: two resources limited per client by
@@ -88,9 +82,13 @@ const adminToken = "slc_browser_test_admin_token_0123456789"
 // page must throw no error. With SLUICE_UPDATE_SCREENSHOT=1 it saves the
 // page to docs/img/dashboard.png.
 func TestDashboardInChromium(t *testing.T) {
-	browser := findChromium(t)
 	var shift atomic.Int64 // how far back the daemon's clock is, for the screenshot's history
-	d := startDaemon(t, func() time.Time { return time.Now().Add(-time.Duration(shift.Load())) })
+	d := startDaemon(t, browserPolicy, daemon.Config{
+		DataDir:    t.TempDir(),
+		AdminToken: adminToken,
+		Region:     "eu-west",
+		Now:        func() time.Time { return time.Now().Add(-time.Duration(shift.Load())) },
+	})
 	base := "http://" + d.HTTPAddr()
 
 	for _, c := range browserChecks {
@@ -114,73 +112,34 @@ func TestDashboardInChromium(t *testing.T) {
 		return len(ts) == 1 && len(ovs) == 2
 	})
 
-	ctx, cancel := chromedp.NewExecAllocator(context.Background(), browserOptions(t, browser)...)
-	defer cancel() // ends Chromium and waits for it
-	ctx, cancelTab := chromedp.NewContext(ctx, chromedp.WithLogf(t.Logf))
-	defer cancelTab()
-	ctx, cancelTime := context.WithTimeout(ctx, 60*time.Second)
-	defer cancelTime()
-
-	var mu sync.Mutex
-	var requests, outside, errs []string
-	err := chromedp.Listen(ctx, func(ev any) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch e := ev.(type) {
-		case *network.EventRequestWillBeSent:
-			requests = append(requests, e.Request.URL)
-			if !loopback(e.Request.URL) {
-				outside = append(outside, e.Request.URL)
-			}
-		case *network.EventWebSocketCreated:
-			if !loopback(e.URL) {
-				outside = append(outside, e.URL)
-			}
-		case *runtime.EventExceptionThrown:
-			d := e.ExceptionDetails
-			msg := d.Text
-			if d.Exception != nil {
-				msg += " " + d.Exception.Description
-			}
-			errs = append(errs, msg)
-		case *runtime.EventConsoleAPICalled:
-			if e.Type == runtime.ConsoleAPICalledTypeError {
-				errs = append(errs, "console.error: "+consoleText(e))
-			}
-		case *cdplog.EventEntryAdded:
-			// Security (a Content Security Policy violation) and the
-			// like; not the network's, which logs the 401 the page is
-			// meant to meet.
-			if e.Entry.Level == cdplog.EntryLevelError && e.Entry.Source != cdplog.EntrySourceNetwork {
-				errs = append(errs, fmt.Sprintf("%s: %s", e.Entry.Source, e.Entry.Text))
-			}
-		}
-	})
-	if err != nil {
-		t.Fatalf("starting Chromium: %v", err)
-	}
-	if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := chromedp.Call(ctx, runtime.Enable, cdp.Empty{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := chromedp.Call(ctx, cdplog.Enable, cdp.Empty{}); err != nil {
-		t.Fatal(err)
-	}
-
-	// The analytics need a viewer's token: the page asks for one.
+	br := newBrowser(t)
+	ctx := br.ctx
+	// The analytics need a viewer's token: the page asks for one, and
+	// again when the one it is given is refused.
 	if err := chromedp.Do(ctx,
 		chromedp.Navigate(base+"/ui/"),
 		chromedp.WaitVisible(chromedp.CSS("#login input")),
+		chromedp.SendKeys(chromedp.CSS("#login input"), "slc_not_a_token_of_this_sluice_0000000000"),
+		chromedp.Click(chromedp.CSS("#login button")),
+	); err != nil {
+		t.Fatalf("opening the page and giving it a wrong token: %v", err)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](
+		`!document.getElementById("login").hidden && document.getElementById("login-error").textContent.includes("not accepted")`,
+		chromedp.WithPollingTimeout(10*time.Second))); err != nil {
+		t.Fatalf("the page does not ask again after a wrong token: %v", err)
+	}
+	if err := chromedp.Do(ctx,
 		chromedp.SendKeys(chromedp.CSS("#login input"), adminToken),
 		chromedp.Click(chromedp.CSS("#login button")),
 		chromedp.WaitNotVisible(chromedp.CSS("#login")),
 	); err != nil {
-		t.Fatalf("opening the page and giving it the token: %v", err)
+		t.Fatalf("giving the page the token: %v", err)
 	}
 
-	got := waitPage(ctx, t)
+	got := waitPage(ctx, t, func(p pageData) bool {
+		return len(p.Live) == len(wantResources) && len(p.Rules) > 0 && len(p.Throttles) > 0
+	})
 	t.Logf("the page shows: %+v", got)
 	for res, want := range wantResources {
 		if g := got.Live[res]; g != want {
@@ -237,28 +196,71 @@ func TestDashboardInChromium(t *testing.T) {
 		t.Errorf("the page shows a notice: %q", got.Notice)
 	}
 
+	// Another range: its points are hours, and hold the same checks.
+	chooseRange(ctx, t, "24h")
+	got = waitPage(ctx, t, func(p pageData) bool { return strings.HasPrefix(p.RangeNote, "hour points") })
+	if got.Rate != [2]int64{15, 4} || got.RatePoints != 1 || !strings.HasPrefix(got.RangeNote, "hour points") {
+		t.Errorf("last 24 hours: block rate chart total, blocked = %v in %d points (%q), want [15 4] in 1 hour point",
+			got.Rate, got.RatePoints, got.RangeNote)
+	}
+
 	if os.Getenv("SLUICE_UPDATE_SCREENSHOT") == "1" {
 		// An hour of history makes a more telling picture than the
 		// test's minute; the assertions above are made without it.
 		history(t, base, &shift)
-		if err := chromedp.Do(ctx, chromedp.Reload()); err != nil {
-			t.Fatal(err)
-		}
-		waitPage(ctx, t)
+		chooseRange(ctx, t, "1h")
+		got = waitPage(ctx, t, func(p pageData) bool { return p.Summary["total_requests"] > 1000 && p.RatePoints > 50 })
+		// Two polls more, so that the rate since the last poll is not the
+		// history's sudden arrival.
+		waitPage(ctx, t, func(p pageData) bool { return p.Refreshed >= got.Refreshed+2 })
 		saveScreenshot(ctx, t)
 	}
+	br.checkClean(t, 10)
+}
 
-	mu.Lock()
-	defer mu.Unlock()
-	if len(outside) > 0 {
-		t.Errorf("the page made requests off loopback: %q", outside)
+const regionsPolicy = `version: 1
+rules:
+  - { id: partner, match: { resource: /partner }, limit: 100, window: 1m, global_limit: 4 }
+`
+
+// TestDashboardRegions opens the page of one of two regions sharing a
+// global limit through NATS, without a control plane: the page asks for no
+// token, and shows the other region with its sync lag.
+func TestDashboardRegions(t *testing.T) {
+	br := newBrowser(t)
+	srv, err := natstest.Start()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(requests) < 5 {
-		t.Errorf("the page made %d requests, want its files and the APIs: %q", len(requests), requests)
+	t.Cleanup(srv.Close)
+	region := func(name, peer string) string {
+		d := startDaemon(t, regionsPolicy, daemon.Config{Region: name, SyncURL: srv.URL(), SyncPeers: []string{peer}})
+		return "http://" + d.HTTPAddr()
 	}
-	if len(errs) > 0 {
-		t.Errorf("the page threw errors: %q", errs)
+	eu, _ := region("eu", "us"), region("us", "eu")
+	for range 6 {
+		post(t, eu+"/api/v1/check", "", `{"client_id":"acme","resource":"/partner"}`)
 	}
+	if err := chromedp.Do(br.ctx, chromedp.Navigate(eu+"/ui/")); err != nil {
+		t.Fatal(err)
+	}
+	got := waitPage(br.ctx, t, func(p pageData) bool {
+		_, heard := p.Regions["us"]
+		return heard && p.LiveAll[0]+p.LiveAll[1] == 6
+	})
+	if got.LoginShown {
+		t.Error("the page asks for a token, but no API needs one here")
+	}
+	if got.RegionsHidden {
+		t.Error("the regions' section is hidden, but this region syncs with another")
+	}
+	if lag, ok := got.Regions["us"]; !ok || lag < 0 || len(got.Regions) != 1 {
+		t.Errorf("regions shown %v, want us with its sync lag", got.Regions)
+	}
+	if got.LiveAll[0]+got.LiveAll[1] != 6 || got.Notice != "" {
+		t.Errorf("live chart of all resources: %v (notice %q), want 6 checks", got.LiveAll, got.Notice)
+	}
+	br.checkClean(t, 10)
 }
 
 // pageData is what the page shows, as the test reads it from the DOM.
@@ -275,8 +277,12 @@ type pageData struct {
 	Overrides     []string
 	Throttles     []string
 	RegionsHidden bool
+	Regions       map[string]int64 // region: sync lag in ms
 	Events        []string
 	Notice        string
+	LoginShown    bool
+	RangeNote     string // the block rate's legend
+	RatePoints    int
 }
 
 // readPage collects pageData from the data-* attributes of the charts and
@@ -307,30 +313,43 @@ const readPage = `(() => {
     Overrides: all("#overrides-body tr[data-override]").map((e) => e.dataset.override),
     Throttles: all("#throttles-body tr[data-throttle]").map((e) => e.dataset.throttle),
     RegionsHidden: document.getElementById("regions").hidden,
+    Regions: Object.fromEntries(all("#regions-body tr[data-region]").map((e) => [e.dataset.region, +e.dataset.syncLagMs])),
+    LoginShown: !document.getElementById("login").hidden,
+    RangeNote: document.getElementById("blockrate-range").textContent,
+    RatePoints: rate ? +rate.dataset.points : 0,
     Events: all("#events-body tr[data-type]").map((e) => e.dataset.type),
     Notice: notice.hidden ? "" : notice.textContent,
   };
 })()`
 
-// waitPage reads the page until it has refreshed with data (the live
-// charts and the policy drawn), or for 20s, and returns what it read last.
-func waitPage(ctx context.Context, t *testing.T) pageData {
+// chooseRange picks the range value in the page's select, as a user
+// would.
+func chooseRange(ctx context.Context, t *testing.T, value string) {
 	t.Helper()
-	var got pageData
+	js := fmt.Sprintf(`{ const r = document.getElementById("range"); r.value = %q; r.dispatchEvent(new Event("change")); }`, value)
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[chromedp.Void](js)); err != nil {
+		t.Fatalf("choosing the range %s: %v", value, err)
+	}
+}
+
+// waitPage reads the page until it has refreshed and ready holds of
+// what it shows, or for 20s, and returns what it read last.
+func waitPage(ctx context.Context, t *testing.T, ready func(pageData) bool) pageData {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		var err error
-		if got, err = chromedp.Run(ctx, chromedp.Evaluate[pageData](readPage)); err != nil {
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[pageData](readPage))
+		if err != nil {
 			t.Fatalf("reading the page: %v", err)
 		}
-		if got.Refreshed > 0 && len(got.Live) == len(wantResources) && len(got.Rules) > 0 && len(got.Throttles) > 0 {
+		if got.Refreshed > 0 && ready(got) {
 			return got
 		}
 		if time.Now().After(deadline) {
-			t.Logf("the page has not drawn everything within 20s: %+v", got)
+			t.Logf("the page has not shown what the test waits for within 20s: %+v", got)
 			return got
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -354,48 +373,6 @@ func saveScreenshot(ctx context.Context, t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("wrote %s (%d KB)", path, len(buf)>>10)
-}
-
-// findChromium returns the path of a Chromium or Chrome, installing
-// Debian's chromium package with scripts/ensure-chromium.sh (as make deps
-// does) when none is found; it skips the test only when that fails too.
-func findChromium(t *testing.T) string {
-	t.Helper()
-	find := func() string {
-		for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless-shell"} {
-			if p, err := exec.LookPath(name); err == nil {
-				return p
-			}
-		}
-		return ""
-	}
-	if p := find(); p != "" {
-		return p
-	}
-	out, err := exec.Command("bash", filepath.Join("..", "..", "scripts", "ensure-chromium.sh")).CombinedOutput()
-	if p := find(); p != "" {
-		return p
-	}
-	t.Skipf("no Chromium found (chromium, chromium-browser, google-chrome) and scripts/ensure-chromium.sh could not install it (%v):\n%s", err, out)
-	return ""
-}
-
-// browserOptions runs Chromium headless with a user data directory of its
-// own, without the sandbox as root (which it refuses otherwise), and with
-// its own background traffic (updates, safe browsing) off.
-func browserOptions(t *testing.T, path string) []chromedp.ExecAllocatorOption {
-	opts := append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
-		chromedp.ExecPath(path),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1280, 900),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-domain-reliability", true),
-		chromedp.Flag("no-pings", true),
-	)
-	if os.Geteuid() == 0 {
-		opts = append(opts, chromedp.NoSandbox)
-	}
-	return opts
 }
 
 // history makes checks as if made over the last hour, minute by minute
@@ -422,27 +399,18 @@ func history(t *testing.T, base string, shift *atomic.Int64) {
 	})
 }
 
-// startDaemon starts a daemon on free loopback ports with the browser
-// test's policy, a control plane in a temporary directory, and the clock
-// now.
-func startDaemon(t *testing.T, now func() time.Time) *daemon.Daemon {
+// startDaemon starts a daemon with cfg, the policy text, and free
+// loopback ports, and stops it when the test ends.
+func startDaemon(t *testing.T, policy string, cfg daemon.Config) *daemon.Daemon {
 	t.Helper()
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "sluice.yaml")
-	if err := os.WriteFile(cfgPath, []byte(browserPolicy), 0o644); err != nil {
+	cfg.ConfigPath = filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg.ConfigPath, []byte(policy), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	d, err := daemon.Start(ctx, daemon.Config{
-		HTTPAddr:   "127.0.0.1:0",
-		GRPCAddr:   "127.0.0.1:0",
-		ConfigPath: cfgPath,
-		DataDir:    filepath.Join(dir, "data"),
-		AdminToken: adminToken,
-		Region:     "eu-west",
-		Now:        now,
-	})
+	d, err := daemon.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -504,40 +472,6 @@ func waitJSON(t *testing.T, u string, ok func(map[string]any) bool) {
 		}
 	}
 	t.Fatalf("GET %s: still %s", u, last)
-}
-
-// loopback reports whether the URL u stays on this machine: a loopback
-// host, or no network at all (data:, blob:, about:).
-func loopback(u string) bool {
-	p, err := url.Parse(u)
-	if err != nil {
-		return false
-	}
-	switch p.Scheme {
-	case "data", "blob", "about":
-		return true
-	case "http", "https", "ws", "wss":
-	default:
-		return false
-	}
-	h := p.Hostname()
-	if h == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(h)
-	return ip != nil && ip.IsLoopback()
-}
-
-func consoleText(e *runtime.EventConsoleAPICalled) string {
-	var parts []string
-	for _, a := range e.Args {
-		if len(a.Value) > 0 {
-			parts = append(parts, string(a.Value))
-		} else {
-			parts = append(parts, a.Description)
-		}
-	}
-	return strings.Join(parts, " ")
 }
 
 func subset(want, got map[string]float64) bool {

@@ -263,10 +263,18 @@
   }
 
   // tick refreshes every part; the policy and the version every fifth
-  // time, or at once when full is set.
-  let n = 0, running = false;
+  // time, or at once when full is set. The timer calls it with no
+  // argument; the page's own calls (full true or false) are not lost to a
+  // refresh under way.
+  let n = 0, running = false, again = false;
   async function tick(full) {
-    if (running || waitingForToken) return;
+    if (waitingForToken) return;
+    if (running) {
+      // Asked for (a range chosen, a token given), not the timer's: once
+      // more when this one ends.
+      if (full !== undefined) again = true;
+      return;
+    }
     running = true;
     const now = Date.now();
     const slow = full || n % 5 === 0;
@@ -286,9 +294,13 @@
     else note("");
     $("updated").textContent = "updated " + new Date(now).toLocaleTimeString();
     document.body.dataset.refreshed = String(n);
+    if (again) {
+      again = false;
+      tick(true);
+    }
   }
 
   $("range").addEventListener("change", () => tick(false));
   tick(true);
-  setInterval(tick, POLL_MS);
+  setInterval(() => tick(), POLL_MS);
 })();
