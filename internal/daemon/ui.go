@@ -38,7 +38,7 @@ func (d *Daemon) withUI(api http.Handler) http.Handler {
 				return
 			}
 			pol.ServeHTTP(w, r)
-		case p == ui.Prefix[:len(ui.Prefix)-1] || strings.HasPrefix(p, ui.Prefix):
+		case strings.HasPrefix(p, ui.Prefix) || p+"/" == ui.Prefix:
 			files.ServeHTTP(w, r)
 		default:
 			api.ServeHTTP(w, r)
