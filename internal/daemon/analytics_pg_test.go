@@ -1,6 +1,8 @@
 package daemon_test
 
 import (
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -76,5 +78,83 @@ func TestAnalyticsInPostgres(t *testing.T) {
 		if a.Summary.TotalRequests != w.total || a.Summary.Blocked != w.blocked || len(a.ByRegion) != 1 {
 			t.Errorf("region %s: %+v, want %+v", region, a.Summary, w)
 		}
+	}
+}
+
+// TestAnalyticsPostgresOutage: PostgreSQL killed while checks go on. The
+// checks answer as before; the analytics answer from memory meanwhile,
+// saying so, with the sink unhealthy; what overflowed the backlog is the
+// gap, counted in the answer and the metrics; after a restart the writes
+// resume and PostgreSQL has everything but the gap.
+func TestAnalyticsPostgresOutage(t *testing.T) {
+	// A server of its own: the other tests must not see it killed.
+	srv, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	const backlog = 5
+	td := start(t, analyticsPolicy, func(c *daemon.Config) {
+		c.AnalyticsURL, c.AnalyticsMaxBacklog = srv.NewDatabase(t), backlog
+		c.AnalyticsFlushInterval = time.Hour // the test flushes
+	})
+	td.clock.Advance(10 * time.Second)
+	// Every check from a client of its own, so that each is one rollup and
+	// the rollups dropped are the checks missing.
+	n := 0
+	checks := func(count int) {
+		t.Helper()
+		for range count {
+			n++
+			if r := td.check(t, fmt.Sprintf(`{"client_id":"c%d","resource":"/api/a"}`, n)); r.status != 200 {
+				t.Fatalf("check %d: %d %s", n, r.status, r.raw)
+			}
+		}
+	}
+	rng := "granularity=hour&start_time=2027-01-15T07:00:00Z&end_time=2027-01-15T10:00:00Z"
+	checks(3)
+	flush(t, td)
+	if a := analyticsAnswer(t, td.base, rng); a.Source != "postgres" || a.Summary.TotalRequests != 3 || !a.Gaps.SinkHealthy {
+		t.Fatalf("before the outage: %+v", a)
+	}
+
+	srv.Kill()
+	t.Cleanup(func() { srv.Restart() })
+	checks(20)
+	flush(t, td)
+	a := analyticsAnswer(t, td.base, rng)
+	if a.Source != "memory" || a.Summary.TotalRequests != 23 || a.Gaps.SinkHealthy || a.Gaps.SinkDroppedRows != 20-backlog {
+		t.Errorf("during the outage: source %s, %d requests, gaps %+v; want memory's 23, unhealthy, %d dropped",
+			a.Source, a.Summary.TotalRequests, a.Gaps, 20-backlog)
+	}
+	if r := get(t, td.base+"/api/v1/status/c4?resource=/api/a&include_history=true"); r.status != 200 || r.num("last_24h_requests") != 1 {
+		t.Errorf("history during the outage: %d %s", r.status, r.raw)
+	}
+	for _, m := range []string{"sluice_analytics_sink_up 0", fmt.Sprintf("sluice_analytics_sink_dropped_rows_total %d", 20-backlog)} {
+		if r := get(t, td.base+"/metrics"); !strings.Contains(r.raw, m) {
+			t.Errorf("metrics during the outage lack %q", m)
+		}
+	}
+
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	checks(4)
+	// The pool finds its old connections dead on first use; a flush or two
+	// may go by before it has new ones.
+	for i := 0; ; i++ {
+		flush(t, td)
+		if st := td.Analytics().Stats(); !st.SinkFailing && st.SinkBacklogRows == 0 {
+			break
+		}
+		if i == 20 {
+			t.Fatalf("backlog not written after the restart: %+v", td.Analytics().Stats())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	a = analyticsAnswer(t, td.base, rng)
+	if want := int64(3 + backlog + 4); a.Source != "postgres" || a.Summary.TotalRequests != want || !a.Gaps.SinkHealthy || a.Gaps.SinkDroppedRows != 20-backlog {
+		t.Errorf("after the restart: source %s, %d requests, gaps %+v; want postgres's %d, healthy, %d dropped",
+			a.Source, a.Summary.TotalRequests, a.Gaps, want, 20-backlog)
 	}
 }
