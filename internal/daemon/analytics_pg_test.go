@@ -19,7 +19,7 @@ var pg struct {
 	err  error
 }
 
-func pgServer(t *testing.T) *pgtest.Server {
+func pgServer(t testing.TB) *pgtest.Server {
 	t.Helper()
 	pg.once.Do(func() { pg.srv, pg.err = pgtest.Start() })
 	if pg.err != nil {
