@@ -3,11 +3,13 @@
 // one or PostgreSQL), as JSON.
 //
 // The query string is decoded by ParseQuery, which refuses bad input with
-// a 400 naming the parameter. Every other failure of the store is a 503:
-// the analytics are not there, the checks are unaffected. The answer's
-// gaps say what the recorder could not count or could not write since the
-// process started, so that a reader knows when figures are low because
-// events were lost rather than because traffic was.
+// a 400 naming the parameter. When the store fails (PostgreSQL down), the
+// answer comes from the fallback store (the process's own) when there is
+// one, saying so in its source, and is a 503 otherwise: the checks are
+// unaffected either way. The answer's gaps say what the recorder could not
+// count or could not write since the process started, so that a reader
+// knows when figures are low because events were lost rather than because
+// traffic was.
 package analyticsapi
 
 import (
@@ -44,6 +46,11 @@ type Gaps struct {
 type Config struct {
 	// Store answers the queries. Required.
 	Store Store
+	// Source names Store in the answers; empty means "memory".
+	Source string
+	// Fallback, when set, answers when Store fails, with the source
+	// "memory".
+	Fallback Store
 	// Gaps reports the recorder's losses; nil reports none.
 	Gaps func() Gaps
 	// Now is the clock of the default end_time; nil means time.Now.
@@ -63,6 +70,9 @@ type Handler struct {
 func New(cfg Config) (*Handler, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("analyticsapi: Config.Store is required")
+	}
+	if cfg.Source == "" {
+		cfg.Source = "memory"
 	}
 	if cfg.Gaps == nil {
 		cfg.Gaps = func() Gaps { return Gaps{SinkHealthy: true} }
@@ -95,14 +105,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.Timeout)
 	defer cancel()
+	source := h.cfg.Source
 	res, err := h.cfg.Store.Query(ctx, f)
+	if err != nil && h.cfg.Fallback != nil {
+		h.cfg.Logger.WarnContext(r.Context(), "analytics query failed; answering from memory", "err", err)
+		source = "memory"
+		res, err = h.cfg.Fallback.Query(ctx, f)
+	}
 	if err != nil {
 		h.cfg.Logger.ErrorContext(r.Context(), "analytics query failed", "err", err)
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "unavailable",
 			Description: "the analytics store did not answer; checks are not affected"})
 		return
 	}
-	writeJSON(w, http.StatusOK, answerOf(f, &res, h.cfg.Gaps()))
+	a := answerOf(f, &res, h.cfg.Gaps())
+	a.Source = source
+	writeJSON(w, http.StatusOK, a)
 }
 
 type errorBody struct {

@@ -25,6 +25,10 @@ type Answer struct {
 	// AnomaliesDetected is always empty: no detector is there yet.
 	AnomaliesDetected []any `json:"anomalies_detected"`
 	Gaps              Gaps  `json:"gaps"`
+	// Source is where the figures come from: "postgres" (every instance
+	// writing there) or "memory" (this process's last 24 hours, also when
+	// PostgreSQL failed to answer).
+	Source string `json:"source"`
 }
 
 // Summary is the counts of a set of checks. Latencies are the engine's

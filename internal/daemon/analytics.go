@@ -40,7 +40,7 @@ func (d *Daemon) startAnalytics(ctx context.Context) (engine.Analytics, error) {
 		return nil, nil
 	}
 	mem := analytics.NewMemory(analytics.MemoryConfig{})
-	rc := analytics.Config{Memory: mem, FlushInterval: cfg.AnalyticsFlushInterval, Now: cfg.Now}
+	rc := analytics.Config{Memory: mem, FlushInterval: cfg.AnalyticsFlushInterval, MaxBacklog: cfg.AnalyticsMaxBacklog, Now: cfg.Now}
 	d.analyticsStore = mem
 	if cfg.AnalyticsURL != "" {
 		pg, err := pganalytics.Open(ctx, pganalytics.Config{URL: cfg.AnalyticsURL, Retention: cfg.AnalyticsRetention, Now: cfg.Now})
@@ -54,7 +54,11 @@ func (d *Daemon) startAnalytics(ctx context.Context) (engine.Analytics, error) {
 		d.closeAnalytics()
 		return nil, fmt.Errorf("daemon: analytics metrics: %w", err)
 	}
-	h, err := analyticsapi.New(analyticsapi.Config{Store: d.analyticsStore, Gaps: d.analyticsGaps, Now: cfg.Now, Logger: d.log})
+	ac := analyticsapi.Config{Store: d.analyticsStore, Gaps: d.analyticsGaps, Now: cfg.Now, Logger: d.log}
+	if d.pganalytics != nil {
+		ac.Source, ac.Fallback = "postgres", mem
+	}
+	h, err := analyticsapi.New(ac)
 	if err != nil {
 		d.closeAnalytics()
 		return nil, err
@@ -102,10 +106,15 @@ func (d *Daemon) withAnalytics(next http.Handler) http.Handler {
 }
 
 // history returns the counts of client over the 24 hours before now, for
-// GET /api/v1/status/{client_id}?include_history=true.
+// GET /api/v1/status/{client_id}?include_history=true: from PostgreSQL, or
+// this process's own when PostgreSQL fails.
 func (d *Daemon) history(ctx context.Context, client string, now time.Time) (httpapi.History, error) {
-	res, err := d.analyticsStore.Query(ctx, analytics.Filter{Client: client, Start: now.Add(-24 * time.Hour), End: now,
-		Granularity: analytics.Day, Top: 1})
+	f := analytics.Filter{Client: client, Start: now.Add(-24 * time.Hour), End: now, Granularity: analytics.Day, Top: 1}
+	res, err := d.analyticsStore.Query(ctx, f)
+	if err != nil && d.pganalytics != nil {
+		d.log.WarnContext(ctx, "reading a client's history from PostgreSQL failed; answering from memory", "err", err)
+		res, err = d.recorder.Memory().Query(ctx, f)
+	}
 	if err != nil {
 		return httpapi.History{}, err
 	}

@@ -206,3 +206,52 @@ func TestReloadThroughWatcher(t *testing.T) {
 		t.Errorf("a change took %s to apply, want at most %s (the slowest direct reload took %s)", worst, limit, direct.Round(time.Millisecond))
 	}
 }
+
+// BenchmarkGRPCCheckAnalytics is BenchmarkGRPCCheck with the analytics
+// off, in memory (the default) and on PostgreSQL (the real one of
+// package pgtest, flushed every 10s): the ratios between them are what
+// recording the decisions costs a check, client included. Run the three
+// in one run, interleaved:
+//
+//	go test -run '^$' -bench GRPCCheckAnalytics -benchtime 200000x -count 3 ./internal/daemon
+func BenchmarkGRPCCheckAnalytics(b *testing.B) {
+	for _, mode := range []string{"off", "memory", "postgres"} {
+		b.Run(mode, func(b *testing.B) {
+			td := start(b, benchPolicy, realClock, func(c *daemon.Config) {
+				switch mode {
+				case "off":
+					c.NoAnalytics = true
+				case "postgres":
+					c.AnalyticsURL = pgServer(b).NewDatabase(b)
+				}
+			})
+			conn, err := grpc.NewClient(td.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			c := sluicev1.NewRateLimiterClient(conn)
+			var n atomic.Int64
+			b.SetParallelism(32)
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					k := "k" + strconv.Itoa(int(n.Add(1)%1000))
+					resp, err := c.CheckRateLimit(ctx, &sluicev1.CheckRequest{ClientId: k, Resource: "/api/x"})
+					if err != nil || !resp.GetAllowed() {
+						b.Fatal(resp, err)
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "checks/s")
+			if rec := td.Analytics(); rec != nil {
+				if st := rec.Stats(); st.Dropped != 0 || st.SinkErrors != 0 {
+					b.Errorf("analytics: %+v", st)
+				}
+			}
+		})
+	}
+}

@@ -218,4 +218,8 @@ type Config struct {
 	// AnalyticsFlushInterval is how often the analytics are written to
 	// PostgreSQL; zero means 10s.
 	AnalyticsFlushInterval time.Duration
+	// AnalyticsMaxBacklog bounds the rollups, and the blocked checks,
+	// kept for PostgreSQL while it fails; zero means 100,000 of each.
+	// Beyond it the oldest are dropped and counted as the gap.
+	AnalyticsMaxBacklog int
 }
