@@ -20,6 +20,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/sluicehq/sluice/internal/analytics/pgtest"
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/globalsync/natstest"
 )
@@ -192,8 +193,8 @@ func TestDashboardInChromium(t *testing.T) {
 	if !slices.Contains(got.Events, "rate_limit_exceeded") {
 		t.Errorf("recent events %q, want denials among them", got.Events)
 	}
-	if got.Notice != "" {
-		t.Errorf("the page shows a notice: %q", got.Notice)
+	if got.Notice != "" || got.Source != "memory" {
+		t.Errorf("the page shows a notice %q, analytics from %q; want none, from memory", got.Notice, got.Source)
 	}
 
 	// Another range: its points are hours, and hold the same checks.
@@ -223,30 +224,42 @@ rules:
   - { id: partner, match: { resource: /partner }, limit: 100, window: 1m, global_limit: 4 }
 `
 
-// TestDashboardRegions opens the page of one of two regions sharing a
-// global limit through NATS, without a control plane: the page asks for no
-// token, and shows the other region with its sync lag.
+// TestDashboardRegions opens the page of one of two regions that share a
+// global limit through a real NATS server and write their analytics to one
+// real PostgreSQL, without a control plane: the page asks for no token,
+// shows the other region with its sync lag, and both regions' checks, from
+// PostgreSQL.
 func TestDashboardRegions(t *testing.T) {
 	br := newBrowser(t)
-	srv, err := natstest.Start()
+	nats, err := natstest.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(srv.Close)
+	t.Cleanup(nats.Close)
+	pg, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pg.Close)
+	db := pg.NewDatabase(t)
 	region := func(name, peer string) string {
-		d := startDaemon(t, regionsPolicy, daemon.Config{Region: name, SyncURL: srv.URL(), SyncPeers: []string{peer}})
+		d := startDaemon(t, regionsPolicy, daemon.Config{Region: name, SyncURL: nats.URL(), SyncPeers: []string{peer},
+			AnalyticsURL: db, AnalyticsFlushInterval: 100 * time.Millisecond})
 		return "http://" + d.HTTPAddr()
 	}
-	eu, _ := region("eu", "us"), region("us", "eu")
-	for range 6 {
+	eu, us := region("eu", "us"), region("us", "eu")
+	for range 4 {
 		post(t, eu+"/api/v1/check", "", `{"client_id":"acme","resource":"/partner"}`)
+	}
+	for range 3 {
+		post(t, us+"/api/v1/check", "", `{"client_id":"acme","resource":"/partner"}`)
 	}
 	if err := chromedp.Do(br.ctx, chromedp.Navigate(eu+"/ui/")); err != nil {
 		t.Fatal(err)
 	}
 	got := waitPage(br.ctx, t, func(p pageData) bool {
 		_, heard := p.Regions["us"]
-		return heard && p.LiveAll[0]+p.LiveAll[1] == 6
+		return heard && p.LiveAll[0]+p.LiveAll[1] == 7 && p.Latency == 3
 	})
 	if got.LoginShown {
 		t.Error("the page asks for a token, but no API needs one here")
@@ -257,8 +270,12 @@ func TestDashboardRegions(t *testing.T) {
 	if lag, ok := got.Regions["us"]; !ok || lag < 0 || len(got.Regions) != 1 {
 		t.Errorf("regions shown %v, want us with its sync lag", got.Regions)
 	}
-	if got.LiveAll[0]+got.LiveAll[1] != 6 || got.Notice != "" {
-		t.Errorf("live chart of all resources: %v (notice %q), want 6 checks", got.LiveAll, got.Notice)
+	if got.LiveAll[0]+got.LiveAll[1] != 7 || got.Summary["total_requests"] != 7 || got.Latency != 3 {
+		t.Errorf("checks shown: live %v, summary %v, %d latency rows; want both regions' 7 checks, and a row for all, eu and us",
+			got.LiveAll, got.Summary, got.Latency)
+	}
+	if got.Source != "postgres" || got.Notice != "" {
+		t.Errorf("analytics source %q (notice %q), want postgres", got.Source, got.Notice)
 	}
 	br.checkClean(t, 10)
 }
@@ -281,6 +298,7 @@ type pageData struct {
 	Events        []string
 	Notice        string
 	LoginShown    bool
+	Source        string // where the analytics came from
 	RangeNote     string // the block rate's legend
 	RatePoints    int
 }
@@ -315,6 +333,7 @@ const readPage = `(() => {
     RegionsHidden: document.getElementById("regions").hidden,
     Regions: Object.fromEntries(all("#regions-body tr[data-region]").map((e) => [e.dataset.region, +e.dataset.syncLagMs])),
     LoginShown: !document.getElementById("login").hidden,
+    Source: document.getElementById("gaps").dataset.source || "",
     RangeNote: document.getElementById("blockrate-range").textContent,
     RatePoints: rate ? +rate.dataset.points : 0,
     Events: all("#events-body tr[data-type]").map((e) => e.dataset.type),

@@ -128,7 +128,10 @@
     $("latency-chart").replaceChildren(legend, SVG.pairBars(lat, { label: "check latency", us }));
     anomalies = a.anomalies_detected || [];
     const g = a.gaps || {};
-    $("gaps").textContent = `Analytics: ${count(g.events_dropped)} events dropped before aggregation, ` +
+    const from = a.source === "postgres" ? "from PostgreSQL, every instance's" :
+      a.source === "memory" ? "from this instance's memory (its last 24 hours)" : "";
+    $("gaps").dataset.source = a.source || "";
+    $("gaps").textContent = `Analytics ${from}: ${count(g.events_dropped)} events dropped before aggregation, ` +
       `${count(g.sink_dropped_rows)} rows never reached the database` +
       (g.sink_healthy === false ? "; the database is not answering now (the counts shown come from memory)." : ".");
   }
