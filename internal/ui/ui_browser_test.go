@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -205,6 +206,16 @@ func TestDashboardInChromium(t *testing.T) {
 			got.Rate, got.RatePoints, got.RangeNote)
 	}
 
+	// Live: checks made now show in the rate since the last poll.
+	for range 5 {
+		post(t, base+"/api/v1/check", "", `{"client_id":"bob","resource":"/api/search"}`)
+	}
+	got = waitPage(ctx, t, func(p pageData) bool { return p.Live["/api/search"][1] == 6 })
+	if !regexp.MustCompile(`^now 0/s allowed, [0-9.]*[1-9][0-9.]*/s blocked$`).MatchString(got.LiveRate["/api/search"]) {
+		t.Errorf("/api/search after 5 more blocked checks: %v, rate %q; want 6 blocked, at a rate above 0/s",
+			got.Live["/api/search"], got.LiveRate["/api/search"])
+	}
+
 	if os.Getenv("SLUICE_UPDATE_SCREENSHOT") == "1" {
 		// An hour of history makes a more telling picture than the
 		// test's minute; the assertions above are made without it.
@@ -285,6 +296,7 @@ type pageData struct {
 	Refreshed     int
 	Live          map[string][2]int64 // resource: allowed, blocked
 	LiveAll       [2]int64            // all resources: allowed, blocked
+	LiveRate      map[string]string   // resource: the rate since the last poll, as written
 	Clients       map[string][2]int64 // name: total, blocked
 	ClientText    []string            // the names written in the chart
 	Rate          [2]int64            // total, blocked
@@ -321,7 +333,9 @@ const readPage = `(() => {
   const notice = document.getElementById("notice");
   return {
     Refreshed: +(document.body.dataset.refreshed || 0),
-    Live: live, LiveAll: sums(document.querySelector("#live-charts figure[data-all]")), Clients: clients,
+    Live: live,
+    LiveRate: Object.fromEntries(all("#live-charts figure[data-resource]").map((f) => [f.dataset.resource, f.querySelector(".rate").textContent])),
+    LiveAll: sums(document.querySelector("#live-charts figure[data-all]")), Clients: clients,
     ClientText: all("#top-clients-chart text.name").map((e) => e.textContent),
     Rate: rate ? [+rate.dataset.total, +rate.dataset.blocked] : [0, 0],
     Summary: summary,

@@ -121,7 +121,7 @@
     else emptyChart($("top-clients-chart"), "no client was limited in this range");
     const resources = tops(a.top_resources);
     if (resources.length) $("top-resources-chart").replaceChildren(SVG.hbars(resources, { label: "top limited resources" }));
-    else emptyChart($("top-resources-chart"), "no checks in this range");
+    else emptyChart($("top-resources-chart"), "no resource was limited in this range");
     const lat = [{ name: "all regions", avg: s.avg_latency_us || 0, p99: s.p99_latency_us || 0 }];
     for (const g of a.by_region || []) lat.push({ name: g.region || "(none)", avg: g.avg_latency_us || 0, p99: g.p99_latency_us || 0 });
     const legend = h("p", { class: "legend" }, h("i", { class: "sw avg" }), "average ", h("i", { class: "sw p99" }), "99th percentile");
@@ -140,7 +140,9 @@
   // (the analytics rank resources by blocked checks, and list only those
   // with some), per second over the last minutes, with the rate since the
   // last poll.
-  const lastCounts = new Map(); // resource ("" for all) -> {at, allowed, blocked} of the last poll
+  // resource ("" for all) -> {at, minute, allowed, blocked}: the current
+  // minute's counts at the last poll.
+  const lastCounts = new Map();
   async function refreshLive(now) {
     const end = floorTo(now, 60e3) + 60e3, start = end - LIVE_MINUTES * 60e3;
     const base = { start_time: iso(start), end_time: iso(end), granularity: "minute" };
@@ -156,15 +158,23 @@
         const seconds = t + 60e3 > now ? Math.max(1, (now - t) / 1000) : 60;
         points.push({ t: new Date(t), allowed: p.allowed || 0, blocked: p.blocked || 0, seconds });
       }
-      const sum = answer.summary || {};
+      // The rate since the last poll, from the current minute's counts
+      // (and the end of the previous minute's, when the minute turned).
+      const last = points[points.length - 1], before = points[points.length - 2];
       const prev = lastCounts.get(name);
-      const cur = { at: now, allowed: sum.allowed || 0, blocked: sum.blocked || 0 };
-      lastCounts.set(name, cur);
+      lastCounts.set(name, { at: now, minute: last.t.getTime(), allowed: last.allowed, blocked: last.blocked });
       let rate = "";
       if (prev && now > prev.at) {
+        let da = last.allowed, db = last.blocked;
+        if (prev.minute === last.t.getTime()) {
+          da -= prev.allowed;
+          db -= prev.blocked;
+        } else if (prev.minute === before.t.getTime()) {
+          da += before.allowed - prev.allowed;
+          db += before.blocked - prev.blocked;
+        }
         const dt = (now - prev.at) / 1000;
-        const ra = Math.max(0, cur.allowed - prev.allowed) / dt, rb = Math.max(0, cur.blocked - prev.blocked) / dt;
-        rate = `now ${SVG.fmt(ra)}/s allowed, ${SVG.fmt(rb)}/s blocked`;
+        rate = `now ${SVG.fmt(Math.max(0, da) / dt)}/s allowed, ${SVG.fmt(Math.max(0, db) / dt)}/s blocked`;
       }
       const label = name ? h("code", {}, name) : h("span", {}, "all resources");
       return h("figure", name ? { "data-resource": name } : { "data-all": "" },
