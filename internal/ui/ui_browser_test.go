@@ -77,13 +77,16 @@ var (
 const adminToken = "slc_browser_test_admin_token_0123456789"
 
 // TestDashboardInChromium starts a daemon with a control plane, makes
-// checks, opens /ui/ in headless Chromium, gives the page the token it
-// asks for, and reads the charts back: the live checks per resource, the
-// block rate, the top limited clients, the policy with its override and
-// throttle. Every request the page makes must stay on loopback, and the
-// page must throw no error. With SLUICE_UPDATE_SCREENSHOT=1 it saves the
-// page to docs/img/dashboard.png.
+// checks, opens /ui/ in headless Chromium, gives the page a wrong token and
+// then the right one when it asks, and reads the charts back: the live
+// checks per resource, the block rate, the top limited clients, latency,
+// the policy with its overrides and throttle, recent denials; then another
+// range, and the live rate of checks made while it looks. Every request the
+// page makes must stay on loopback, and the page must throw no error. With
+// SLUICE_UPDATE_SCREENSHOT=1 it saves the page to docs/img/dashboard.png.
 func TestDashboardInChromium(t *testing.T) {
+	br := newBrowser(t)
+	ctx := br.ctx
 	var shift atomic.Int64 // how far back the daemon's clock is, for the screenshot's history
 	d := startDaemon(t, browserPolicy, daemon.Config{
 		DataDir:    t.TempDir(),
@@ -114,8 +117,6 @@ func TestDashboardInChromium(t *testing.T) {
 		return len(ts) == 1 && len(ovs) == 2
 	})
 
-	br := newBrowser(t)
-	ctx := br.ctx
 	// The analytics need a viewer's token: the page asks for one, and
 	// again when the one it is given is refused.
 	if err := chromedp.Do(ctx,
