@@ -1,10 +1,11 @@
-// Package ui is Sluice's dashboard: one HTML page, its style sheet and a
-// small script, embedded in the binary and served under /ui/ by the daemon.
+// Package ui is Sluice's dashboard: one HTML page, its style sheet and two
+// small scripts (static/), embedded in the binary and served under /ui/ by
+// the daemon. docs/dashboard.md says what the page shows.
 //
-// The page holds no data of its own. Its script reads the daemon's JSON
-// APIs on the same origin (/api/v1/analytics, /api/v1/policy,
-// /api/v1/events, /internal/sync and /api/v1/config/status), polls them
-// every two seconds, and draws the charts itself as inline SVG: there is
+// The page holds no data of its own. Its script (app.js) reads the
+// daemon's JSON APIs on the same origin (/api/v1/analytics,
+// /api/v1/policy, /api/v1/events, /internal/sync and /healthz) every two
+// seconds, and draws the charts itself as inline SVG (svg.js): there is
 // no charting library, and nothing is fetched from anywhere but the
 // daemon, so the page works without internet access. The Content Security
 // Policy sent with every file says so to the browser too: a request to
