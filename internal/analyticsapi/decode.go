@@ -48,6 +48,8 @@ func fieldErr(field, format string, args ...any) error {
 // RFC 3339, start_time not before end_time, a range over MaxRange, an
 // unknown granularity, a time series of more than MaxPoints points, and a
 // name that is not UTF-8, holds a NUL byte or is longer than MaxNameBytes.
+// With a granularity of hours or days, the range is widened to whole UTC
+// hours or days.
 func ParseQuery(raw string, now time.Time) (analytics.Filter, error) {
 	var (
 		f              analytics.Filter
@@ -130,8 +132,16 @@ func ParseQuery(raw string, now time.Time) (analytics.Filter, error) {
 	if f.End.Sub(f.Start) > MaxRange {
 		return f, fieldErr("start_time", "more than 400 days before end_time")
 	}
-	step := map[analytics.Granularity]time.Duration{analytics.Minute: time.Minute, analytics.Hour: time.Hour, analytics.Day: 24 * time.Hour}[f.Granularity]
-	if f.End.Sub(f.Start)/step > MaxPoints {
+	// Hours and days are counted whole: the range is widened to the step,
+	// so that the first and last points are not parts of one.
+	if f.Granularity != analytics.Minute {
+		step := map[analytics.Granularity]time.Duration{analytics.Hour: time.Hour, analytics.Day: 24 * time.Hour}[f.Granularity]
+		f.Start = f.Start.Truncate(step)
+		if e := f.End.Truncate(step); !e.Equal(f.End) {
+			f.End = e.Add(step)
+		}
+	}
+	if f.Granularity == analytics.Minute && f.End.Sub(f.Start)/time.Minute > MaxPoints {
 		return f, fieldErr("granularity", "more than %d points from start_time to end_time: ask for hours or days", MaxPoints)
 	}
 	return f, nil

@@ -11,6 +11,9 @@ import (
 
 var now = time.Date(2026, 11, 27, 8, 30, 15, 0, time.UTC)
 
+// hour returns the hour h of the day of now.
+func hour(h int) time.Time { return time.Date(2026, 11, 27, h, 0, 0, 0, time.UTC) }
+
 func TestParseQuery(t *testing.T) {
 	tests := []struct {
 		raw   string
@@ -19,15 +22,16 @@ func TestParseQuery(t *testing.T) {
 	}{
 		{raw: "", want: analytics.Filter{Start: now.Add(-time.Hour), End: now}},
 		{raw: "client_id=acme&resource=%2Fapi%2Forders&region=eu&granularity=hour",
-			want: analytics.Filter{Client: "acme", Resource: "/api/orders", Region: "eu", Start: now.Add(-time.Hour), End: now, Granularity: analytics.Hour}},
+			want: analytics.Filter{Client: "acme", Resource: "/api/orders", Region: "eu", Start: hour(7), End: hour(9), Granularity: analytics.Hour}},
 		{raw: "start_time=2026-11-20T00:00:00Z&end_time=2026-11-27T00:00:00%2B01:00&granularity=day",
-			want: analytics.Filter{Start: time.Date(2026, 11, 20, 0, 0, 0, 0, time.UTC), End: time.Date(2026, 11, 26, 23, 0, 0, 0, time.UTC), Granularity: analytics.Day}},
+			want: analytics.Filter{Start: time.Date(2026, 11, 20, 0, 0, 0, 0, time.UTC), End: time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC), Granularity: analytics.Day}},
 		{raw: "end_time=2026-11-27T08:00:00Z", want: analytics.Filter{Start: now.Add(-90*time.Minute + -15*time.Second), End: now.Add(-30*time.Minute - 15*time.Second)}},
 		{raw: "start_time=2026-11-27T08:00:00Z", want: analytics.Filter{Start: now.Add(-30*time.Minute - 15*time.Second), End: now}},
 		{raw: "start_time=2026-11-27T09:00:00Z", field: "start_time"},
 		{raw: "start_time=2026-11-27T08:30:15Z", field: "start_time"},
 		{raw: "start_time=2025-10-01T00:00:00Z&granularity=day", field: "start_time"},
-		{raw: "start_time=2025-11-01T00:00:00Z&granularity=day", want: analytics.Filter{Start: time.Date(2025, 11, 1, 0, 0, 0, 0, time.UTC), End: now, Granularity: analytics.Day}},
+		{raw: "start_time=2025-11-01T00:00:00Z&granularity=day", want: analytics.Filter{Start: time.Date(2025, 11, 1, 0, 0, 0, 0, time.UTC), End: hour(24), Granularity: analytics.Day}},
+		{raw: "start_time=2026-11-27T05:59:59Z&end_time=2026-11-27T06:00:00Z&granularity=hour", want: analytics.Filter{Start: hour(5), End: hour(6), Granularity: analytics.Hour}},
 		{raw: "start_time=2026-01-01T00:00:00Z", field: "granularity"},
 		{raw: "start_time=yesterday", field: "start_time"},
 		{raw: "end_time=2026-11-27", field: "end_time"},

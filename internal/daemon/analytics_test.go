@@ -161,7 +161,12 @@ func verify(t *testing.T, base string, ts *tallies, from, to time.Time) {
 				}
 			}
 		}
-		if a.Granularity != g.name || !a.StartTime.Equal(from) || !a.EndTime.Equal(to) || !a.Gaps.SinkHealthy || a.Gaps.EventsDropped != 0 {
+		// Hours and days are counted whole.
+		wantFrom, wantTo := from, to
+		if step := map[string]time.Duration{"hour": time.Hour, "day": 24 * time.Hour}[g.name]; step > 0 {
+			wantFrom, wantTo = from.Truncate(step), to.Add(step-1).Truncate(step)
+		}
+		if a.Granularity != g.name || !a.StartTime.Equal(wantFrom) || !a.EndTime.Equal(wantTo) || !a.Gaps.SinkHealthy || a.Gaps.EventsDropped != 0 {
 			t.Errorf("%s: answer %+v", g.name, a)
 		}
 	}

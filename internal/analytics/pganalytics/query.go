@@ -43,6 +43,9 @@ func (s *Store) Query(ctx context.Context, f analytics.Filter) (analytics.Result
 	if err := f.Validate(); err != nil {
 		return analytics.Result{}, err
 	}
+	if coarse(&f) {
+		return s.queryCoarse(ctx, f)
+	}
 	q, args := rollupQuery(&f)
 	rows, err := s.pool.Query(ctx, q, args...)
 	if err != nil {
