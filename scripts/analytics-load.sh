@@ -6,8 +6,10 @@
 # --target grpc` (64 callers, 1000 keys, one thread) for ROUNDS rounds in a
 # rotating order, so that the machine's noise falls on each alike. Then
 # PostgreSQL is killed (SIGKILL) and the rounds run again, the PostgreSQL
-# server still writing into it (its writes fail, its checks go on). It prints each run, the medians, and the
-# analytics metrics of the PostgreSQL server at the end.
+# server still writing into it (its writes fail, its checks go on), and
+# PostgreSQL is restarted. It prints each run, the medians, and the
+# analytics metrics and answer of the PostgreSQL server while PostgreSQL is
+# down and after its restart.
 #
 # PostgreSQL: initdb and postgres from PATH (run as the postgres user when
 # run as root), on PORT+9, in a temporary directory, fsync off.
@@ -84,4 +86,17 @@ for phase in pg-up pg-killed; do
       "$(awk -v a="$m" -v b="$off" 'BEGIN {print a / b}')" "$(median <<<"${p99s[$phase,$i]}")"
   done
 done
+echo "PostgreSQL killed:"
 curl -s "http://127.0.0.1:$((PORT + 4))/metrics" | grep '^sluice_analytics_'
+# Restarted on its data: the server's next writes succeed, and the rollups
+# kept meanwhile reach it.
+"${as_pg[@]}" postgres -D "$work/pg" -p "$pgport" -k "$work" -c listen_addresses=127.0.0.1 -c fsync=off \
+  >>"$work/pg.log" 2>&1 &
+pids+=($!)
+sleep 22
+echo "PostgreSQL restarted, two flushes later:"
+curl -s "http://127.0.0.1:$((PORT + 4))/metrics" | grep -E '^sluice_analytics_(sink|events_dropped)'
+curl -s "http://127.0.0.1:$((PORT + 4))/api/v1/analytics?granularity=hour" | python3 -c '
+import json, sys
+a = json.load(sys.stdin)
+print("GET /api/v1/analytics from", a["source"], ":", a["summary"]["total_requests"], "checks this hour, gaps", a["gaps"])'

@@ -66,8 +66,8 @@ func ParseQuery(raw string, now time.Time) (analytics.Filter, error) {
 		}
 		rawName, rawVal, _ := strings.Cut(pair, "=")
 		name, err := url.QueryUnescape(rawName)
-		if err != nil || len(name) > 64 || !utf8.ValidString(name) {
-			return f, fieldErr("query", "a parameter name that cannot be decoded")
+		if err != nil || name == "" || len(name) > 64 || !utf8.ValidString(name) {
+			return f, fieldErr("query", "a parameter whose name is empty or cannot be decoded")
 		}
 		if strings.Contains(pair, ";") {
 			return f, fieldErr(name, "holds a ';', which is not a separator; escape it as %%3B")

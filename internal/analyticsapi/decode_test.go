@@ -46,6 +46,7 @@ func TestParseQuery(t *testing.T) {
 		{raw: "region=%ff", field: "region"},
 		{raw: "resource=" + strings.Repeat("x", MaxNameBytes+1), field: "resource"},
 		{raw: "%zz=1", field: "query"},
+		{raw: "=1", field: "query"},
 	}
 	for _, tt := range tests {
 		got, err := ParseQuery(tt.raw, now)

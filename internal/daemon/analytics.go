@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,6 +66,24 @@ func (d *Daemon) startAnalytics(ctx context.Context) (engine.Analytics, error) {
 	}
 	d.analyticsHTTP = h
 	return d.recorder, nil
+}
+
+// analyticsName says where cfg keeps the analytics, for the log: "off",
+// "memory" or PostgreSQL's URL without its password and parameters (a
+// password may be one of them).
+func analyticsName(cfg *Config) string {
+	switch {
+	case cfg.NoAnalytics:
+		return "off"
+	case cfg.AnalyticsURL == "":
+		return "memory"
+	}
+	u, err := url.Parse(cfg.AnalyticsURL)
+	if err != nil || u.Host == "" {
+		return "postgres (a connection string)"
+	}
+	u.RawQuery, u.Fragment = "", ""
+	return u.Redacted()
 }
 
 // closeAnalytics writes what the recorder holds and stops it, then closes

@@ -368,7 +368,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	d.log.Info("sluice listening", "http", d.HTTPAddr(), "grpc", d.GRPCAddr(),
-		"store", redactURL(cfg.StoreURL), "config", configName(cfg.ConfigPath), "version", pol.Version)
+		"store", redactURL(cfg.StoreURL), "config", configName(cfg.ConfigPath), "version", pol.Version,
+		"analytics", analyticsName(&cfg))
 	return d, nil
 }
 
