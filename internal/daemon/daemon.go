@@ -191,13 +191,15 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return fail(err)
 	}
 
+	// The APIs take interfaces: a nil Keeper must reach them as nil.
 	var resv httpapi.Reservations
+	var grpcResv grpcapi.Reservations
 	if !cfg.NoReservations && strings.HasPrefix(cfg.StoreURL, "memory://") {
 		d.keeper, err = reserve.New(reserve.Config{Policy: d.eng.Policy, Now: cfg.Now, Events: d.events})
 		if err != nil {
 			return fail(err)
 		}
-		resv = d.keeper
+		resv, grpcResv = d.keeper, d.keeper
 	}
 	api, err := httpapi.New(httpapi.Config{
 		Reservations: resv,
@@ -211,7 +213,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err != nil {
 		return fail(err)
 	}
-	svc, err := grpcapi.New(grpcapi.Config{Engine: d.eng, Now: cfg.Now, AuthorizeReset: d.authorizeReset()})
+	svc, err := grpcapi.New(grpcapi.Config{Engine: d.eng, Now: cfg.Now, AuthorizeReset: d.authorizeReset(), Reservations: grpcResv})
 	if err != nil {
 		return fail(err)
 	}
