@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -80,5 +81,27 @@ func TestConsumerOutlivesAPartition(t *testing.T) {
 	eventually(t, "eu sees us with a new consumer", wantSeen(t, eu, w, 12))
 	if after := euConsumers(); len(after) != 1 || after[0] == before[0] {
 		t.Errorf("eu's consumers after its consumer was deleted: %v, want one other than %s", after, before[0])
+	}
+}
+
+// A message read long after it was sent (catching up, or read again by a
+// new consumer) shows that its region was reachable then, not now: a
+// region heard only so stays quiet, and counts at its share.
+func TestOldMessagesLeaveARegionQuiet(t *testing.T) {
+	n := newNet(t, srv)
+	eu := n.start("eu", "us")
+	w := currentWindow("global:old")
+	now := time.Now()
+	for i, sent := range []time.Time{now.Add(-time.Minute), now.Add(-100 * time.Millisecond)} {
+		data, err := AppendEncode(nil, &Message{Origin: "us", SentAt: sent.UnixMilli(), Seq: uint64(i + 1), Entries: []Entry{{Window: w, Count: 10}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eu.merge(n.subject+".us", data, now)
+		seen, reserve := eu.OthersWithin(w, 1000)
+		// Quiet, us counts at its share: half of the limit.
+		if quiet := seen+reserve >= 500; quiet != (i == 0) {
+			t.Errorf("us sent %s before it was read: seen %d, reserve %d; want quiet %t", now.Sub(sent), seen, reserve, i == 0)
+		}
 	}
 }

@@ -307,7 +307,6 @@ func (s *Sync) merge(subject string, data []byte, now time.Time) {
 		return
 	}
 	ms := now.UnixMilli()
-	s.state.Heard(m.Origin, ms)
 	s.mu.Lock()
 	p := s.peers[m.Origin]
 	if p == nil {
@@ -329,6 +328,12 @@ func (s *Sync) merge(subject string, data []byte, now time.Time) {
 	lag := p.p95
 	s.mu.Unlock()
 	s.state.SetLag(m.Origin, lag)
+	// A message shows that its region was reachable when it was sent,
+	// not when it is read: one read long after (catch-up, or read again
+	// by a new consumer, see consumer.go) must not have a quiet region
+	// counted as heard now. One lag after sending is when it would have
+	// arrived (the lag takes in the difference between the clocks).
+	s.state.Heard(m.Origin, min(ms, m.SentAt+lag))
 	s.c.received.Add(1)
 	for _, e := range m.Entries {
 		switch s.state.Merge(m.Origin, e.Window, e.Count, m.SentAt, ms) {
