@@ -25,7 +25,8 @@ import (
 // consumer's sequence at the next message. A new consumer then reads
 // again from the last message read in order, while the old one goes on
 // delivering what is already on its way (merging a count twice changes
-// nothing); the old one is deleted once the new one is in place. A
+// nothing), until the new one has caught up; the old one is then
+// deleted. A
 // consumer that no longer exists (idle longer than its threshold, or
 // lost by a restarted server, which keeps consumers in memory only) is
 // made again the same way.
