@@ -1,0 +1,361 @@
+-- pool.lua: one pool of reservations in Redis, and the transitions of
+-- package reservation ported to Lua, integer for integer. Each script of
+-- an operation (reserve.lua, get.lua, use.lua, release.lua, sweep.lua,
+-- peek.lua) is this file followed by its own; Redis runs it as one atomic
+-- step, so nothing interleaves with a transition.
+--
+-- Every number is an integer below 2^51 (package reservation bounds them
+-- so), which Lua's doubles hold exactly; records are kept as MessagePack,
+-- which carries them exactly too (tostring and '..' would round them to
+-- 14 digits, so numbers are never formatted but with '%d').
+--
+-- Keys, all with the pool's handle as hash tag (one slot on a cluster):
+--   KEYS[1] pool    hash: 'st' = {held, virtual, last_id, now},
+--                         'cf' = {capacity, queue_limit, aging, max_duration,
+--                                 default weight, guarantee, burst},
+--                         'sig' (the configuration as Reserve last gave it),
+--                         'rule', 'res'
+--   KEYS[2] queue   hash: id -> {id, client, tokens, duration, priority,
+--                                 enqueued, start, finish, secret}
+--   KEYS[3] granted hash: id -> {id, client, tokens, balance, in_use,
+--                                 granted_at, expires_at, released, secret}
+--   KEYS[4] expiry  sorted set: granted id by expires_at
+--   KEYS[5] clients hash: name -> {finish, held, queued}
+--   KEYS[6] secrets hash: secret -> id
+--   KEYS[7] quotas  hash: name -> {weight, guarantee, burst}
+-- A pool left idle (nothing held, queued or granted) is deleted: it is the
+-- same as a pool never used.
+--
+-- ARGV[1] is the instant in µs since the epoch, or -1 for the server's
+-- clock. A pool's time never goes back: a call is decided at the latest
+-- instant the pool has seen, so instances whose clocks differ a little
+-- cannot undo an expiry.
+--
+-- Every reply begins with the same head, then the operation's own values:
+--   code, rule, resource, queue length,
+--   #expired, {secret, client, returned} each,
+--   #granted, {secret, client, tokens, expires_at} each
+-- Codes: 0 done, 1 invalid (then field, reason), 2 queue full, 3 not found,
+-- 4 insufficient, 5 not queued, 6 not granted, 7 forbidden.
+
+local OK, INVALID, QUEUE_FULL, NOT_FOUND, INSUFFICIENT, NOT_QUEUED, NOT_GRANTED, FORBIDDEN = 0, 1, 2, 3, 4, 5, 6, 7
+local VIRTUAL_SCALE = 720720
+local REBASE_AT = 2 ^ 44
+local pack, unpack = cmsgpack.pack, cmsgpack.unpack
+local floor, max = math.floor, math.max
+
+local K_POOL, K_QUEUE, K_GRANTED, K_EXPIRY, K_CLIENTS, K_SECRETS, K_QUOTAS =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+
+local function int(n) return string.format('%d', n) end
+
+-- The pool's state (S), configuration (C) and names, read once.
+local S, C, RULE, RES
+local exists = false
+do
+  local v = redis.call('HMGET', K_POOL, 'st', 'cf', 'rule', 'res')
+  if v[1] then
+    exists = true
+    local held, virtual, last, now = unpack(v[1])
+    S = {held = held, virtual = virtual, last = last, now = now}
+  else
+    S = {held = 0, virtual = 0, last = 0, now = 0}
+  end
+  if v[2] then
+    local cap, ql, aging, maxd, dw, dg, db = unpack(v[2])
+    C = {cap = cap, qlimit = ql, aging = aging, maxdur = maxd, dw = dw, dg = dg, db = db}
+  end
+  RULE, RES = v[3] or '', v[4] or ''
+end
+
+-- now is the instant of the call, never before the pool's last one.
+local function clock(arg)
+  local t = tonumber(arg)
+  if t < 0 then
+    local tm = redis.call('TIME')
+    t = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  end
+  S.now = max(S.now, t)
+  return S.now
+end
+
+-- Quotas, with their zero fields filled in (reservation.Config.quota).
+local quotas = {}
+local function quota(name)
+  local q = quotas[name]
+  if q == nil then
+    local raw = redis.call('HGET', K_QUOTAS, name)
+    local w, g, b
+    if raw then w, g, b = unpack(raw) else w, g, b = C.dw, C.dg, C.db end
+    if b == 0 then b = C.cap end
+    q = {w = max(w, 1), g = g, b = b}
+    quotas[name] = q
+  end
+  return q
+end
+
+-- Clients, read when first needed and written back by save().
+local clients, cleared = {}, false
+local function client(name)
+  local c = clients[name]
+  if c == nil then
+    local raw = (not cleared) and redis.call('HGET', K_CLIENTS, name)
+    if raw then
+      local f, h, q = unpack(raw)
+      c = {finish = f, held = h, queued = q}
+    else
+      c = {finish = 0, held = 0, queued = 0, gone = true}
+    end
+    clients[name] = c
+  end
+  return c
+end
+
+-- forget drops a client with nothing in the pool and its finish tag
+-- behind the virtual time: it is the same as never seen.
+local function forget(name)
+  local c = client(name)
+  if c.held == 0 and c.queued == 0 and c.finish <= S.virtual then
+    clients[name] = {finish = 0, held = 0, queued = 0, gone = true}
+  end
+end
+
+-- give returns n tokens held by name to the pool.
+local function give(name, n)
+  S.held = S.held - n
+  local c = client(name)
+  c.held = c.held - n
+  c.gone = false
+  forget(name)
+end
+
+-- The queue, read whole (the queue limit keeps it small), in ID order.
+local Q, qdirty, qgone = {}, {}, {}
+do
+  local raw = redis.call('HVALS', K_QUEUE)
+  for i = 1, #raw do
+    local id, cl, tok, dur, pri, enq, st, fin, sec = unpack(raw[i])
+    Q[#Q + 1] = {id = id, client = cl, tokens = tok, duration = dur, priority = pri,
+      enqueued = enq, start = st, finish = fin, secret = sec}
+  end
+  table.sort(Q, function(a, b) return a.id < b.id end)
+end
+
+local function queuedAt(id)
+  for i = 1, #Q do
+    if Q[i].id == id then return i end
+  end
+  return nil
+end
+
+-- Granted reservations, read by ID.
+local function getGranted(id)
+  local raw = redis.call('HGET', K_GRANTED, int(id))
+  if not raw then return nil end
+  local gid, cl, tok, bal, use, gat, exp, rel, sec = unpack(raw)
+  return {id = gid, client = cl, tokens = tok, balance = bal, inuse = use,
+    granted_at = gat, expires_at = exp, released = rel, secret = sec}
+end
+
+local function putGranted(r)
+  redis.call('HSET', K_GRANTED, int(r.id), pack(r.id, r.client, r.tokens, r.balance, r.inuse,
+    r.granted_at, r.expires_at, r.released, r.secret))
+end
+
+-- Effects, in the order they happen.
+local expired, granted = {}, {}
+
+-- expire removes the reservations whose expires_at <= now and returns
+-- what they hold, balance and tokens in use.
+local function expire(now)
+  local due = redis.call('ZRANGEBYSCORE', K_EXPIRY, '-inf', now)
+  for i = 1, #due do
+    local r = getGranted(tonumber(due[i]))
+    give(r.client, r.balance + r.inuse)
+    redis.call('HDEL', K_GRANTED, due[i])
+    redis.call('HDEL', K_SECRETS, r.secret)
+    expired[#expired + 1] = {r.secret, r.client, r.balance + r.inuse}
+  end
+  if #due > 0 then redis.call('ZREMRANGEBYSCORE', K_EXPIRY, '-inf', now) end
+end
+
+-- order returns the key of request r at now, smaller first: the tier
+-- (0 overdue, 1 within the guarantee, 2 + effective class), the tag (the
+-- deadline for the overdue, else the finish tag) and the ID.
+local function order(r, now, held)
+  local k = r.priority - 1
+  local aged = floor(max(now - r.enqueued, 0) / C.aging)
+  if aged > k then return 0, r.enqueued + (k + 1) * C.aging, r.id end
+  if held + r.tokens <= quota(r.client).g then return 1, r.finish, r.id end
+  return 2 + k - aged, r.finish, r.id
+end
+
+local function less(a1, a2, a3, b1, b2, b3)
+  if a1 ~= b1 then return a1 < b1 end
+  if a2 ~= b2 then return a2 < b2 end
+  return a3 < b3
+end
+
+-- rebase shifts every tag down by the virtual time.
+local function rebase()
+  local v = S.virtual
+  S.virtual = 0
+  if not cleared then
+    local all = redis.call('HKEYS', K_CLIENTS)
+    for i = 1, #all do client(all[i]) end
+  end
+  for _, c in pairs(clients) do
+    if not c.gone then c.finish = c.finish - v end
+  end
+  for i = 1, #Q do
+    Q[i].start, Q[i].finish = Q[i].start - v, Q[i].finish - v
+    qdirty[Q[i].id] = true
+  end
+end
+
+-- grant grants from the queue at now: the first eligible request of the
+-- order, while it fits in the free tokens. A pool left idle forgets its
+-- virtual time and its clients.
+local function grant(now)
+  while true do
+    local best, b1, b2, b3
+    for i = 1, #Q do
+      local r = Q[i]
+      local held = client(r.client).held
+      if held + r.tokens <= quota(r.client).b then
+        local k1, k2, k3 = order(r, now, held)
+        if best == nil or less(k1, k2, k3, b1, b2, b3) then best, b1, b2, b3 = i, k1, k2, k3 end
+      end
+    end
+    if best == nil or Q[best].tokens > C.cap - S.held then
+      if S.held == 0 and #Q == 0 and redis.call('ZCARD', K_EXPIRY) == 0 then
+        S.virtual, clients, cleared = 0, {}, true
+      end
+      return
+    end
+    local r = table.remove(Q, best)
+    qgone[r.id], qdirty[r.id] = true, nil
+    local c = client(r.client)
+    c.held, c.queued, c.gone = c.held + r.tokens, c.queued - 1, false
+    S.held = S.held + r.tokens
+    S.virtual = max(S.virtual, r.start)
+    local exp = now + r.duration
+    putGranted({id = r.id, client = r.client, tokens = r.tokens, balance = r.tokens, inuse = 0,
+      granted_at = now, expires_at = exp, released = false, secret = r.secret})
+    redis.call('ZADD', K_EXPIRY, exp, int(r.id))
+    granted[#granted + 1] = {r.secret, r.client, r.tokens, exp}
+    if S.virtual >= REBASE_AT then rebase() end
+  end
+end
+
+-- estimate returns the place of queued request id in the order at now
+-- (1 for the head) and an estimate of its grant instant, as
+-- reservation.Estimate: the queue served in order, each reservation held
+-- to its expiry, each request ahead granted as soon as tokens are back and
+-- held for its duration.
+local function estimate(now, id)
+  local items = {}
+  for i = 1, #Q do
+    local r = Q[i]
+    local k1, k2, k3 = order(r, now, client(r.client).held)
+    items[i] = {k1, k2, k3, r}
+  end
+  table.sort(items, function(a, b) return less(a[1], a[2], a[3], b[1], b[2], b[3]) end)
+  local backs = {}
+  local raw = redis.call('HVALS', K_GRANTED)
+  for i = 1, #raw do
+    local _, _, _, bal, use, _, exp = unpack(raw[i])
+    if bal + use > 0 then backs[#backs + 1] = {exp, bal + use} end
+  end
+  table.sort(backs, function(a, b) return a[1] < b[1] end)
+  local free, t, head = C.cap - S.held, now, 1
+  for pos = 1, #items do
+    local r = items[pos][4]
+    while free < r.tokens and head <= #backs do
+      free = free + backs[head][2]
+      t = max(t, backs[head][1])
+      head = head + 1
+    end
+    if r.id == id then return pos, t end
+    free = free - r.tokens
+    -- Insert its return in order (after the equal instants).
+    local at, j = t + r.duration, #backs + 1
+    while j > head and backs[j - 1][1] > at do j = j - 1 end
+    table.insert(backs, j, {at, r.tokens})
+  end
+  return 0, now
+end
+
+-- save writes the pool back, or deletes it when idle.
+local function save()
+  if not exists and C == nil then return end
+  if S.held == 0 and #Q == 0 and redis.call('ZCARD', K_EXPIRY) == 0 then
+    redis.call('DEL', K_POOL, K_QUEUE, K_GRANTED, K_EXPIRY, K_CLIENTS, K_SECRETS, K_QUOTAS)
+    return
+  end
+  redis.call('HSET', K_POOL, 'st', pack(S.held, S.virtual, S.last, S.now))
+  if cleared then redis.call('DEL', K_CLIENTS) end
+  for name, c in pairs(clients) do
+    if c.gone then
+      if not cleared then redis.call('HDEL', K_CLIENTS, name) end
+    else
+      redis.call('HSET', K_CLIENTS, name, pack(c.finish, c.held, c.queued))
+    end
+  end
+  for id in pairs(qgone) do redis.call('HDEL', K_QUEUE, int(id)) end
+  for i = 1, #Q do
+    local r = Q[i]
+    if qdirty[r.id] then
+      redis.call('HSET', K_QUEUE, int(r.id), pack(r.id, r.client, r.tokens, r.duration, r.priority,
+        r.enqueued, r.start, r.finish, r.secret))
+    end
+  end
+end
+
+-- reply returns the head of every reply followed by the values of rest.
+local function reply(code, rest)
+  local out = {code, RULE, RES, #Q, #expired}
+  for i = 1, #expired do
+    local e = expired[i]
+    out[#out + 1], out[#out + 2], out[#out + 3] = e[1], e[2], e[3]
+  end
+  out[#out + 1] = #granted
+  for i = 1, #granted do
+    local g = granted[i]
+    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = g[1], g[2], g[3], g[4]
+  end
+  for i = 1, #(rest or {}) do out[#out + 1] = rest[i] end
+  return out
+end
+
+-- lookup returns the ID of secret and its record, queued (q) or granted
+-- (g), or a refusal code: an unknown secret, another holder, a released
+-- reservation. A lookup that fails changes nothing.
+local function lookup(secret, holder)
+  local sid = redis.call('HGET', K_SECRETS, secret)
+  if not sid then return nil, NOT_FOUND end
+  local id = tonumber(sid)
+  local i = queuedAt(id)
+  local q, g = nil, nil
+  if i then q = Q[i] else g = getGranted(id) end
+  local rec = q or g
+  if rec == nil then return nil, NOT_FOUND end
+  if holder ~= '' and holder ~= rec.client then return nil, FORBIDDEN end
+  if g and g.released then return nil, NOT_FOUND end
+  return id
+end
+
+-- record returns the values of the record of id in a reply: found (0 or
+-- 1), client, queued (0 or 1), position, estimated_at, tokens, balance,
+-- in_use, granted_at, expires_at. A released reservation is not found.
+local function record(now, id)
+  local i = queuedAt(id)
+  if i then
+    local r = Q[i]
+    local pos, at = estimate(now, id)
+    return {1, r.client, 1, pos, at, r.tokens, 0, 0, 0, 0}
+  end
+  local g = getGranted(id)
+  if g == nil or g.released then return {0, '', 0, 0, 0, 0, 0, 0, 0, 0} end
+  return {1, g.client, 0, 0, 0, g.tokens, g.balance, g.inuse, g.granted_at, g.expires_at}
+end

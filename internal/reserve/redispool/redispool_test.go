@@ -1,0 +1,78 @@
+package redispool
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicehq/sluice/internal/reserve"
+	"github.com/sluicehq/sluice/internal/reserve/reservetest"
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+// The package's servers, started once by TestMain: a standalone Redis
+// and a Redis Cluster of three masters. Each test has its own key prefix.
+var (
+	standalone *redistest.Server
+	cluster    *redistest.Cluster
+)
+
+func TestMain(m *testing.M) {
+	srv, c, sh, err := redistest.StartShared(true, redistest.ClusterOptions{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	standalone, cluster = srv, c
+	code := m.Run()
+	sh.Close()
+	os.Exit(code)
+}
+
+// servers are the two deployments every test runs on.
+var servers = []struct {
+	name  string
+	addrs func() []string
+}{
+	{"Redis", func() []string { return []string{standalone.Addr} }},
+	{"Cluster", func() []string {
+		var a []string
+		for _, s := range cluster.Masters {
+			a = append(a, s.Addr)
+		}
+		return a
+	}},
+}
+
+// newClient returns a client of addrs, closed when the test ends.
+func newClient(t testing.TB, addrs []string) rueidis.Client {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// newPools returns Pools on c with a prefix of the test's own.
+func newPools(t testing.TB, c rueidis.Client) *Pools {
+	t.Helper()
+	p, err := New(Config{Client: c, Prefix: "t:" + strings.ReplaceAll(t.Name(), "/", ":") + ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestConformance(t *testing.T) {
+	for _, s := range servers {
+		t.Run(s.name, func(t *testing.T) {
+			c := newClient(t, s.addrs())
+			reservetest.Run(t, func(t *testing.T) reserve.Backend { return newPools(t, c) })
+		})
+	}
+}
