@@ -165,7 +165,7 @@ func (m *Memory) Use(_ context.Context, handle, secret, client string, now, n in
 	if err == nil {
 		rec, err = p.record(num, e)
 		if err == nil && rec.Queued {
-			err = reservation.ErrNotGranted
+			rec, err = Record{}, reservation.ErrNotGranted
 		}
 	}
 	return rec, effects, err
