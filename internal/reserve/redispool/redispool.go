@@ -272,30 +272,58 @@ func (p *Pools) Peek(ctx context.Context, handle, client string, now int64) (res
 	return pk, r.err
 }
 
-// Sweep implements reserve.Backend: sweep.lua on every registered pool.
+// sweepBatch is the most sweep.lua calls sent in one round trip.
+const sweepBatch = 128
+
+// Sweep implements reserve.Backend: sweep.lua on every registered pool,
+// sweepBatch calls a round trip.
 func (p *Pools) Sweep(ctx context.Context, now int64) ([]reserve.Effect, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	entries, err := p.client.Do(ctx, p.client.B().Zrange().Key(p.registry).Min("0").Max("-1").Withscores().Build()).AsZScores()
+	c := p.client
+	entries, err := c.Do(ctx, c.B().Zrange().Key(p.registry).Min("0").Max("-1").Withscores().Build()).AsZScores()
 	if err != nil {
 		return nil, p.unavailable(err)
 	}
+	p.prune()
 	cutoff := float64(time.Now().Add(-forgetAfter).Unix())
+	args := []string{instant(now)}
 	var fx []reserve.Effect
 	var first error
-	for _, e := range entries {
-		r, err := p.run(ctx, sweepScript, e.Member, []string{instant(now)}, rueidis.Completed{})
-		if err == nil {
-			var more []reserve.Effect
-			more, err = r.head()
-			fx = append(fx, more...)
-			if err == nil && r.int() == 1 && e.Score <= cutoff {
-				err = p.unregister(ctx, e.Member, cutoff)
-			}
+	for len(entries) > 0 {
+		batch := entries[:min(len(entries), sweepBatch)]
+		entries = entries[len(batch):]
+		cmds := make(rueidis.Commands, len(batch))
+		for i, e := range batch {
+			cmds[i] = p.call(sweepScript, e.Member, args, false)
 		}
-		first = cmp.Or(first, err)
+		for i, res := range c.DoMulti(ctx, cmds...) {
+			e := batch[i]
+			r, err := p.settle(ctx, sweepScript, e.Member, args, res)
+			if err == nil {
+				var more []reserve.Effect
+				more, err = r.head()
+				fx = append(fx, more...)
+				if err == nil && r.int() == 1 && e.Score <= cutoff {
+					err = p.unregister(ctx, e.Member, cutoff)
+				}
+			}
+			first = cmp.Or(first, err)
+		}
 	}
 	return fx, first
+}
+
+// prune forgets the registrations too old to count (the next Reserve of
+// their pools registers them again), so that the map holds only recent
+// pools.
+func (p *Pools) prune() {
+	old := time.Now().Add(-registerEvery)
+	p.mu.Lock()
+	for h, at := range p.registered {
+		if at.Before(old) {
+			delete(p.registered, h)
+		}
+	}
+	p.mu.Unlock()
 }
 
 // unregister removes handle from the registry unless registered again

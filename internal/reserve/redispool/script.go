@@ -35,22 +35,13 @@ const (
 )
 
 // run runs script s on the pool of handle with args, sending also extra
-// (when built) in the same round trip, and returns its reply. A NOSCRIPT
-// answer is sent once more with EVAL, which loads the script.
+// (when built) in the same round trip, and returns its reply.
 func (p *Pools) run(ctx context.Context, s *script, handle string, args []string, extra rueidis.Completed) (*reply, error) {
-	c := p.client
-	keys := p.keys(handle)
-	call := func(eval bool) rueidis.Completed {
-		if eval {
-			return c.B().Eval().Script(s.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
-		}
-		return c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
-	}
 	var res rueidis.RedisResult
 	if extra.IsEmpty() {
-		res = c.Do(ctx, call(false))
+		res = p.client.Do(ctx, p.call(s, handle, args, false))
 	} else {
-		both := c.DoMulti(ctx, call(false), extra)
+		both := p.client.DoMulti(ctx, p.call(s, handle, args, false), extra)
 		res = both[0]
 		if both[1].Error() != nil {
 			// The next Reserve registers the pool again.
@@ -59,11 +50,29 @@ func (p *Pools) run(ctx context.Context, s *script, handle string, args []string
 			p.mu.Unlock()
 		}
 	}
+	return p.settle(ctx, s, handle, args, res)
+}
+
+// call returns the EVALSHA (or, when eval is set, the EVAL) of s on the
+// pool of handle with args.
+func (p *Pools) call(s *script, handle string, args []string, eval bool) rueidis.Completed {
+	c, keys := p.client, p.keys(handle)
+	if eval {
+		return c.B().Eval().Script(s.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	}
+	return c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+}
+
+// settle reads the answer res to a call of s: after a NOSCRIPT it sends
+// the call once more with EVAL, which loads the script; after a TRYAGAIN,
+// again after a pause while ctx allows. It returns the reply with its
+// head (code, names, queue length) read.
+func (p *Pools) settle(ctx context.Context, s *script, handle string, args []string, res rueidis.RedisResult) (*reply, error) {
 	for wait := tryAgainFirstWait; ; wait = min(2*wait, tryAgainMaxWait) {
 		e, ok := rueidis.IsRedisErr(res.Error())
 		switch {
 		case ok && e.IsNoScript():
-			res = c.Do(ctx, call(true))
+			res = p.client.Do(ctx, p.call(s, handle, args, true))
 			continue
 		case ok && e.IsTryAgain():
 			t := time.NewTimer(wait)
@@ -73,7 +82,7 @@ func (p *Pools) run(ctx context.Context, s *script, handle string, args []string
 				return nil, p.unavailable(ctx.Err())
 			case <-t.C:
 			}
-			res = c.Do(ctx, call(false))
+			res = p.client.Do(ctx, p.call(s, handle, args, false))
 			continue
 		}
 		break
