@@ -166,3 +166,60 @@ func twoInstances(t *testing.T, addrs []string) {
 	t.Logf("%d reservations (%d expired before their holder looked), at most %d tokens held at once over %d samples",
 		n, lapsed.Load(), maxHeld.Load(), samples.Load())
 }
+
+// TestInstanceDies reserves through one instance, which then stops for
+// good, and finds the reservation expired, its tokens back and the expiry
+// reported, by another instance that never served that pool: its sweep
+// finds the pool in the registry.
+func TestInstanceDies(t *testing.T) {
+	for _, s := range servers {
+		t.Run(s.name, func(t *testing.T) {
+			pol, err := policy.Parse("test.yaml", []byte(reservetest.Policy))
+			if err != nil {
+				t.Fatal(err)
+			}
+			prefix := "t:" + t.Name() + ":"
+			newKeeper := func(sweep time.Duration) (*reserve.Keeper, *reservetest.Sink) {
+				p, err := New(Config{Client: newClient(t, s.addrs()), Prefix: prefix})
+				if err != nil {
+					t.Fatal(err)
+				}
+				sink := &reservetest.Sink{}
+				k, err := reserve.New(reserve.Config{Policy: func() *policy.Policy { return pol }, Backend: p,
+					SweepEvery: sweep, Events: events.New(events.Config{Sinks: []events.Sink{sink}})})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { k.Close() })
+				return k, sink
+			}
+			dying, _ := newKeeper(-1)
+			res, err := dying.Reserve(reservetest.Ask("a", 70, time.Second))
+			if err != nil || !res.Granted {
+				t.Fatalf("Reserve = %+v, %v", res, err)
+			}
+			if _, err := dying.Use(&policy.Request{ClientID: "a"}, res.ID, 20); err != nil {
+				t.Fatal(err)
+			}
+			dying.Close() // and never called again
+			_, sink := newKeeper(50 * time.Millisecond)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				if n, tokens := sink.Tokens(events.ReservationExpired); n == 1 {
+					if tokens != 70 {
+						t.Errorf("the expiry returned %d tokens, want 70", tokens)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the other instance reported no expiry within 10 s")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			other, _ := newKeeper(-1)
+			if held, _ := other.Held("a", "/api/orders"); held != 0 {
+				t.Errorf("held after the expiry: %d, want 0", held)
+			}
+		})
+	}
+}
