@@ -32,6 +32,17 @@ var diffPool = reserve.Pool{
 	},
 }
 
+// bigPool is the differential test's pool of the largest capacity, whose
+// requests of millions of tokens push the virtual time past the point
+// where every tag is shifted down (reservation's rebase) every few grants.
+var bigPool = reserve.Pool{
+	Handle: reserve.PoolHandle("big", "/big"), Rule: "big", Resource: "/big",
+	Config: reservation.Config{
+		Capacity: reservation.MaxCapacity, QueueLimit: 8, AgingPeriod: 3_000_000,
+		Quotas: map[string]reservation.Quota{"b": {Weight: 3}, "c": {Weight: 1, MinGuaranteed: 1 << 22}},
+	},
+}
+
 // TestDifferential runs random sequences of operations on the memory
 // backend, which runs the pure transitions of package reservation, and on
 // the Redis scripts, at the same instants, and compares every result,
@@ -46,9 +57,12 @@ func TestDifferential(t *testing.T) {
 			c := newClient(t, s.addrs())
 			for seed := range uint64(3) {
 				t.Run(fmt.Sprint(seed), func(t *testing.T) {
-					differential(t, reserve.NewMemory(0), newPools(t, c), seed, steps)
+					differential(t, reserve.NewMemory(0), newPools(t, c), &diffPool, seed, steps)
 				})
 			}
+			t.Run("big", func(t *testing.T) {
+				differential(t, reserve.NewMemory(0), newPools(t, c), &bigPool, 9, steps)
+			})
 		})
 	}
 }
@@ -61,7 +75,8 @@ type outcome struct {
 	FX     []reserve.Effect
 }
 
-func differential(t *testing.T, mem, rds reserve.Backend, seed uint64, steps int) {
+func differential(t *testing.T, mem, rds reserve.Backend, pool *reserve.Pool, seed uint64, steps int) {
+	unit := pool.Config.Capacity / 20 // tokens asked for are 1 to 14 units
 	ctx := context.Background()
 	rnd := rand.New(rand.NewPCG(seed, 42))
 	now := int64(1_800_000_000_000_000)
@@ -83,11 +98,11 @@ func differential(t *testing.T, mem, rds reserve.Backend, seed uint64, steps int
 		case r < 35:
 			secret := fmt.Sprintf("s%05d", step)
 			secrets = append(secrets, secret)
-			a := reservation.Ask{Client: clients[rnd.IntN(len(clients))], Tokens: 1 + rnd.Int64N(14),
+			a := reservation.Ask{Client: clients[rnd.IntN(len(clients))], Tokens: 1 + rnd.Int64N(14*unit),
 				Duration: 1 + rnd.Int64N(20_000_000), Priority: reservation.Priority(1 + rnd.IntN(3))}
 			switch rnd.IntN(30) {
 			case 0:
-				a.Tokens = 21
+				a.Tokens = pool.Config.Capacity + 1
 			case 1:
 				a.Priority = 0
 			case 2:
@@ -95,7 +110,7 @@ func differential(t *testing.T, mem, rds reserve.Backend, seed uint64, steps int
 			}
 			op = fmt.Sprintf("Reserve(%+v, %s)", a, secret)
 			run = func(b reserve.Backend) outcome {
-				p := diffPool
+				p := *pool
 				res, fx, err := b.Reserve(ctx, &p, now, a, secret)
 				res.ID = 0 // internal to each backend
 				return outcome{res, errText(err), fx}
@@ -107,28 +122,28 @@ func differential(t *testing.T, mem, rds reserve.Backend, seed uint64, steps int
 			}
 			op = fmt.Sprintf("Get(%s, %q)", secret, client)
 			run = func(b reserve.Backend) outcome {
-				rec, fx, err := b.Get(ctx, diffPool.Handle, secret, client, now)
+				rec, fx, err := b.Get(ctx, pool.Handle, secret, client, now)
 				return outcome{rec, errText(err), fx}
 			}
 		case r < 72:
-			secret, n := pick(), rnd.Int64N(8)-1
+			secret, n := pick(), rnd.Int64N(8*unit)-1
 			op = fmt.Sprintf("Use(%s, %d)", secret, n)
 			run = func(b reserve.Backend) outcome {
-				rec, fx, err := b.Use(ctx, diffPool.Handle, secret, "", now, n)
+				rec, fx, err := b.Use(ctx, pool.Handle, secret, "", now, n)
 				return outcome{rec, errText(err), fx}
 			}
 		case r < 90:
 			secret := pick()
 			op = fmt.Sprintf("Release(%s)", secret)
 			run = func(b reserve.Backend) outcome {
-				end, fx, err := b.Release(ctx, diffPool.Handle, secret, "", now)
+				end, fx, err := b.Release(ctx, pool.Handle, secret, "", now)
 				return outcome{end, errText(err), fx}
 			}
 		case r < 95:
 			client := clients[rnd.IntN(len(clients))]
 			op = fmt.Sprintf("Peek(%s)", client)
 			run = func(b reserve.Backend) outcome {
-				pk, err := b.Peek(ctx, diffPool.Handle, client, now)
+				pk, err := b.Peek(ctx, pool.Handle, client, now)
 				if pk.Position == 0 { // the Redis backend may answer without a round trip
 					pk = reserve.Peeked{}
 				}
@@ -154,9 +169,9 @@ func differential(t *testing.T, mem, rds reserve.Backend, seed uint64, steps int
 		if r, ok := want.Result.(reservation.Result); ok && want.Err == "" && !r.Granted {
 			seen["queued"]++
 		}
-		mh, err1 := mem.Peek(ctx, diffPool.Handle, "", now)
-		rh, err2 := rds.Peek(ctx, diffPool.Handle, "", now)
-		if err1 != nil || err2 != nil || mh.Held != rh.Held || mh.Held > diffPool.Config.Capacity {
+		mh, err1 := mem.Peek(ctx, pool.Handle, "", now)
+		rh, err2 := rds.Peek(ctx, pool.Handle, "", now)
+		if err1 != nil || err2 != nil || mh.Held != rh.Held || mh.Held > pool.Config.Capacity {
 			t.Fatalf("step %d: %s: held %d in memory, %d in Redis (%v, %v)", step, op, mh.Held, rh.Held, err1, err2)
 		}
 	}
