@@ -170,7 +170,7 @@ func (p *Pools) Reserve(ctx context.Context, pool *reserve.Pool, now int64, a re
 	var res reservation.Result
 	res.Granted = r.int() == 1
 	res.Position, res.ExpiresAt, res.EstimatedAt = r.int(), r.int(), r.int()
-	return res, fx, r.err
+	return res, fx, r.done()
 }
 
 // signature is the configuration's signature, by which a script knows
@@ -181,7 +181,7 @@ func signature(conf []string) string {
 }
 
 // register returns the command that registers the pool of handle for the
-// sweep, or nil when this instance registered it lately.
+// sweep, or an empty one when this instance registered it lately.
 func (p *Pools) register(handle string) rueidis.Completed {
 	now := time.Now()
 	p.mu.Lock()
@@ -223,7 +223,7 @@ func (p *Pools) record(ctx context.Context, s *script, handle string, args []str
 	rec.Position, rec.EstimatedAt = r.int(), r.int()
 	rec.Tokens, rec.Balance, rec.InUse = r.int(), r.int(), r.int()
 	rec.GrantedAt, rec.ExpiresAt = r.int(), r.int()
-	return rec, fx, r.err
+	return rec, fx, r.done()
 }
 
 // Release implements reserve.Backend.
@@ -245,7 +245,7 @@ func (p *Pools) Release(ctx context.Context, handle, secret, client string, now 
 			Rule: r.rule, Resource: r.resource, Tokens: end.Returned}
 		fx = slices.Insert(fx, i, rel)
 	}
-	return end, fx, r.err
+	return end, fx, r.done()
 }
 
 // Peek implements reserve.Backend. For a client's place in the queue it
@@ -269,7 +269,7 @@ func (p *Pools) Peek(ctx context.Context, handle, client string, now int64) (res
 		return reserve.Peeked{}, err
 	}
 	pk := reserve.Peeked{Held: r.int(), Capacity: r.int(), Position: r.int(), EstimatedAt: r.int()}
-	return pk, r.err
+	return pk, r.done()
 }
 
 // sweepBatch is the most sweep.lua calls sent in one round trip.

@@ -1,13 +1,16 @@
 package redispool
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/reserve"
 	"github.com/sluicehq/sluice/internal/reserve/reservetest"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -74,5 +77,32 @@ func TestConformance(t *testing.T) {
 			c := newClient(t, s.addrs())
 			reservetest.Run(t, func(t *testing.T) reserve.Backend { return newPools(t, c) })
 		})
+	}
+}
+
+// TestRedisDown: with its Redis gone, every operation fails with an
+// error wrapping sluice.ErrStoreUnavailable (503 on the HTTP API), within
+// the Keeper's timeout.
+func TestRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	p := newPools(t, newClient(t, []string{srv.Addr}))
+	k, _ := reservetest.NewKeeper(t, p, reservetest.NewClock().Now, 10)
+	res, err := k.Reserve(reservetest.Ask("a", 1, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	start := time.Now()
+	if _, err := k.Reserve(reservetest.Ask("a", 1, time.Minute)); !errors.Is(err, sluice.ErrStoreUnavailable) {
+		t.Errorf("Reserve: %v, want ErrStoreUnavailable", err)
+	}
+	if _, err := k.Get("a", res.ID); !errors.Is(err, sluice.ErrStoreUnavailable) {
+		t.Errorf("Get: %v, want ErrStoreUnavailable", err)
+	}
+	if _, err := k.Release("a", res.ID); !errors.Is(err, sluice.ErrStoreUnavailable) {
+		t.Errorf("Release: %v, want ErrStoreUnavailable", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("three failing calls took %s", d)
 	}
 }

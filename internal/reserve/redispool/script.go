@@ -147,6 +147,14 @@ func (r *reply) str() string {
 	return s
 }
 
+// done returns the error of reading the reply, if any, as the store's.
+func (r *reply) done() error {
+	if r.err != nil {
+		return fmt.Errorf("redispool: %w: %w", sluice.ErrStoreUnavailable, r.err)
+	}
+	return nil
+}
+
 // head reads the effects of the reply (after the code, the pool's names
 // and its queue length, which run read) and returns them with the
 // error the code means.
