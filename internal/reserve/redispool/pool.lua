@@ -12,7 +12,8 @@
 -- Keys, all with the pool's handle as hash tag (one slot on a cluster):
 --   KEYS[1] pool    hash: 'st' = {held, virtual, last_id, now},
 --                         'cf' = {capacity, queue_limit, aging, max_duration,
---                                 default weight, guarantee, burst},
+--                                 default weight, guarantee, burst,
+--                                 number of named quotas},
 --                         'sig' (the configuration as Reserve last gave it),
 --                         'rule', 'res'
 --   KEYS[2] queue   hash: id -> {id, client, tokens, duration, priority,
@@ -49,11 +50,12 @@ local K_POOL, K_QUEUE, K_GRANTED, K_EXPIRY, K_CLIENTS, K_SECRETS, K_QUOTAS =
 
 local function int(n) return string.format('%d', n) end
 
--- The pool's state (S), configuration (C) and names, read once.
-local S, C, RULE, RES
+-- The pool's state (S), configuration (C), names and the signature of
+-- its configuration, read once.
+local S, C, RULE, RES, SIG
 local exists = false
 do
-  local v = redis.call('HMGET', K_POOL, 'st', 'cf', 'rule', 'res')
+  local v = redis.call('HMGET', K_POOL, 'st', 'cf', 'rule', 'res', 'sig')
   if v[1] then
     exists = true
     local held, virtual, last, now = unpack(v[1])
@@ -62,10 +64,10 @@ do
     S = {held = 0, virtual = 0, last = 0, now = 0}
   end
   if v[2] then
-    local cap, ql, aging, maxd, dw, dg, db = unpack(v[2])
-    C = {cap = cap, qlimit = ql, aging = aging, maxdur = maxd, dw = dw, dg = dg, db = db}
+    local cap, ql, aging, maxd, dw, dg, db, nq = unpack(v[2])
+    C = {cap = cap, qlimit = ql, aging = aging, maxdur = maxd, dw = dw, dg = dg, db = db, nq = nq}
   end
-  RULE, RES = v[3] or '', v[4] or ''
+  RULE, RES, SIG = v[3] or '', v[4] or '', v[5]
 end
 
 -- now is the instant of the call, never before the pool's last one.
@@ -84,7 +86,7 @@ local quotas = {}
 local function quota(name)
   local q = quotas[name]
   if q == nil then
-    local raw = redis.call('HGET', K_QUOTAS, name)
+    local raw = C.nq > 0 and redis.call('HGET', K_QUOTAS, name)
     local w, g, b
     if raw then w, g, b = unpack(raw) else w, g, b = C.dw, C.dg, C.db end
     if b == 0 then b = C.cap end
@@ -130,7 +132,9 @@ local function give(name, n)
 end
 
 -- The queue, read whole (the queue limit keeps it small), in ID order.
-local Q, qdirty, qgone = {}, {}, {}
+-- qdirty: the requests to write; qgone: those to delete (granted or
+-- cancelled), unless never written (qnew).
+local Q, qdirty, qgone, qnew = {}, {}, {}, {}
 do
   local raw = redis.call('HVALS', K_QUEUE)
   for i = 1, #raw do
@@ -148,16 +152,23 @@ local function queuedAt(id)
   return nil
 end
 
--- Granted reservations, read by ID.
+-- Granted reservations, read by ID and kept for the call (false: none).
+local granted_by_id = {}
 local function getGranted(id)
+  local r = granted_by_id[id]
+  if r ~= nil then return r or nil end
   local raw = redis.call('HGET', K_GRANTED, int(id))
-  if not raw then return nil end
-  local gid, cl, tok, bal, use, gat, exp, rel, sec = unpack(raw)
-  return {id = gid, client = cl, tokens = tok, balance = bal, inuse = use,
-    granted_at = gat, expires_at = exp, released = rel, secret = sec}
+  if raw then
+    local gid, cl, tok, bal, use, gat, exp, rel, sec = unpack(raw)
+    r = {id = gid, client = cl, tokens = tok, balance = bal, inuse = use,
+      granted_at = gat, expires_at = exp, released = rel, secret = sec}
+  end
+  granted_by_id[id] = r or false
+  return r
 end
 
 local function putGranted(r)
+  granted_by_id[r.id] = r
   redis.call('HSET', K_GRANTED, int(r.id), pack(r.id, r.client, r.tokens, r.balance, r.inuse,
     r.granted_at, r.expires_at, r.released, r.secret))
 end
@@ -170,7 +181,9 @@ local expired, granted = {}, {}
 local function expire(now)
   local due = redis.call('ZRANGEBYSCORE', K_EXPIRY, '-inf', now)
   for i = 1, #due do
-    local r = getGranted(tonumber(due[i]))
+    local id = tonumber(due[i])
+    local r = getGranted(id)
+    granted_by_id[id] = false
     give(r.client, r.balance + r.inuse)
     redis.call('HDEL', K_GRANTED, due[i])
     redis.call('HDEL', K_SECRETS, r.secret)
@@ -302,7 +315,9 @@ local function save()
       redis.call('HSET', K_CLIENTS, name, pack(c.finish, c.held, c.queued))
     end
   end
-  for id in pairs(qgone) do redis.call('HDEL', K_QUEUE, int(id)) end
+  for id in pairs(qgone) do
+    if not qnew[id] then redis.call('HDEL', K_QUEUE, int(id)) end
+  end
   for i = 1, #Q do
     local r = Q[i]
     if qdirty[r.id] then

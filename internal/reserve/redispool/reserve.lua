@@ -11,12 +11,12 @@ local secret, name = ARGV[2], ARGV[3]
 local tokens, duration, priority = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 
 -- The configuration, taken when it is not the one the pool has.
-if redis.call('HGET', K_POOL, 'sig') ~= ARGV[9] then
+if SIG ~= ARGV[9] then
   local a = {}
-  for i = 10, 16 do a[#a + 1] = tonumber(ARGV[i]) end
-  C = {cap = a[1], qlimit = a[2], aging = a[3], maxdur = a[4], dw = a[5], dg = a[6], db = a[7]}
+  for i = 10, 17 do a[#a + 1] = tonumber(ARGV[i]) end
+  C = {cap = a[1], qlimit = a[2], aging = a[3], maxdur = a[4], dw = a[5], dg = a[6], db = a[7], nq = a[8]}
   RULE, RES = ARGV[7], ARGV[8]
-  redis.call('HSET', K_POOL, 'cf', pack(a[1], a[2], a[3], a[4], a[5], a[6], a[7]),
+  redis.call('HSET', K_POOL, 'cf', pack(a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]),
     'sig', ARGV[9], 'rule', RULE, 'res', RES)
   redis.call('DEL', K_QUOTAS)
   quotas = {}
@@ -69,7 +69,7 @@ S.last = S.last + 1
 local id = S.last
 Q[#Q + 1] = {id = id, client = name, tokens = tokens, duration = duration, priority = priority,
   enqueued = now, start = start, finish = finish, secret = secret}
-qdirty[id] = true
+qdirty[id], qnew[id] = true, true
 redis.call('HSET', K_SECRETS, secret, int(id))
 grant(now)
 
