@@ -3,12 +3,13 @@
 -- ARGV: now, secret, client (the holder, or empty for any).
 -- Reply: the head, then the record (see record in pool.lua).
 
-local id, code = lookup(ARGV[2], ARGV[3])
-if not id then return reply(code) end
+local secret = ARGV[2]
+local code = lookup(secret, ARGV[3])
+if code then return reply(code) end
 local now = clock(ARGV[1])
 expire(now)
 grant(now)
-local rec = record(now, id)
-save()
+local rec = record(now, secret)
+if #expired > 0 or #granted > 0 then save() end
 if rec[1] == 0 then return reply(NOT_FOUND) end
 return reply(OK, rec)

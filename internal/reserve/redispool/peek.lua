@@ -9,7 +9,7 @@ local pos, at = 0, 0
 if ARGV[2] ~= '' then
   for i = 1, #Q do
     if Q[i].client == ARGV[2] then
-      pos, at = estimate(now, Q[i].id)
+      pos, at = estimate(now, Q[i].secret)
       break
     end
   end

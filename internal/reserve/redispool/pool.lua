@@ -15,17 +15,19 @@
 --                                 default weight, guarantee, burst,
 --                                 number of named quotas},
 --                         'sig' (the configuration as Reserve last gave it),
---                         'rule', 'res'
---   KEYS[2] queue   hash: id -> {id, client, tokens, duration, priority,
---                                 enqueued, start, finish, secret}
---   KEYS[3] granted hash: id -> {id, client, tokens, balance, in_use,
---                                 granted_at, expires_at, released, secret}
---   KEYS[4] expiry  sorted set: granted id by expires_at
---   KEYS[5] clients hash: name -> {finish, held, queued}
---   KEYS[6] secrets hash: secret -> id
---   KEYS[7] quotas  hash: name -> {weight, guarantee, burst}
--- A pool left idle (nothing held, queued or granted) is deleted: it is the
--- same as a pool never used.
+--                         'rule', 'res',
+--                         'q' = the queue, {id, client, tokens, duration,
+--                               priority, enqueued, start, finish, secret}
+--                               for each request, in ID order,
+--                         'c:<client>' = {finish, held, queued},
+--                         'w:<client>' = {weight, guarantee, burst}
+--   KEYS[2] granted hash: secret -> {id, client, tokens, balance, in_use,
+--                                 granted_at, expires_at, released}
+--   KEYS[3] expiry  sorted set: granted secrets by expires_at
+-- A reservation is known by its secret (the end of its public ID); its
+-- numeric ID orders the queue. A pool left idle (nothing held, queued or
+-- granted) is deleted: it is the same as a pool never used. Few keys and
+-- few commands: each redis.call costs a script about a microsecond.
 --
 -- ARGV[1] is the instant in µs since the epoch, or -1 for the server's
 -- clock. A pool's time never goes back: a call is decided at the latest
@@ -42,33 +44,40 @@
 local OK, INVALID, QUEUE_FULL, NOT_FOUND, INSUFFICIENT, NOT_QUEUED, NOT_GRANTED, FORBIDDEN = 0, 1, 2, 3, 4, 5, 6, 7
 local VIRTUAL_SCALE = 720720
 local REBASE_AT = 2 ^ 44
-local pack, unpack = cmsgpack.pack, cmsgpack.unpack
-local floor, max = math.floor, math.max
+local BATCH = 1000 -- the most arguments of one command built from a list
+local pack, mp_unpack, unpack_list = cmsgpack.pack, cmsgpack.unpack, unpack
+local floor, max, min = math.floor, math.max, math.min
 
-local K_POOL, K_QUEUE, K_GRANTED, K_EXPIRY, K_CLIENTS, K_SECRETS, K_QUOTAS =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local K_POOL, K_GRANTED, K_EXPIRY = KEYS[1], KEYS[2], KEYS[3]
 
-local function int(n) return string.format('%d', n) end
-
--- The pool's state (S), configuration (C), names and the signature of
--- its configuration, read once.
+-- The pool's state (S), configuration (C), names, the signature of its
+-- configuration and its queue (Q), read in one command.
 local S, C, RULE, RES, SIG
+local Q = {}
 local exists = false
 do
-  local v = redis.call('HMGET', K_POOL, 'st', 'cf', 'rule', 'res', 'sig')
+  local v = redis.call('HMGET', K_POOL, 'st', 'cf', 'rule', 'res', 'sig', 'q')
   if v[1] then
     exists = true
-    local held, virtual, last, now = unpack(v[1])
+    local held, virtual, last, now = mp_unpack(v[1])
     S = {held = held, virtual = virtual, last = last, now = now}
   else
     S = {held = 0, virtual = 0, last = 0, now = 0}
   end
   if v[2] then
-    local cap, ql, aging, maxd, dw, dg, db, nq = unpack(v[2])
+    local cap, ql, aging, maxd, dw, dg, db, nq = mp_unpack(v[2])
     C = {cap = cap, qlimit = ql, aging = aging, maxdur = maxd, dw = dw, dg = dg, db = db, nq = nq}
   end
   RULE, RES, SIG = v[3] or '', v[4] or '', v[5]
+  if v[6] then
+    local f = mp_unpack(v[6])
+    for i = 1, #f, 9 do
+      Q[#Q + 1] = {id = f[i], client = f[i + 1], tokens = f[i + 2], duration = f[i + 3], priority = f[i + 4],
+        enqueued = f[i + 5], start = f[i + 6], finish = f[i + 7], secret = f[i + 8]}
+    end
+  end
 end
+local qdirty = false -- the queue is to be written back
 
 -- now is the instant of the call, never before the pool's last one.
 local function clock(arg)
@@ -81,14 +90,31 @@ local function clock(arg)
   return S.now
 end
 
+-- fieldsWith returns the pool's fields that begin with prefix.
+local function fieldsWith(prefix)
+  local out = {}
+  local all = redis.call('HKEYS', K_POOL)
+  for i = 1, #all do
+    if string.sub(all[i], 1, #prefix) == prefix then out[#out + 1] = all[i] end
+  end
+  return out
+end
+
+-- hdel deletes the fields of key, BATCH a command.
+local function hdel(key, fields)
+  for i = 1, #fields, BATCH do
+    redis.call('HDEL', key, unpack_list(fields, i, min(i + BATCH - 1, #fields)))
+  end
+end
+
 -- Quotas, with their zero fields filled in (reservation.Config.quota).
 local quotas = {}
 local function quota(name)
   local q = quotas[name]
   if q == nil then
-    local raw = C.nq > 0 and redis.call('HGET', K_QUOTAS, name)
+    local raw = C.nq > 0 and redis.call('HGET', K_POOL, 'w:' .. name)
     local w, g, b
-    if raw then w, g, b = unpack(raw) else w, g, b = C.dw, C.dg, C.db end
+    if raw then w, g, b = mp_unpack(raw) else w, g, b = C.dw, C.dg, C.db end
     if b == 0 then b = C.cap end
     q = {w = max(w, 1), g = g, b = b}
     quotas[name] = q
@@ -96,15 +122,18 @@ local function quota(name)
   return q
 end
 
--- Clients, read when first needed and written back by save().
-local clients, cleared = {}, false
+-- Clients, read when first needed and written back by save(). A client
+-- gone is as never seen; cleared is set when the pool forgot them all.
+-- stored names the clients read from Redis, which a gone one must leave.
+local clients, stored, cleared = {}, {}, false
 local function client(name)
   local c = clients[name]
   if c == nil then
-    local raw = (not cleared) and redis.call('HGET', K_CLIENTS, name)
+    local raw = (not cleared) and redis.call('HGET', K_POOL, 'c:' .. name)
     if raw then
-      local f, h, q = unpack(raw)
+      local f, h, q = mp_unpack(raw)
       c = {finish = f, held = h, queued = q}
+      stored[name] = true
     else
       c = {finish = 0, held = 0, queued = 0, gone = true}
     end
@@ -131,46 +160,35 @@ local function give(name, n)
   forget(name)
 end
 
--- The queue, read whole (the queue limit keeps it small), in ID order.
--- qdirty: the requests to write; qgone: those to delete (granted or
--- cancelled), unless never written (qnew).
-local Q, qdirty, qgone, qnew = {}, {}, {}, {}
-do
-  local raw = redis.call('HVALS', K_QUEUE)
-  for i = 1, #raw do
-    local id, cl, tok, dur, pri, enq, st, fin, sec = unpack(raw[i])
-    Q[#Q + 1] = {id = id, client = cl, tokens = tok, duration = dur, priority = pri,
-      enqueued = enq, start = st, finish = fin, secret = sec}
-  end
-  table.sort(Q, function(a, b) return a.id < b.id end)
-end
-
-local function queuedAt(id)
+local function queuedAt(secret)
   for i = 1, #Q do
-    if Q[i].id == id then return i end
+    if Q[i].secret == secret then return i end
   end
   return nil
 end
 
--- Granted reservations, read by ID and kept for the call (false: none).
-local granted_by_id = {}
-local function getGranted(id)
-  local r = granted_by_id[id]
+-- Granted reservations, read by secret and kept for the call (false:
+-- none).
+local granted_by = {}
+local function decode(secret, raw)
+  local id, cl, tok, bal, use, gat, exp, rel = mp_unpack(raw)
+  return {id = id, client = cl, tokens = tok, balance = bal, inuse = use,
+    granted_at = gat, expires_at = exp, released = rel, secret = secret}
+end
+
+local function getGranted(secret)
+  local r = granted_by[secret]
   if r ~= nil then return r or nil end
-  local raw = redis.call('HGET', K_GRANTED, int(id))
-  if raw then
-    local gid, cl, tok, bal, use, gat, exp, rel, sec = unpack(raw)
-    r = {id = gid, client = cl, tokens = tok, balance = bal, inuse = use,
-      granted_at = gat, expires_at = exp, released = rel, secret = sec}
-  end
-  granted_by_id[id] = r or false
+  local raw = redis.call('HGET', K_GRANTED, secret)
+  if raw then r = decode(secret, raw) end
+  granted_by[secret] = r or false
   return r
 end
 
 local function putGranted(r)
-  granted_by_id[r.id] = r
-  redis.call('HSET', K_GRANTED, int(r.id), pack(r.id, r.client, r.tokens, r.balance, r.inuse,
-    r.granted_at, r.expires_at, r.released, r.secret))
+  granted_by[r.secret] = r
+  redis.call('HSET', K_GRANTED, r.secret, pack(r.id, r.client, r.tokens, r.balance, r.inuse,
+    r.granted_at, r.expires_at, r.released))
 end
 
 -- Effects, in the order they happen.
@@ -180,16 +198,20 @@ local expired, granted = {}, {}
 -- what they hold, balance and tokens in use.
 local function expire(now)
   local due = redis.call('ZRANGEBYSCORE', K_EXPIRY, '-inf', now)
-  for i = 1, #due do
-    local id = tonumber(due[i])
-    local r = getGranted(id)
-    granted_by_id[id] = false
-    give(r.client, r.balance + r.inuse)
-    redis.call('HDEL', K_GRANTED, due[i])
-    redis.call('HDEL', K_SECRETS, r.secret)
-    expired[#expired + 1] = {r.secret, r.client, r.balance + r.inuse}
+  for i = 1, #due, BATCH do
+    local j = min(i + BATCH - 1, #due)
+    local raws = redis.call('HMGET', K_GRANTED, unpack_list(due, i, j))
+    for k = 1, #raws do
+      local r = decode(due[i + k - 1], raws[k])
+      granted_by[r.secret] = false
+      give(r.client, r.balance + r.inuse)
+      expired[#expired + 1] = {r.secret, r.client, r.balance + r.inuse}
+    end
   end
-  if #due > 0 then redis.call('ZREMRANGEBYSCORE', K_EXPIRY, '-inf', now) end
+  if #due > 0 then
+    hdel(K_GRANTED, due)
+    redis.call('ZREMRANGEBYSCORE', K_EXPIRY, '-inf', now)
+  end
 end
 
 -- order returns the key of request r at now, smaller first: the tier
@@ -214,16 +236,16 @@ local function rebase()
   local v = S.virtual
   S.virtual = 0
   if not cleared then
-    local all = redis.call('HKEYS', K_CLIENTS)
-    for i = 1, #all do client(all[i]) end
+    local all = fieldsWith('c:')
+    for i = 1, #all do client(string.sub(all[i], 3)) end
   end
   for _, c in pairs(clients) do
     if not c.gone then c.finish = c.finish - v end
   end
   for i = 1, #Q do
     Q[i].start, Q[i].finish = Q[i].start - v, Q[i].finish - v
-    qdirty[Q[i].id] = true
   end
+  qdirty = true
 end
 
 -- grant grants from the queue at now: the first eligible request of the
@@ -247,7 +269,7 @@ local function grant(now)
       return
     end
     local r = table.remove(Q, best)
-    qgone[r.id], qdirty[r.id] = true, nil
+    qdirty = true
     local c = client(r.client)
     c.held, c.queued, c.gone = c.held + r.tokens, c.queued - 1, false
     S.held = S.held + r.tokens
@@ -255,18 +277,18 @@ local function grant(now)
     local exp = now + r.duration
     putGranted({id = r.id, client = r.client, tokens = r.tokens, balance = r.tokens, inuse = 0,
       granted_at = now, expires_at = exp, released = false, secret = r.secret})
-    redis.call('ZADD', K_EXPIRY, exp, int(r.id))
+    redis.call('ZADD', K_EXPIRY, exp, r.secret)
     granted[#granted + 1] = {r.secret, r.client, r.tokens, exp}
     if S.virtual >= REBASE_AT then rebase() end
   end
 end
 
--- estimate returns the place of queued request id in the order at now
+-- estimate returns the place of queued request secret in the order at now
 -- (1 for the head) and an estimate of its grant instant, as
 -- reservation.Estimate: the queue served in order, each reservation held
 -- to its expiry, each request ahead granted as soon as tokens are back and
 -- held for its duration.
-local function estimate(now, id)
+local function estimate(now, secret)
   local items = {}
   for i = 1, #Q do
     local r = Q[i]
@@ -277,7 +299,7 @@ local function estimate(now, id)
   local backs = {}
   local raw = redis.call('HVALS', K_GRANTED)
   for i = 1, #raw do
-    local _, _, _, bal, use, _, exp = unpack(raw[i])
+    local _, _, _, bal, use, _, exp = mp_unpack(raw[i])
     if bal + use > 0 then backs[#backs + 1] = {exp, bal + use} end
   end
   table.sort(backs, function(a, b) return a[1] < b[1] end)
@@ -289,7 +311,7 @@ local function estimate(now, id)
       t = max(t, backs[head][1])
       head = head + 1
     end
-    if r.id == id then return pos, t end
+    if r.secret == secret then return pos, t end
     free = free - r.tokens
     -- Insert its return in order (after the equal instants).
     local at, j = t + r.duration, #backs + 1
@@ -299,31 +321,37 @@ local function estimate(now, id)
   return 0, now
 end
 
--- save writes the pool back, or deletes it when idle.
+-- save writes the pool back in one command (and one more to drop the
+-- clients gone), or deletes it when idle.
 local function save()
   if not exists and C == nil then return end
   if S.held == 0 and #Q == 0 and redis.call('ZCARD', K_EXPIRY) == 0 then
-    redis.call('DEL', K_POOL, K_QUEUE, K_GRANTED, K_EXPIRY, K_CLIENTS, K_SECRETS, K_QUOTAS)
+    redis.call('DEL', K_POOL, K_GRANTED, K_EXPIRY)
     return
   end
-  redis.call('HSET', K_POOL, 'st', pack(S.held, S.virtual, S.last, S.now))
-  if cleared then redis.call('DEL', K_CLIENTS) end
+  local set, gone = {'st', pack(S.held, S.virtual, S.last, S.now)}, {}
+  if cleared then gone = fieldsWith('c:') end
   for name, c in pairs(clients) do
     if c.gone then
-      if not cleared then redis.call('HDEL', K_CLIENTS, name) end
+      if stored[name] and not cleared then gone[#gone + 1] = 'c:' .. name end
     else
-      redis.call('HSET', K_CLIENTS, name, pack(c.finish, c.held, c.queued))
+      set[#set + 1], set[#set + 2] = 'c:' .. name, pack(c.finish, c.held, c.queued)
     end
   end
-  for id in pairs(qgone) do
-    if not qnew[id] then redis.call('HDEL', K_QUEUE, int(id)) end
-  end
-  for i = 1, #Q do
-    local r = Q[i]
-    if qdirty[r.id] then
-      redis.call('HSET', K_QUEUE, int(r.id), pack(r.id, r.client, r.tokens, r.duration, r.priority,
-        r.enqueued, r.start, r.finish, r.secret))
+  if qdirty then
+    local f = {}
+    for i = 1, #Q do
+      local r = Q[i]
+      local n = #f
+      f[n + 1], f[n + 2], f[n + 3], f[n + 4], f[n + 5] = r.id, r.client, r.tokens, r.duration, r.priority
+      f[n + 6], f[n + 7], f[n + 8], f[n + 9] = r.enqueued, r.start, r.finish, r.secret
     end
+    set[#set + 1], set[#set + 2] = 'q', pack(f)
+  end
+  -- Drop the gone first: a client both cleared and seen again is in set.
+  if #gone > 0 then hdel(K_POOL, gone) end
+  for i = 1, #set, 2 * BATCH do
+    redis.call('HSET', K_POOL, unpack_list(set, i, min(i + 2 * BATCH - 1, #set)))
   end
 end
 
@@ -343,34 +371,32 @@ local function reply(code, rest)
   return out
 end
 
--- lookup returns the ID of secret and its record, queued (q) or granted
--- (g), or a refusal code: an unknown secret, another holder, a released
--- reservation. A lookup that fails changes nothing.
+-- lookup returns nothing when secret names a reservation that holder
+-- (or anyone, when holder is empty) may act on, else the refusal: an
+-- unknown secret, another holder, a released reservation. A lookup that
+-- fails changes nothing.
 local function lookup(secret, holder)
-  local sid = redis.call('HGET', K_SECRETS, secret)
-  if not sid then return nil, NOT_FOUND end
-  local id = tonumber(sid)
-  local i = queuedAt(id)
-  local q, g = nil, nil
-  if i then q = Q[i] else g = getGranted(id) end
-  local rec = q or g
-  if rec == nil then return nil, NOT_FOUND end
-  if holder ~= '' and holder ~= rec.client then return nil, FORBIDDEN end
-  if g and g.released then return nil, NOT_FOUND end
-  return id
+  local i = queuedAt(secret)
+  local rec
+  if i then rec = Q[i] else rec = getGranted(secret) end
+  if rec == nil then return NOT_FOUND end
+  if holder ~= '' and holder ~= rec.client then return FORBIDDEN end
+  if rec.released then return NOT_FOUND end
+  return nil
 end
 
--- record returns the values of the record of id in a reply: found (0 or
--- 1), client, queued (0 or 1), position, estimated_at, tokens, balance,
--- in_use, granted_at, expires_at. A released reservation is not found.
-local function record(now, id)
-  local i = queuedAt(id)
+-- record returns the values of the record of secret in a reply: found (0
+-- or 1), client, queued (0 or 1), position, estimated_at, tokens,
+-- balance, in_use, granted_at, expires_at. A released reservation is not
+-- found.
+local function record(now, secret)
+  local i = queuedAt(secret)
   if i then
     local r = Q[i]
-    local pos, at = estimate(now, id)
+    local pos, at = estimate(now, secret)
     return {1, r.client, 1, pos, at, r.tokens, 0, 0, 0, 0}
   end
-  local g = getGranted(id)
+  local g = getGranted(secret)
   if g == nil or g.released then return {0, '', 0, 0, 0, 0, 0, 0, 0, 0} end
   return {1, g.client, 0, 0, 0, g.tokens, g.balance, g.inuse, g.granted_at, g.expires_at}
 end

@@ -135,7 +135,7 @@ func New(cfg Config) (*Pools, error) {
 // keys returns the keys of the pool of handle, in pool.lua's order.
 func (p *Pools) keys(handle string) []string {
 	base := p.prefix + "rsv:{" + handle + "}:"
-	return []string{base + "p", base + "q", base + "g", base + "x", base + "c", base + "s", base + "w"}
+	return []string{base + "p", base + "g", base + "x"}
 }
 
 // instant is the scripts' argument for now: -1 for the server's clock.

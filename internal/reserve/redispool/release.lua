@@ -7,24 +7,24 @@
 -- returned, how many of the head's grants came before the release, and
 -- the holder.
 
-local id, code = lookup(ARGV[2], ARGV[3])
-if not id then return reply(code) end
+local secret = ARGV[2]
+local code = lookup(secret, ARGV[3])
+if code then return reply(code) end
 local now = clock(ARGV[1])
 expire(now)
-local i = queuedAt(id)
+local i = queuedAt(secret)
 if i then
   local r = table.remove(Q, i)
-  qgone[id], qdirty[id] = true, nil
+  qdirty = true
   local c = client(r.client)
   c.queued = c.queued - 1
   forget(r.client)
-  redis.call('HDEL', K_SECRETS, r.secret)
   -- A cancelled head may unblock the ones behind it.
   grant(now)
   save()
   return reply(OK, {'cancelled', 0, 0, ''})
 end
-local g = getGranted(id)
+local g = getGranted(secret)
 grant(now)
 if g == nil then
   save()

@@ -16,15 +16,15 @@ if SIG ~= ARGV[9] then
   for i = 10, 17 do a[#a + 1] = tonumber(ARGV[i]) end
   C = {cap = a[1], qlimit = a[2], aging = a[3], maxdur = a[4], dw = a[5], dg = a[6], db = a[7], nq = a[8]}
   RULE, RES = ARGV[7], ARGV[8]
-  redis.call('HSET', K_POOL, 'cf', pack(a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]),
-    'sig', ARGV[9], 'rule', RULE, 'res', RES)
-  redis.call('DEL', K_QUOTAS)
+  hdel(K_POOL, fieldsWith('w:'))
   quotas = {}
-  local n = tonumber(ARGV[17])
-  for i = 0, n - 1 do
+  local set = {'cf', pack(a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]), 'sig', ARGV[9], 'rule', RULE, 'res', RES}
+  for i = 0, a[8] - 1 do
     local j = 18 + 4 * i
-    redis.call('HSET', K_QUOTAS, ARGV[j], pack(tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])))
+    set[#set + 1] = 'w:' .. ARGV[j]
+    set[#set + 1] = pack(tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]))
   end
+  redis.call('HSET', K_POOL, unpack_list(set))
 end
 
 local now = clock(ARGV[1])
@@ -69,8 +69,7 @@ S.last = S.last + 1
 local id = S.last
 Q[#Q + 1] = {id = id, client = name, tokens = tokens, duration = duration, priority = priority,
   enqueued = now, start = start, finish = finish, secret = secret}
-qdirty[id], qnew[id] = true, true
-redis.call('HSET', K_SECRETS, secret, int(id))
+qdirty = true
 grant(now)
 
 local out
@@ -78,7 +77,7 @@ for i = 1, #granted do
   if granted[i][1] == secret then out = {1, 0, granted[i][4], 0} end
 end
 if out == nil then
-  local pos, at = estimate(now, id)
+  local pos, at = estimate(now, secret)
   out = {0, pos, 0, at}
 end
 save()

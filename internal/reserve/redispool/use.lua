@@ -4,16 +4,17 @@
 -- Reply: the head, then the record after the draw (see record in
 -- pool.lua); or, when n is invalid, the field and the reason.
 
-local id, code = lookup(ARGV[2], ARGV[3])
-if not id then return reply(code) end
+local secret = ARGV[2]
+local code = lookup(secret, ARGV[3])
+if code then return reply(code) end
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[4])
 expire(now)
 local rest
 if n ~= 0 then
-  local g = getGranted(id)
+  local g = getGranted(secret)
   if g == nil then
-    if queuedAt(id) then code = NOT_GRANTED else code = NOT_FOUND end
+    if queuedAt(secret) then code = NOT_GRANTED else code = NOT_FOUND end
   elseif n < 0 then
     code, rest = INVALID, {'n', string.format('%d not positive', n)}
   elseif n > g.balance then
@@ -25,7 +26,7 @@ if n ~= 0 then
 end
 grant(now)
 if code == nil then
-  rest = record(now, id)
+  rest = record(now, secret)
   if rest[1] == 0 then
     code, rest = NOT_FOUND, nil
   elseif rest[3] == 1 then
@@ -34,5 +35,7 @@ if code == nil then
     code = OK
   end
 end
-save()
+-- A draw changes the reservation only: the pool is written when the
+-- expiries or the grants changed it.
+if #expired > 0 or #granted > 0 then save() end
 return reply(code, rest)
