@@ -44,6 +44,7 @@ rules:
 					c.NoReservations = !on
 					c.Now = nil // the Redis server's clock, as in service
 				})
+				b.Cleanup(benchClient.CloseIdleConnections) // before the daemon's shutdown
 				if on {
 					for i := range 100 {
 						body := fmt.Sprintf(`{"client_id":"r%d","resource":"/api/r%d","tokens_needed":1,"duration_seconds":300}`, i, i)
