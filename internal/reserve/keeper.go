@@ -110,6 +110,9 @@ type Config struct {
 }
 
 // Keeper serves reservations on a Backend. It is safe for concurrent use.
+// Besides the errors each method names, Reserve, Get, Release and Use
+// return the Backend's failures (on Redis, errors wrapping
+// sluice.ErrStoreUnavailable), and Held and Queued then answer nothing.
 type Keeper struct {
 	cfg Config
 	be  Backend
