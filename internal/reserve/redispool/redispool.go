@@ -32,10 +32,19 @@
 // Sweep visits the pools of a registry (a sorted set of handles, scored by
 // the second each was last registered) so that expiries are reported and
 // queued requests granted when a pool sees no call; Reserve registers its
-// pool at most once every registerEvery per instance, and the sweep
-// removes a pool it finds idle (deleted by the script) only if nobody
-// registered it since, so a pool in use is never dropped from the
+// pool at most once every registerEvery (10 s) per instance, and the
+// sweep removes a pool it finds idle (deleted by the script) only if its
+// last registration is over forgetAfter (a minute) old, checked and
+// removed in one script, so a pool in use is never dropped from the
 // registry.
+//
+// # Failures
+//
+// Every error of Redis or of the connection wraps
+// sluice.ErrStoreUnavailable. A call that Redis Cluster refuses with
+// TRYAGAIN (a slot moving between masters, some of the pool's keys moved
+// and some not) is refused before it runs, and is sent again after a
+// pause while its context allows; nothing else is sent twice.
 package redispool
 
 import (
