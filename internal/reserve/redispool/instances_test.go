@@ -38,7 +38,7 @@ func twoInstances(t *testing.T, addrs []string) {
 	var keepers [2]*reserve.Keeper
 	var sinks [2]*reservetest.Sink
 	var pools [2]*Pools
-	prefix := "t:" + t.Name() + ":"
+	prefix := testPrefix(t)
 	for i := range keepers {
 		p, err := New(Config{Client: newClient(t, addrs), Prefix: prefix})
 		if err != nil {
@@ -178,7 +178,7 @@ func TestInstanceDies(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			prefix := "t:" + t.Name() + ":"
+			prefix := testPrefix(t)
 			newKeeper := func(sweep time.Duration) (*reserve.Keeper, *reservetest.Sink) {
 				p, err := New(Config{Client: newClient(t, s.addrs()), Prefix: prefix})
 				if err != nil {

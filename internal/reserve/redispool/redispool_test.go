@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,10 +62,19 @@ func newClient(t testing.TB, addrs []string) rueidis.Client {
 	return c
 }
 
+// prefixes numbers the tests' key prefixes, so that a test run again on
+// the same servers (-count) starts afresh.
+var prefixes atomic.Int64
+
+// testPrefix returns a key prefix of the test's own.
+func testPrefix(t testing.TB) string {
+	return fmt.Sprintf("t%d:%s:", prefixes.Add(1), strings.ReplaceAll(t.Name(), "/", ":"))
+}
+
 // newPools returns Pools on c with a prefix of the test's own.
 func newPools(t testing.TB, c rueidis.Client) *Pools {
 	t.Helper()
-	p, err := New(Config{Client: c, Prefix: "t:" + strings.ReplaceAll(t.Name(), "/", ":") + ":"})
+	p, err := New(Config{Client: c, Prefix: testPrefix(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
