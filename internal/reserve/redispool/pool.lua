@@ -107,6 +107,14 @@ local function hdel(key, fields)
   end
 end
 
+-- hset sets the fields and values of the list set in key, BATCH pairs a
+-- command.
+local function hset(key, set)
+  for i = 1, #set, 2 * BATCH do
+    redis.call('HSET', key, unpack_list(set, i, min(i + 2 * BATCH - 1, #set)))
+  end
+end
+
 -- Quotas, with their zero fields filled in (reservation.Config.quota).
 local quotas = {}
 local function quota(name)
@@ -350,9 +358,7 @@ local function save()
   end
   -- Drop the gone first: a client both cleared and seen again is in set.
   if #gone > 0 then hdel(K_POOL, gone) end
-  for i = 1, #set, 2 * BATCH do
-    redis.call('HSET', K_POOL, unpack_list(set, i, min(i + 2 * BATCH - 1, #set)))
-  end
+  hset(K_POOL, set)
 end
 
 -- reply returns the head of every reply followed by the values of rest.

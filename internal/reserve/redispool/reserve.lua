@@ -24,7 +24,7 @@ if SIG ~= ARGV[9] then
     set[#set + 1] = 'w:' .. ARGV[j]
     set[#set + 1] = pack(tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]))
   end
-  redis.call('HSET', K_POOL, unpack_list(set))
+  hset(K_POOL, set)
 end
 
 local now = clock(ARGV[1])
