@@ -5,6 +5,7 @@
 //	sluice check [flags]            ask a running server for one decision
 //	sluice load [flags]             load-test a running server
 //	sluice admin COMMAND [flags]    use the admin API of a running server
+//	sluice migrate --analytics URL  migrate the analytics' PostgreSQL
 //	sluice version                  print the build's version and commit
 //
 // Every flag of serve has a matching SLUICE_* environment variable (the
@@ -40,6 +41,7 @@ const usage = `Usage:
   sluice check [flags]              ask a running server for one decision
   sluice load [flags]               load-test a running server (HTTP, gRPC or Envoy's API)
   sluice admin COMMAND [flags]      change rules, tiers, overrides, throttles and tokens through the admin API
+  sluice migrate --analytics URL    bring the analytics schema of a PostgreSQL to this build's version
   sluice version                    print the version, commit, build date and Go version
 
 Run "sluice COMMAND -h" for a command's flags.
@@ -66,6 +68,8 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		return load(args[1:], stdout, stderr, getenv)
 	case "admin":
 		return admin(args[1:], os.Stdin, stdout, stderr, getenv)
+	case "migrate":
+		return migrate(args[1:], stdout, stderr, getenv)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, buildinfo.Read())
 		return 0
@@ -151,6 +155,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	guardCfg := guardFlags(fs)
 	redisOpts := redisFlags(fs)
 	controlOpts := controlFlags(fs)
+	analyticsOpts := analyticsFlags(fs)
 	fromEnv := envFlags(fs, sluiceEnv(fs))
 	if err := fs.Parse(args); err != nil {
 		return parseExit(err)
@@ -204,6 +209,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 		DebugAddr:        *debugAddr,
 		DebugAllowRemote: *debugRemote,
 	}
+	analyticsOpts(&cfg)
 	if err := controlOpts(&cfg, stderr); err != nil {
 		fmt.Fprintf(stderr, "sluice serve: %v\n", err)
 		return 1

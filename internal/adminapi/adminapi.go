@@ -86,6 +86,9 @@ type Config struct {
 	Now func() time.Time
 	// Logger receives errors the API answers with 5xx; nil discards them.
 	Logger *slog.Logger
+	// Analytics serves GET /api/v1/analytics to viewers; nil leaves the
+	// route out.
+	Analytics http.Handler
 }
 
 // Handler serves the admin API. It is safe for concurrent use.
@@ -98,6 +101,8 @@ type Handler struct {
 	reads  *limiter.Limiter // per token name
 	writes *limiter.Limiter // per token name
 	mux    *http.ServeMux
+
+	analytics http.Handler // nil: not routed
 }
 
 // New returns the admin API handler for cfg. It fails when cfg.Plane is
@@ -110,7 +115,8 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{plane: cfg.Plane, auth: au, limits: cfg.Limits, now: cfg.Now, log: cfg.Logger, mux: http.NewServeMux()}
+	h := &Handler{plane: cfg.Plane, auth: au, limits: cfg.Limits, now: cfg.Now, log: cfg.Logger, mux: http.NewServeMux(),
+		analytics: cfg.Analytics}
 	if h.now == nil {
 		h.now = time.Now
 	}
@@ -149,7 +155,7 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request, a control.Actor) e
 // routes is the route table: every route, the role it needs.
 func (h *Handler) routes() []route {
 	const v, o, a = control.RoleViewer, control.RoleOperator, control.RoleAdmin
-	return []route{
+	rs := []route{
 		{"GET", "/api/v1/rules", v, h.listRules},
 		{"GET", "/api/v1/rules/{id}", v, h.getRule},
 		{"POST", "/api/v1/rules", a, h.postRule},
@@ -178,6 +184,17 @@ func (h *Handler) routes() []route {
 		{"GET", "/api/v1/audit", v, h.listAudit},
 		{"GET", "/api/v1/control/status", v, h.controlStatus},
 	}
+	if h.analytics != nil {
+		rs = append(rs, route{"GET", "/api/v1/analytics", v, h.getAnalytics})
+	}
+	return rs
+}
+
+// getAnalytics serves GET /api/v1/analytics with the handler of
+// Config.Analytics, which answers its own errors.
+func (h *Handler) getAnalytics(w http.ResponseWriter, r *http.Request, _ control.Actor) error {
+	h.analytics.ServeHTTP(w, r)
+	return nil
 }
 
 // ServeHTTP implements http.Handler.

@@ -3,11 +3,14 @@
 //
 // The check path calls Recorder.Record with one Event per decision. Record
 // copies the event into a bounded channel and returns: it never blocks and
-// never allocates. When the channel is full the event is dropped and counted
-// (Stats.Dropped), because losing a count is better than slowing a check.
+// never allocates. When the channel is full the oldest event queued is
+// dropped and counted (Stats.Dropped), because losing a count is better
+// than slowing a check, and the last events tell more than the first.
 //
-// One background goroutine drains the channel and folds events into
-// rollups keyed by (minute, client, resource, region, outcome). A rollup
+// One background goroutine drains the channel every 10ms and folds events
+// into rollups keyed by (minute, client, resource, region, outcome), which
+// it publishes every second (and on Flush): a busy key costs one rollup a
+// second, not one per event. A rollup
 // holds the number of requests, the cost charged, the sum of latencies and
 // a Sketch: a fixed array of log-scale latency buckets. Sketches merge by
 // adding buckets, so percentiles over any set of minutes, regions or

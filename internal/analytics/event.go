@@ -46,6 +46,8 @@ const (
 	// ReasonUnavailable is the store not answering for a rule that fails
 	// closed.
 	ReasonUnavailable = "unavailable"
+	// ReasonDenyList is the caller on a deny list.
+	ReasonDenyList = "deny_list"
 )
 
 // Key identifies a rollup: one minute of one client on one resource in one

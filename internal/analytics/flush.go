@@ -53,6 +53,7 @@ func (r *Recorder) flushSink(backlog []Rollup, blocked []Event) ([]Rollup, []Eve
 	err := r.cfg.Sink.Write(ctx, backlog, blocked)
 	cancel()
 	r.flushes.Add(1)
+	r.sinkFailing.Store(err != nil)
 	if err == nil {
 		r.backlog.Store(0)
 		return backlog[:0], blocked[:0]

@@ -201,4 +201,25 @@ type Config struct {
 	// memory store, in Redis on a Redis or Redis Cluster store, where
 	// every instance shares them.
 	NoReservations bool
+
+	// NoAnalytics turns off the analytics: no decision is recorded, and
+	// GET /api/v1/analytics answers 404. By default every decision is
+	// counted, per minute, in an in-process store of the last 24 hours.
+	NoAnalytics bool
+	// AnalyticsURL is a PostgreSQL connection string,
+	// postgres://user:password@host:5432/db: the analytics are written
+	// there too (migrated at start, partitioned by day) and answered from
+	// there. Empty keeps them in process only.
+	AnalyticsURL string
+	// AnalyticsRetention is how long PostgreSQL keeps the analytics; zero
+	// means DefaultAnalyticsRetention (30 days). Old days are dropped
+	// whole, every hour.
+	AnalyticsRetention time.Duration
+	// AnalyticsFlushInterval is how often the analytics are written to
+	// PostgreSQL; zero means 10s.
+	AnalyticsFlushInterval time.Duration
+	// AnalyticsMaxBacklog bounds the rollups, and the blocked checks,
+	// kept for PostgreSQL while it fails; zero means 100,000 of each.
+	// Beyond it the oldest are dropped and counted as the gap.
+	AnalyticsMaxBacklog int
 }

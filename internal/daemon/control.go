@@ -97,6 +97,8 @@ func (d *Daemon) startControl(ctx context.Context) error {
 		Limits: d.effectiveLimits,
 		Now:    cfg.Now,
 		Logger: d.log,
+		// A viewer's route, as the admin API's other reads.
+		Analytics: d.analyticsHTTP,
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: admin API: %w", err)
@@ -203,8 +205,12 @@ func (d *Daemon) auditEvent(e control.AuditEntry) {
 var adminPaths = []string{"/api/v1/rules", "/api/v1/users/", "/api/v1/clients/", "/api/v1/api-keys/",
 	"/api/v1/configs", "/api/v1/emergency/", "/api/v1/audit", "/api/v1/tokens", "/api/v1/control/"}
 
-// isAdminPath reports whether the admin API serves path.
-func isAdminPath(path string) bool {
+// isAdminPath reports whether the admin API serves path; with a control
+// plane, it serves the analytics too.
+func (d *Daemon) isAdminPath(path string) bool {
+	if path == analyticsPath {
+		return d.admin != nil
+	}
 	for _, p := range adminPaths {
 		if path == strings.TrimSuffix(p, "/") || strings.HasPrefix(path, p) {
 			return true
@@ -224,7 +230,7 @@ func (d *Daemon) withAdmin(api http.Handler) http.Handler {
 		return api // the admin API has its own listener
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !isAdminPath(r.URL.Path) {
+		if !d.isAdminPath(r.URL.Path) {
 			api.ServeHTTP(w, r)
 			return
 		}

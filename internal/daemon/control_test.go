@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 	if natsSrv.srv != nil {
 		natsSrv.srv.Close()
 	}
+	if pg.srv != nil {
+		pg.srv.Close()
+	}
 	os.Exit(code)
 }
 

@@ -26,6 +26,9 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/sluicehq/sluice/internal/adminapi"
+	"github.com/sluicehq/sluice/internal/analytics"
+	"github.com/sluicehq/sluice/internal/analytics/pganalytics"
+	"github.com/sluicehq/sluice/internal/analyticsapi"
 	"github.com/sluicehq/sluice/internal/auth"
 	"github.com/sluicehq/sluice/internal/control"
 	"github.com/sluicehq/sluice/internal/engine"
@@ -64,6 +67,12 @@ type Daemon struct {
 	debugLn  net.Listener
 	debugSrv *http.Server
 	keeper   *reserve.Keeper // nil when reservations are off
+
+	// The analytics; nil with Config.NoAnalytics (see analytics.go).
+	recorder       *analytics.Recorder
+	pganalytics    *pganalytics.Store // nil without Config.AnalyticsURL
+	analyticsStore analyticsapi.Store // PostgreSQL's, else the in-process one
+	analyticsHTTP  http.Handler       // GET /api/v1/analytics
 
 	// reloadMu serializes reloads.
 	reloadMu sync.Mutex
@@ -171,6 +180,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		}
 		d.closeSync()
 		d.closeControl()
+		d.closeAnalytics()
 		d.closeListeners()
 		closeWatcher()
 		closer()
@@ -180,9 +190,13 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err != nil {
 		return fail(err)
 	}
+	rec, err := d.startAnalytics(ctx)
+	if err != nil {
+		return fail(err)
+	}
 	applyStart := time.Now()
 	d.eng, err = engine.New(engine.Config{Store: st, Policy: pol, Now: cfg.Now, Metrics: d.metrics, Events: d.events,
-		EnvoyCompat: cfg.EnvoyCompat, Global: global})
+		EnvoyCompat: cfg.EnvoyCompat, Global: global, Analytics: rec, Region: cfg.Region})
 	if err != nil {
 		return fail(fmt.Errorf("daemon: %w", err))
 	}
@@ -201,7 +215,12 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		}
 		resv, grpcResv = d.keeper, d.keeper
 	}
+	var history func(ctx context.Context, client string, now time.Time) (httpapi.History, error)
+	if d.recorder != nil {
+		history = d.history
+	}
 	api, err := httpapi.New(httpapi.Config{
+		History:      history,
 		Reservations: resv,
 		Engine:       d.eng,
 		Metrics:      promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}),
@@ -247,7 +266,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 
 	d.httpSrv = &http.Server{
-		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withSync(d.withEvents(d.withAdmin(api))))),
+		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withSync(d.withEvents(d.withAnalytics(d.withAdmin(api)))))),
 		ReadHeaderTimeout: 5 * time.Second,
 		// A request whose body stops coming, or a client that stops
 		// reading its answers, would otherwise hold its connection and
@@ -351,7 +370,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	d.log.Info("sluice listening", "http", d.HTTPAddr(), "grpc", d.GRPCAddr(),
-		"store", redactURL(cfg.StoreURL), "config", configName(cfg.ConfigPath), "version", pol.Version)
+		"store", redactURL(cfg.StoreURL), "config", configName(cfg.ConfigPath), "version", pol.Version,
+		"analytics", analyticsName(&cfg))
 	return d, nil
 }
 
@@ -414,6 +434,8 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("daemon: closing the control plane: %w", err))
 	}
 	d.eng.Close()
+	// No check runs any more: what the recorder holds is written now.
+	d.closeAnalytics()
 	if err := d.closeSync(); err != nil {
 		errs = append(errs, fmt.Errorf("daemon: closing the sync: %w", err))
 	}

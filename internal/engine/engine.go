@@ -35,6 +35,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/analytics"
 	"github.com/sluicehq/sluice/internal/events"
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/internal/policy"
@@ -156,6 +157,20 @@ type Config struct {
 	// Global is the region's view of the other regions' consumption of
 	// global limits. Nil decides them as if this region were alone.
 	Global GlobalView
+	// Analytics receives one event per decision (a check, each check of a
+	// batch, an Envoy call); nil records none. Record is called on the
+	// check path, so it must neither block nor allocate.
+	Analytics Analytics
+	// Region is the region named in the analytics events; empty means
+	// "local".
+	Region string
+}
+
+// Analytics is what the engine needs of an analytics recorder.
+// *analytics.Recorder implements it.
+type Analytics interface {
+	// Record takes one decision; it must return at once.
+	Record(ev analytics.Event)
 }
 
 // Engine decides checks. It is safe for concurrent use.
@@ -177,6 +192,9 @@ type Engine struct {
 	compat      atomic.Pointer[compatParams] // with envoyCompat
 
 	global GlobalView // nil: global limits decided as if alone
+
+	analytics Analytics // nil: no analytics
+	region    string    // of the analytics events
 }
 
 // New returns an engine for cfg.
@@ -191,7 +209,11 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: config: idempotency TTL must not be negative, got %s", cfg.IdempotencyTTL)
 	}
 	e := &Engine{store: observeStore(cfg.Store, cfg.Metrics), shared: cfg.Store.Info().SharedRecords,
-		now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat, global: cfg.Global}
+		now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat, global: cfg.Global,
+		analytics: cfg.Analytics, region: cfg.Region}
+	if e.region == "" {
+		e.region = "local"
+	}
 	if e.now == nil {
 		e.now = time.Now
 	}

@@ -132,8 +132,8 @@ type DescriptorStatus struct {
 // descriptors until a hit is counted), and a descriptor with no entries
 // is not limited instead of refused.
 func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Descriptor, hitsAddend uint64) (statuses []DescriptorStatus, overLimit bool, err error) {
-	if e.metrics != nil {
-		defer e.observeEnvoy(time.Now(), &overLimit, &err)
+	if e.metrics != nil || e.analytics != nil {
+		defer e.observeEnvoy(time.Now(), domain, descs, hitsAddend, &overLimit, &err)
 	}
 	if domain == "" {
 		return nil, false, &FieldError{Field: "domain", Reason: "is required"}

@@ -5,17 +5,20 @@ import (
 	"errors"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/analytics"
 	"github.com/sluicehq/sluice/internal/events"
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/store"
 )
 
 // This file holds what the engine reports of its decisions: metrics
-// (Config.Metrics) and audit events (Config.Events). Both are optional and
-// cost nothing when absent.
+// (Config.Metrics), audit events (Config.Events) and analytics events
+// (Config.Analytics). All are optional and cost nothing when absent. Every
+// transport's decisions pass here: HTTP and gRPC checks and batches through
+// observeCheck and observeBatch, Envoy's calls through observeEnvoy.
 
 // observing reports whether the engine reports anything.
-func (e *Engine) observing() bool { return e.metrics != nil || e.events != nil }
+func (e *Engine) observing() bool { return e.metrics != nil || e.events != nil || e.analytics != nil }
 
 // observeCheck records one check c of the request whose context is ctx,
 // decided as res (or failed with err), which started at start.
@@ -23,12 +26,14 @@ func (e *Engine) observeCheck(ctx context.Context, api metrics.API, start time.T
 	if !e.observing() {
 		return
 	}
+	took := time.Since(start)
 	if err != nil {
-		e.metrics.Check(api, errOutcome(err), time.Since(start))
+		e.metrics.Check(api, errOutcome(err), took)
 		return
 	}
 	e.observeResult(ctx, c, res)
-	e.metrics.Check(api, outcome(res), time.Since(start))
+	e.metrics.Check(api, outcome(res), took)
+	e.record(c, res, took)
 }
 
 // observeBatch records a batch of checks of the request whose context is
@@ -37,8 +42,9 @@ func (e *Engine) observeBatch(ctx context.Context, start time.Time, checks []Che
 	if !e.observing() {
 		return
 	}
+	took := time.Since(start)
 	if err != nil {
-		e.metrics.Check(metrics.APIBatch, errOutcome(err), time.Since(start))
+		e.metrics.Check(metrics.APIBatch, errOutcome(err), took)
 		return
 	}
 	o := metrics.OutcomeAllowed
@@ -47,8 +53,36 @@ func (e *Engine) observeBatch(ctx context.Context, start time.Time, checks []Che
 		if oi := outcome(&out[i]); oi > o {
 			o = oi
 		}
+		// Each check of a batch is a decision, and took the batch's time.
+		e.record(&checks[i], &out[i], took)
 	}
-	e.metrics.Check(metrics.APIBatch, o, time.Since(start))
+	e.metrics.Check(metrics.APIBatch, o, took)
+}
+
+// record hands the analytics recorder the decision res of the check c,
+// which took took. It copies strings that exist already: no allocation.
+func (e *Engine) record(c *Check, res *Result, took time.Duration) {
+	if e.analytics == nil {
+		return
+	}
+	e.analytics.Record(analytics.Event{Time: e.clock(c), Client: c.ClientID, Resource: c.Resource, Region: e.region,
+		Rule: res.Deciding.Rule, Reason: reason(res), Allowed: res.Allowed, Cost: res.Deciding.Cost, Latency: took})
+}
+
+// reason returns why res refused its check, as an analytics reason; ""
+// when it was allowed.
+func reason(res *Result) string {
+	switch {
+	case res.Allowed:
+		return ""
+	case res.Unavailable:
+		return analytics.ReasonUnavailable
+	case res.Source == SourceDenyList:
+		return analytics.ReasonDenyList
+	case res.ThrottlePercent > 0:
+		return analytics.ReasonThrottled
+	}
+	return analytics.ReasonOverLimit
 }
 
 func outcome(res *Result) metrics.Outcome {
@@ -160,11 +194,15 @@ func (e *Engine) observeDescriptor(ctx context.Context, domain string, it *item,
 	}
 }
 
-// observeEnvoy records one ShouldRateLimit call.
-func (e *Engine) observeEnvoy(start time.Time, overLimit *bool, err *error) {
-	if e.metrics == nil {
-		return
-	}
+// observeEnvoy records one ShouldRateLimit call of domain for descs, of
+// hits_addend hits.
+//
+// Its analytics event is one decision: the resource is the domain and the
+// client the value of the first entry of the first descriptor (such as the
+// remote address of descriptors that start with it); the rule is that
+// descriptor's key.
+func (e *Engine) observeEnvoy(start time.Time, domain string, descs []Descriptor, hits uint64, overLimit *bool, err *error) {
+	took := time.Since(start)
 	o := metrics.OutcomeAllowed
 	switch {
 	case *err != nil:
@@ -172,7 +210,18 @@ func (e *Engine) observeEnvoy(start time.Time, overLimit *bool, err *error) {
 	case *overLimit:
 		o = metrics.OutcomeDenied
 	}
-	e.metrics.Check(metrics.APIEnvoy, o, time.Since(start))
+	e.metrics.Check(metrics.APIEnvoy, o, took)
+	if e.analytics == nil || *err != nil {
+		return
+	}
+	ev := analytics.Event{Time: e.now(), Resource: domain, Region: e.region, Allowed: !*overLimit, Latency: took, Cost: int64(max(hits, 1))}
+	if len(descs) > 0 && len(descs[0].Entries) > 0 {
+		ev.Client, ev.Rule = descs[0].Entries[0].Value, descs[0].Entries[0].Key
+	}
+	if *overLimit {
+		ev.Reason = analytics.ReasonOverLimit
+	}
+	e.analytics.Record(ev)
 }
 
 // observeStore returns s reporting the duration and errors of its calls

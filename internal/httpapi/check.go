@@ -14,6 +14,10 @@ import (
 	"github.com/sluicehq/sluice/reservation"
 )
 
+// errNoHistory is the analytics store failing to answer for a client's
+// history: the limits are still there, the history is not.
+var errNoHistory = errors.New("httpapi: the client's history cannot be read")
+
 // errorStatuses maps errors to HTTP statuses and the error codes of the JSON
 // error body, in one table; the first entry the error matches with
 // errors.Is wins. Anything else is a 500 internal_error.
@@ -23,6 +27,7 @@ var errorStatuses = []struct {
 	code   string
 }{
 	{errTooLarge, http.StatusRequestEntityTooLarge, "request_too_large"},
+	{errNoHistory, http.StatusServiceUnavailable, "unavailable"},
 	{engine.ErrInvalidCheck, http.StatusBadRequest, "invalid_request"},
 	{sluice.ErrInvalidCost, http.StatusBadRequest, "invalid_request"},
 	{sluice.ErrStoreUnavailable, http.StatusServiceUnavailable, "unavailable"},
@@ -195,8 +200,13 @@ func (h *Handler) handleBatch(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) handleStatus(w http.ResponseWriter, r *http.Request) {
 	cr := checkRequest{ClientID: r.PathValue("client_id")}
-	if err := cr.parseStatusQuery(r.URL.RawQuery); err != nil {
+	history, err := cr.parseStatusQuery(r.URL.RawQuery)
+	if err != nil {
 		h.writeError(w, r, err)
+		return
+	}
+	if history && h.history == nil {
+		h.writeError(w, r, fieldErr("include_history", "not served: this instance records no analytics (it runs with --no-analytics)"))
 		return
 	}
 	zero := int64(0)
@@ -223,7 +233,24 @@ func (h *Handler) handleStatus(w http.ResponseWriter, r *http.Request) {
 		}
 		b.b = appendRule(b.b, &rules[i], now)
 	}
-	b.b = append(b.b, "]}"...)
+	b.b = append(b.b, ']')
+	if history {
+		hi, err := h.history(r.Context(), c.ClientID, now)
+		if err != nil {
+			// The cause is logged, not answered: it may name the
+			// database's host and user.
+			h.log.ErrorContext(r.Context(), "reading a client's history", "err", err)
+			h.writeError(w, r, errNoHistory)
+			return
+		}
+		b.b = append(b.b, `,"last_24h_requests":`...)
+		b.b = strconv.AppendInt(b.b, hi.Requests, 10)
+		b.b = append(b.b, `,"last_24h_blocked":`...)
+		b.b = strconv.AppendInt(b.b, hi.Blocked, 10)
+		b.b = append(b.b, `,"average_latency_us":`...)
+		b.b = strconv.AppendFloat(b.b, hi.AvgLatencyUS, 'f', 1, 64)
+	}
+	b.b = append(b.b, '}')
 	writeJSON(w, http.StatusOK, b.b)
 }
 

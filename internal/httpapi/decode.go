@@ -329,12 +329,13 @@ func (cr *checkRequest) toCheck(c *engine.Check) error {
 	return nil
 }
 
-// parseStatusQuery fills cr from the query of GET /api/v1/status/{client_id}.
+// parseStatusQuery fills cr from the query of GET /api/v1/status/{client_id},
+// and reports whether it asks for the client's history.
 // Unlike url.ParseQuery, which drops what it cannot read, it refuses a
 // parameter that is malformed (a bad escape, a ';'), repeated or unknown,
 // naming it: answering as if it were absent would report another check's
 // rules.
-func (cr *checkRequest) parseStatusQuery(raw string) error {
+func (cr *checkRequest) parseStatusQuery(raw string) (history bool, err error) {
 	var seen uint16
 	for raw != "" {
 		var pair string
@@ -345,14 +346,14 @@ func (cr *checkRequest) parseStatusQuery(raw string) error {
 		rawName, rawVal, _ := strings.Cut(pair, "=")
 		name, err := url.QueryUnescape(rawName)
 		if err != nil {
-			return fieldErr("query", "parameter name %q: %v", truncate(rawName), err)
+			return false, fieldErr("query", "parameter name %q: %v", truncate(rawName), err)
 		}
 		if strings.Contains(pair, ";") {
-			return fieldErr(truncate(name), "holds a ';', which is not a separator; escape it as %%3B")
+			return false, fieldErr(truncate(name), "holds a ';', which is not a separator; escape it as %%3B")
 		}
 		val, err := url.QueryUnescape(rawVal)
 		if err != nil {
-			return fieldErr(name, "%v", err)
+			return false, fieldErr(name, "%v", err)
 		}
 		var bit uint16
 		var dst *string
@@ -379,21 +380,22 @@ func (cr *checkRequest) parseStatusQuery(raw string) error {
 		case "include_history":
 			bit, flag = 1<<8, name
 		default:
-			return fieldErr(truncate(name), "unknown query parameter (want resource, operation, user, ip, api_key, method or include_global)")
+			return false, fieldErr(truncate(name), "unknown query parameter (want resource, operation, user, ip, api_key, method or include_global)")
 		}
 		if seen&bit != 0 {
-			return fieldErr(name, "given more than once")
+			return false, fieldErr(name, "given more than once")
 		}
 		seen |= bit
 		if flag != "" {
 			if err := statusFlag(flag, val); err != nil {
-				return err
+				return false, err
 			}
+			history = history || flag == "include_history" && val == "true"
 			continue
 		}
 		*dst = val
 	}
-	return nil
+	return history, nil
 }
 
 // statusFlag checks one of the include_* options of the status
@@ -402,8 +404,8 @@ func statusFlag(name, val string) error {
 	if val != "true" && val != "false" {
 		return fieldErr(name, "want true or false, got %q", truncate(val))
 	}
-	if val == "true" && name != "include_global" {
-		return fieldErr(name, "not supported: Sluice keeps no %s of a client (its metrics are in GET /metrics)", strings.TrimPrefix(name, "include_"))
+	if val == "true" && name == "include_predictions" {
+		return fieldErr(name, "not supported: Sluice keeps no predictions of a client")
 	}
 	return nil
 }

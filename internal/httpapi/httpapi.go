@@ -84,6 +84,19 @@ type Config struct {
 	// checks; nil answers 404 on those routes and 400 to a check with a
 	// reservation_id.
 	Reservations Reservations
+	// History returns a client's checks of the 24 hours before now, for
+	// GET /api/v1/status/{client_id}?include_history=true; nil refuses
+	// include_history=true with 400.
+	History func(ctx context.Context, client string, now time.Time) (History, error)
+}
+
+// History is a client's checks over the last 24 hours.
+type History struct {
+	// Requests and Blocked count the client's checks, and those refused.
+	Requests, Blocked int64
+	// AvgLatencyUS is the mean time the engine took to decide them, in
+	// microseconds.
+	AvgLatencyUS float64
 }
 
 // Handler serves the API. It is safe for concurrent use.
@@ -96,6 +109,7 @@ type Handler struct {
 	breaker func() string
 	log     *slog.Logger
 	resv    Reservations
+	history func(ctx context.Context, client string, now time.Time) (History, error)
 	mux     *http.ServeMux
 	healthz []byte // the body of /healthz: status and build
 }
@@ -115,6 +129,7 @@ func New(cfg Config) (*Handler, error) {
 		breaker: cfg.Breaker,
 		log:     cfg.Logger,
 		resv:    cfg.Reservations,
+		history: cfg.History,
 		mux:     http.NewServeMux(),
 	}
 	if h.now == nil {

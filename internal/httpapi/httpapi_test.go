@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -441,11 +442,12 @@ func TestStatusConsumesNothing(t *testing.T) {
 	}
 }
 
-// TestStatusSpecParameters: the status endpoint takes seed 002's
-// include_global, include_predictions and include_history. The figures are
-// those of the store every instance shares, so include_global answers the
-// same either way; Sluice keeps no predictions or history, so asking for
-// them is refused, naming the parameter, rather than answered without them.
+// TestStatusSpecParameters: the status endpoint takes include_global,
+// include_predictions and include_history. The figures are those of the
+// store every instance shares, so include_global answers the same either
+// way; Sluice keeps no predictions, and without analytics no history, so
+// asking for them is refused, naming the parameter, rather than answered
+// without them.
 func TestStatusSpecParameters(t *testing.T) {
 	tests := []struct {
 		query  string
@@ -459,7 +461,7 @@ func TestStatusSpecParameters(t *testing.T) {
 		{"include_global=yes", 400, "include_global", "want true or false"},
 		{"include_global=true&include_global=false", 400, "include_global", "given more than once"},
 		{"include_predictions=true", 400, "include_predictions", "not supported"},
-		{"include_history=true", 400, "include_history", "not supported"},
+		{"include_history=true", 400, "include_history", "not served"},
 	}
 	for _, tt := range tests {
 		f := &fakeEngine{rules: []engine.RuleResult{{Rule: "r1", Allowed: true, Limit: 10, Remaining: 7}}}
@@ -858,5 +860,41 @@ func TestThrottleInAnswers(t *testing.T) {
 	rec = do(h, "POST", "/api/v1/check", `{"client_id":"c","resource":"/api/x"}`)
 	if rec.Header().Get("X-RateLimit-Throttle") != "" || strings.Contains(rec.Body.String(), "throttle") {
 		t.Errorf("unthrottled answer mentions a throttle: %s", rec.Body.String())
+	}
+}
+
+// TestStatusHistory: include_history=true adds the client's last 24 hours
+// to the answer, which is otherwise unchanged.
+func TestStatusHistory(t *testing.T) {
+	var asked []string
+	h, err := New(Config{Engine: &fakeEngine{rules: []engine.RuleResult{{Rule: "r1", Allowed: true, Limit: 10, Remaining: 7}}},
+		Now: func() time.Time { return testNow },
+		History: func(_ context.Context, client string, now time.Time) (History, error) {
+			asked = append(asked, client+"@"+now.Format(time.RFC3339))
+			return History{Requests: 12, Blocked: 3, AvgLatencyUS: 41.25}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := do(h, "GET", "/api/v1/status/c1?resource=/api/x", "")
+	with := do(h, "GET", "/api/v1/status/c1?resource=/api/x&include_history=true", "")
+	off := do(h, "GET", "/api/v1/status/c1?resource=/api/x&include_history=false", "")
+	if plain.Code != 200 || with.Code != 200 || off.Body.String() != plain.Body.String() {
+		t.Fatalf("statuses %d, %d; without history %s, with false %s", plain.Code, with.Code, plain.Body, off.Body)
+	}
+	want := strings.TrimSuffix(strings.TrimSpace(plain.Body.String()), "}") +
+		`,"last_24h_requests":12,"last_24h_blocked":3,"average_latency_us":41.2}`
+	if got := strings.TrimSpace(with.Body.String()); got != want {
+		t.Errorf("with history:\n got %s\nwant %s", got, want)
+	}
+	if len(asked) != 1 || asked[0] != "c1@"+testNow.Format(time.RFC3339) {
+		t.Errorf("history asked for %v", asked)
+	}
+	failing, _ := New(Config{Engine: &fakeEngine{}, History: func(context.Context, string, time.Time) (History, error) {
+		return History{}, errors.New("postgres://u:secret@db down")
+	}})
+	rec := do(failing, "GET", "/api/v1/status/c1?include_history=true", "")
+	if rec.Code != 503 || strings.Contains(rec.Body.String(), "secret") {
+		t.Errorf("history failing: %d %s", rec.Code, rec.Body)
 	}
 }

@@ -86,6 +86,17 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]int, error) {
 	return applied, nil
 }
 
+// MigrateURL connects to the PostgreSQL of the connection string url,
+// migrates it as Migrate does and disconnects. It is `sluice migrate`.
+func MigrateURL(ctx context.Context, url string) ([]int, error) {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("pganalytics: %w", err)
+	}
+	defer pool.Close()
+	return Migrate(ctx, pool)
+}
+
 // apply runs m unless it was applied already, and reports whether it ran.
 func apply(ctx context.Context, pool *pgxpool.Pool, m migration) (bool, error) {
 	ran := false

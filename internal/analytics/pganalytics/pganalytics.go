@@ -120,7 +120,7 @@ func (s *Store) Close() {
 }
 
 // tables are the partitioned tables.
-var tables = []string{"analytics_rollups", "analytics_blocked_events"}
+var tables = []string{"analytics_rollups", "analytics_blocked_events", "analytics_hourly", "analytics_client_days", "analytics_client_hours"}
 
 // Maintain creates the partitions of yesterday, today and the days ahead,
 // and drops those older than the retention before now.
@@ -210,6 +210,9 @@ func (s *Store) write(ctx context.Context, rs []analytics.Rollup, blocked []anal
 				&rollupRows{rs: rs, i: -1}); err != nil {
 				return err
 			}
+		}
+		if err := copyCoarse(ctx, tx, rs); err != nil {
+			return err
 		}
 		if len(blocked) > 0 {
 			if _, err := tx.CopyFrom(ctx, pgx.Identifier{"analytics_blocked_events"},

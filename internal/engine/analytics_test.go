@@ -1,0 +1,136 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/analytics"
+	"github.com/sluicehq/sluice/internal/policy"
+)
+
+// eventLog keeps the analytics events the engine hands over.
+type eventLog struct{ evs []analytics.Event }
+
+func (l *eventLog) Record(ev analytics.Event) { l.evs = append(l.evs, ev) }
+
+func newWithAnalytics(tb testing.TB, src string, a Analytics, region string) *Engine {
+	tb.Helper()
+	p, err := policy.Parse("test.yaml", []byte(src))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	e, err := New(Config{Store: newStore(tb), Local: newStore(tb), Policy: p, Now: func() time.Time { return t0 },
+		Analytics: a, Region: region})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return e
+}
+
+// TestAnalyticsEvents: one event per decision, whatever the API: a check,
+// each check of a batch, an Envoy call; none for a check refused as bad
+// input.
+func TestAnalyticsEvents(t *testing.T) {
+	if !algorithmsReady() {
+		t.Skip("package algorithm cannot decide yet")
+	}
+	log := &eventLog{}
+	e := newWithAnalytics(t, `version: 1
+rules:
+  - {id: r, match: {resource: /a}, limit: 1, window: 1m, algorithm: fixed_window}
+deny:
+  - client: banned
+envoy:
+  - domain: edge
+    descriptors:
+      - key: remote_address
+        rate_limit: {unit: minute, requests_per_unit: 1}
+`, log, "")
+	ctx := context.Background()
+	for range 2 {
+		mustCheck(t, e, Check{ClientID: "x", Resource: "/a", Cost: 1})
+	}
+	mustCheck(t, e, Check{ClientID: "banned", Resource: "/a", Cost: 1})
+	if _, err := e.Check(ctx, &Check{Resource: "/a"}); err == nil {
+		t.Fatal("a check without client_id was decided")
+	}
+	if _, err := e.BatchCheck(ctx, []Check{{ClientID: "y", Resource: "/a", Cost: 1}, {ClientID: "y", Resource: "/b", Cost: 1}}, BestEffort); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, _, err := e.ShouldRateLimit(ctx, "edge", []Descriptor{{Entries: []DescriptorEntry{{Key: "remote_address", Value: "10.0.0.1"}}}}, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []analytics.Event{
+		{Client: "x", Resource: "/a", Rule: "r", Allowed: true, Cost: 1},
+		{Client: "x", Resource: "/a", Rule: "r", Reason: analytics.ReasonOverLimit},
+		{Client: "banned", Resource: "/a", Rule: "deny_list", Reason: analytics.ReasonDenyList},
+		{Client: "y", Resource: "/a", Rule: "r", Allowed: true, Cost: 1},
+		{Client: "y", Resource: "/b", Allowed: true},
+		{Client: "10.0.0.1", Resource: "edge", Rule: "remote_address", Allowed: true, Cost: 1},
+		{Client: "10.0.0.1", Resource: "edge", Rule: "remote_address", Reason: analytics.ReasonOverLimit, Cost: 1},
+	}
+	if len(log.evs) != len(want) {
+		t.Fatalf("%d events, want %d: %+v", len(log.evs), len(want), log.evs)
+	}
+	for i, got := range log.evs {
+		if !got.Time.Equal(t0) || got.Region != "local" || got.Latency <= 0 {
+			t.Errorf("event %d: time %v, region %q, latency %v", i, got.Time, got.Region, got.Latency)
+		}
+		got.Time, got.Region, got.Latency = time.Time{}, "", 0
+		if got != want[i] {
+			t.Errorf("event %d = %+v, want %+v", i, got, want[i])
+		}
+	}
+}
+
+// TestAnalyticsAllocatesNothing: handing a check's event to a real
+// Recorder costs the check no allocation.
+func TestAnalyticsAllocatesNothing(t *testing.T) {
+	if !algorithmsReady() {
+		t.Skip("package algorithm cannot decide yet")
+	}
+	rec := analytics.NewRecorder(analytics.Config{})
+	defer rec.Close()
+	ctx := context.Background()
+	allocs := func(a Analytics) float64 {
+		var e *Engine
+		if a == nil {
+			e = newWithAnalytics(t, observePolicy, nil, "")
+		} else {
+			e = newWithAnalytics(t, observePolicy, a, "eu")
+		}
+		c := &Check{ClientID: "bench", User: "u1", Resource: "/api/v1/orders", Method: "GET", Cost: 1}
+		return testing.AllocsPerRun(1000, func() {
+			if _, err := e.Check(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	without, with := allocs(nil), allocs(rec)
+	if with != without {
+		t.Errorf("a check allocates %v times with analytics, %v without", with, without)
+	}
+}
+
+// BenchmarkCheckAnalytics is BenchmarkCheck handing each decision to a
+// Recorder: the difference is what recording costs the check path.
+func BenchmarkCheckAnalytics(b *testing.B) {
+	if !algorithmsReady() {
+		b.Skip("package algorithm cannot decide yet")
+	}
+	rec := analytics.NewRecorder(analytics.Config{})
+	defer rec.Close()
+	e := newWithAnalytics(b, observePolicy, rec, "eu")
+	e.now = time.Now
+	ctx := context.Background()
+	c := &Check{ClientID: "bench", User: "u1", Resource: "/api/v1/orders", Method: "GET", Cost: 1}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := e.Check(ctx, c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
