@@ -33,7 +33,8 @@ type GlobalView interface {
 
 // planGlobal appends to s the item of r's global limit for the check, when
 // r has one, beside it, the item of r's own limit (whose throttle cuts the
-// global limit too).
+// global limit too), or the template of the check's item when r has no
+// other limit (see planGlobalOnly).
 func (e *Engine) planGlobal(s *scratch, r *policy.Rule, q *policy.Request, it *item, at time.Time) {
 	if r.Global == nil {
 		return
@@ -50,6 +51,20 @@ func (e *Engine) planGlobal(s *scratch, r *policy.Rule, q *policy.Request, it *i
 	s.globals++
 }
 
+// planGlobalOnly appends to s the one item of r, a rule whose only limit
+// is its global limit, for the check c (number check of its batch): the
+// global limit alone decides it, on one key, with a throttle's cut of
+// percent cut.
+func (e *Engine) planGlobalOnly(s *scratch, r *policy.Rule, q *policy.Request, c *Check, check int, prefix string, cut float64, at time.Time) error {
+	cost, err := ruleCost(r, q, c, prefix)
+	if err != nil {
+		return err
+	}
+	it := item{check: check, rule: r, mode: r.FailureMode, cost: cost, throttle: cut}
+	e.planGlobal(s, r, q, &it, at)
+	return nil
+}
+
 // globalItem returns the item of the global limit base beside it, the item
 // of its limit, at the instant at: the same check, cost and throttle.
 func globalItem(it *item, base *algorithm.Params, at time.Time) item {
@@ -60,9 +75,15 @@ func globalItem(it *item, base *algorithm.Params, at time.Time) item {
 		g.glimit = int64(float64(g.glimit) * (1 - it.throttle/100))
 	}
 	if g.mode == policy.FailLocal {
-		// The limit's own local share bounds the check while the store
-		// cannot answer.
-		g.mode = policy.FailOpen
+		if it.rule != nil && it.rule.GlobalOnly() {
+			// The global limit's share of this instance bounds the check
+			// while the store cannot answer.
+			g.local = it.rule.GlobalLocal
+		} else {
+			// The limit's own local share bounds the check while the
+			// store cannot answer.
+			g.mode = policy.FailOpen
+		}
 	}
 	return g
 }
@@ -137,8 +158,14 @@ func globalWindow(p *algorithm.Params, at time.Time) (start int64, length time.D
 // admit, as this region knows it.
 func globalResult(rr *RuleResult, it *item) {
 	rr.Global = true
-	rr.Limit = it.glimit
-	if it.source != SourceStore && it.source != SourceIdempotent {
-		rr.Remaining = it.glimit
+	switch it.source {
+	case SourceStore, SourceIdempotent:
+		rr.Limit = it.glimit
+	case SourceLocal:
+		// This instance's share of a rule with only a global limit
+		// decided, while the store could not: its limit and remaining,
+		// as a regional limit's local share reports.
+	default:
+		rr.Limit, rr.Remaining = it.glimit, it.glimit
 	}
 }

@@ -370,7 +370,7 @@ func TestValidationErrors(t *testing.T) {
 		{"duplicate id", "version: 1\nrules:\n  - {id: a, limit: 1, window: 1s}\n  - {id: a, limit: 1, window: 1s}\n", `test.yaml:4:10: rules[1].id: duplicate rule id "a" (first at line 3)`},
 		{"missing window", "version: 1\nrules:\n  - {id: a, limit: 1}\n", `test.yaml:3:5: rule "a": missing window`},
 		{"bad window", "version: 1\nrules:\n  - {id: a, limit: 1, window: soon}\n", `rule "a".window: want a duration`},
-		{"no limit", "version: 1\nrules:\n  - {id: a}\n", "set limit and window, or tiered: true"},
+		{"no limit", "version: 1\nrules:\n  - {id: a}\n", "missing limit: set limit and window, global_limit and window, or tiered: true"},
 		{"tiered with its own limit", "version: 1\ntiers: {free: {limit: 1, window: 1s}}\nrules:\n  - {id: a, tiered: true, limit: 5}\n", "a tiered rule takes its limits from the tiers"},
 		{"tiered without tiers", "version: 1\nrules:\n  - {id: a, tiered: true}\n", "tiered: true needs tiers"},
 		{"unknown tier", "version: 1\ntiers: {free: {limit: 1, window: 1s}}\nrules:\n  - {id: a, limit: 1, window: 1s, tiers: {gold: {limit: 2}}}\n", `unknown tier "gold"`},
