@@ -45,7 +45,7 @@ func (e *Engine) planGlobal(s *scratch, r *policy.Rule, q *policy.Request, it *i
 		return
 	}
 	s.keys = keys
-	g := globalItem(it, r.Global, at)
+	g := globalItem(it, r.Global, r.GlobalLocal, at)
 	s.items = append(s.items, g)
 	s.ends = append(s.ends, len(s.keys))
 	s.globals++
@@ -66,8 +66,12 @@ func (e *Engine) planGlobalOnly(s *scratch, r *policy.Rule, q *policy.Request, c
 }
 
 // globalItem returns the item of the global limit base beside it, the item
-// of its limit, at the instant at: the same check, cost and throttle.
-func globalItem(it *item, base *algorithm.Params, at time.Time) item {
+// of its limit (or the template of the check's one item, when the global
+// limit is alone), at the instant at: the same check, cost and throttle.
+// local is the share of base an instance admits on its own in the local
+// failure mode, for a global limit alone; nil when another limit's local
+// share bounds the check (the global item then fails open).
+func globalItem(it *item, base, local *algorithm.Params, at time.Time) item {
 	g := *it
 	g.gbase, g.at, g.tier, g.local = base, at, "", nil
 	g.glimit = base.Limit
@@ -75,10 +79,10 @@ func globalItem(it *item, base *algorithm.Params, at time.Time) item {
 		g.glimit = int64(float64(g.glimit) * (1 - it.throttle/100))
 	}
 	if g.mode == policy.FailLocal {
-		if it.rule != nil && it.rule.GlobalOnly() {
+		if local != nil {
 			// The global limit's share of this instance bounds the check
 			// while the store cannot answer.
-			g.local = it.rule.GlobalLocal
+			g.local = local
 		} else {
 			// The limit's own local share bounds the check while the
 			// store cannot answer.

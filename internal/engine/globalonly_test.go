@@ -160,3 +160,63 @@ rules:
 		t.Errorf("fail_closed: %+v", r)
 	}
 }
+
+// An Envoy descriptor with global_requests_per_unit alone is decided by
+// its global limit alone, which its status reports; a shadow or quota
+// mode descriptor, which would enforce nothing, and an algorithm are
+// refused.
+func TestGlobalOnlyEnvoy(t *testing.T) {
+	const src = `
+domain: edge
+descriptors:
+  - key: partner
+    rate_limit: { unit: minute, global_requests_per_unit: 4 }
+`
+	v := &view{seen: 1}
+	e := newGlobalEngine(t, v, src)
+	for i := range 4 {
+		st, over, err := e.ShouldRateLimit(context.Background(), "edge", []Descriptor{desc("partner", "p1")}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := i == 3; over != want || st[0].Limit != 4 || st[0].Remaining != max(int64(2-i), 0) || st[0].Unit != time.Minute {
+			t.Errorf("hit %d: over %v, %+v; want over %v, limit 4 with %d remaining", i, over, st[0], want, max(2-i, 0))
+		}
+	}
+	if len(v.observed) != 1 {
+		t.Errorf("observed %v, want the descriptor's global key", v.observed)
+	}
+	for k := range v.observed {
+		if !strings.Contains(k, ":@g:") {
+			t.Errorf("counted on %q, want the global key alone", k)
+		}
+	}
+	// While the store cannot answer, each instance admits the whole
+	// global limit on its own (an Envoy file names no expected instances).
+	fs := &flakyStore{Store: e.store}
+	fs.down.Store(true)
+	e.store = fs
+	for i := range 5 {
+		st, over, err := e.ShouldRateLimit(context.Background(), "edge", []Descriptor{desc("partner", "p2")}, 1)
+		if want := i == 4; err != nil || over != want {
+			t.Errorf("store down, hit %d: over %v, %+v, %v; want over %v", i, over, st, err, want)
+		}
+	}
+	for _, tc := range []struct{ limit, want string }{
+		{"{ unit: second }", "missing requests_per_unit (or global_requests_per_unit"},
+		{"{ unit: second, global_requests_per_unit: 5, algorithm: gcra }", "rate_limit.algorithm: a rate limit with only global_requests_per_unit"},
+		{"{ unit: second, global_requests_per_unit: 0 }", "rate_limit.global_requests_per_unit: must be between 1"},
+		{"{ global_requests_per_unit: 5 }", "missing unit"},
+	} {
+		src := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: " + tc.limit + "\n"
+		if _, err := policy.Parse("e.yaml", []byte(src)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error with %q", tc.limit, err, tc.want)
+		}
+	}
+	for _, mode := range []string{"shadow_mode", "quota_mode"} {
+		src := "domain: d\ndescriptors:\n  - key: k\n    " + mode + ": true\n    rate_limit: { unit: second, global_requests_per_unit: 5 }\n"
+		if _, err := policy.Parse("e.yaml", []byte(src)); err == nil || !strings.Contains(err.Error(), "does not enforce a global limit") {
+			t.Errorf("%s: %v, want refused", mode, err)
+		}
+	}
+}
