@@ -98,6 +98,9 @@ func TestWithLayerErrors(t *testing.T) {
 	}{
 		{"bad limit", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","limit":-1,"window":"1s"}`)}}}, "rule", "limit"},
 		{"missing window", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","limit":1}`)}}}, "rule", "window"},
+		{"missing limit", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","window":"1s"}`)}}}, "rule", "limit"},
+		{"global only, no window", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","global_limit":5}`)}}}, "rule", "window"},
+		{"global only, burst", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","window":"1s","global_limit":5,"burst":2}`)}}}, "rule", "burst"},
 		{"bad glob", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","match":{"resource":"/a/["},"limit":1,"window":"1s"}`)}}}, "rule", "match.resource"},
 		{"unknown key", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","limt":1,"window":"1s"}`)}}}, "rule", ""},
 		{"id mismatch", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"y","limit":1,"window":"1s"}`)}}}, "rule", "id"},
