@@ -59,7 +59,9 @@ func (e *Engine) Status(ctx context.Context, c *Check) ([]RuleResult, error) {
 }
 
 // Reset forgets the state of every rule that applies to c, under every
-// limit the rule may apply to c (its own, each tier's, c's overrides).
+// limit the rule may apply to c (its own, each tier's, c's overrides). It
+// leaves the counts of global limits, which every region holds: this
+// region forgetting its own would not reach the others' view of it.
 func (e *Engine) Reset(ctx context.Context, c *Check) error {
 	if err := validate(c, ""); err != nil {
 		return err
