@@ -312,6 +312,8 @@ func FuzzWithLayerRule(f *testing.F) {
 		`{"id":"x","match":{"resource":"/a/*","client":["c"]},"tiered":true}`,
 		`{"id":"x","tiers":{"free":{"limit":3}},"limit":1,"window":"1m","algorithm":"gcra","burst":2}`,
 		`{"id":"api","dimension":"user+endpoint","limit":9,"window":"24h"}`,
+		`{"id":"x","window":"1m","global_limit":5}`,
+		`{"id":"x","limit":3,"window":"1s","global_limit":7}`,
 		`{"id":"x","limit":1e99,"window":"-1s"}`,
 		`[]`, `null`, `{"id":`,
 	} {

@@ -866,6 +866,8 @@ func FuzzParse(f *testing.F) {
 		}
 	}
 	f.Add([]byte("version: 1\nrules: &a [*a]\n"))
+	f.Add([]byte("version: 1\nrules:\n  - {id: g, window: 1m, global_limit: 5, failure_mode: local, expected_instances: 3}\n  - {id: b, limit: 2, window: 1s, global_limit: 9}\nassignments:\n  - {client: c, limits: {b: {limit: 1}}}\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, global_requests_per_unit: 5}\n"))
 	f.Add([]byte("version: 1\nrules:\n  - {id: a, limit: 1, window: 1s, match: {resource: [\"/a/*\", \"/*/b\", \"[\"]}}\n"))
 	f.Add([]byte("version: 1\ntiers: {free: {limit: 0, window: 1s}}\nrules:\n  - {id: a, tiered: true, tiers: {free: {burst: x}}}\nassignments:\n  - {client: c, tier: free, limits: {a: {limit: 2}}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
