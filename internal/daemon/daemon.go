@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
@@ -41,6 +40,7 @@ import (
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/internal/reserve"
+	"github.com/sluicehq/sluice/store/redis"
 )
 
 // Daemon is a running server. Its methods are safe for concurrent use.
@@ -158,6 +158,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		closeWatcher()
 		return nil, err
 	}
+	shared, _ := st.(*redis.Store) // reservations live there too
 	st, d.guard, closer, err = guardStore(ctx, cfg.StoreURL, st, closer, cfg.Guard, d.metrics, d.log)
 	if err != nil {
 		closeWatcher()
@@ -194,9 +195,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	// The APIs take interfaces: a nil Keeper must reach them as nil.
 	var resv httpapi.Reservations
 	var grpcResv grpcapi.Reservations
-	if !cfg.NoReservations && strings.HasPrefix(cfg.StoreURL, "memory://") {
-		d.keeper, err = reserve.New(reserve.Config{Policy: d.eng.Policy, Now: cfg.Now, Events: d.events})
-		if err != nil {
+	if !cfg.NoReservations {
+		if d.keeper, err = newKeeper(cfg, d.eng.Policy, d.events, shared); err != nil {
 			return fail(err)
 		}
 		resv, grpcResv = d.keeper, d.keeper
