@@ -14,10 +14,14 @@ import (
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
-// BenchmarkCheckGlobalRedis: checks on a real redis-server, of a rule with
-// its regional limit only (regional) and of the same rule with a global
-// limit shared through a Sync on NATS (global), from parallel callers over
-// 1,000 clients: the cost of a global limit on the check path, same run.
+// BenchmarkCheckGlobalRedis: checks on a real redis-server, from parallel
+// callers over 1,000 clients, of a rule with a regional limit alone
+// (regional-only), a rule with a global limit alone, shared through a Sync
+// on NATS (global-only), the regional rule with a global limit too
+// (with-global), and two regional limits (two-regional): the cost of a
+// global limit on the check path, same run. Global-only against
+// regional-only is a limit against a limit, each one key; with-global
+// against two-regional is two limits against two.
 // Beside the time per check it reports the CPU time per check of this
 // process and of the redis-server (client-ns/op, redis-ns/op), which the
 // machine's other loads move less than the checks per second.
@@ -37,8 +41,9 @@ func BenchmarkCheckGlobalRedis(b *testing.B) {
 		name, rule string
 		view       engine.GlobalView
 	}{
-		{"regional", "{ id: api, match: { resource: /api }, dimension: client, limit: 1000000000, window: 1m }", nil},
-		{"global", "{ id: api, match: { resource: /api }, dimension: client, limit: 1000000000, window: 1m, global_limit: 1000000000 }", KeyView{s}},
+		{"regional-only", "{ id: api, match: { resource: /api }, dimension: client, limit: 1000000000, window: 1m }", nil},
+		{"global-only", "{ id: api, match: { resource: /api }, dimension: client, window: 1m, global_limit: 1000000000 }", KeyView{s}},
+		{"with-global", "{ id: api, match: { resource: /api }, dimension: client, limit: 1000000000, window: 1m, global_limit: 1000000000 }", KeyView{s}},
 		{"two-regional", "{ id: api, match: { resource: /api }, dimension: client, limit: 1000000000, window: 1m }\n  - { id: api2, match: { resource: /api }, dimension: client, algorithm: fixed_window, limit: 1000000000, window: 1m }", nil},
 	} {
 		b.Run(bc.name, func(b *testing.B) {

@@ -12,7 +12,9 @@
 //
 // A reservation for (client, resource) draws from the pool of the first
 // rule, in policy order, that matches the client and the resource and has
-// a limit of its own (tiered rules without a base limit are skipped): one
+// a limit of its own (tiered rules without a base limit are skipped, and
+// so are rules with only a global limit, which every region shares while
+// a pool is held in one region's store or instance): one
 // pool per (rule, resource), whose capacity is that rule's limit, its
 // Limit field, per window. A resource that no such rule matches cannot be
 // reserved. When a reload changes the limit, the pool takes the new

@@ -627,8 +627,9 @@ type RuleStatus struct {
 	FallbackReason string `protobuf:"bytes,11,opt,name=fallback_reason,json=fallbackReason,proto3" json:"fallback_reason,omitempty"`
 	// global marks the rule's global limit, shared by every region: limit
 	// is that limit and remaining what all regions together may still
-	// admit. A rule with a global limit has two entries; the other one's
-	// remaining is the region's own.
+	// admit. A rule with its own limit and a global limit has two entries;
+	// the other one's remaining is the region's own. A rule with only a
+	// global limit has this entry alone.
 	Global        bool `protobuf:"varint,12,opt,name=global,proto3" json:"global,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
