@@ -1,10 +1,16 @@
 // Package client is the Go client of Sluice's HTTP JSON API (see
-// docs/api.md), and a net/http middleware that rate-limits a handler with
-// it.
+// docs/api.md): checks, quotas and reservations of capacity; and a
+// net/http middleware that rate-limits a handler with it.
 //
 //	c, err := client.New(client.Config{BaseURL: "http://127.0.0.1:8080"})
 //	d, err := c.Check(ctx, client.CheckRequest{ClientID: "acme", Resource: "/api/v1/orders"})
 //	if err == nil && !d.Allowed { /* wait d.RetryAfter */ }
+//
+// A client that will need capacity soon reserves it, then draws from it:
+//
+//	r, err := c.Reserve(ctx, client.ReserveRequest{ClientID: "acme", Resource: "/api/v1/orders", TokensNeeded: 10, DurationSeconds: 60})
+//	d, err := c.Check(ctx, client.CheckRequest{ClientID: "acme", Resource: "/api/v1/orders", ReservationID: r.ID})
+//	rel, err := c.ReleaseReservation(ctx, client.ReservationRef{ID: r.ID, ClientID: "acme"})
 package client
 
 import (
@@ -58,10 +64,19 @@ func (e *APIError) Error() string {
 	return fmt.Sprintf("sluice: %d %s: %s", e.Status, e.Code, e.Description)
 }
 
-// Unwrap returns ErrInvalidRequest for 400 and 413, ErrServer otherwise.
+// Unwrap returns ErrInvalidRequest for 400 and 413; for the errors of
+// reservations, ErrReservationNotFound, ErrForbidden or ErrQueueFull;
+// ErrServer otherwise.
 func (e *APIError) Unwrap() error {
-	if e.Status == http.StatusBadRequest || e.Status == http.StatusRequestEntityTooLarge {
+	switch {
+	case e.Status == http.StatusBadRequest || e.Status == http.StatusRequestEntityTooLarge:
 		return ErrInvalidRequest
+	case e.Status == http.StatusNotFound && e.Code == "reservation_not_found":
+		return ErrReservationNotFound
+	case e.Status == http.StatusForbidden && e.Code == "forbidden":
+		return ErrForbidden
+	case e.Status == http.StatusTooManyRequests && e.Code == "queue_full":
+		return ErrQueueFull
 	}
 	return ErrServer
 }
@@ -125,6 +140,11 @@ type CheckRequest struct {
 	IP             string `json:"ip,omitempty"`
 	APIKey         string `json:"api_key,omitempty"`
 	Method         string `json:"method,omitempty"`
+	// ReservationID draws Cost from that reservation, which ClientID must
+	// hold, without touching the limits (Decision.Source is then
+	// "reservation"); when the reservation cannot cover it, the limits
+	// decide. Check only: a batch refuses it.
+	ReservationID string `json:"reservation_id,omitempty"`
 }
 
 // Cost returns a pointer to n, for CheckRequest.Cost.
@@ -165,6 +185,15 @@ type Decision struct {
 	Error        string       `json:"error"`
 	Description  string       `json:"error_description"`
 	Rules        []RuleStatus `json:"rules"`
+	// ReservationID is set when the check drew from that reservation;
+	// Limit is then the tokens reserved and Remaining its balance.
+	ReservationID string `json:"reservation_id"`
+	// QueuePosition and EstimatedWaitMS are set on a 429 when the client
+	// has a reservation queued for the resource: its place in the queue (1
+	// for the head) and the estimated wait until its grant, in
+	// milliseconds.
+	QueuePosition   int64 `json:"queue_position"`
+	EstimatedWaitMS int64 `json:"estimated_wait_ms"`
 	// Header holds the rate-limit headers of the answer (X-RateLimit-*,
 	// RateLimit, RateLimit-Policy, Retry-After, Retry-After-Ms); nil in
 	// the results of a batch.
@@ -187,7 +216,7 @@ func (r *CheckRequest) badUTF8() string {
 	for _, f := range [...]struct{ name, val string }{
 		{"client_id", r.ClientID}, {"resource", r.Resource}, {"operation", r.Operation},
 		{"priority", r.Priority}, {"idempotency_key", r.IdempotencyKey}, {"user", r.User},
-		{"ip", r.IP}, {"api_key", r.APIKey}, {"method", r.Method},
+		{"ip", r.IP}, {"api_key", r.APIKey}, {"method", r.Method}, {"reservation_id", r.ReservationID},
 	} {
 		if !utf8.ValidString(f.val) {
 			return f.name
@@ -302,12 +331,7 @@ func (c *Client) Status(ctx context.Context, req StatusRequest) ([]RuleStatus, e
 			q.Set(k, v)
 		}
 	}
-	seg := url.PathEscape(req.ClientID)
-	if seg == "." || seg == ".." {
-		// A dot segment would be removed from the path on its way.
-		seg = strings.ReplaceAll(seg, ".", "%2E")
-	}
-	path := "/api/v1/status/" + seg
+	path := "/api/v1/status/" + pathSegment(req.ClientID)
 	if len(q) > 0 {
 		path += "?" + q.Encode()
 	}

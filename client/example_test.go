@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -67,6 +68,44 @@ func ExampleClient_Check() {
 	// 200 remaining 1
 	// 200 remaining 0
 	// 429 rate_limit_exceeded on rule demo limit 5
+}
+
+// A reservation books tokens of the demo rule's pool (5 per minute) for a
+// while; checks that carry its ID draw from it without touching the limit,
+// and releasing it returns what was not used, once.
+func ExampleClient_Reserve() {
+	baseURL, stop := startExampleServer()
+	defer stop()
+
+	c, err := client.New(client.Config{BaseURL: baseURL})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	r, err := c.Reserve(ctx, client.ReserveRequest{ClientID: "acme", Resource: "/api/v1/demo", TokensNeeded: 3, DurationSeconds: 60})
+	if err != nil {
+		log.Fatal(err) // bad input (errors.Is(err, client.ErrInvalidRequest)), a full queue, ...
+	}
+	fmt.Println(r.Status, r.Tokens, "until", r.ExpiresAt.Format(time.TimeOnly))
+
+	d, err := c.Check(ctx, client.CheckRequest{ClientID: "acme", Resource: "/api/v1/demo", ReservationID: r.ID})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(d.Status, d.Source, "remaining", d.Remaining)
+
+	rel, err := c.ReleaseReservation(ctx, client.ReservationRef{ID: r.ID, ClientID: "acme"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(rel.Status, "returned", rel.TokensReturned)
+	_, err = c.ReleaseReservation(ctx, client.ReservationRef{ID: r.ID, ClientID: "acme"})
+	fmt.Println(errors.Is(err, client.ErrReservationNotFound))
+	// Output:
+	// granted 3 until 08:01:00
+	// 200 reservation remaining 2
+	// released returned 2
+	// true
 }
 
 // Middleware rate-limits an http.Handler: the identity function says who

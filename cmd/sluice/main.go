@@ -144,7 +144,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	grpcMaxConns := fs.Int("grpc-max-conns", daemon.DefaultGRPCMaxConns, "gRPC connections open at once at most; at the bound the one idle the longest (no call for 1s) is closed, and when none is idle new ones wait; negative: no bound")
 	grpcReflection := fs.Bool("grpc-reflection", false, "serve gRPC server reflection on the gRPC address, for tools such as grpcurl (it lists every service and message to whoever reaches the address)")
 	envoyCompat := fs.Bool("envoy-compat", false, "answer Envoy's rate limit API as envoyproxy/ratelimit does where Sluice differs: descriptors decided each on its own, refused hits counted (fixed windows), limit_remaining 0 when over the limit, a descriptor with no entries not limited (docs/api.md); set it alike on every instance sharing a store")
-	noReservations := fs.Bool("no-reservations", false, "do not serve reservations of capacity (/api/v1/reserve and the reservation_id of checks; served on the memory store only)")
+	noReservations := fs.Bool("no-reservations", false, "do not serve reservations of capacity (/api/v1/reserve and the reservation_id of checks; on a Redis store their pools live in Redis, shared by every instance)")
 	envoyPreciseReset := fs.Bool("envoy-precise-reset", false, "report Envoy's duration_until_reset to the microsecond instead of in whole seconds (envoyproxy/ratelimit's)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")

@@ -203,8 +203,8 @@ func decodeConfig(data []byte) (control.Config, error) {
 		return control.Config{}, fieldErr("client_id", "required")
 	case strings.TrimSpace(req.Resource) == "":
 		return control.Config{}, fieldErr("resource", "required")
-	case req.BaseRate <= 0:
-		return control.Config{}, fieldErr("base_rate", "want more than 0 (requests per second)")
+	case req.BaseRate < 0 || req.BaseRate == 0 && req.GlobalLimit <= 0:
+		return control.Config{}, fieldErr("base_rate", "want more than 0 (requests per second), or 0 with a global_limit")
 	case req.BurstCapacity < 0:
 		return control.Config{}, fieldErr("burst_capacity", "want 0 or more")
 	case req.Version < 0:

@@ -3,8 +3,9 @@
 //
 // The check path calls Recorder.Record with one Event per decision. Record
 // copies the event into a bounded channel and returns: it never blocks and
-// never allocates. When the channel is full the event is dropped and counted
-// (Stats.Dropped), because losing a count is better than slowing a check.
+// never allocates. When the channel is full the oldest event queued is
+// dropped and counted (Stats.Dropped), because losing a count is better
+// than slowing a check, and the last events tell more than the first.
 //
 // One background goroutine drains the channel every 10ms and folds events
 // into rollups keyed by (minute, client, resource, region, outcome), which

@@ -20,7 +20,7 @@ type Sink interface {
 // store, with no sink.
 type Config struct {
 	// QueueSize bounds the events waiting to be aggregated; zero means
-	// 65536. When the queue is full, Record drops the event.
+	// 65536. When the queue is full, Record drops the oldest event.
 	QueueSize int
 	// FlushInterval is how often rollups go to the Sink; zero means 10s.
 	FlushInterval time.Duration
@@ -132,8 +132,19 @@ func NewRecorder(cfg Config) *Recorder {
 }
 
 // Record queues ev for aggregation. It never blocks: when the queue is
-// full the event is dropped and counted in Stats.Dropped.
+// full the oldest event queued is dropped to make room, and counted in
+// Stats.Dropped (ev itself, when other callers took the room first).
 func (r *Recorder) Record(ev Event) {
+	select {
+	case r.queue <- ev:
+		return
+	default:
+	}
+	select {
+	case <-r.queue:
+		r.dropped.Add(1)
+	default:
+	}
 	select {
 	case r.queue <- ev:
 	default:

@@ -3,6 +3,7 @@ package analytics
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -304,5 +305,42 @@ func TestFlushEveryInterval(t *testing.T) {
 		if st := rec.Stats(); st.SinkFlushes != 1 {
 			t.Errorf("flushes = %d, want 1", st.SinkFlushes)
 		}
+	})
+}
+
+// TestRecordDropsOldest: a full queue makes room by dropping its oldest
+// events, so the newest are the ones counted.
+func TestRecordDropsOldest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &stuckSink{release: make(chan struct{})}
+		mem := NewMemory(MemoryConfig{})
+		rec := NewRecorder(Config{QueueSize: 3, Sink: sink, Memory: mem, FlushInterval: time.Hour, Now: func() time.Time { return day0 }})
+		rec.Record(Event{Time: day0, Client: "first", Allowed: true})
+		// Park the flusher in the stuck Write, then the aggregator behind it.
+		go rec.Flush(context.Background())
+		synctest.Wait()
+		go rec.Flush(context.Background())
+		synctest.Wait()
+		for _, c := range []string{"a", "b", "c", "d", "e"} {
+			rec.Record(Event{Time: day0, Client: c, Allowed: true})
+		}
+		close(sink.release)
+		if err := rec.Flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if st := rec.Stats(); st.Dropped != 2 || st.Recorded != 4 {
+			t.Errorf("stats = %+v, want 2 dropped, 4 recorded", st)
+		}
+		res, _ := mem.Query(context.Background(), Filter{Start: day0, End: day0.Add(time.Hour)})
+		var got []string
+		for _, c := range []string{"first", "a", "b", "c", "d", "e"} {
+			if r, _ := mem.Query(context.Background(), Filter{Client: c, Start: day0, End: day0.Add(time.Hour)}); r.Summary.Total > 0 {
+				got = append(got, c)
+			}
+		}
+		if res.Summary.Total != 4 || strings.Join(got, ",") != "first,c,d,e" {
+			t.Errorf("counted %d: %v, want first (aggregated before) and the newest c, d, e", res.Summary.Total, got)
+		}
+		rec.Close()
 	})
 }

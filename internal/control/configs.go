@@ -34,16 +34,18 @@ type ConfigState struct {
 
 // configRule is the rule, in the configuration file's format, that c
 // becomes: a limit of BaseRate a second for ClientID on Resource.
-// GlobalLimit becomes the rule's global_limit (a second, as BaseRate);
-// Priority and AdaptiveConfig are kept but not enforced.
+// GlobalLimit becomes the rule's global_limit (a second, as BaseRate),
+// its only limit when BaseRate is 0; Priority and AdaptiveConfig are kept
+// but not enforced.
 func configRule(c Config) ([]byte, error) {
 	spec := map[string]any{
 		"id":        configRulePrefix + c.ID,
 		"match":     map[string]any{"resource": c.Resource, "client": []string{c.ClientID}},
 		"dimension": "client",
-		"algorithm": c.Algorithm,
-		"limit":     c.BaseRate,
 		"window":    "1s",
+	}
+	if c.BaseRate > 0 {
+		spec["algorithm"], spec["limit"] = c.Algorithm, c.BaseRate
 	}
 	if c.BurstCapacity > 0 {
 		spec["burst"] = c.BurstCapacity
@@ -67,14 +69,18 @@ func checkConfig(c Config) error {
 		return &FieldError{Field: "client_id", Msg: "required"}
 	case c.Resource == "":
 		return &FieldError{Field: "resource", Msg: "required"}
-	case !algorithms[c.Algorithm]:
-		return &FieldError{Field: "algorithm", Msg: "must be one of fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket, gcra"}
-	case c.BaseRate <= 0:
-		return &FieldError{Field: "base_rate", Msg: "must be positive"}
-	case c.BurstCapacity < 0:
-		return &FieldError{Field: "burst_capacity", Msg: "must not be negative"}
 	case c.GlobalLimit < 0:
 		return &FieldError{Field: "global_limit", Msg: "must not be negative"}
+	case c.BaseRate < 0 || c.BaseRate == 0 && c.GlobalLimit == 0:
+		return &FieldError{Field: "base_rate", Msg: "must be positive, or 0 with a global_limit"}
+	case c.BaseRate == 0 && c.Algorithm != "":
+		return &FieldError{Field: "algorithm", Msg: "a config with only a global_limit counts it in fixed windows: leave algorithm out, or set base_rate"}
+	case c.BaseRate == 0 && c.BurstCapacity != 0:
+		return &FieldError{Field: "burst_capacity", Msg: "a config with only a global_limit has no burst: leave burst_capacity out, or set base_rate"}
+	case c.BaseRate > 0 && !algorithms[c.Algorithm]:
+		return &FieldError{Field: "algorithm", Msg: "must be one of fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket, gcra"}
+	case c.BurstCapacity < 0:
+		return &FieldError{Field: "burst_capacity", Msg: "must not be negative"}
 	case len(c.AdaptiveConfig) > 0 && !json.Valid(c.AdaptiveConfig):
 		return &FieldError{Field: "adaptive_config", Msg: "must be JSON"}
 	}

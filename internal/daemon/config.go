@@ -196,10 +196,10 @@ type Config struct {
 	// learns the regions from their messages.
 	SyncPeers []string
 	// NoReservations turns off the reservations of capacity
-	// (/api/v1/reserve and the reservation_id of checks). They are
-	// served, in process, on the memory store only: with a shared store
-	// each instance would hold a whole pool, so there they are off until
-	// the store keeps the pools.
+	// (/api/v1/reserve and the reservation_id of checks). They are on by
+	// default, their pools kept where the counts are: in process on the
+	// memory store, in Redis on a Redis or Redis Cluster store, where
+	// every instance shares them.
 	NoReservations bool
 
 	// NoAnalytics turns off the analytics: no decision is recorded, and

@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
@@ -44,6 +43,7 @@ import (
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/internal/reserve"
+	"github.com/sluicehq/sluice/store/redis"
 )
 
 // Daemon is a running server. Its methods are safe for concurrent use.
@@ -167,6 +167,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		closeWatcher()
 		return nil, err
 	}
+	shared, _ := st.(*redis.Store) // reservations live there too
 	st, d.guard, closer, err = guardStore(ctx, cfg.StoreURL, st, closer, cfg.Guard, d.metrics, d.log)
 	if err != nil {
 		closeWatcher()
@@ -205,13 +206,14 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return fail(err)
 	}
 
+	// The APIs take interfaces: a nil Keeper must reach them as nil.
 	var resv httpapi.Reservations
-	if !cfg.NoReservations && strings.HasPrefix(cfg.StoreURL, "memory://") {
-		d.keeper, err = reserve.New(reserve.Config{Policy: d.eng.Policy, Now: cfg.Now, Events: d.events})
-		if err != nil {
+	var grpcResv grpcapi.Reservations
+	if !cfg.NoReservations {
+		if d.keeper, err = newKeeper(cfg, d.eng.Policy, d.events, shared); err != nil {
 			return fail(err)
 		}
-		resv = d.keeper
+		resv, grpcResv = d.keeper, d.keeper
 	}
 	var history func(ctx context.Context, client string, now time.Time) (httpapi.History, error)
 	if d.recorder != nil {
@@ -230,7 +232,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err != nil {
 		return fail(err)
 	}
-	svc, err := grpcapi.New(grpcapi.Config{Engine: d.eng, Now: cfg.Now, AuthorizeReset: d.authorizeReset()})
+	svc, err := grpcapi.New(grpcapi.Config{Engine: d.eng, Now: cfg.Now, AuthorizeReset: d.authorizeReset(), Reservations: grpcResv})
 	if err != nil {
 		return fail(err)
 	}

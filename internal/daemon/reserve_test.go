@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
 func del(t *testing.T, url string) *response {
@@ -79,6 +80,41 @@ rules:
 		if ev := get(t, td.base+"/api/v1/events?type="+typ); len(ev.body["events"].([]any)) != 1 {
 			t.Errorf("%s events: %s", typ, ev.raw)
 		}
+	}
+}
+
+// TestReservationsAcrossInstances runs a reservation through two daemons
+// on one Redis: reserved on one, queued and granted there, drawn from and
+// released on the other, and its tokens back in the pool both see.
+func TestReservationsAcrossInstances(t *testing.T) {
+	cfg := `version: 1
+rules:
+  - {id: orders, match: {resource: "/api/orders"}, limit: 5, window: 1m, algorithm: fixed_window}
+`
+	url := "redis://" + redistest.Start(t).Addr
+	onRedis := func(c *daemon.Config) { c.StoreURL = url }
+	one, two := start(t, cfg, onRedis), start(t, cfg, onRedis)
+	r := post(t, one.base+"/api/v1/reserve", `{"client_id":"a","resource":"/api/orders","tokens_needed":4,"duration_seconds":30}`)
+	if r.status != 200 {
+		t.Fatalf("reserve on one: %d %s", r.status, r.raw)
+	}
+	id := r.str("reservation_id")
+	q := post(t, two.base+"/api/v1/reserve", `{"client_id":"b","resource":"/api/orders","tokens_needed":3,"duration_seconds":30}`)
+	if q.status != 202 || q.num("position_in_queue") != 1 {
+		t.Fatalf("reserve on two, beyond the pool: %d %s", q.status, q.raw)
+	}
+	if c := post(t, two.base+"/api/v1/check", `{"client_id":"a","resource":"/api/orders","reservation_id":"`+id+`"}`); c.status != 200 || c.num("remaining") != 3 {
+		t.Fatalf("check on two with one's reservation: %d %s", c.status, c.raw)
+	}
+	if d := del(t, two.base+"/api/v1/reserve/"+id); d.status != 200 || d.num("tokens_returned") != 3 {
+		t.Fatalf("release on two: %d %s", d.status, d.raw)
+	}
+	if d := del(t, one.base+"/api/v1/reserve/"+id); d.status != 404 {
+		t.Errorf("second release, on one: %d %s", d.status, d.raw)
+	}
+	qid := q.str("reservation_id")
+	if g := get(t, one.base+"/api/v1/reserve/"+qid); g.status != 200 || g.str("status") != "granted" {
+		t.Errorf("b's request, read on one after the release: %d %s", g.status, g.raw)
 	}
 }
 

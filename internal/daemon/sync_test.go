@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/globalsync/natstest"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
 // natsSrv is one NATS server for the package's tests, started by the
@@ -122,5 +123,66 @@ func TestSyncOff(t *testing.T) {
 	defer cancel()
 	if _, err := daemon.Start(ctx, daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", SyncURL: "nats://127.0.0.1:1"}); err == nil || !strings.Contains(err.Error(), "--region") {
 		t.Errorf("a sync without a region: %v", err)
+	}
+}
+
+// A rule with a global limit alone, in two regions: what eu admits comes
+// off what us may admit, and gRPC's check and quota report the one global
+// entry.
+func TestSyncGlobalOnly(t *testing.T) {
+	const pol = `version: 1
+rules:
+  - { id: shared, match: { resource: /shared }, dimension: client, window: 1m, global_limit: 4 }
+`
+	srv := natsServer(t)
+	region := func(name, peer string) *testDaemon {
+		return start(t, pol, func(c *daemon.Config) { c.Region, c.SyncURL, c.SyncPeers = name, srv.URL(), []string{peer} })
+	}
+	eu, us := region("eu", "us"), region("us", "eu")
+	for _, d := range []*testDaemon{eu, us} {
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(get(t, d.base+"/internal/sync").raw, `"last_sync":"`); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the regions never heard each other: %s", get(t, d.base+"/internal/sync").raw)
+			}
+		}
+	}
+	for n, deadline := 0, time.Now().Add(10*time.Second); n < 3; time.Sleep(5 * time.Millisecond) {
+		r := post(t, eu.base+"/api/v1/check", `{"client_id":"acme","resource":"/shared"}`)
+		if r.status == 200 {
+			n++
+			if r.num("limit") != 4 || r.header.Get("X-Ratelimit-Limit") != "4" {
+				t.Errorf("eu, check %d: %s, want the global limit of 4", n, r.raw)
+			}
+		} else if r.status != 429 || r.str("error") != "global_limit_exceeded" || time.Now().After(deadline) {
+			t.Fatalf("eu, check %d: %d %s", n, r.status, r.raw)
+		}
+	}
+	c := sluicev1.NewRateLimiterClient(dial(t, us.GRPCAddr()))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		q, err := c.GetRemainingQuota(ctx(t), &sluicev1.QuotaRequest{ClientId: "acme", Resource: "/shared"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := q.GetRules()
+		if len(rs) != 1 || !rs[0].GetGlobal() || rs[0].GetLimit() != 4 {
+			t.Fatalf("us, quota: %v, want the one global entry", q)
+		}
+		if rs[0].GetRemaining() <= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("us never saw eu's checks: %v", q)
+		}
+	}
+	resp, err := c.CheckRateLimit(ctx(t), &sluicev1.CheckRequest{ClientId: "acme", Resource: "/shared"})
+	for deadline := time.Now().Add(10 * time.Second); err == nil && !resp.GetAllowed() && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		resp, err = c.CheckRateLimit(ctx(t), &sluicev1.CheckRequest{ClientId: "acme", Resource: "/shared"})
+	}
+	if err != nil || !resp.GetAllowed() || len(resp.GetRules()) != 1 || !resp.GetRules()[0].GetGlobal() || resp.GetLimit() != 4 {
+		t.Fatalf("us, the fourth check: %v, %v", resp, err)
+	}
+	resp, err = c.CheckRateLimit(ctx(t), &sluicev1.CheckRequest{ClientId: "acme", Resource: "/shared"})
+	if err != nil || resp.GetAllowed() || resp.GetReason() != "global_limit_exceeded" || resp.GetGlobalRemaining() != 0 {
+		t.Errorf("us, over the global limit: %v, %v", resp, err)
 	}
 }

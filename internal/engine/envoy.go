@@ -214,6 +214,17 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		if descs[i].HitsSet {
 			hits = descs[i].HitsAddend
 		}
+		if l.GlobalOnly() {
+			// The global limit alone: one item, whose local share is the
+			// whole limit (an Envoy file names no expected instances).
+			it := item{mode: l.FailureMode, cost: int64(hits)}
+			g := globalItem(&it, l.Global, l.Global, e.now())
+			g.key = string(l.AppendGlobalKey(s.keys[:0], descs[i].Entries))
+			s.items = append(s.items, g)
+			s.globals++
+			refs = append(refs, ref{i, len(s.items) - 1, -1})
+			continue
+		}
 		s.keys = l.AppendKey(s.keys[:0], descs[i].Entries)
 		// A quota is decided with the shadow limits: its being over
 		// does not keep the others from being consumed.
@@ -225,7 +236,7 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		s.items = append(s.items, it)
 		rf := ref{i, len(s.items) - 1, -1}
 		if l.Global != nil && !it.shadow {
-			g := globalItem(&it, l.Global, e.now())
+			g := globalItem(&it, l.Global, nil, e.now())
 			g.key = string(l.AppendGlobalKey(s.keys[:0], descs[i].Entries))
 			s.items = append(s.items, g)
 			s.globals++

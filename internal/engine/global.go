@@ -33,7 +33,8 @@ type GlobalView interface {
 
 // planGlobal appends to s the item of r's global limit for the check, when
 // r has one, beside it, the item of r's own limit (whose throttle cuts the
-// global limit too).
+// global limit too), or the template of the check's item when r has no
+// other limit (see planGlobalOnly).
 func (e *Engine) planGlobal(s *scratch, r *policy.Rule, q *policy.Request, it *item, at time.Time) {
 	if r.Global == nil {
 		return
@@ -44,15 +45,33 @@ func (e *Engine) planGlobal(s *scratch, r *policy.Rule, q *policy.Request, it *i
 		return
 	}
 	s.keys = keys
-	g := globalItem(it, r.Global, at)
+	g := globalItem(it, r.Global, r.GlobalLocal, at)
 	s.items = append(s.items, g)
 	s.ends = append(s.ends, len(s.keys))
 	s.globals++
 }
 
+// planGlobalOnly appends to s the one item of r, a rule whose only limit
+// is its global limit, for the check c (number check of its batch): the
+// global limit alone decides it, on one key, with a throttle's cut of
+// percent cut.
+func (e *Engine) planGlobalOnly(s *scratch, r *policy.Rule, q *policy.Request, c *Check, check int, prefix string, cut float64, at time.Time) error {
+	cost, err := ruleCost(r, q, c, prefix)
+	if err != nil {
+		return err
+	}
+	it := item{check: check, rule: r, mode: r.FailureMode, cost: cost, throttle: cut}
+	e.planGlobal(s, r, q, &it, at)
+	return nil
+}
+
 // globalItem returns the item of the global limit base beside it, the item
-// of its limit, at the instant at: the same check, cost and throttle.
-func globalItem(it *item, base *algorithm.Params, at time.Time) item {
+// of its limit (or the template of the check's one item, when the global
+// limit is alone), at the instant at: the same check, cost and throttle.
+// local is the share of base an instance admits on its own in the local
+// failure mode, for a global limit alone; nil when another limit's local
+// share bounds the check (the global item then fails open).
+func globalItem(it *item, base, local *algorithm.Params, at time.Time) item {
 	g := *it
 	g.gbase, g.at, g.tier, g.local = base, at, "", nil
 	g.glimit = base.Limit
@@ -60,9 +79,15 @@ func globalItem(it *item, base *algorithm.Params, at time.Time) item {
 		g.glimit = int64(float64(g.glimit) * (1 - it.throttle/100))
 	}
 	if g.mode == policy.FailLocal {
-		// The limit's own local share bounds the check while the store
-		// cannot answer.
-		g.mode = policy.FailOpen
+		if local != nil {
+			// The global limit's share of this instance bounds the check
+			// while the store cannot answer.
+			g.local = local
+		} else {
+			// The limit's own local share bounds the check while the
+			// store cannot answer.
+			g.mode = policy.FailOpen
+		}
 	}
 	return g
 }
@@ -137,8 +162,14 @@ func globalWindow(p *algorithm.Params, at time.Time) (start int64, length time.D
 // admit, as this region knows it.
 func globalResult(rr *RuleResult, it *item) {
 	rr.Global = true
-	rr.Limit = it.glimit
-	if it.source != SourceStore && it.source != SourceIdempotent {
-		rr.Remaining = it.glimit
+	switch it.source {
+	case SourceStore, SourceIdempotent:
+		rr.Limit = it.glimit
+	case SourceLocal:
+		// This instance's share of a rule with only a global limit
+		// decided, while the store could not: its limit and remaining,
+		// as a regional limit's local share reports.
+	default:
+		rr.Limit, rr.Remaining = it.glimit, it.glimit
 	}
 }

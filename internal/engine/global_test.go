@@ -161,8 +161,9 @@ func TestGlobalLimitNeedsOwnLimit(t *testing.T) {
 }
 
 // BenchmarkCheckGlobal: a check of a rule with a global limit (on, with a
-// view of other regions), beside the same rule without one (off), for the
-// cost of a global limit on the check path.
+// view of other regions), beside the same rule without one (off) and a
+// rule with the global limit alone (only), for the cost of a global limit
+// on the check path.
 func BenchmarkCheckGlobal(b *testing.B) {
 	for _, bc := range []struct {
 		name, src string
@@ -170,6 +171,7 @@ func BenchmarkCheckGlobal(b *testing.B) {
 	}{
 		{"off", "version: 1\nrules:\n  - { id: api, match: { resource: \"/api/*\" }, dimension: client, limit: 1000000000, window: 1m }\n", nil},
 		{"on", "version: 1\nrules:\n  - { id: api, match: { resource: \"/api/*\" }, dimension: client, limit: 1000000000, window: 1m, global_limit: 1000000000 }\n", &view{}},
+		{"only", "version: 1\nrules:\n  - { id: api, match: { resource: \"/api/*\" }, dimension: client, window: 1m, global_limit: 1000000000 }\n", &view{}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			p, err := policy.Parse("b.yaml", []byte(bc.src))

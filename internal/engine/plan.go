@@ -189,6 +189,11 @@ func (e *Engine) plan(s *scratch, p *policy.Policy, c *Check, q *policy.Request,
 	for _, r := range s.rules {
 		l := r.LimitAt(tier, asg, now)
 		if l == nil {
+			if r.GlobalOnly() {
+				if err := e.planGlobalOnly(s, r, q, c, check, prefix, cut, now); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		fromTier := l != r.Base
@@ -202,9 +207,9 @@ func (e *Engine) plan(s *scratch, p *policy.Policy, c *Check, q *policy.Request,
 			continue
 		}
 		s.keys = keys
-		cost, ok := r.Cost(q.Operation, c.Cost)
-		if !ok || cost > sluice.MaxLimit {
-			return &FieldError{Field: prefix + "cost", Reason: "too large after the cost multiplier of rule " + r.ID}
+		cost, err := ruleCost(r, q, c, prefix)
+		if err != nil {
+			return err
 		}
 		it := item{check: check, rule: r, limit: l, mode: r.FailureMode, shadow: r.Shadow, cost: cost, throttle: cut}
 		it.params = &l.Params[c.Priority]
@@ -219,6 +224,16 @@ func (e *Engine) plan(s *scratch, p *policy.Policy, c *Check, q *policy.Request,
 		e.planGlobal(s, r, q, &it, now)
 	}
 	return nil
+}
+
+// ruleCost returns the cost r charges for the check c, or the error of a
+// cost too large; prefix prefixes the field's name.
+func ruleCost(r *policy.Rule, q *policy.Request, c *Check, prefix string) (int64, error) {
+	cost, ok := r.Cost(q.Operation, c.Cost)
+	if !ok || cost > sluice.MaxLimit {
+		return 0, &FieldError{Field: prefix + "cost", Reason: "too large after the cost multiplier of rule " + r.ID}
+	}
+	return cost, nil
 }
 
 // finishKeys turns the key bytes into strings with one allocation.

@@ -34,7 +34,11 @@ func (e *Engine) Status(ctx context.Context, c *Check) ([]RuleResult, error) {
 	s.reqs = s.reqs[:0]
 	for i := range s.items {
 		it := &s.items[i]
-		s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Cost: 0, Now: c.Now})
+		at := c.Now
+		if it.gbase != nil {
+			at = it.at // the window the sync names
+		}
+		s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Cost: 0, Now: at})
 	}
 	s.out = grow(s.out, len(s.reqs))
 	if err := e.storeCheck(ctx, false, s.reqs, s.out, nil); err != nil {
@@ -47,12 +51,17 @@ func (e *Engine) Status(ctx context.Context, c *Check) ([]RuleResult, error) {
 		out[i] = RuleResult{Rule: it.rule.ID, Tier: it.tier, Allowed: d.Allowed, Shadow: it.shadow,
 			Limit: d.Limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter, Source: SourceStore,
 			ThrottlePercent: it.throttle}
+		if it.gbase != nil {
+			globalResult(&out[i], it)
+		}
 	}
 	return out, nil
 }
 
 // Reset forgets the state of every rule that applies to c, under every
-// limit the rule may apply to c (its own, each tier's, c's overrides).
+// limit the rule may apply to c (its own, each tier's, c's overrides). It
+// leaves the counts of global limits, which every region holds: this
+// region forgetting its own would not reach the others' view of it.
 func (e *Engine) Reset(ctx context.Context, c *Check) error {
 	if err := validate(c, ""); err != nil {
 		return err

@@ -159,8 +159,9 @@ type RuleResult struct {
 	Shadow bool
 	// Global marks the result of the rule's global limit, shared by every
 	// region: Limit is that limit and Remaining what all regions together
-	// may still admit, as this region knows it. A rule with a global limit
-	// has two results, its own limit's and this one.
+	// may still admit, as this region knows it. A rule with its own limit
+	// and a global limit has two results, its own limit's and this one; a
+	// rule with only a global limit has this one alone.
 	Global bool
 	// Limit, Remaining, ResetAfter and RetryAfter are as in sluice.Decision.
 	Limit, Remaining       int64

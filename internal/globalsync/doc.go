@@ -57,6 +57,8 @@
 // bounded, and what JetStream has not acknowledged is sent again after
 // reconnecting; as counts are cumulative, one later message repairs any
 // number of lost ones. Each instance reads the other regions' subjects
-// with an ordered consumer that starts a little in the past, so that a
-// restarted instance catches up on the current windows.
+// with a consumer of its own that starts a little in the past, so that a
+// restarted instance catches up on the current windows, and that the
+// server keeps through a partition, so that a healed one is read on from
+// at once (consumer.go).
 package globalsync

@@ -338,11 +338,17 @@ func TestMultiRegion(t *testing.T) {
 			t.Errorf("during the partition: admitted %d, want at most %d", during, globalLimit+10)
 		}
 		// After the heal, every instance converges on the count of what
-		// was admitted (all regions are at the limit by now: nothing
-		// more is admitted).
-		var agreed time.Time
-		for deadline := healed.Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		// was admitted: first on the counts made until the heal (known
+		// is when every instance knows them all), then on the few units
+		// the regions may still admit once they hear each other again
+		// (the others counted the quiet one at its share, a little
+		// more than it took), which reach the others one lag later.
+		var known, agreed time.Time
+		for deadline := healed.Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 			m := w.merged(t, client)
+			if known.IsZero() && slices.Min(m) >= during {
+				known = time.Now()
+			}
 			if slices.Min(m) == slices.Max(m) && m[0] == d.admitted.Load() {
 				agreed = time.Now()
 				break
@@ -352,16 +358,18 @@ func TestMultiRegion(t *testing.T) {
 		wg.Wait()
 		admitted := d.admitted.Load()
 		m := w.merged(t, client)
-		t.Logf("after the heal: admitted %d in all, merged counts %v, agreed %s after the heal", admitted, m, agreed.Sub(healed).Round(time.Millisecond))
+		t.Logf("after the heal: admitted %d in all, merged counts %v; every instance knew the counts made until the heal %s after it, and all agreed %s after it",
+			admitted, m, known.Sub(healed).Round(time.Millisecond), agreed.Sub(healed).Round(time.Millisecond))
 		if agreed.IsZero() {
 			t.Fatalf("the regions never agreed on %d: %v", admitted, m)
 		}
-		// The aim is 500ms; on this machine it takes 0.8s (reconnecting
-		// through the proxy, then the consumer's catching up, each a
-		// round trip of 100ms or more). Bounded here at 3s, for busy
-		// machines under the race detector.
-		if took := agreed.Sub(healed); took > 3*time.Second {
-			t.Errorf("the regions agreed %s after the heal, want within 3s", took)
+		// The aim is 500ms: reconnecting takes the wait between tries
+		// (20 to 40ms) and two lags of 100ms, the counts one lag more, and
+		// the units admitted then one more lag and flush (about 0.45s
+		// here). Bounded at 1.5s, for busy machines under the race
+		// detector.
+		if took := agreed.Sub(healed); took > 1500*time.Millisecond {
+			t.Errorf("the regions agreed %s after the heal, want within 1.5s", took)
 		}
 		if admitted > globalLimit+10 {
 			t.Errorf("admitted %d in all, want at most %d", admitted, globalLimit+10)

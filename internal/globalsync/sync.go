@@ -165,12 +165,12 @@ type Sync struct {
 	wake   chan struct{}        // (re)connected: set up the consumer now
 	ready  atomic.Bool          // the stream exists: publishing can begin
 	lost   chan struct{}        // the stream stopped answering: make it again
-	// back is told of a reconnection: the consumer starts again at once,
-	// and what was in flight is sent again, rather than each waiting for
-	// its own timeout (a healed partition then agrees within a few lags).
-	back, resend chan struct{}
-	// consumed is the stream sequence of the last message consumed, 0
-	// before any or after the stream was lost.
+	// resend is told of a reconnection: what was in flight is sent again
+	// at once, rather than waiting for its acknowledgement's timeout (a
+	// healed partition then agrees within a lag of reconnecting).
+	resend chan struct{}
+	// consumed is the stream sequence of the last message read in order,
+	// 0 before any or after the stream was lost.
 	consumed atomic.Uint64
 	// made reports the stream set up by this Sync, and not lost since.
 	made atomic.Bool
@@ -229,7 +229,6 @@ func Start(ctx context.Context, cfg Config) (*Sync, error) {
 		peers:    make(map[string]*peer),
 		wake:     make(chan struct{}, 1),
 		lost:     make(chan struct{}, 1),
-		back:     make(chan struct{}, 1),
 		resend:   make(chan struct{}, 1),
 	}
 	for _, p := range cfg.Peers {

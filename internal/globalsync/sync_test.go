@@ -60,10 +60,16 @@ func newNet(t testing.TB, s *natstest.Server) *testNet {
 // test ends. It reads peers only, when any are given.
 func (n *testNet) start(region string, peers ...string) *Sync {
 	n.t.Helper()
+	return n.startVia(n.s.URL(), region, peers...)
+}
+
+// startVia is start through the NATS URL url (a proxy, say).
+func (n *testNet) startVia(url, region string, peers ...string) *Sync {
+	n.t.Helper()
 	sy, err := Start(context.Background(), Config{
 		Region:     region,
 		Peers:      peers,
-		URL:        n.s.URL(),
+		URL:        url,
 		Stream:     n.stream,
 		Subject:    n.subject,
 		FlushEvery: n.flush,

@@ -41,9 +41,12 @@ func (s *Sync) run(ctx context.Context) {
 			nats.Name("sluice-globalsync "+s.cfg.Region+" "+s.cfg.Instance),
 			nats.RetryOnFailedConnect(true), // connect in the background when NATS is down
 			nats.MaxReconnects(-1),
-			// A healed partition is noticed within this (and a jitter of
-			// up to half of it): the regions agree again soon after.
-			nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(25*time.Millisecond, 25*time.Millisecond),
+			// A healed partition is noticed within this and a jitter of
+			// as much again (so that instances do not all try at once);
+			// reconnecting then takes two lags (the server's greeting,
+			// and its answer to the client's), the others' counts one
+			// more (see consumer.go).
+			nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(20*time.Millisecond, 20*time.Millisecond),
 			// No buffering while disconnected: the outbox keeps the
 			// newest counts, which is all that needs sending.
 			nats.ReconnectBufSize(-1),
@@ -53,14 +56,11 @@ func (s *Sync) run(ctx context.Context) {
 			}),
 			nats.ReconnectHandler(func(c *nats.Conn) {
 				log.Info("reconnected to NATS", "server", c.ConnectedUrlRedacted())
+				// The consumer reads on by itself; a request in flight
+				// (making the stream or a consumer) gets no answer.
 				s.abortSetup()
 				s.wakeConsumer()
-				for _, ch := range []chan struct{}{s.back, s.resend} {
-					select {
-					case ch <- struct{}{}:
-					default:
-					}
-				}
+				signal(s.resend)
 			}),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				if err != nil {
@@ -108,8 +108,8 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 	return true
 }
 
-// abortSetup cuts short the consumer's set-up in progress, or the consumer
-// itself, which starts again.
+// abortSetup cuts short the JetStream request in progress (making the
+// stream or a consumer), if any: the consume loop tries again at once.
 func (s *Sync) abortSetup() {
 	if abort := s.setup.Load(); abort != nil {
 		(*abort)()
@@ -265,10 +265,9 @@ func (s *Sync) publishFailed(entries []Entry, err error) {
 }
 
 // streamLost has the consume loop make the stream and the consumer
-// again: the stream was deleted, or the server lost its files. The
-// ordered consumer would resume after the last sequence it read, which
-// skips the new stream's first messages; a new one starts from the
-// look-back.
+// again: the stream was deleted, or the server lost its files. A consumer
+// made again resumes after the last sequence read, which would skip the
+// new stream's first messages: this one starts from the look-back.
 func (s *Sync) streamLost(err error) {
 	s.consumed.Store(0) // a stream made again numbers from 1
 	s.made.Store(false)
@@ -278,146 +277,6 @@ func (s *Sync) streamLost(err error) {
 		case s.lost <- struct{}{}:
 		default:
 		}
-	}
-}
-
-// consumeLoop sets up the stream and the consumer of every region's
-// subject, and sets them up again whenever the consumer stops, until
-// ctx ends.
-func (s *Sync) consumeLoop(ctx context.Context, c *conn) {
-	const firstWait = 100 * time.Millisecond
-	wait := firstWait
-	for {
-		began := time.Now()
-		err := s.consume(ctx, c)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(began) > time.Minute { // it worked for a while: not a failing setup
-			wait = firstWait
-		}
-		if errors.Is(err, errReconnected) {
-			continue
-		}
-		if c.nc.IsConnected() {
-			s.log.Warn("consume the other regions' counts", "err", err)
-		}
-		wake := s.wake
-		if errors.Is(err, errStreamLost) {
-			// The server may still be removing the deleted stream's
-			// files: a stream made again at once can lose them.
-			wake = nil
-			wait = max(wait, streamLostWait)
-		}
-		if !sleep(ctx, wait, wake) {
-			return
-		}
-		wait = min(2*wait, 5*time.Second)
-	}
-}
-
-// streamLostWait is the wait before making a deleted stream again.
-const streamLostWait = time.Second
-
-var (
-	// errConsumerStopped is a consumer that stopped on its own.
-	errConsumerStopped = errors.New("globalsync: consumer stopped")
-	// errStreamLost is a stream that no longer answers publishes.
-	errStreamLost = errors.New("globalsync: the stream is gone")
-	// errReconnected is a reconnection: the consumer starts again.
-	errReconnected = errors.New("globalsync: reconnected")
-)
-
-// consume creates (or updates) the stream and consumes it from a little
-// in the past, until ctx ends or the consumer stops.
-func (s *Sync) consume(ctx context.Context, c *conn) error {
-	// A request in flight when the connection drops gets no answer: a
-	// reconnection cuts the set-up short rather than leaving it to time
-	// out (see abortSetup).
-	actx, abort := context.WithCancel(ctx)
-	defer abort()
-	s.setup.Store(&abort)
-	defer s.setup.Store(nil)
-	rctx, cancel := context.WithTimeout(actx, requestTimeout)
-	defer cancel()
-	cfg := jetstream.StreamConfig{
-		Name:        s.cfg.Stream,
-		Description: "Sluice: the regions' counts of global limits",
-		Subjects:    []string{s.cfg.Subject + ".>"},
-		MaxAge:      s.cfg.MaxAge,
-		Storage:     jetstream.FileStorage,
-		Discard:     jetstream.DiscardOld,
-	}
-	if s.made.Load() {
-		// Set up before, and not lost since (see streamLost): the stream
-		// is there; a reconnection goes straight to the consumer.
-	} else if _, err := c.js.CreateOrUpdateStream(rctx, cfg); err != nil {
-		// Another instance may have made it with settings we cannot
-		// change (storage, say): use it as it is.
-		if _, err2 := c.js.Stream(rctx, s.cfg.Stream); err2 != nil {
-			return err
-		}
-		s.log.Warn("use the stream as it is", "stream", s.cfg.Stream, "err", err)
-	}
-	s.ready.Store(true)
-	s.made.Store(true)
-	for _, ch := range []chan struct{}{s.wake, s.back} {
-		select { // a (re)connection's signals are spent: the stream is set up
-		case <-ch:
-		default:
-		}
-	}
-	start := s.cfg.Now().Add(-s.cfg.LookBack)
-	filter := []string{s.cfg.Subject + ".>"}
-	if len(s.cfg.Peers) > 0 {
-		filter = filter[:0]
-		filter = append(filter, s.cfg.Subject+"."+s.cfg.Region) // for Counts
-		for _, p := range s.cfg.Peers {
-			filter = append(filter, s.cfg.Subject+"."+p)
-		}
-	}
-	occ := jetstream.OrderedConsumerConfig{FilterSubjects: filter, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start}
-	if seq := s.consumed.Load(); seq > 0 {
-		// Consumed before (a reconnection): on from there, rather than
-		// the whole look-back again.
-		occ.DeliverPolicy, occ.OptStartTime, occ.OptStartSeq = jetstream.DeliverByStartSequencePolicy, nil, seq+1
-	}
-	cons, err := c.js.OrderedConsumer(rctx, s.cfg.Stream, occ)
-	if err != nil {
-		return err
-	}
-	cc, err := cons.Consume(s.receive, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		s.log.Debug("consumer of the other regions' counts", "err", err)
-		if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrStreamNotFound) {
-			s.streamLost(err)
-		}
-	}))
-	if err != nil {
-		return err
-	}
-	defer cc.Stop()
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-cc.Closed():
-		return errConsumerStopped
-	case <-s.lost:
-		return errStreamLost
-	case <-s.back:
-		return errReconnected
-	case <-actx.Done():
-		if ctx.Err() != nil {
-			return nil
-		}
-		return errReconnected
-	}
-}
-
-// receive merges one message of the stream.
-func (s *Sync) receive(msg jetstream.Msg) {
-	s.merge(msg.Subject(), msg.Data(), s.cfg.Now())
-	if md, err := msg.Metadata(); err == nil {
-		s.consumed.Store(md.Sequence.Stream)
 	}
 }
 
@@ -448,7 +307,6 @@ func (s *Sync) merge(subject string, data []byte, now time.Time) {
 		return
 	}
 	ms := now.UnixMilli()
-	s.state.Heard(m.Origin, ms)
 	s.mu.Lock()
 	p := s.peers[m.Origin]
 	if p == nil {
@@ -470,6 +328,12 @@ func (s *Sync) merge(subject string, data []byte, now time.Time) {
 	lag := p.p95
 	s.mu.Unlock()
 	s.state.SetLag(m.Origin, lag)
+	// A message shows that its region was reachable when it was sent,
+	// not when it is read: one read long after (catch-up, or read again
+	// by a new consumer, see consumer.go) must not have a quiet region
+	// counted as heard now. One lag after sending is when it would have
+	// arrived (the lag takes in the difference between the clocks).
+	s.state.Heard(m.Origin, min(ms, m.SentAt+lag))
 	s.c.received.Add(1)
 	for _, e := range m.Entries {
 		switch s.state.Merge(m.Origin, e.Window, e.Count, m.SentAt, ms) {

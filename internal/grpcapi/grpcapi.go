@@ -1,7 +1,10 @@
 // Package grpcapi serves Sluice's own gRPC API, sluice.v1.RateLimiter
-// (proto/sluice/v1/sluice.proto), on top of the engine. Errors become gRPC
-// codes in one table (see codeOf); bad input is refused with
-// InvalidArgument before the engine is called.
+// (proto/sluice/v1/sluice.proto), on top of the engine and the
+// reservations of capacity. Errors become gRPC codes in one table (see
+// errorCodes), with the HTTP API's error code as the reason of an
+// ErrorInfo detail and, for bad input, a BadRequest detail naming the
+// field; bad input is refused with InvalidArgument before the engine is
+// called.
 package grpcapi
 
 import (
@@ -12,15 +15,19 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/internal/grpccodec"
+	"github.com/sluicehq/sluice/internal/reserve"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/reservation"
 )
 
 // Engine is what the service needs of the engine. *engine.Engine
@@ -54,6 +61,9 @@ type Config struct {
 	// operator's tool: nil, or a gRPC status error (Unauthenticated,
 	// PermissionDenied). Nil refuses every ResetLimit.
 	AuthorizeReset func(ctx context.Context) error
+	// Reservations serves Reserve, GetReservation, ReleaseReservation and
+	// the reservation_id of checks; nil answers them FailedPrecondition.
+	Reservations Reservations
 }
 
 // Server implements sluicev1.RateLimiterServer. It is safe for concurrent
@@ -63,6 +73,7 @@ type Server struct {
 	eng   Engine
 	now   func() time.Time
 	reset func(ctx context.Context) error
+	resv  Reservations // nil when reservations are off
 }
 
 // New returns the service for cfg.
@@ -70,7 +81,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Engine == nil {
 		return nil, errors.New("grpcapi: Config.Engine is required")
 	}
-	s := &Server{eng: cfg.Engine, now: cfg.Now, reset: cfg.AuthorizeReset}
+	s := &Server{eng: cfg.Engine, now: cfg.Now, reset: cfg.AuthorizeReset, resv: cfg.Reservations}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -80,25 +91,51 @@ func New(cfg Config) (*Server, error) {
 // Register registers s on g.
 func (s *Server) Register(g grpc.ServiceRegistrar) { sluicev1.RegisterRateLimiterServer(g, s) }
 
-// codes maps errors to gRPC codes, in one table; the first entry the error
-// matches with errors.Is wins. Anything else is Internal.
+// errorCodes maps errors to gRPC codes, in one table; the first entry the
+// error matches with errors.Is wins. Anything else is Internal. reason is
+// the HTTP API's error code for the same error, sent as the reason of an
+// ErrorInfo detail (domain "sluice").
 var errorCodes = []struct {
-	err  error
-	code codes.Code
+	err    error
+	code   codes.Code
+	reason string
 }{
-	{engine.ErrInvalidCheck, codes.InvalidArgument},
-	{sluice.ErrInvalidCost, codes.InvalidArgument},
-	{sluice.ErrStoreUnavailable, codes.Unavailable},
-	{context.DeadlineExceeded, codes.DeadlineExceeded},
-	{context.Canceled, codes.Canceled},
+	{engine.ErrInvalidCheck, codes.InvalidArgument, "invalid_request"},
+	{sluice.ErrInvalidCost, codes.InvalidArgument, "invalid_request"},
+	{sluice.ErrStoreUnavailable, codes.Unavailable, "unavailable"},
+	{context.DeadlineExceeded, codes.DeadlineExceeded, "unavailable"},
+	{context.Canceled, codes.Canceled, "unavailable"},
+	{reservation.ErrInvalid, codes.InvalidArgument, "invalid_request"},
+	{reservation.ErrQueueFull, codes.ResourceExhausted, "queue_full"},
+	{reservation.ErrNotFound, codes.NotFound, "reservation_not_found"},
+	{reserve.ErrForbidden, codes.PermissionDenied, "forbidden"},
+	{reserve.ErrDenyListed, codes.PermissionDenied, "forbidden"},
+	{errReservationsOff, codes.FailedPrecondition, "reservations_disabled"},
 }
 
-// toStatus returns err as a gRPC status error.
+// ErrorDomain is the domain of the ErrorInfo details of Sluice's errors.
+const ErrorDomain = "sluice"
+
+// toStatus returns err as a gRPC status error: its code from errorCodes,
+// an ErrorInfo detail with the reason, and for a field error a BadRequest
+// detail naming the field.
 func toStatus(err error) error {
 	for _, e := range errorCodes {
-		if errors.Is(err, e.err) {
-			return status.Error(e.code, err.Error())
+		if !errors.Is(err, e.err) {
+			continue
 		}
+		st := status.New(e.code, err.Error())
+		details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: e.reason, Domain: ErrorDomain}}
+		var fe *engine.FieldError
+		if errors.As(err, &fe) {
+			details = append(details, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+				{Field: fe.Field, Description: fe.Reason},
+			}})
+		}
+		if withDetails, derr := st.WithDetails(details...); derr == nil {
+			st = withDetails
+		}
+		return st.Err()
 	}
 	return status.Error(codes.Internal, err.Error())
 }
@@ -211,6 +248,15 @@ func (s *Server) CheckRateLimit(ctx context.Context, req *sluicev1.CheckRequest)
 	if err := toCheck(req, &c); err != nil {
 		return nil, toStatus(err)
 	}
+	if id := req.GetReservationId(); id != "" {
+		if err := checkIdent("reservation_id", id); err != nil {
+			return nil, toStatus(err)
+		}
+		resp, err := s.checkReserved(&c, id)
+		if resp != nil || err != nil {
+			return resp, err
+		}
+	}
 	res, err := s.eng.Check(ctx, &c)
 	if err != nil {
 		return nil, toStatus(err)
@@ -218,7 +264,11 @@ func (s *Server) CheckRateLimit(ctx context.Context, req *sluicev1.CheckRequest)
 	if res.Unavailable {
 		return nil, status.Errorf(codes.Unavailable, "the rate limit store cannot answer and rule %q fails closed", res.Deciding.Rule)
 	}
-	return s.response(&res), nil
+	resp := s.response(&res)
+	if !res.Allowed {
+		s.addQueued(resp, &c)
+	}
+	return resp, nil
 }
 
 // BatchCheck implements sluicev1.RateLimiterServer.
@@ -256,6 +306,9 @@ func (s *Server) BatchCheck(ctx context.Context, req *sluicev1.BatchCheckRequest
 	}
 	checks := make([]engine.Check, n)
 	for i, item := range req.GetChecks() {
+		if item.GetReservationId() != "" {
+			return nil, toStatus(engine.InBatch(i, fieldErr("reservation_id", "not accepted in a batch; use CheckRateLimit")))
+		}
 		r := &sluicev1.CheckRequest{
 			ClientId: or(item.GetClientId(), req.GetClientId()), Resource: item.GetResource(),
 			Operation: item.GetOperation(), Cost: item.Cost, Priority: item.GetPriority(),

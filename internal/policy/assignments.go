@@ -71,6 +71,10 @@ func (d *decoder) assignments(n *yaml.Node, st *settings, p *Policy) {
 					d.errorf(lf.k, "%s.limits: unknown rule id %q", what, lf.key)
 					continue
 				}
+				if r.GlobalOnly() {
+					d.errorf(lf.k, "%s.limits.%s: rule %q has only a global_limit, shared by every identity's regions alike; an identity's limits cannot change it", what, lf.key, lf.key)
+					continue
+				}
 				s := d.limitSpec(lf.v, what+".limits."+lf.key, nil)
 				// Unset fields come from the limit the rule would apply to
 				// this identity's tier.

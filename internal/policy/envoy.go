@@ -32,7 +32,9 @@ type EnvoyLimit struct {
 	// days) or year (365 days); UnitName its configured name.
 	Unit     time.Duration
 	UnitName string
-	// RequestsPerUnit is the limit; 0 denies everything.
+	// RequestsPerUnit is the limit; 0 denies everything. For a limit with
+	// global_requests_per_unit alone (see GlobalOnly) it is that global
+	// limit, which the descriptor's status reports.
 	RequestsPerUnit int64
 	// Unlimited descriptors are never limited and never reach the store.
 	Unlimited bool
@@ -49,7 +51,7 @@ type EnvoyLimit struct {
 	// ordinary, descriptor is).
 	QuotaMode bool
 	// Limit is the compiled limit (fixed window unless the rate_limit sets
-	// Sluice's `algorithm` extension); nil when Unlimited.
+	// Sluice's `algorithm` extension); nil when Unlimited or GlobalOnly.
 	Limit *Limit
 	// FailureMode is what the limit does when the store cannot answer:
 	// DefaultFailureMode (local, with the whole limit per instance, as
@@ -274,6 +276,11 @@ func (n *envoyNode) limits(out *[]*Limit) {
 		}
 	}
 }
+
+// GlobalOnly reports whether l's one limit is its global limit
+// (global_requests_per_unit without requests_per_unit): a descriptor of it
+// is decided by the global limit alone, on one key.
+func (l *EnvoyLimit) GlobalOnly() bool { return l.Global != nil && l.Limit == nil }
 
 // AppendKey appends the store key of l for the descriptor entries to dst.
 // An entry matched by a wildcard with share_threshold is keyed by the

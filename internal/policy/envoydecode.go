@@ -173,6 +173,10 @@ func (d *decoder) envoyDescriptors(n *yaml.Node, dom *envoyDomain, into *envoyNo
 		}
 		if rl != nil {
 			e.limit = d.envoyLimit(rl, dom, full, st)
+			if e.limit != nil && e.limit.GlobalOnly() && (shadow || quota) {
+				d.errorf(rl, "rate_limit.global_requests_per_unit: a shadow_mode or quota_mode descriptor does not enforce a global limit, and this one has no other; set requests_per_unit")
+				e.limit = nil
+			}
 			if e.limit != nil {
 				e.limit.Shadow, e.limit.QuotaMode = shadow, quota
 				e.limit.DetailedMetric, e.limit.ValueToMetric = detailed, toMetric
@@ -199,7 +203,7 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 	}
 	l := &EnvoyLimit{Domain: dom.name, FullKey: full, FailureMode: DefaultFailureMode}
 	// has* report the fields given, bad that one was reported as invalid.
-	var hasUnit, hasRPU, bad bool
+	var hasUnit, hasRPU, hasAlg, bad bool
 	var global *yaml.Node
 	alg := sluice.FixedWindow
 	for _, f := range fs {
@@ -251,6 +255,7 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 		case "global_requests_per_unit":
 			global = f.v
 		case "algorithm":
+			hasAlg = true
 			if a, ok := d.algorithm(f.v, "rate_limit.algorithm"); ok {
 				alg = a
 			} else {
@@ -273,35 +278,22 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 		d.errorf(n, "rate_limit: missing unit")
 		return nil
 	}
-	if !hasRPU {
-		d.errorf(n, "rate_limit: missing requests_per_unit")
+	if !hasRPU && global == nil {
+		d.errorf(n, "rate_limit: missing requests_per_unit (or global_requests_per_unit for a limit shared by every region alone)")
+		return nil
+	}
+	if !hasRPU && hasAlg {
+		d.errorf(n, "rate_limit.algorithm: a rate limit with only global_requests_per_unit counts it in fixed windows; remove algorithm, or set requests_per_unit")
 		return nil
 	}
 	if bad {
 		return nil
 	}
-	spec := limitSpec{alg: alg, limit: l.RequestsPerUnit, window: l.Unit, hasLim: true, hasWin: true, node: n}
-	if l.RequestsPerUnit == 0 {
-		// requests_per_unit: 0 blocks every request (envoyproxy/ratelimit's
-		// way of listing a banned value).
-		lim := &Limit{Spec: sluice.Limit{Algorithm: alg, Window: l.Unit, DenyAll: true}}
-		for pr := range lim.Params {
-			p, err := algorithm.Compile(lim.Spec)
-			if err != nil {
-				d.errorf(n, "rate_limit: %v", err)
-				return nil
-			}
-			lim.Params[pr] = p
-		}
-		lim.Tag = algorithmAbbrev[alg] + "." + l.Unit.String()
-		l.Limit = lim
-	} else {
-		l.Limit = d.compile(spec, st, DefaultFailureMode, 1, "rate_limit", 1)
-		if l.Limit == nil {
+	if hasRPU {
+		if !d.envoyOwnLimit(n, l, dom, st, alg) {
 			return nil
 		}
 	}
-	l.keyPrefix = "rl:envoy:" + string(appendEscaped(nil, dom.name)) + ":" + l.Limit.Tag + ":"
 	if global != nil {
 		v, ok := d.int64(global, "rate_limit.global_requests_per_unit")
 		if !ok {
@@ -314,6 +306,39 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 		}
 		l.Global = &p
 		l.globalPrefix = "rl:envoy:" + string(appendEscaped(nil, dom.name)) + ":" + globalTag + ":"
+		if !hasRPU {
+			// The global limit is the descriptor's only one, and the
+			// one its status reports.
+			l.RequestsPerUnit = v
+		}
 	}
 	return l
+}
+
+// envoyOwnLimit compiles l's own limit, requests_per_unit per unit of
+// algorithm alg, and reports whether it could.
+func (d *decoder) envoyOwnLimit(n *yaml.Node, l *EnvoyLimit, dom *envoyDomain, st *settings, alg sluice.Algorithm) bool {
+	spec := limitSpec{alg: alg, limit: l.RequestsPerUnit, window: l.Unit, hasLim: true, hasWin: true, node: n}
+	if l.RequestsPerUnit == 0 {
+		// requests_per_unit: 0 blocks every request (envoyproxy/ratelimit's
+		// way of listing a banned value).
+		lim := &Limit{Spec: sluice.Limit{Algorithm: alg, Window: l.Unit, DenyAll: true}}
+		for pr := range lim.Params {
+			p, err := algorithm.Compile(lim.Spec)
+			if err != nil {
+				d.errorf(n, "rate_limit: %v", err)
+				return false
+			}
+			lim.Params[pr] = p
+		}
+		lim.Tag = algorithmAbbrev[alg] + "." + l.Unit.String()
+		l.Limit = lim
+	} else {
+		l.Limit = d.compile(spec, st, DefaultFailureMode, 1, "rate_limit", 1)
+		if l.Limit == nil {
+			return false
+		}
+	}
+	l.keyPrefix = "rl:envoy:" + string(appendEscaped(nil, dom.name)) + ":" + l.Limit.Tag + ":"
+	return true
 }

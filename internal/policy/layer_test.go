@@ -98,6 +98,9 @@ func TestWithLayerErrors(t *testing.T) {
 	}{
 		{"bad limit", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","limit":-1,"window":"1s"}`)}}}, "rule", "limit"},
 		{"missing window", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","limit":1}`)}}}, "rule", "window"},
+		{"missing limit", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","window":"1s"}`)}}}, "rule", "limit"},
+		{"global only, no window", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","global_limit":5}`)}}}, "rule", "window"},
+		{"global only, burst", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","window":"1s","global_limit":5,"burst":2}`)}}}, "rule", "burst"},
 		{"bad glob", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","match":{"resource":"/a/["},"limit":1,"window":"1s"}`)}}}, "rule", "match.resource"},
 		{"unknown key", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"x","limt":1,"window":"1s"}`)}}}, "rule", ""},
 		{"id mismatch", Layer{Rules: []LayerRule{{ID: "x", Spec: spec(`{"id":"y","limit":1,"window":"1s"}`)}}}, "rule", "id"},
@@ -309,6 +312,8 @@ func FuzzWithLayerRule(f *testing.F) {
 		`{"id":"x","match":{"resource":"/a/*","client":["c"]},"tiered":true}`,
 		`{"id":"x","tiers":{"free":{"limit":3}},"limit":1,"window":"1m","algorithm":"gcra","burst":2}`,
 		`{"id":"api","dimension":"user+endpoint","limit":9,"window":"24h"}`,
+		`{"id":"x","window":"1m","global_limit":5}`,
+		`{"id":"x","limit":3,"window":"1s","global_limit":7}`,
 		`{"id":"x","limit":1e99,"window":"-1s"}`,
 		`[]`, `null`, `{"id":`,
 	} {

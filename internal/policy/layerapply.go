@@ -396,7 +396,8 @@ func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool, slab *[]yaml.No
 
 // ruleField splits a message of the rules decoder into the field it names
 // and what it says of it: `rule "x".match.resource: "..." bad glob`
-// names match.resource; `rule "x": missing limit`, limit.
+// names match.resource; `rule "x": missing limit` and `rule "x": missing
+// window: ...`, limit and window.
 func ruleField(msg string) (field, rest string) {
 	s := msg
 	if strings.HasPrefix(s, "rules[0]") {
@@ -412,8 +413,10 @@ func ruleField(msg string) (field, rest string) {
 		}
 	}
 	m := strings.TrimPrefix(s, ": ")
-	if f, ok := strings.CutPrefix(m, "missing "); ok && !strings.Contains(f, " ") {
-		return f, m
+	if f, ok := strings.CutPrefix(m, "missing "); ok {
+		if f, _, _ = strings.Cut(f, ":"); !strings.Contains(f, " ") {
+			return f, m
+		}
 	}
 	return "", m
 }

@@ -166,6 +166,9 @@ func (c *overrideCompiler) compile(k identity, id string, version int64, expires
 			return bad("limits."+rl.rule, "unknown rule id")
 		}
 		r, parent := ri.r, ri.parent(tier)
+		if parent == nil && r.GlobalOnly() {
+			return bad("limits."+rl.rule, fmt.Sprintf("rule %q has only a global_limit, which an override cannot change", rl.rule))
+		}
 		if parent == nil {
 			return bad("limits."+rl.rule, fmt.Sprintf("rule %q has no limit for tier %q", rl.rule, tier))
 		}

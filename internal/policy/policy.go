@@ -217,7 +217,7 @@ type Rule struct {
 	// DimensionName is the dimension as configured, such as "user+endpoint".
 	DimensionName string
 	// Base is the rule's own limit; nil when the rule takes its limits
-	// from the tiers only.
+	// from the tiers only, or has only a global limit (see GlobalOnly).
 	Base *Limit
 	// Tiered reports that the limit depends on the identity's tier.
 	Tiered bool
@@ -232,13 +232,21 @@ type Rule struct {
 	// store, for the local failure mode.
 	ExpectedInstances int64
 	// Global is the rule's global limit, compiled as a fixed window of
-	// the rule's own window, or nil: the units every region together
-	// admits, on top of the rule's own limit in each region.
+	// the rule's window, or nil: the units every region together admits,
+	// on top of the rule's own limit in each region when it has one.
 	Global *algorithm.Params
+	// GlobalLocal is the share of the global limit that each instance
+	// admits on its own while the store cannot answer, for a rule with
+	// only a global limit and the local failure mode; nil otherwise.
+	GlobalLocal *algorithm.Params
 
 	byTier    map[string]*Limit // effective limit per tier name
 	keyPrefix string            // "rl:" + escaped id + ":"
 }
+
+// GlobalOnly reports whether the rule's one limit is its global limit: a
+// check of it is decided by the global limit alone, one store key.
+func (r *Rule) GlobalOnly() bool { return r.Global != nil && r.Base == nil && !r.Tiered }
 
 // LimitFor returns the limit that applies under tier, with the override of
 // assignment a (may be nil) taking precedence. It returns nil when the rule

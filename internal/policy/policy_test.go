@@ -370,7 +370,7 @@ func TestValidationErrors(t *testing.T) {
 		{"duplicate id", "version: 1\nrules:\n  - {id: a, limit: 1, window: 1s}\n  - {id: a, limit: 1, window: 1s}\n", `test.yaml:4:10: rules[1].id: duplicate rule id "a" (first at line 3)`},
 		{"missing window", "version: 1\nrules:\n  - {id: a, limit: 1}\n", `test.yaml:3:5: rule "a": missing window`},
 		{"bad window", "version: 1\nrules:\n  - {id: a, limit: 1, window: soon}\n", `rule "a".window: want a duration`},
-		{"no limit", "version: 1\nrules:\n  - {id: a}\n", "set limit and window, or tiered: true"},
+		{"no limit", "version: 1\nrules:\n  - {id: a}\n", "missing limit: set limit and window, global_limit and window, or tiered: true"},
 		{"tiered with its own limit", "version: 1\ntiers: {free: {limit: 1, window: 1s}}\nrules:\n  - {id: a, tiered: true, limit: 5}\n", "a tiered rule takes its limits from the tiers"},
 		{"tiered without tiers", "version: 1\nrules:\n  - {id: a, tiered: true}\n", "tiered: true needs tiers"},
 		{"unknown tier", "version: 1\ntiers: {free: {limit: 1, window: 1s}}\nrules:\n  - {id: a, limit: 1, window: 1s, tiers: {gold: {limit: 2}}}\n", `unknown tier "gold"`},
@@ -866,6 +866,8 @@ func FuzzParse(f *testing.F) {
 		}
 	}
 	f.Add([]byte("version: 1\nrules: &a [*a]\n"))
+	f.Add([]byte("version: 1\nrules:\n  - {id: g, window: 1m, global_limit: 5, failure_mode: local, expected_instances: 3}\n  - {id: b, limit: 2, window: 1s, global_limit: 9}\nassignments:\n  - {client: c, limits: {b: {limit: 1}}}\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, global_requests_per_unit: 5}\n"))
 	f.Add([]byte("version: 1\nrules:\n  - {id: a, limit: 1, window: 1s, match: {resource: [\"/a/*\", \"/*/b\", \"[\"]}}\n"))
 	f.Add([]byte("version: 1\ntiers: {free: {limit: 0, window: 1s}}\nrules:\n  - {id: a, tiered: true, tiers: {free: {burst: x}}}\nassignments:\n  - {client: c, tier: free, limits: {a: {limit: 2}}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -115,18 +115,31 @@ func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 		r.keyPrefix = "rl:" + r.ID + ":"
 		base := d.limitSpec(item, what, limitFields)
 		base.node = item
-		if base.present && r.Tiered {
+		globalOnly := globalNode != nil && !base.hasLim && !r.Tiered
+		switch {
+		case base.present && r.Tiered:
 			d.errorf(item, "%s: a tiered rule takes its limits from the tiers; remove algorithm, limit, window and burst, or use tiers: to set this rule's limit per tier", what)
-		} else if base.present {
+		case globalOnly:
+			d.globalOnly(item, what, base, tiersNode != nil)
+		case base.present && !base.hasLim:
+			d.errorf(item, "%s: missing limit: set limit, or global_limit for a limit shared by every region alone", what)
+			if !base.hasWin {
+				d.errorf(item, "%s: missing window", what)
+			}
+		case base.present:
 			spec := base.over(limitSpec{alg: st.alg})
 			if d.complete(spec, item, what) {
 				r.Base = d.compile(spec, st, r.FailureMode, r.ExpectedInstances, what, 1)
 			}
-		} else if !r.Tiered {
-			d.errorf(item, "%s: set limit and window, or tiered: true to take the limit from the identity's tier", what)
+		case !r.Tiered:
+			d.errorf(item, "%s: missing limit: set limit and window, global_limit and window, or tiered: true to take the limit from the identity's tier", what)
 		}
 		if globalNode != nil {
-			d.globalLimit(globalNode, what, r)
+			d.globalLimit(globalNode, what, r, base)
+		}
+		if globalOnly {
+			// Its per-tier limits were refused: none is compiled.
+			tiersNode = nil
 		}
 		if r.Tiered {
 			if len(st.tierNames) == 0 {
@@ -242,28 +255,64 @@ func checkPattern(s string) string {
 	return ""
 }
 
+// globalOnly checks the limit fields of a rule whose only limit is its
+// global_limit (base, as written: no limit): its window is the global
+// limit's, and nothing else of a regional limit may be set.
+func (d *decoder) globalOnly(n *yaml.Node, what string, base limitSpec, tiers bool) {
+	switch {
+	case base.alg != 0:
+		d.errorf(n, "%s.algorithm: a rule with only a global_limit counts it in fixed windows; remove algorithm, or set limit for a regional limit of that algorithm", what)
+	case base.hasBur:
+		d.errorf(n, "%s.burst: a rule with only a global_limit has no burst; remove burst, or set limit for a regional limit with a burst", what)
+	case !base.hasWin:
+		d.errorf(n, "%s: missing window: a global_limit counts per the rule's window", what)
+	case tiers:
+		d.errorf(n, "%s.tiers: a rule with only a global_limit has no limit of its own to set per tier; set limit, or remove tiers", what)
+	}
+}
+
 // globalLimit compiles the rule's global_limit: the units per the rule's
-// own window that every region together admits. It is counted in fixed
+// window that every region together admits. It is counted in fixed
 // windows (the one algorithm whose windows every region cuts alike, from
-// the epoch), beside the rule's own limit, which still applies in each
-// region.
-func (d *decoder) globalLimit(n *yaml.Node, what string, r *Rule) {
+// the epoch), beside the rule's own limit when it has one, which still
+// applies in each region. base is the rule's limit fields as written.
+func (d *decoder) globalLimit(n *yaml.Node, what string, r *Rule, base limitSpec) {
 	v, ok := d.int64(n, what+".global_limit")
 	if !ok {
 		return
 	}
-	if r.Base == nil || r.Base.Spec.DenyAll {
-		d.errorf(n, "%s.global_limit: needs the rule's own limit and window (a tiered rule has none)", what)
+	if r.Tiered {
+		d.errorf(n, "%s.global_limit: a tiered rule takes its limits from the tiers, which have no global limit; remove global_limit or tiered", what)
 		return
 	}
 	if r.Shadow {
 		d.errorf(n, "%s.global_limit: a shadow rule never denies; remove global_limit or shadow", what)
 		return
 	}
-	p, err := algorithm.Compile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: v, Window: r.Base.Spec.Window})
+	window := base.window
+	if base.hasLim {
+		if r.Base == nil || r.Base.Spec.DenyAll {
+			// The rule's own limit is bad, and reported.
+			return
+		}
+		window = r.Base.Spec.Window
+	} else if !base.hasWin || base.bad || base.alg != 0 || base.hasBur {
+		return // reported by globalOnly
+	}
+	p, err := algorithm.Compile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: v, Window: window})
 	if err != nil || v < 1 {
-		d.errorf(n, "%s.global_limit: %d per %s: must be at least 1 and at most %d", what, v, r.Base.Spec.Window, int64(sluice.MaxLimit))
+		d.errorf(n, "%s.global_limit: %d per %s: must be at least 1 and at most %d, per a window longer than 0", what, v, window, int64(sluice.MaxLimit))
 		return
 	}
 	r.Global = &p
+	if r.Base == nil && r.FailureMode == FailLocal {
+		// With no regional limit, the local failure mode's share is the
+		// global limit's, split among the region's instances.
+		lp, err := algorithm.Compile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: ceilDiv(v, r.ExpectedInstances), Window: window})
+		if err != nil {
+			d.errorf(n, "%s.global_limit: local share: %v", what, err)
+			return
+		}
+		r.GlobalLocal = &lp
+	}
 }

@@ -1,16 +1,24 @@
-// Package reserve serves reservations of capacity on one instance: a Keeper
-// holds, in process, the pools of package reservation and runs their
-// transitions, each pool behind its own mutex, at the Keeper's clock.
+// Package reserve serves reservations of capacity: a Keeper matches a
+// reservation to its pool under the policy in force, names it with a
+// public ID, runs its operations on a Backend and records their events.
+// The Backend holds the pools of package reservation and runs their
+// transitions, each as one atomic step: Memory in process, for one
+// instance; package redispool in Redis or Redis Cluster, so that any
+// instance sharing the Redis can grant, use, release or expire any
+// reservation, and an instance that dies loses nothing (its reservations
+// expire and return their tokens).
 //
 // # Pools
 //
 // A reservation for (client, resource) draws from the pool of the first
 // rule, in policy order, that matches the client and the resource and has
-// a limit of its own (tiered rules without a base limit are skipped): one
+// a limit of its own (tiered rules without a base limit are skipped, and
+// so are rules with only a global limit, which every region shares while
+// a pool is held in one region's store or instance): one
 // pool per (rule, resource), whose capacity is that rule's limit, its
 // Limit field, per window. A resource that no such rule matches cannot be
 // reserved. When a reload changes the limit, the pool takes the new
-// capacity at its next transition; tokens already granted stay granted.
+// capacity at its next Reserve; tokens already granted stay granted.
 //
 // # Tokens
 //
@@ -23,23 +31,25 @@
 // # IDs
 //
 // A reservation's ID is "rsv_" + the pool's handle + "_" + 128 random
-// bits: it names its pool without naming the resource, and cannot be
-// guessed. The numeric IDs of package reservation stay inside the Keeper.
+// bits: it names its pool (PoolHandle, the same on every instance)
+// without naming the resource, and cannot be guessed. The numeric IDs of
+// package reservation stay inside the Backend.
 //
-// # Expiry
+// # Time and expiry
 //
-// Every transition expires what is due first; a sweep every
-// Config.SweepEvery expires the rest and forgets idle pools, so that
-// expiries are reported (and queued requests granted) even when a pool
-// sees no call. Close stops the sweep.
+// The Keeper passes its clock, Config.Now, to the Backend; when Now is nil
+// it passes zero, the Backend's own clock (on Redis the server's, one clock
+// for every instance). Every operation expires what is due in its pool
+// first; a sweep every Config.SweepEvery expires the rest and forgets idle
+// pools, so that expiries are reported (and queued requests granted) even
+// when a pool sees no call. Close stops the sweep.
 package reserve
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
-	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/events"
@@ -49,7 +59,7 @@ import (
 
 // Errors of the Keeper, besides those of package reservation
 // (reservation.ErrInvalid, ErrQueueFull, ErrNotFound, ErrInsufficient),
-// which it returns as they are.
+// which it returns as they are, and those of its Backend.
 var (
 	// ErrForbidden refuses a reservation ID presented by a client other
 	// than the one that holds it.
@@ -66,6 +76,7 @@ const (
 	DefaultAgingPeriod = 30 * time.Second
 	DefaultSweepEvery  = time.Second
 	DefaultMaxPools    = 100_000
+	DefaultTimeout     = time.Second
 )
 
 // Config configures a Keeper.
@@ -73,10 +84,15 @@ type Config struct {
 	// Policy returns the policy in force, from which pools take their
 	// capacity. Required.
 	Policy func() *policy.Policy
-	// Now is the clock; nil means time.Now.
+	// Now is the clock; nil means the Backend's own (see the package
+	// documentation).
 	Now func() time.Time
 	// Events records grants, releases and expiries; nil records nothing.
 	Events *events.Recorder
+	// Backend holds the pools; nil means NewMemory(MaxPools).
+	Backend Backend
+	// Timeout bounds each call to the Backend; zero means DefaultTimeout.
+	Timeout time.Duration
 	// QueueLimit is the most requests queued per pool; zero means
 	// DefaultQueueLimit. It is lowered for large pools so that capacity x
 	// queue limit stays within reservation.MaxQueueTokens.
@@ -88,55 +104,29 @@ type Config struct {
 	// DefaultSweepEvery, negative runs no sweep (expiry then happens at
 	// the pool's next call).
 	SweepEvery time.Duration
-	// MaxPools bounds the pools held at once (each resource matching a
-	// rule may make one); zero means DefaultMaxPools. A reservation that
-	// would need one more is refused with reservation.ErrQueueFull until
-	// the sweep forgets idle pools.
+	// MaxPools bounds the pools the default Memory backend holds at once
+	// (each resource matching a rule may make one); zero means
+	// DefaultMaxPools. A reservation that would need one more is refused
+	// with reservation.ErrQueueFull until the sweep forgets idle pools.
 	MaxPools int
 }
 
-// Keeper holds the pools of one instance. It is safe for concurrent use.
+// Keeper serves reservations on a Backend. It is safe for concurrent use.
+// Besides the errors each method names, Reserve, Get, Release and Use
+// return the Backend's failures (on Redis, errors wrapping
+// sluice.ErrStoreUnavailable), and Held and Queued then answer nothing.
 type Keeper struct {
 	cfg Config
-
-	mu       sync.Mutex
-	pools    map[poolKey]*pool // guarded by mu
-	byHandle map[string]*pool  // guarded by mu
+	be  Backend
 
 	stop chan struct{}
 	done chan struct{}
-}
-
-type poolKey struct{ rule, resource string }
-
-// pool is one pool and the IDs of its reservations. Lock order: Keeper.mu
-// before pool.mu; transitions take pool.mu alone.
-type pool struct {
-	handle, rule, resource string
-
-	mu     sync.Mutex
-	dead   bool // removed from the Keeper by the sweep: look it up again
-	conf   reservation.Config
-	st     reservation.State
-	byID   map[int64]*entry
-	bySecr map[string]int64
-}
-
-// entry is what the Keeper knows of a reservation besides its state.
-type entry struct {
-	id       string // the public ID
-	secret   string
-	client   string
-	released bool
 }
 
 // New returns a Keeper for cfg and starts its sweep.
 func New(cfg Config) (*Keeper, error) {
 	if cfg.Policy == nil {
 		return nil, errors.New("reserve: Config.Policy is required")
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
 	}
 	if cfg.QueueLimit <= 0 {
 		cfg.QueueLimit = DefaultQueueLimit
@@ -148,15 +138,17 @@ func New(cfg Config) (*Keeper, error) {
 	if cfg.SweepEvery == 0 {
 		cfg.SweepEvery = DefaultSweepEvery
 	}
-	if cfg.MaxPools <= 0 {
-		cfg.MaxPools = DefaultMaxPools
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Backend == nil {
+		cfg.Backend = NewMemory(cfg.MaxPools)
 	}
 	k := &Keeper{
-		cfg:      cfg,
-		pools:    make(map[poolKey]*pool),
-		byHandle: make(map[string]*pool),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		cfg:  cfg,
+		be:   cfg.Backend,
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
 	}
 	if cfg.SweepEvery > 0 {
 		go k.sweepLoop(cfg.SweepEvery)
@@ -166,7 +158,8 @@ func New(cfg Config) (*Keeper, error) {
 	return k, nil
 }
 
-// Close stops the sweep and waits for it. The Keeper still serves calls.
+// Close stops the sweep and waits for it. The Keeper still serves calls;
+// closing the Backend is its owner's.
 func (k *Keeper) Close() error {
 	select {
 	case <-k.stop:
@@ -192,84 +185,47 @@ func (k *Keeper) sweepLoop(every time.Duration) {
 }
 
 // Sweep expires what is due in every pool, grants from their queues, and
-// forgets the pools left idle.
+// forgets the pools left idle. A Backend that fails is tried again at the
+// next sweep; the pools' own calls expire what is due meanwhile.
 func (k *Keeper) Sweep() {
-	k.mu.Lock()
-	pools := make([]*pool, 0, len(k.pools))
-	for _, p := range k.pools {
-		pools = append(pools, p)
+	ctx, cancel := k.ctx()
+	defer cancel()
+	fx, _ := k.be.Sweep(ctx, k.now())
+	k.emit(fx)
+}
+
+// ctx returns the context of one Backend call.
+func (k *Keeper) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), k.cfg.Timeout)
+}
+
+// now returns the instant to pass to the Backend: µs since the epoch, or
+// zero for the Backend's clock.
+func (k *Keeper) now() int64 {
+	if k.cfg.Now == nil {
+		return 0
 	}
-	k.mu.Unlock()
-	now := k.cfg.Now()
-	for _, p := range pools {
-		p.mu.Lock()
-		fx := reservation.Expire(&p.conf, &p.st, now.UnixMicro())
-		evs := p.effects(fx, now)
-		p.mu.Unlock()
-		k.emit(evs)
-	}
-	// Forget the idle pools: nothing granted, nothing queued.
-	k.mu.Lock()
-	for key, p := range k.pools {
-		p.mu.Lock()
-		if len(p.st.Granted) == 0 && len(p.st.Queue) == 0 {
-			p.dead = true
-			delete(k.pools, key)
-			delete(k.byHandle, p.handle)
-		}
-		p.mu.Unlock()
-	}
-	k.mu.Unlock()
+	return k.cfg.Now().UnixMicro()
 }
 
 // poolFor returns the pool of (client, resource) under the policy in
-// force, creating it, locked; the caller unlocks it.
-func (k *Keeper) poolFor(client, resource string) (*pool, error) {
+// force.
+func (k *Keeper) poolFor(client, resource string) (*Pool, error) {
 	rule, capacity := k.match(client, resource)
 	if rule == "" {
 		return nil, &reservation.InvalidError{Field: "resource", Reason: "no rule with a limit of its own applies to it"}
 	}
-	key := poolKey{rule, resource}
-	for {
-		k.mu.Lock()
-		p := k.pools[key]
-		if p == nil && len(k.pools) >= k.cfg.MaxPools {
-			k.mu.Unlock()
-			return nil, fmt.Errorf("%w: %d pools held, the most this instance keeps", reservation.ErrQueueFull, len(k.pools))
-		}
-		if p == nil {
-			p = &pool{
-				handle:   newHandle(k.byHandle),
-				rule:     rule,
-				resource: resource,
-				byID:     make(map[int64]*entry),
-				bySecr:   make(map[string]int64),
-			}
-			k.pools[key] = p
-			k.byHandle[p.handle] = p
-		}
-		k.mu.Unlock()
-		p.mu.Lock()
-		if p.dead {
-			p.mu.Unlock()
-			continue
-		}
-		k.configure(p, capacity)
-		return p, nil
-	}
-}
-
-// configure sets p's configuration for capacity; requires p.mu held.
-func (k *Keeper) configure(p *pool, capacity int64) {
-	if p.conf.Capacity == capacity {
-		return
-	}
-	p.conf = reservation.Config{
-		Capacity:    capacity,
-		QueueLimit:  max(1, min(k.cfg.QueueLimit, reservation.MaxQueueTokens/capacity)),
-		AgingPeriod: k.cfg.AgingPeriod.Microseconds(),
-		MaxDuration: reservation.MaxDuration,
-	}
+	return &Pool{
+		Handle:   PoolHandle(rule, resource),
+		Rule:     rule,
+		Resource: resource,
+		Config: reservation.Config{
+			Capacity:    capacity,
+			QueueLimit:  max(1, min(k.cfg.QueueLimit, reservation.MaxQueueTokens/capacity)),
+			AgingPeriod: k.cfg.AgingPeriod.Microseconds(),
+			MaxDuration: reservation.MaxDuration,
+		},
+	}, nil
 }
 
 // match returns the rule whose limit makes the pool of (client, resource),
@@ -296,44 +252,6 @@ func (k *Keeper) denied(q *policy.Request) bool {
 	return pol != nil && pol.Denied(q)
 }
 
-// lookup returns the pool and the reservation of the public ID, the pool
-// locked; the caller unlocks it. It refuses an ID held by another client
-// than client (unless client is empty) with ErrForbidden.
-func (k *Keeper) lookup(client, id string) (*pool, int64, *entry, error) {
-	handle, secret, ok := parseID(id)
-	if !ok {
-		return nil, 0, nil, reservation.ErrNotFound
-	}
-	k.mu.Lock()
-	p := k.byHandle[handle]
-	k.mu.Unlock()
-	if p == nil {
-		return nil, 0, nil, reservation.ErrNotFound
-	}
-	p.mu.Lock()
-	n, ok := p.bySecr[secret]
-	if p.dead || !ok {
-		p.mu.Unlock()
-		return nil, 0, nil, reservation.ErrNotFound
-	}
-	e := p.byID[n]
-	if client != "" && client != e.client {
-		p.mu.Unlock()
-		return nil, 0, nil, ErrForbidden
-	}
-	return p, n, e, nil
-}
-
-// newHandle returns a random pool handle not in taken.
-func newHandle(taken map[string]*pool) string {
-	for {
-		h := randomHex(8)
-		if _, ok := taken[h]; !ok {
-			return h
-		}
-	}
-}
-
 func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b) // never fails (crypto/rand)
@@ -354,37 +272,24 @@ func parseID(id string) (handle, secret string, ok bool) {
 	return id[len(idPrefix) : len(idPrefix)+handleLen], id[len(idPrefix)+handleLen+1:], true
 }
 
+// publicID returns the ID of the reservation secret in the pool handle.
+func publicID(handle, secret string) string { return idPrefix + handle + "_" + secret }
+
 // micros converts an instant of package reservation to a time.Time.
 func micros(us int64) time.Time { return time.UnixMicro(us).UTC() }
 
-// effects applies fx to p's IDs and returns the events to emit once p.mu
-// is released; requires p.mu held.
-func (p *pool) effects(fx reservation.Effects, now time.Time) []events.Event {
-	var evs []events.Event
-	for _, x := range fx.Expired {
-		e := p.byID[x.ID]
-		delete(p.byID, x.ID)
-		if e == nil {
-			continue
-		}
-		delete(p.bySecr, e.secret)
-		evs = append(evs, p.event(events.ReservationExpired, now, e, x.Returned))
+// emit records fx as events.
+func (k *Keeper) emit(fx []Effect) {
+	if len(fx) == 0 || k.cfg.Events == nil {
+		return
 	}
-	for _, g := range fx.Granted {
-		if e := p.byID[g.ID]; e != nil {
-			evs = append(evs, p.event(events.ReservationGranted, now, e, g.Tokens))
-		}
+	now := time.Now()
+	if k.cfg.Now != nil {
+		now = k.cfg.Now()
 	}
-	return evs
-}
-
-func (p *pool) event(t events.Type, now time.Time, e *entry, tokens int64) events.Event {
-	return events.Event{Type: t, Time: now, Severity: events.SeverityInfo, Rule: p.rule,
-		Resource: p.resource, ClientID: e.client, Reservation: e.id, Tokens: tokens}
-}
-
-func (k *Keeper) emit(evs []events.Event) {
-	for _, ev := range evs {
-		k.cfg.Events.Emit(ev)
+	for _, e := range fx {
+		k.cfg.Events.Emit(events.Event{Type: e.Type, Time: now, Severity: events.SeverityInfo, Rule: e.Rule,
+			Resource: e.Resource, ClientID: e.Client, Reservation: publicID(PoolHandle(e.Rule, e.Resource), e.Secret),
+			Tokens: e.Tokens})
 	}
 }

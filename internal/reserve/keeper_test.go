@@ -318,3 +318,28 @@ func TestDenyListed(t *testing.T) {
 		t.Errorf("Use from a deny-listed IP: %v, want ErrDenyListed", err)
 	}
 }
+
+// A rule with only a global limit makes no pool: the next rule with a
+// limit of its own does, and a resource only such a rule matches cannot
+// be reserved.
+func TestGlobalOnlyRuleMakesNoPool(t *testing.T) {
+	p, err := policy.Parse("test.yaml", []byte(`version: 1
+rules:
+  - {id: g, match: {resource: "/*"}, window: 1m, global_limit: 1000}
+  - {id: api, match: {resource: "/api/*"}, limit: 100, window: 1m, algorithm: fixed_window}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := New(Config{Policy: func() *policy.Policy { return p }, Now: newClock().now, SweepEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	if rule, capacity := k.match("a", "/api/orders"); rule != "api" || capacity != 100 {
+		t.Errorf("/api/orders: pool of %q with %d, want api's, 100", rule, capacity)
+	}
+	if rule, _ := k.match("a", "/other"); rule != "" {
+		t.Errorf("/other: pool of %q, want none", rule)
+	}
+}

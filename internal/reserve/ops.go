@@ -3,7 +3,6 @@ package reserve
 import (
 	"time"
 
-	"github.com/sluicehq/sluice/internal/events"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/reservation"
 )
@@ -58,27 +57,23 @@ func (k *Keeper) Reserve(a Ask) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	now := k.cfg.Now()
-	res, fx, err := reservation.Reserve(&p.conf, &p.st, now.UnixMicro(), reservation.Ask{
+	ctx, cancel := k.ctx()
+	defer cancel()
+	secret := randomHex(secretLen / 2)
+	res, fx, err := k.be.Reserve(ctx, p, k.now(), reservation.Ask{
 		Client: a.Client, Tokens: a.Tokens, Duration: a.Duration.Microseconds(), Priority: a.Priority,
-	})
-	var out Result
-	if err == nil {
-		secret := randomHex(16)
-		e := &entry{id: idPrefix + p.handle + "_" + secret, secret: secret, client: a.Client}
-		p.byID[res.ID] = e
-		p.bySecr[secret] = res.ID
-		out = Result{ID: e.id, Granted: res.Granted, Tokens: a.Tokens, Position: res.Position}
-		if res.Granted {
-			out.ExpiresAt = micros(res.ExpiresAt)
-		} else {
-			out.EstimatedAt = micros(res.EstimatedAt)
-		}
+	}, secret)
+	k.emit(fx)
+	if err != nil {
+		return Result{}, err
 	}
-	evs := p.effects(fx, now)
-	p.mu.Unlock()
-	k.emit(evs)
-	return out, err
+	out := Result{ID: publicID(p.Handle, secret), Granted: res.Granted, Tokens: a.Tokens, Position: res.Position}
+	if res.Granted {
+		out.ExpiresAt = micros(res.ExpiresAt)
+	} else {
+		out.EstimatedAt = micros(res.EstimatedAt)
+	}
+	return out, nil
 }
 
 // Status is the state of a reservation.
@@ -105,43 +100,30 @@ type Status struct {
 // the holder's (else ErrForbidden). An unknown, expired or released ID is
 // reservation.ErrNotFound.
 func (k *Keeper) Get(client, id string) (Status, error) {
-	p, n, e, err := k.lookup(client, id)
+	handle, secret, ok := parseID(id)
+	if !ok {
+		return Status{}, reservation.ErrNotFound
+	}
+	ctx, cancel := k.ctx()
+	defer cancel()
+	rec, fx, err := k.be.Get(ctx, handle, secret, client, k.now())
+	k.emit(fx)
 	if err != nil {
 		return Status{}, err
 	}
-	now := k.cfg.Now()
-	fx := reservation.Expire(&p.conf, &p.st, now.UnixMicro())
-	evs := p.effects(fx, now)
-	st, err := p.status(n, e)
-	if err == nil && st.State == "queued" {
-		pos, at := reservation.Estimate(&p.conf, &p.st, now.UnixMicro(), n)
-		st.Position, st.EstimatedAt = pos, micros(at)
-	}
-	p.mu.Unlock()
-	k.emit(evs)
-	return st, err
+	return status(id, &rec), nil
 }
 
-// status returns the state of reservation n; requires p.mu held.
-func (p *pool) status(n int64, e *entry) (Status, error) {
-	if e.released || p.byID[n] == nil {
-		return Status{}, reservation.ErrNotFound
+// status returns the Status of rec, the record of id.
+func status(id string, rec *Record) Status {
+	st := Status{ID: id, Client: rec.Client, Resource: rec.Resource, Rule: rec.Rule, Tokens: rec.Tokens}
+	if rec.Queued {
+		st.State, st.Position, st.EstimatedAt = "queued", rec.Position, micros(rec.EstimatedAt)
+		return st
 	}
-	st := Status{ID: e.id, Client: e.client, Resource: p.resource, Rule: p.rule}
-	for _, q := range p.st.Queue {
-		if q.ID == n {
-			st.State, st.Tokens = "queued", q.Tokens
-			return st, nil
-		}
-	}
-	for _, g := range p.st.Granted {
-		if g.ID == n {
-			st.State, st.Tokens, st.Balance, st.Used = "granted", g.Tokens, g.Balance, g.InUse
-			st.GrantedAt, st.ExpiresAt = micros(g.GrantedAt), micros(g.ExpiresAt)
-			return st, nil
-		}
-	}
-	return Status{}, reservation.ErrNotFound
+	st.State, st.Balance, st.Used = "granted", rec.Balance, rec.InUse
+	st.GrantedAt, st.ExpiresAt = micros(rec.GrantedAt), micros(rec.ExpiresAt)
+	return st
 }
 
 // Ended says how Release ended a reservation.
@@ -159,36 +141,14 @@ type Ended struct {
 // any later call with the ID, is reservation.ErrNotFound, so tokens are
 // returned once. client, when not empty, must be the holder's.
 func (k *Keeper) Release(client, id string) (Ended, error) {
-	p, n, e, err := k.lookup(client, id)
-	if err != nil {
-		return Ended{}, err
-	}
-	if e.released {
-		p.mu.Unlock()
+	handle, secret, ok := parseID(id)
+	if !ok {
 		return Ended{}, reservation.ErrNotFound
 	}
-	now := k.cfg.Now()
-	var end Ended
-	var evs []events.Event
-	fx, err := reservation.Cancel(&p.conf, &p.st, now.UnixMicro(), n)
-	switch err {
-	case nil:
-		end.State = "cancelled"
-		delete(p.byID, n)
-		delete(p.bySecr, e.secret)
-	case reservation.ErrNotQueued:
-		evs = p.effects(fx, now)
-		end.State = "released"
-		end.Returned, fx, err = reservation.Release(&p.conf, &p.st, now.UnixMicro(), n)
-		if err == nil {
-			// The record stays until expiry, when what was used returns.
-			e.released = true
-			evs = append(evs, p.event(events.ReservationReleased, now, e, end.Returned))
-		}
-	}
-	evs = append(evs, p.effects(fx, now)...)
-	p.mu.Unlock()
-	k.emit(evs)
+	ctx, cancel := k.ctx()
+	defer cancel()
+	end, fx, err := k.be.Release(ctx, handle, secret, client, k.now())
+	k.emit(fx)
 	if err != nil {
 		return Ended{}, err
 	}
@@ -207,75 +167,51 @@ func (k *Keeper) Use(q *policy.Request, id string, n int64) (Status, error) {
 	if k.denied(q) {
 		return Status{}, ErrDenyListed
 	}
-	p, num, e, err := k.lookup(q.ClientID, id)
-	if err != nil {
-		return Status{}, err
-	}
-	if e.released {
-		p.mu.Unlock()
+	handle, secret, ok := parseID(id)
+	if !ok {
 		return Status{}, reservation.ErrNotFound
 	}
-	now := k.cfg.Now()
-	var fx reservation.Effects
-	if n == 0 {
-		fx = reservation.Expire(&p.conf, &p.st, now.UnixMicro())
-	} else {
-		_, fx, err = reservation.Use(&p.conf, &p.st, now.UnixMicro(), num, n)
-	}
-	evs := p.effects(fx, now)
-	var st Status
-	if err == nil {
-		st, err = p.status(num, e)
-		if err == nil && st.State == "queued" {
-			err = reservation.ErrNotGranted
-		}
-	}
-	p.mu.Unlock()
-	k.emit(evs)
+	ctx, cancel := k.ctx()
+	defer cancel()
+	rec, fx, err := k.be.Use(ctx, handle, secret, q.ClientID, k.now(), n)
+	k.emit(fx)
 	if err != nil {
 		return Status{}, err
 	}
-	return st, nil
+	return status(id, &rec), nil
 }
 
 // Held returns the tokens held in the pool of (client, resource), and its
 // capacity; 0, 0 when it has no pool. For tests and operators.
 func (k *Keeper) Held(client, resource string) (held, capacity int64) {
 	rule, _ := k.match(client, resource)
-	k.mu.Lock()
-	p := k.pools[poolKey{rule, resource}]
-	k.mu.Unlock()
-	if p == nil {
+	if rule == "" {
 		return 0, 0
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.st.Held, p.conf.Capacity
+	ctx, cancel := k.ctx()
+	defer cancel()
+	pk, err := k.be.Peek(ctx, PoolHandle(rule, resource), "", k.now())
+	if err != nil {
+		return 0, 0
+	}
+	return pk.Held, pk.Capacity
 }
 
 // Queued returns the place in its pool's queue of client's first request
 // queued for resource, and the estimated instant of its grant; ok is false
-// when client has none queued there. A check refused by the limits tells
-// its client this, so that it waits its turn rather than retrying.
+// when client has none queued there (or the Backend cannot say). A check
+// refused by the limits tells its client this, so that it waits its turn
+// rather than retrying.
 func (k *Keeper) Queued(client, resource string) (position int64, at time.Time, ok bool) {
 	rule, _ := k.match(client, resource)
 	if rule == "" {
 		return 0, time.Time{}, false
 	}
-	k.mu.Lock()
-	p := k.pools[poolKey{rule, resource}]
-	k.mu.Unlock()
-	if p == nil {
+	ctx, cancel := k.ctx()
+	defer cancel()
+	pk, err := k.be.Peek(ctx, PoolHandle(rule, resource), client, k.now())
+	if err != nil || pk.Position == 0 {
 		return 0, time.Time{}, false
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := k.cfg.Now().UnixMicro()
-	for _, q := range p.st.Queue {
-		if q.Client == client {
-			pos, est := reservation.Estimate(&p.conf, &p.st, now, q.ID)
-			return pos, micros(est), true
-		}
-	}
-	return 0, time.Time{}, false
+	return pk.Position, micros(pk.EstimatedAt), true
 }

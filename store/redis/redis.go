@@ -326,6 +326,15 @@ func New(cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// Client returns the store's Redis client, for another user of the same
+// Redis (the reservations' pools, package redispool) to share its
+// connections. Closing the store closes it, unless it was given in
+// Config.Client.
+func (s *Store) Client() rueidis.Client { return s.client }
+
+// Prefix returns the prefix put before every key (Config.Prefix).
+func (s *Store) Prefix() string { return s.prefix }
+
 // Cluster reports whether the store talks to a Redis Cluster.
 func (s *Store) Cluster() bool { return s.cluster }
 

@@ -120,7 +120,7 @@ func (s *Store) Close() {
 }
 
 // tables are the partitioned tables.
-var tables = []string{"analytics_rollups", "analytics_blocked_events", "analytics_hourly", "analytics_client_days"}
+var tables = []string{"analytics_rollups", "analytics_blocked_events", "analytics_hourly", "analytics_client_days", "analytics_client_hours"}
 
 // Maintain creates the partitions of yesterday, today and the days ahead,
 // and drops those older than the retention before now.

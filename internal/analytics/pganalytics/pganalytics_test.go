@@ -55,16 +55,16 @@ func TestMigrateTwiceIsNoOp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 4 || got[0] != 1 || got[3] != 4 {
-		t.Errorf("first run applied %v, want [1 2 3 4]", got)
+	if len(got) != 5 || got[0] != 1 || got[4] != 5 {
+		t.Errorf("first run applied %v, want [1 2 3 4 5]", got)
 	}
 	got, err = Migrate(ctx, pool)
 	if err != nil || len(got) != 0 {
 		t.Errorf("second run applied %v (err %v), want nothing", got, err)
 	}
 	var n int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM schema_migrations").Scan(&n); err != nil || n != 4 {
-		t.Errorf("schema_migrations has %d rows (err %v), want 4", n, err)
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM schema_migrations").Scan(&n); err != nil || n != 5 {
+		t.Errorf("schema_migrations has %d rows (err %v), want 5", n, err)
 	}
 }
 
@@ -110,6 +110,23 @@ func TestWriteQueryExact(t *testing.T) {
 		}
 		if n := []int{144, 72, 3}[g]; len(got.TimeSeries) != n {
 			t.Errorf("granularity %d: %d points, want %d", g, len(got.TimeSeries), n)
+		}
+	}
+	// Ranges of whole hours that are not whole days: the coarse tables'
+	// first and last hours, and a range within one day; by resource and
+	// region too.
+	for _, f := range []analytics.Filter{
+		{Start: day0.Add(5 * time.Hour), End: day0.Add(55 * time.Hour), Granularity: analytics.Hour},
+		{Start: day0.Add(3 * time.Hour), End: day0.Add(9 * time.Hour), Granularity: analytics.Hour, Top: 1},
+		{Start: day0.Add(23 * time.Hour), End: day0.Add(25 * time.Hour), Granularity: analytics.Day, Region: "us", Resource: "/r"},
+	} {
+		got, err := s.Query(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := mem.Query(ctx, f)
+		if fmt.Sprint(got) != fmt.Sprint(want) || got.Summary.Total == 0 || len(got.TopClients) == 0 {
+			t.Errorf("%v to %v: PostgreSQL and memory differ:\n%v\n%v", f.Start, f.End, got, want)
 		}
 	}
 	got, err := s.Query(ctx, analytics.Filter{Client: "c0", Region: "eu", Start: day0, End: day0.Add(24 * time.Hour), Granularity: analytics.Day})
