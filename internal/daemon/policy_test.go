@@ -36,6 +36,7 @@ rules:
     dimension: user
     tiered: true
     shadow: true
+  - { id: partner, match: { resource: /partner }, window: 1m, global_limit: 40 }
 `
 
 // policyAnswer is GET /api/v1/policy's answer, as the dashboard reads it.
@@ -51,6 +52,7 @@ type policyAnswer struct {
 		Limit     map[string]any `json:"limit"`
 		ByTier    map[string]any `json:"by_tier"`
 		Shadow    bool           `json:"shadow"`
+		Global    map[string]any `json:"global_limit"`
 	} `json:"rules"`
 	Tiers []struct {
 		Name  string         `json:"name"`
@@ -93,10 +95,16 @@ func TestPolicySummary(t *testing.T) {
 	if status != http.StatusOK {
 		t.Fatalf("GET /api/v1/policy: %d %s", status, raw)
 	}
-	if len(p.Rules) != 2 || p.Rules[0].ID != "orders" || p.Rules[1].ID != "api" {
-		t.Fatalf("rules %s, want orders then api", raw)
+	if len(p.Rules) != 3 || p.Rules[0].ID != "orders" || p.Rules[1].ID != "api" || p.Rules[2].ID != "partner" {
+		t.Fatalf("rules %s, want orders, api, partner", raw)
 	}
-	orders, api := p.Rules[0], p.Rules[1]
+	orders, api, partner := p.Rules[0], p.Rules[1], p.Rules[2]
+	if g := partner.Global; partner.Limit != nil || g["limit"] != float64(40) || g["window"] != "1m0s" || g["algorithm"] != "fixed_window" {
+		t.Errorf("rule partner: limit %v, global limit %v; want none, and 40 per 1m0s in fixed windows", partner.Limit, g)
+	}
+	if orders.Global != nil {
+		t.Errorf("rule orders has a global limit: %v", orders.Global)
+	}
 	if orders.Name != "Orders per client" || strings.Join(orders.Resources, ",") != "/api/orders" ||
 		strings.Join(orders.Methods, ",") != "POST" || orders.Dimension != "client" {
 		t.Errorf("rule orders = %+v", orders)

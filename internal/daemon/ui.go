@@ -89,7 +89,9 @@ type ruleSummary struct {
 	Limit  *limitView           `json:"limit,omitempty"`
 	ByTier map[string]limitView `json:"by_tier,omitempty"`
 	Shadow bool                 `json:"shadow,omitempty"`
-	Global bool                 `json:"global,omitempty"`
+	// GlobalLimit is what every region together admits per window (a
+	// fixed window), on top of Limit when the rule has one.
+	GlobalLimit *limitView `json:"global_limit,omitempty"`
 }
 
 type tierSummary struct {
@@ -160,7 +162,11 @@ func summarize(p, base *policy.Policy, layer *policy.Layer, now time.Time, plane
 	}
 	for _, r := range p.Rules {
 		rs := ruleSummary{ID: r.ID, Name: r.Name, Resources: r.Resources, Methods: r.Methods, Operations: r.Operations,
-			Clients: r.Clients, Dimension: r.DimensionName, Limit: viewLimit(r.Base), Shadow: r.Shadow, Global: r.Global != nil}
+			Clients: r.Clients, Dimension: r.DimensionName, Limit: viewLimit(r.Base), Shadow: r.Shadow}
+		if g := r.Global; g != nil {
+			w := time.Duration(g.Window*g.Quantum) * time.Microsecond
+			rs.GlobalLimit = &limitView{Algorithm: g.Algorithm.String(), Limit: g.Limit, Window: w.String()}
+		}
 		if r.Tiered {
 			rs.ByTier = map[string]limitView{}
 			for _, t := range tiers {

@@ -286,6 +286,9 @@ func TestDashboardRegions(t *testing.T) {
 		t.Errorf("checks shown: live %v, summary %v, %d latency rows; want both regions' 7 checks, and a row for all, eu and us",
 			got.LiveAll, got.Summary, got.Latency)
 	}
+	if row := got.RuleText["partner"]; !strings.Contains(row, "all regions: 4 per 1m") || !strings.Contains(row, "100 per 1m") {
+		t.Errorf("rule partner shown as %q, want its limit, 100 per 1m, and its global limit, 4 per 1m", row)
+	}
 	if got.Source != "postgres" || got.Notice != "" {
 		t.Errorf("analytics source %q (notice %q), want postgres", got.Source, got.Notice)
 	}
@@ -304,6 +307,7 @@ type pageData struct {
 	Summary       map[string]float64
 	Latency       int
 	Rules, Tiers  []string
+	RuleText      map[string]string // rule id: its row, as written
 	Overrides     []string
 	Throttles     []string
 	RegionsHidden bool
@@ -342,6 +346,7 @@ const readPage = `(() => {
     Summary: summary,
     Latency: all("#latency-chart g.row").length,
     Rules: all("#rules-body tr[data-rule]").map((e) => e.dataset.rule),
+    RuleText: Object.fromEntries(all("#rules-body tr[data-rule]").map((e) => [e.dataset.rule, e.textContent])),
     Tiers: all("#tiers-body tr[data-tier]").map((e) => e.dataset.tier),
     Overrides: all("#overrides-body tr[data-override]").map((e) => e.dataset.override),
     Throttles: all("#throttles-body tr[data-throttle]").map((e) => e.dataset.throttle),

@@ -220,12 +220,13 @@
     rows($("rules-body"), p.rules || [], (r) => {
       const match = [].concat((r.methods || []).length ? [r.methods.join(" ")] : [], (r.resources || []).join(", ") || [],
         (r.operations || []).map((o) => "op " + o), (r.clients || []).map((c) => "client " + c));
-      const limit = r.by_tier
-        ? h("div", {}, ...Object.entries(r.by_tier).map(([t, l]) => h("div", {}, h("b", {}, t + ": "), limitText(l))))
-        : limitText(r.limit);
+      const limit = h("div", {}, ...(r.by_tier
+        ? Object.entries(r.by_tier).map(([t, l]) => h("div", {}, h("b", {}, t + ": "), limitText(l)))
+        : r.limit || !r.global_limit ? [h("div", {}, limitText(r.limit))] : []),
+      r.global_limit ? h("div", {}, h("b", {}, "all regions: "), limitText(r.global_limit)) : null);
       return h("tr", { "data-rule": r.id }, h("td", {}, h("code", {}, r.id), r.name && r.name !== r.id ? h("div", { class: "muted" }, r.name) : null),
         h("td", {}, match.length ? match.join(" ") : "everything"), h("td", {}, r.dimension), h("td", {}, limit),
-        h("td", {}, r.shadow ? tag("shadow") : null, r.global ? tag("global") : null, r.by_tier ? tag("tiered") : null));
+        h("td", {}, r.shadow ? tag("shadow") : null, r.global_limit ? tag("global") : null, r.by_tier ? tag("tiered") : null));
     }, (p.envoy_domains || []).length ? "Envoy domains: " + p.envoy_domains.join(", ") : "no rules");
     rows($("tiers-body"), p.tiers || [], (t) => h("tr", { "data-tier": t.name },
       h("td", {}, t.name, t.name === p.default_tier ? tag("default") : null), h("td", {}, limitText(t.limit))), "no tiers");
