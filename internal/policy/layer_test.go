@@ -310,6 +310,7 @@ func FuzzWithLayerRule(f *testing.F) {
 		`{"id":"x","tiers":{"free":{"limit":3}},"limit":1,"window":"1m","algorithm":"gcra","burst":2}`,
 		`{"id":"api","dimension":"user+endpoint","limit":9,"window":"24h"}`,
 		`{"id":"x","limit":1e99,"window":"-1s"}`,
+		`{"id":"x","limit":9,"window":"1s","reservations":{"queue_limit":3,"quotas":[{"client":"*","weight":2},{"client":"a","resource":"/r","min_guaranteed":4,"max_burst":5}]}}`,
 		`[]`, `null`, `{"id":`,
 	} {
 		f.Add(s)

@@ -235,6 +235,10 @@ type Rule struct {
 	// the rule's own window, or nil: the units every region together
 	// admits, on top of the rule's own limit in each region.
 	Global *algorithm.Params
+	// Reservations configures the pools of reservations the rule's own
+	// limit makes: their queue limit and fairness quotas; nil for none
+	// (the defaults, every client of weight 1).
+	Reservations *Reservations
 
 	byTier    map[string]*Limit // effective limit per tier name
 	keyPrefix string            // "rl:" + escaped id + ":"

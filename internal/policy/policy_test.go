@@ -856,6 +856,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(DefaultYAML))
 	f.Add([]byte(matchPolicy))
 	f.Add([]byte(tierPolicy))
+	f.Add([]byte(reservePolicy))
 	for _, src := range envoyFiles {
 		f.Add([]byte(src))
 	}
