@@ -1,8 +1,10 @@
 // Package reservetest is the conformance suite of the backends of package
 // reserve: Run drives a Keeper on a backend through grants, the queue,
-// uses, releases, expiries, cancellations and a full queue, at instants
-// the test chooses, so that the memory backend and Redis (standalone and
-// cluster) provably serve reservations the same.
+// uses, releases, expiries, cancellations, a full queue, the weights of
+// the fairness quotas over a long run and the aging bound of a
+// low-priority request, at instants the test chooses, so that the memory
+// backend and Redis (standalone and cluster) provably serve reservations
+// the same.
 package reservetest
 
 import (
@@ -94,6 +96,30 @@ func Run(t *testing.T, newBackend func(t *testing.T) reserve.Backend) {
 	t.Run("ExpiryReturnsUnusedOnce", func(t *testing.T) { testExpiry(t, newBackend(t)) })
 	t.Run("CancelAndQueueFull", func(t *testing.T) { testCancelQueueFull(t, newBackend(t)) })
 	t.Run("Invalid", func(t *testing.T) { testInvalid(t, newBackend(t)) })
+	t.Run("Fairness", func(t *testing.T) { testFairness(t, newBackend(t)) })
+	t.Run("Aging", func(t *testing.T) { testAging(t, newBackend(t)) })
+}
+
+// testFairness holds the weights 1:2:4 of FairPolicy to 5% over
+// FairnessGrants grants.
+func testFairness(t *testing.T, b reserve.Backend) {
+	start := time.Now()
+	sh := Fairness(t, b)
+	t.Logf("%s, in %s", sh, time.Since(start).Round(time.Millisecond))
+	if sh.Deviation > 0.05 {
+		t.Errorf("%s: a share deviates by more than 5%%", sh)
+	}
+}
+
+// testAging holds a low-priority request under sustained high-priority
+// load to the documented bound, with an aging period of 1 s.
+func testAging(t *testing.T, b reserve.Backend) {
+	const period = time.Second
+	wait, bound := AgingWait(t, b, period)
+	t.Logf("a low-priority request under high-priority load waited %s (aging period %s, bound %s)", wait, period, bound)
+	if wait > bound {
+		t.Errorf("the low request waited %s, above the bound %s", wait, bound)
+	}
 }
 
 func testGrantQueueUseRelease(t *testing.T, b reserve.Backend) {

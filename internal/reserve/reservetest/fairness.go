@@ -1,0 +1,230 @@
+package reservetest
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/events"
+	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/internal/reserve"
+	"github.com/sluicehq/sluice/reservation"
+)
+
+// FairPolicy is the policy of the fairness runs: on /fair/*, pools of 4
+// tokens shared by three clients of weights 1, 2 and 4; on /aging/*,
+// pools of one token with a queue of 8.
+const FairPolicy = `version: 1
+rules:
+  - id: fair
+    match: {resource: "/fair/*"}
+    limit: 4
+    window: 1s
+    reservations:
+      queue_limit: 16
+      quotas:
+        - {client: w1, weight: 1}
+        - {client: w2, weight: 2}
+        - {client: w4, weight: 4}
+  - id: aging
+    match: {resource: "/aging/*"}
+    limit: 1
+    window: 1s
+    reservations: {queue_limit: 8}
+`
+
+// FairnessGrants is the length of a fairness run, in grants.
+const FairnessGrants = 10_500
+
+// Shares is what a fairness run measured.
+type Shares struct {
+	// Grants are the grants of each client, by name.
+	Grants map[string]int
+	// Weights are the clients' weights, by name.
+	Weights map[string]int64
+	// Deviation is the largest relative deviation of a client's
+	// weight-normalized throughput (grants / weight) from their mean:
+	// 0.05 is 5%.
+	Deviation float64
+	// Jain is Jain's fairness index of the weight-normalized
+	// throughputs: 1 when they are all equal, 1/n at worst.
+	Jain float64
+}
+
+// String returns the shares as "w1 1 : w2 2.00 : w4 4.00, Jain 1.0000".
+func (s Shares) String() string {
+	base := float64(s.Grants["w1"])
+	return fmt.Sprintf("grants w1 %d, w2 %d, w4 %d = 1 : %.3f : %.3f (want 1 : 2 : 4), largest deviation %.2f%%, Jain's index %.6f",
+		s.Grants["w1"], s.Grants["w2"], s.Grants["w4"], float64(s.Grants["w2"])/base, float64(s.Grants["w4"])/base,
+		100*s.Deviation, s.Jain)
+}
+
+// measure computes Deviation and Jain from Grants and Weights.
+func (s *Shares) measure() {
+	var sum, sq float64
+	xs := make([]float64, 0, len(s.Grants))
+	for c, g := range s.Grants {
+		x := float64(g) / float64(s.Weights[c])
+		xs = append(xs, x)
+		sum += x
+		sq += x * x
+	}
+	n := float64(len(xs))
+	s.Jain = sum * sum / (n * sq)
+	for _, x := range xs {
+		s.Deviation = max(s.Deviation, math.Abs(x/(sum/n)-1))
+	}
+}
+
+// grants is an events.Sink that keeps the grants it receives, in order.
+type grants struct {
+	mu  sync.Mutex
+	got []events.Event
+}
+
+func (g *grants) Emit(ev *events.Event) {
+	if ev.Type == events.ReservationGranted {
+		g.mu.Lock()
+		g.got = append(g.got, *ev)
+		g.mu.Unlock()
+	}
+}
+
+// take returns the grants received since the last call.
+func (g *grants) take() []events.Event {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := g.got
+	g.got = nil
+	return out
+}
+
+// fairKeeper returns a Keeper on b with FairPolicy, the clock now, the
+// aging period aging, and no sweep, and the sink of its grants.
+func fairKeeper(t testing.TB, b reserve.Backend, now func() time.Time, aging time.Duration) (*reserve.Keeper, *grants) {
+	t.Helper()
+	p, err := policy.Parse("fair.yaml", []byte(FairPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &grants{}
+	k, err := reserve.New(reserve.Config{Policy: func() *policy.Policy { return p }, Now: now, AgingPeriod: aging,
+		SweepEvery: -1, Backend: b, Events: events.New(events.Config{Sinks: []events.Sink{g}})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	return k, g
+}
+
+// Fairness runs three backlogged clients of weights 1, 2 and 4 (from
+// FairPolicy) through a Keeper on b for FairnessGrants grants, and
+// returns their shares. Each client keeps 4 requests of one token
+// queued; each step, 1 ms after the last, releases the oldest
+// reservation granted, which grants the queue's next, whose client asks
+// again. Reservations last 20 ms, so that the pool forgets the released
+// ones as it goes.
+func Fairness(t testing.TB, b reserve.Backend) Shares {
+	t.Helper()
+	c := NewClock()
+	k, g := fairKeeper(t, b, c.Now, 0)
+	sh := Shares{Grants: map[string]int{}, Weights: map[string]int64{"w1": 1, "w2": 2, "w4": 4}}
+	ask := func(client string) {
+		t.Helper()
+		a := reserve.Ask{Client: client, Resource: "/fair/run", Tokens: 1, Duration: 20 * time.Millisecond, Priority: reservation.Normal}
+		if _, err := k.Reserve(a); err != nil {
+			t.Fatalf("Reserve %s: %v", client, err)
+		}
+	}
+	for range 4 {
+		for _, client := range []string{"w1", "w2", "w4"} {
+			ask(client)
+		}
+	}
+	var held []events.Event // granted, oldest first
+	total := 0
+	for {
+		// Each grant is counted, and its client asks again, which may
+		// be granted in turn.
+		for news := g.take(); len(news) > 0; news = g.take() {
+			for _, ev := range news {
+				held = append(held, ev)
+				sh.Grants[ev.ClientID]++
+				total++
+				ask(ev.ClientID)
+			}
+		}
+		if total >= FairnessGrants {
+			break
+		}
+		if len(held) == 0 {
+			t.Fatalf("after %d grants, nothing is held and nothing was granted", total)
+		}
+		c.Add(time.Millisecond)
+		if _, err := k.Release(held[0].ClientID, held[0].Reservation); err != nil {
+			t.Fatalf("Release of grant %d: %v", total, err)
+		}
+		held = held[1:]
+	}
+	sh.measure()
+	return sh
+}
+
+// AgingWait runs a low-priority request under sustained high-priority
+// load through a Keeper on b whose aging period is period, and returns
+// how long it waited, and the bound the reservation package documents:
+// t + 3P + L·(D+g) + g, with L the queue limit (8), D the longest
+// duration held (50 ms) and g the step between transitions (10 ms). The
+// pool has one token; client h keeps the queue full of high-priority
+// requests of one token, each released 10 ms after it is granted.
+func AgingWait(t testing.TB, b reserve.Backend, period time.Duration) (wait, bound time.Duration) {
+	t.Helper()
+	const (
+		limit = 8
+		d     = 50 * time.Millisecond
+		step  = 10 * time.Millisecond
+	)
+	c := NewClock()
+	k, g := fairKeeper(t, b, c.Now, period)
+	ask := func(client string, p reservation.Priority) reserve.Result {
+		t.Helper()
+		r, err := k.Reserve(reserve.Ask{Client: client, Resource: "/aging/run", Tokens: 1, Duration: d, Priority: p})
+		if err != nil {
+			t.Fatalf("Reserve %s: %v", client, err)
+		}
+		return r
+	}
+	for range limit {
+		ask("h", reservation.High)
+	}
+	held := g.take()
+	low := ask("l", reservation.Low)
+	if low.Granted {
+		t.Fatalf("the low request was granted at once under load")
+	}
+	bound = 3*period + limit*(d+step) + step
+	start := c.Now()
+	for c.Now().Sub(start) <= 2*bound {
+		c.Add(step)
+		if len(held) > 0 {
+			if _, err := k.Release(held[0].ClientID, held[0].Reservation); err != nil && !errors.Is(err, reservation.ErrNotFound) {
+				t.Fatalf("Release: %v", err)
+			}
+			held = held[1:]
+		}
+		for news := g.take(); len(news) > 0; news = g.take() {
+			for _, ev := range news {
+				if ev.ClientID == "l" {
+					return c.Now().Sub(start), bound
+				}
+				held = append(held, ev)
+				ask("h", reservation.High) // the load goes on
+			}
+		}
+	}
+	t.Fatalf("the low request was not granted within %s (twice the bound)", c.Now().Sub(start))
+	return 0, bound
+}
