@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -227,4 +228,62 @@ func AgingWait(t testing.TB, b reserve.Backend, period time.Duration) (wait, bou
 	}
 	t.Fatalf("the low request was not granted within %s (twice the bound)", c.Now().Sub(start))
 	return 0, bound
+}
+
+// reloadPolicy is a pool of 10 tokens on /reload/* with the queue limit
+// queue, and client a's max_burst burst.
+func reloadPolicy(queue, burst int) string {
+	return fmt.Sprintf(`version: 1
+rules:
+  - id: reload
+    match: {resource: "/reload/*"}
+    limit: 10
+    window: 1s
+    reservations:
+      queue_limit: %d
+      quotas: [{client: a, max_burst: %d}]
+`, queue, burst)
+}
+
+// testReload: a pool takes its rule's new queue limit and quotas at its
+// next reservation after a reload; what is granted stays granted.
+func testReload(t *testing.T, b reserve.Backend) {
+	parse := func(src string) *policy.Policy {
+		p, err := policy.Parse("reload.yaml", []byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	var cur atomic.Pointer[policy.Policy]
+	cur.Store(parse(reloadPolicy(1, 10)))
+	c := NewClock()
+	k, err := reserve.New(reserve.Config{Policy: cur.Load, Now: c.Now, SweepEvery: -1, Backend: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	ask := func(client string, tokens int64) (reserve.Result, error) {
+		return k.Reserve(reserve.Ask{Client: client, Resource: "/reload/x", Tokens: tokens, Duration: time.Minute, Priority: reservation.Normal})
+	}
+	if r, err := ask("a", 10); err != nil || !r.Granted {
+		t.Fatalf("a's 10 = %+v, %v; want granted", r, err)
+	}
+	if r, err := ask("b", 1); err != nil || r.Position != 1 {
+		t.Fatalf("b's 1 = %+v, %v; want queued", r, err)
+	}
+	if _, err := ask("c", 1); !errors.Is(err, reservation.ErrQueueFull) {
+		t.Fatalf("c's 1 beyond queue_limit 1: %v, want ErrQueueFull", err)
+	}
+	cur.Store(parse(reloadPolicy(2, 3)))
+	if r, err := ask("c", 1); err != nil || r.Position != 2 {
+		t.Errorf("c's 1 after queue_limit 2 = %+v, %v; want queued at 2", r, err)
+	}
+	var ie *reservation.InvalidError
+	if _, err := ask("a", 4); !errors.As(err, &ie) || ie.Field != "tokens" {
+		t.Errorf("a's 4 above its new max_burst 3: %v, want invalid tokens", err)
+	}
+	if held, capacity := k.Held("a", "/reload/x"); held != 10 || capacity != 10 {
+		t.Errorf("Held = %d of %d, want 10 of 10: the grant stays", held, capacity)
+	}
 }

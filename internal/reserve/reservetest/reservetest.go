@@ -1,8 +1,8 @@
 // Package reservetest is the conformance suite of the backends of package
 // reserve: Run drives a Keeper on a backend through grants, the queue,
 // uses, releases, expiries, cancellations, a full queue, the weights of
-// the fairness quotas over a long run and the aging bound of a
-// low-priority request, at instants the test chooses, so that the memory
+// the fairness quotas over a long run, the aging bound of a low-priority
+// request and a reload of the quotas, at instants the test chooses, so that the memory
 // backend and Redis (standalone and cluster) provably serve reservations
 // the same.
 package reservetest
@@ -98,6 +98,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) reserve.Backend) {
 	t.Run("Invalid", func(t *testing.T) { testInvalid(t, newBackend(t)) })
 	t.Run("Fairness", func(t *testing.T) { testFairness(t, newBackend(t)) })
 	t.Run("Aging", func(t *testing.T) { testAging(t, newBackend(t)) })
+	t.Run("Reload", func(t *testing.T) { testReload(t, newBackend(t)) })
 }
 
 // testFairness holds the weights 1:2:4 of FairPolicy to 5% over
