@@ -332,6 +332,9 @@ func FuzzWithLayerRule(f *testing.F) {
 			}
 		}
 		lp.Match(&Request{ClientID: "c", Resource: "/a/b"}, nil)
+		for _, r := range lp.Rules {
+			checkPools(t, r, "/a/b")
+		}
 	})
 }
 

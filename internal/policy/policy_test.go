@@ -914,6 +914,9 @@ func FuzzParse(f *testing.F) {
 		}
 		p.Limits()
 		p.ListEntries()
+		for _, r := range p.Rules {
+			checkPools(t, r, res)
+		}
 		for _, d := range p.Domains() {
 			if l := p.EnvoyLimit(d, entries("k", "v", "k2", "")); l != nil {
 				l.AppendKey(nil, entries("k", "v"))

@@ -121,3 +121,25 @@ func TestLayerRuleReservations(t *testing.T) {
 		t.Fatalf("error %v, want a *LayerError naming reservations.quotas[0].weight", err)
 	}
 }
+
+// checkPools fails t unless every pool of rule r (for each resource its
+// quotas name, and resource) has a valid reservation.Config, as the
+// Keeper builds it: what the decoder accepts, a pool accepts.
+func checkPools(t *testing.T, r *Rule, resource string) {
+	t.Helper()
+	if r.Reservations == nil {
+		return
+	}
+	resources := []string{resource, ""}
+	for _, q := range r.Reservations.Quotas {
+		resources = append(resources, q.Resource)
+	}
+	for _, res := range resources {
+		def, named := r.Reservations.PoolQuotas(res)
+		c := reservation.Config{Capacity: min(r.Base.Spec.Limit, reservation.MaxCapacity), QueueLimit: 1,
+			AgingPeriod: 1, Default: def, Quotas: named}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("rule %s, pool of %q: %v", r.ID, res, err)
+		}
+	}
+}

@@ -2,9 +2,9 @@
 // reserve: Run drives a Keeper on a backend through grants, the queue,
 // uses, releases, expiries, cancellations, a full queue, the weights of
 // the fairness quotas over a long run, the aging bound of a low-priority
-// request and a reload of the quotas, at instants the test chooses, so that the memory
-// backend and Redis (standalone and cluster) provably serve reservations
-// the same.
+// request and a reload of the quotas, at instants the test chooses, so
+// that the memory backend and Redis (standalone and cluster) provably
+// serve reservations the same.
 package reservetest
 
 import (
