@@ -17,7 +17,9 @@ import (
 
 // FairPolicy is the policy of the fairness runs: on /fair/*, pools of 4
 // tokens shared by three clients of weights 1, 2 and 4; on /aging/*,
-// pools of one token with a queue of 8.
+// pools of one token with a queue of 8, where client h weighs 1000 times
+// any other, so that another's request waits behind h's under weighted
+// fairness too, until it is overdue.
 const FairPolicy = `version: 1
 rules:
   - id: fair
@@ -34,7 +36,9 @@ rules:
     match: {resource: "/aging/*"}
     limit: 1
     window: 1s
-    reservations: {queue_limit: 8}
+    reservations:
+      queue_limit: 8
+      quotas: [{client: h, weight: 1000}]
 `
 
 // FairnessGrants is the length of a fairness run, in grants.
@@ -179,8 +183,10 @@ func Fairness(t testing.TB, b reserve.Backend) Shares {
 // how long it waited, and the bound the reservation package documents:
 // t + 3P + L·(D+g) + g, with L the queue limit (8), D the longest
 // duration held (50 ms) and g the step between transitions (10 ms). The
-// pool has one token; client h keeps the queue full of high-priority
-// requests of one token, each released 10 ms after it is granted.
+// pool has one token; client h, of weight 1000, keeps the queue full of
+// high-priority requests of one token, each released 10 ms after it is
+// granted, so that the low request, of weight 1, is passed over at 2P
+// too (its finish tag is behind h's) and granted once overdue, at 3P.
 func AgingWait(t testing.TB, b reserve.Backend, period time.Duration) (wait, bound time.Duration) {
 	t.Helper()
 	const (

@@ -113,13 +113,19 @@ func testFairness(t *testing.T, b reserve.Backend) {
 }
 
 // testAging holds a low-priority request under sustained high-priority
-// load to the documented bound, with an aging period of 1 s.
+// load to the documented bound, with an aging period of 1 s (see
+// AgingWait).
 func testAging(t *testing.T, b reserve.Backend) {
 	const period = time.Second
 	wait, bound := AgingWait(t, b, period)
 	t.Logf("a low-priority request under high-priority load waited %s (aging period %s, bound %s)", wait, period, bound)
 	if wait > bound {
 		t.Errorf("the low request waited %s, above the bound %s", wait, bound)
+	}
+	// Passed over by h's requests until it is overdue: the load held it
+	// back as long as the aging lets it, else the run shows nothing.
+	if wait < 3*period {
+		t.Errorf("the low request waited %s, less than 3 aging periods: the load did not hold it back", wait)
 	}
 }
 
