@@ -3,7 +3,6 @@ package reserve
 import (
 	"context"
 	"fmt"
-	"maps"
 	"sync"
 	"time"
 
@@ -95,17 +94,9 @@ func (m *Memory) poolFor(pp *Pool) (*pool, error) {
 			p.mu.Unlock()
 			continue
 		}
-		if !sameConfig(&p.conf, &pp.Config) {
-			p.conf = pp.Config
-		}
+		p.conf = pp.Config // the policy in force: capacity, queue limit, quotas
 		return p, nil
 	}
-}
-
-// sameConfig reports whether a and b configure a pool alike.
-func sameConfig(a, b *reservation.Config) bool {
-	return a.Capacity == b.Capacity && a.QueueLimit == b.QueueLimit && a.AgingPeriod == b.AgingPeriod &&
-		a.MaxDuration == b.MaxDuration && a.Default == b.Default && maps.Equal(a.Quotas, b.Quotas)
 }
 
 // lookup returns the pool of handle and the reservation of secret, the
