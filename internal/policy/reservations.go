@@ -5,6 +5,8 @@ package policy
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	"go.yaml.in/yaml/v3"
 
@@ -37,6 +39,8 @@ type Quota struct {
 	// Weight 1 to reservation.MaxWeight, zero MaxBurst the pool's
 	// capacity.
 	Weight, MinGuaranteed, MaxBurst int64
+
+	path string // Resource as rules match it (resourcePath)
 }
 
 // PoolQuotas returns the quotas of the pool of resource: the default (of
@@ -49,35 +53,26 @@ func (rs *Reservations) PoolQuotas(resource string) (def reservation.Quota, name
 		return def, nil
 	}
 	res, _ := resourcePath(resource, false)
-	defSpecific := false
-	specific := map[string]bool{}
-	for i := range rs.Quotas {
-		q := &rs.Quotas[i]
-		mine := q.Resource != "" && q.resource() == res
-		if q.Resource != "" && !mine {
-			continue
-		}
-		rq := reservation.Quota{Weight: q.Weight, MinGuaranteed: q.MinGuaranteed, MaxBurst: q.MaxBurst}
-		if q.Client == "*" {
-			if mine || !defSpecific {
-				def, defSpecific = rq, mine
+	// The quotas of every pool first, then those of this resource over
+	// them; the decoder refused two of one client in either.
+	for _, own := range [...]bool{false, true} {
+		for i := range rs.Quotas {
+			q := &rs.Quotas[i]
+			if (q.Resource != "") != own || own && q.path != res {
+				continue
 			}
-			continue
-		}
-		if mine || !specific[q.Client] {
+			rq := reservation.Quota{Weight: q.Weight, MinGuaranteed: q.MinGuaranteed, MaxBurst: q.MaxBurst}
+			if q.Client == "*" {
+				def = rq
+				continue
+			}
 			if named == nil {
 				named = map[string]reservation.Quota{}
 			}
-			named[q.Client], specific[q.Client] = rq, mine
+			named[q.Client] = rq
 		}
 	}
 	return def, named
-}
-
-// resource returns q's resource as pools compare it.
-func (q *Quota) resource() string {
-	r, _ := resourcePath(q.Resource, false)
-	return r
 }
 
 var (
@@ -145,7 +140,7 @@ func (d *decoder) quota(n *yaml.Node, what string, capacity int64) (Quota, bool)
 			case f.key == "client":
 				q.Client, hasClient = s, true
 			default:
-				q.Resource = s
+				q.Resource, q.path = s, pathOf(s)
 			}
 			ok = ok && good
 		case "weight", "min_guaranteed", "max_burst":
@@ -192,7 +187,7 @@ func (d *decoder) guarantees(n *yaml.Node, what string, rs *Reservations, capaci
 	resources := map[string]bool{"": true}
 	for i := range rs.Quotas {
 		q := &rs.Quotas[i]
-		k := key{q.Client, q.resource()}
+		k := key{q.Client, q.path}
 		if q.Resource == "" {
 			k.resource = "\x00" // every pool, unlike a resource that reads as ""
 		}
@@ -207,7 +202,7 @@ func (d *decoder) guarantees(n *yaml.Node, what string, rs *Reservations, capaci
 	}
 	// The pool of a resource no quota names takes those without a
 	// resource: the case of resource "".
-	for res := range resources {
+	for _, res := range slices.Sorted(maps.Keys(resources)) {
 		_, named := rs.PoolQuotas(res)
 		sum := int64(0)
 		for _, q := range named {
@@ -223,4 +218,10 @@ func (d *decoder) guarantees(n *yaml.Node, what string, rs *Reservations, capaci
 		}
 	}
 	return true
+}
+
+// pathOf returns resource s as pools compare it: as rules match it.
+func pathOf(s string) string {
+	p, _ := resourcePath(s, false)
+	return p
 }
