@@ -46,12 +46,13 @@ const FairnessGrants = 10_500
 
 // Shares is what a fairness run measured.
 type Shares struct {
-	// Grants are the grants of each client, by name.
-	Grants map[string]int
+	// Grants and Tokens are the grants of each client, and the tokens
+	// they granted, by name.
+	Grants, Tokens map[string]int64
 	// Weights are the clients' weights, by name.
 	Weights map[string]int64
 	// Deviation is the largest relative deviation of a client's
-	// weight-normalized throughput (grants / weight) from their mean:
+	// weight-normalized throughput (tokens / weight) from their mean:
 	// 0.05 is 5%.
 	Deviation float64
 	// Jain is Jain's fairness index of the weight-normalized
@@ -59,20 +60,21 @@ type Shares struct {
 	Jain float64
 }
 
-// String returns the shares as "w1 1 : w2 2.00 : w4 4.00, Jain 1.0000".
+// String returns the shares as tokens granted, their ratio, the grants,
+// the deviation and Jain's index.
 func (s Shares) String() string {
-	base := float64(s.Grants["w1"])
-	return fmt.Sprintf("grants w1 %d, w2 %d, w4 %d = 1 : %.3f : %.3f (want 1 : 2 : 4), largest deviation %.2f%%, Jain's index %.6f",
-		s.Grants["w1"], s.Grants["w2"], s.Grants["w4"], float64(s.Grants["w2"])/base, float64(s.Grants["w4"])/base,
-		100*s.Deviation, s.Jain)
+	base := float64(s.Tokens["w1"])
+	return fmt.Sprintf("tokens w1 %d, w2 %d, w4 %d = 1 : %.3f : %.3f (want 1 : 2 : 4) in %d, %d, %d grants, largest deviation %.2f%%, Jain's index %.7f",
+		s.Tokens["w1"], s.Tokens["w2"], s.Tokens["w4"], float64(s.Tokens["w2"])/base, float64(s.Tokens["w4"])/base,
+		s.Grants["w1"], s.Grants["w2"], s.Grants["w4"], 100*s.Deviation, s.Jain)
 }
 
-// measure computes Deviation and Jain from Grants and Weights.
+// measure computes Deviation and Jain from Tokens and Weights.
 func (s *Shares) measure() {
 	var sum, sq float64
-	xs := make([]float64, 0, len(s.Grants))
-	for c, g := range s.Grants {
-		x := float64(g) / float64(s.Weights[c])
+	xs := make([]float64, 0, len(s.Tokens))
+	for c, n := range s.Tokens {
+		x := float64(n) / float64(s.Weights[c])
 		xs = append(xs, x)
 		sum += x
 		sq += x * x
@@ -126,20 +128,22 @@ func fairKeeper(t testing.TB, b reserve.Backend, now func() time.Time, aging tim
 }
 
 // Fairness runs three backlogged clients of weights 1, 2 and 4 (from
-// FairPolicy) through a Keeper on b for FairnessGrants grants, and
-// returns their shares. Each client keeps 4 requests of one token
-// queued; each step, 1 ms after the last, releases the oldest
-// reservation granted, which grants the queue's next, whose client asks
-// again. Reservations last 20 ms, so that the pool forgets the released
-// ones as it goes.
-func Fairness(t testing.TB, b reserve.Backend) Shares {
+// FairPolicy), whose requests are of sizes[client] tokens each, through
+// a Keeper on b for FairnessGrants grants, and returns their shares.
+// Each client keeps 4 requests queued; each step, 1 ms after the last,
+// releases the oldest reservation granted, which grants from the queue,
+// whose clients ask again. Reservations last 20 ms, so that the pool
+// forgets the released ones as it goes.
+func Fairness(t testing.TB, b reserve.Backend, sizes map[string]int64) Shares {
 	t.Helper()
 	c := NewClock()
 	k, g := fairKeeper(t, b, c.Now, 0)
-	sh := Shares{Grants: map[string]int{}, Weights: map[string]int64{"w1": 1, "w2": 2, "w4": 4}}
+	sh := Shares{Grants: map[string]int64{}, Tokens: map[string]int64{}, Weights: map[string]int64{"w1": 1, "w2": 2, "w4": 4}}
+	// A pool of the run's own, whatever ran on b before.
+	resource := fmt.Sprintf("/fair/%d-%d-%d", sizes["w1"], sizes["w2"], sizes["w4"])
 	ask := func(client string) {
 		t.Helper()
-		a := reserve.Ask{Client: client, Resource: "/fair/run", Tokens: 1, Duration: 20 * time.Millisecond, Priority: reservation.Normal}
+		a := reserve.Ask{Client: client, Resource: resource, Tokens: sizes[client], Duration: 20 * time.Millisecond, Priority: reservation.Normal}
 		if _, err := k.Reserve(a); err != nil {
 			t.Fatalf("Reserve %s: %v", client, err)
 		}
@@ -158,6 +162,7 @@ func Fairness(t testing.TB, b reserve.Backend) Shares {
 			for _, ev := range news {
 				held = append(held, ev)
 				sh.Grants[ev.ClientID]++
+				sh.Tokens[ev.ClientID] += ev.Tokens
 				total++
 				ask(ev.ClientID)
 			}

@@ -101,14 +101,17 @@ func Run(t *testing.T, newBackend func(t *testing.T) reserve.Backend) {
 	t.Run("Reload", func(t *testing.T) { testReload(t, newBackend(t)) })
 }
 
-// testFairness holds the weights 1:2:4 of FairPolicy to 5% over
-// FairnessGrants grants.
+// testFairness holds the tokens granted to the clients of FairPolicy to
+// their weights 1:2:4, within 5%, over FairnessGrants grants: of one
+// token each, and of sizes that differ by client.
 func testFairness(t *testing.T, b reserve.Backend) {
-	start := time.Now()
-	sh := Fairness(t, b)
-	t.Logf("%s, in %s", sh, time.Since(start).Round(time.Millisecond))
-	if sh.Deviation > 0.05 {
-		t.Errorf("%s: a share deviates by more than 5%%", sh)
+	for _, sizes := range []map[string]int64{{"w1": 1, "w2": 1, "w4": 1}, {"w1": 3, "w2": 1, "w4": 2}} {
+		start := time.Now()
+		sh := Fairness(t, b, sizes)
+		t.Logf("requests of %v tokens: %s, in %s", sizes, sh, time.Since(start).Round(time.Millisecond))
+		if sh.Deviation > 0.05 {
+			t.Errorf("requests of %v tokens: %s: a share deviates by more than 5%%", sizes, sh)
+		}
 	}
 }
 
