@@ -134,11 +134,22 @@ func (d *Daemon) closeControl() error {
 }
 
 // validateLayer reports whether l applies over the file's policy in force.
+// A layer that does not is bad input, a *control.FieldError (400) naming
+// the field of the object at fault as its JSON body does
+// ("reservations.quotas[0].weight", "limits.api.window"), or "body".
 func (d *Daemon) validateLayer(l *policy.Layer) error {
 	d.mu.Lock()
 	base, cur := d.base, d.applied
 	d.mu.Unlock()
 	_, err := base.WithLayer(l, cur)
+	var le *policy.LayerError
+	switch {
+	case errors.As(err, &le):
+		field := cmp.Or(le.Field, "body")
+		return &control.FieldError{Field: field, Msg: fmt.Sprintf("%s (%s %q)", le.Msg, le.Object, le.ID)}
+	case errors.Is(err, policy.ErrInvalidConfig):
+		return &control.FieldError{Field: "body", Msg: err.Error()}
+	}
 	return err
 }
 

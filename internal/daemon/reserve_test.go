@@ -2,6 +2,8 @@ package daemon_test
 
 import (
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,5 +124,50 @@ func TestReservationsOff(t *testing.T) {
 	td := start(t, "", func(c *daemon.Config) { c.NoReservations = true })
 	if r := post(t, td.base+"/api/v1/reserve", `{}`); r.status != 404 {
 		t.Errorf("reserve with reservations off: %d %s", r.status, r.raw)
+	}
+}
+
+// TestReservationQuotasThroughAdminAPI writes a rule with reservations
+// through the admin API: a bad quota is a 400 naming its field; a good one
+// sets the pool's queue limit and the client's burst.
+func TestReservationQuotasThroughAdminAPI(t *testing.T) {
+	const token = "sk_test_reservations_0123456789abcdef"
+	td := start(t, "version: 1\n", func(c *daemon.Config) {
+		c.DataDir = t.TempDir()
+		c.AdminToken = token
+	})
+	bad := `{"match":{"resource":"/bulk"},"limit":10,"window":"1s","reservations":{"quotas":[{"client":"a","weight":0}]}}`
+	status, body := adminDo(t, "PUT", td.base+"/api/v1/rules/bulk", token, bad)
+	if status != 400 || !strings.Contains(body, `"field":"reservations.quotas[0].weight"`) {
+		t.Fatalf("bad quota: %d %s; want 400 naming reservations.quotas[0].weight", status, body)
+	}
+	good := `{"match":{"resource":"/bulk"},"limit":10,"window":"1s","reservations":{"queue_limit":1,` +
+		`"quotas":[{"client":"a","max_burst":4},{"client":"*","weight":2}]}}`
+	if status, body := adminDo(t, "PUT", td.base+"/api/v1/rules/bulk", token, good); status/100 != 2 {
+		t.Fatalf("good rule: %d %s", status, body)
+	}
+	reserve := func(client string, tokens int) *response {
+		return post(t, td.base+"/api/v1/reserve",
+			`{"client_id":"`+client+`","resource":"/bulk","tokens_needed":`+strconv.Itoa(tokens)+`,"duration_seconds":30}`)
+	}
+	// The control plane applies the rule a moment after the write.
+	deadline := time.Now().Add(5 * time.Second)
+	for r := reserve("a", 5); r.status != 400 || r.str("field") != "tokens_needed"; r = reserve("a", 5) {
+		if time.Now().After(deadline) {
+			t.Fatalf("5 tokens above a's max_burst of 4: %d %s", r.status, r.raw)
+		}
+		if r.status == 200 || r.status == 202 {
+			del(t, td.base+"/api/v1/reserve/"+r.str("reservation_id"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if r := reserve("b", 10); r.status != 200 {
+		t.Fatalf("b takes the pool: %d %s", r.status, r.raw)
+	}
+	if r := reserve("c", 1); r.status != 202 {
+		t.Fatalf("c queued: %d %s", r.status, r.raw)
+	}
+	if r := reserve("d", 1); r.status != 429 || r.str("error") != "queue_full" {
+		t.Errorf("beyond queue_limit 1: %d %s; want 429 queue_full", r.status, r.raw)
 	}
 }

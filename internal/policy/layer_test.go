@@ -315,6 +315,7 @@ func FuzzWithLayerRule(f *testing.F) {
 		`{"id":"x","window":"1m","global_limit":5}`,
 		`{"id":"x","limit":3,"window":"1s","global_limit":7}`,
 		`{"id":"x","limit":1e99,"window":"-1s"}`,
+		`{"id":"x","limit":9,"window":"1s","reservations":{"queue_limit":3,"quotas":[{"client":"*","weight":2},{"client":"a","resource":"/r","min_guaranteed":4,"max_burst":5}]}}`,
 		`[]`, `null`, `{"id":`,
 	} {
 		f.Add(s)
@@ -336,6 +337,9 @@ func FuzzWithLayerRule(f *testing.F) {
 			}
 		}
 		lp.Match(&Request{ClientID: "c", Resource: "/a/b"}, nil)
+		for _, r := range lp.Rules {
+			checkPools(t, r, "/a/b")
+		}
 	})
 }
 

@@ -239,6 +239,10 @@ type Rule struct {
 	// admits on its own while the store cannot answer, for a rule with
 	// only a global limit and the local failure mode; nil otherwise.
 	GlobalLocal *algorithm.Params
+	// Reservations configures the pools of reservations the rule's own
+	// limit makes: their queue limit and fairness quotas; nil for none
+	// (the defaults, every client of weight 1).
+	Reservations *Reservations
 
 	byTier    map[string]*Limit // effective limit per tier name
 	keyPrefix string            // "rl:" + escaped id + ":"

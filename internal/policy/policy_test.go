@@ -856,6 +856,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(DefaultYAML))
 	f.Add([]byte(matchPolicy))
 	f.Add([]byte(tierPolicy))
+	f.Add([]byte(reservePolicy))
 	for _, src := range envoyFiles {
 		f.Add([]byte(src))
 	}
@@ -915,6 +916,9 @@ func FuzzParse(f *testing.F) {
 		}
 		p.Limits()
 		p.ListEntries()
+		for _, r := range p.Rules {
+			checkPools(t, r, res)
+		}
 		for _, d := range p.Domains() {
 			if l := p.EnvoyLimit(d, entries("k", "v", "k2", "")); l != nil {
 				l.AppendKey(nil, entries("k", "v"))

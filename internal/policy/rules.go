@@ -29,7 +29,8 @@ func validID(s string) bool {
 }
 
 var ruleKeys = []string{"id", "name", "match", "dimension", "algorithm", "limit", "window", "burst",
-	"tiered", "tiers", "cost_multipliers", "shadow", "failure_mode", "expected_instances", "global_limit"}
+	"tiered", "tiers", "cost_multipliers", "shadow", "failure_mode", "expected_instances", "global_limit",
+	"reservations"}
 
 func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 	items := d.seq(n, "rules")
@@ -46,7 +47,7 @@ func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 		}
 		r := &Rule{Index: len(p.Rules), FailureMode: st.failure, ExpectedInstances: st.instances, CostMultipliers: st.costs}
 		limitFields := []field{}
-		var tiersNode, globalNode *yaml.Node
+		var tiersNode, globalNode, rsvNode *yaml.Node
 		dimSet := false
 		ok := true
 		for _, f := range fs {
@@ -101,6 +102,8 @@ func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 				}
 			case "global_limit":
 				globalNode = f.v
+			case "reservations":
+				rsvNode = f.v
 			}
 		}
 		if r.ID == "" {
@@ -140,6 +143,9 @@ func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 		if globalOnly {
 			// Its per-tier limits were refused: none is compiled.
 			tiersNode = nil
+		}
+		if rsvNode != nil {
+			d.reservations(rsvNode, what, r)
 		}
 		if r.Tiered {
 			if len(st.tierNames) == 0 {

@@ -17,8 +17,12 @@
 // a pool is held in one region's store or instance): one
 // pool per (rule, resource), whose capacity is that rule's limit, its
 // Limit field, per window. A resource that no such rule matches cannot be
-// reserved. When a reload changes the limit, the pool takes the new
-// capacity at its next Reserve; tokens already granted stay granted.
+// reserved. The rule's reservations (policy.Reservations) set the pool's
+// queue limit and the fairness quotas of its clients: their weights,
+// guarantees and bursts. When a reload changes the limit or the
+// reservations, the pool takes the new capacity, queue limit and quotas
+// at its next Reserve; tokens already granted stay granted, and requests
+// already queued keep their finish tags.
 //
 // # Tokens
 //
@@ -93,9 +97,10 @@ type Config struct {
 	Backend Backend
 	// Timeout bounds each call to the Backend; zero means DefaultTimeout.
 	Timeout time.Duration
-	// QueueLimit is the most requests queued per pool; zero means
-	// DefaultQueueLimit. It is lowered for large pools so that capacity x
-	// queue limit stays within reservation.MaxQueueTokens.
+	// QueueLimit is the most requests queued per pool whose rule sets
+	// none (reservations.queue_limit); zero means DefaultQueueLimit. It is
+	// lowered for large pools so that capacity x queue limit stays within
+	// reservation.MaxQueueTokens.
 	QueueLimit int64
 	// AgingPeriod is how long a queued request waits before its priority
 	// rises one class; zero means DefaultAgingPeriod.
@@ -209,31 +214,44 @@ func (k *Keeper) now() int64 {
 }
 
 // poolFor returns the pool of (client, resource) under the policy in
-// force.
+// force, configured by the rule's reservations.
 func (k *Keeper) poolFor(client, resource string) (*Pool, error) {
 	rule, capacity := k.match(client, resource)
-	if rule == "" {
+	if rule == nil {
 		return nil, &reservation.InvalidError{Field: "resource", Reason: "no rule with a limit of its own applies to it"}
 	}
-	return &Pool{
-		Handle:   PoolHandle(rule, resource),
-		Rule:     rule,
+	limit := k.cfg.QueueLimit
+	if rs := rule.Reservations; rs != nil && rs.QueueLimit > 0 {
+		limit = rs.QueueLimit
+	}
+	def, named := rule.Reservations.PoolQuotas(resource)
+	p := &Pool{
+		Handle:   PoolHandle(rule.ID, resource),
+		Rule:     rule.ID,
 		Resource: resource,
 		Config: reservation.Config{
 			Capacity:    capacity,
-			QueueLimit:  max(1, min(k.cfg.QueueLimit, reservation.MaxQueueTokens/capacity)),
+			QueueLimit:  max(1, min(limit, reservation.MaxQueueTokens/capacity)),
 			AgingPeriod: k.cfg.AgingPeriod.Microseconds(),
 			MaxDuration: reservation.MaxDuration,
+			Default:     def,
+			Quotas:      named,
 		},
-	}, nil
+	}
+	// The policy's decoder checked the quotas against the rule's limit;
+	// this is the pool's own check, which a Backend relies on.
+	if err := p.Config.Validate(); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // match returns the rule whose limit makes the pool of (client, resource),
-// and its capacity; "" when none applies.
-func (k *Keeper) match(client, resource string) (string, int64) {
+// and its capacity; nil when none applies.
+func (k *Keeper) match(client, resource string) (*policy.Rule, int64) {
 	pol := k.cfg.Policy()
 	if pol == nil {
-		return "", 0
+		return nil, 0
 	}
 	var buf [8]*policy.Rule
 	for _, r := range pol.Match(&policy.Request{ClientID: client, Resource: resource}, buf[:0]) {
@@ -241,9 +259,9 @@ func (k *Keeper) match(client, resource string) (string, int64) {
 		if l == nil || l.Spec.DenyAll || l.Spec.Limit < 1 {
 			continue
 		}
-		return r.ID, min(l.Spec.Limit, reservation.MaxCapacity)
+		return r, min(l.Spec.Limit, reservation.MaxCapacity)
 	}
-	return "", 0
+	return nil, 0
 }
 
 // denied reports whether the policy in force deny-lists q.

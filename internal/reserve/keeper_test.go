@@ -336,10 +336,10 @@ rules:
 		t.Fatal(err)
 	}
 	defer k.Close()
-	if rule, capacity := k.match("a", "/api/orders"); rule != "api" || capacity != 100 {
-		t.Errorf("/api/orders: pool of %q with %d, want api's, 100", rule, capacity)
+	if rule, capacity := k.match("a", "/api/orders"); rule == nil || rule.ID != "api" || capacity != 100 {
+		t.Errorf("/api/orders: pool of %v with %d, want api's, 100", rule, capacity)
 	}
-	if rule, _ := k.match("a", "/other"); rule != "" {
-		t.Errorf("/other: pool of %q, want none", rule)
+	if rule, _ := k.match("a", "/other"); rule != nil {
+		t.Errorf("/other: pool of %q, want none", rule.ID)
 	}
 }

@@ -94,9 +94,7 @@ func (m *Memory) poolFor(pp *Pool) (*pool, error) {
 			p.mu.Unlock()
 			continue
 		}
-		if p.conf.Capacity != pp.Config.Capacity {
-			p.conf = pp.Config
-		}
+		p.conf = pp.Config // the policy in force: capacity, queue limit, quotas
 		return p, nil
 	}
 }

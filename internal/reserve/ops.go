@@ -185,12 +185,12 @@ func (k *Keeper) Use(q *policy.Request, id string, n int64) (Status, error) {
 // capacity; 0, 0 when it has no pool. For tests and operators.
 func (k *Keeper) Held(client, resource string) (held, capacity int64) {
 	rule, _ := k.match(client, resource)
-	if rule == "" {
+	if rule == nil {
 		return 0, 0
 	}
 	ctx, cancel := k.ctx()
 	defer cancel()
-	pk, err := k.be.Peek(ctx, PoolHandle(rule, resource), "", k.now())
+	pk, err := k.be.Peek(ctx, PoolHandle(rule.ID, resource), "", k.now())
 	if err != nil {
 		return 0, 0
 	}
@@ -204,12 +204,12 @@ func (k *Keeper) Held(client, resource string) (held, capacity int64) {
 // rather than retrying.
 func (k *Keeper) Queued(client, resource string) (position int64, at time.Time, ok bool) {
 	rule, _ := k.match(client, resource)
-	if rule == "" {
+	if rule == nil {
 		return 0, time.Time{}, false
 	}
 	ctx, cancel := k.ctx()
 	defer cancel()
-	pk, err := k.be.Peek(ctx, PoolHandle(rule, resource), client, k.now())
+	pk, err := k.be.Peek(ctx, PoolHandle(rule.ID, resource), client, k.now())
 	if err != nil || pk.Position == 0 {
 		return 0, time.Time{}, false
 	}

@@ -1,8 +1,10 @@
 // Package reservetest is the conformance suite of the backends of package
 // reserve: Run drives a Keeper on a backend through grants, the queue,
-// uses, releases, expiries, cancellations and a full queue, at instants
-// the test chooses, so that the memory backend and Redis (standalone and
-// cluster) provably serve reservations the same.
+// uses, releases, expiries, cancellations, a full queue, the weights of
+// the fairness quotas over a long run, the aging bound of a low-priority
+// request and a reload of the quotas, at instants the test chooses, so
+// that the memory backend and Redis (standalone and cluster) provably
+// serve reservations the same.
 package reservetest
 
 import (
@@ -94,6 +96,40 @@ func Run(t *testing.T, newBackend func(t *testing.T) reserve.Backend) {
 	t.Run("ExpiryReturnsUnusedOnce", func(t *testing.T) { testExpiry(t, newBackend(t)) })
 	t.Run("CancelAndQueueFull", func(t *testing.T) { testCancelQueueFull(t, newBackend(t)) })
 	t.Run("Invalid", func(t *testing.T) { testInvalid(t, newBackend(t)) })
+	t.Run("Fairness", func(t *testing.T) { testFairness(t, newBackend(t)) })
+	t.Run("Aging", func(t *testing.T) { testAging(t, newBackend(t)) })
+	t.Run("Reload", func(t *testing.T) { testReload(t, newBackend(t)) })
+}
+
+// testFairness holds the tokens granted to the clients of FairPolicy to
+// their weights 1:2:4, within 5%, over FairnessGrants grants: of one
+// token each, and of sizes that differ by client.
+func testFairness(t *testing.T, b reserve.Backend) {
+	for _, sizes := range []map[string]int64{{"w1": 1, "w2": 1, "w4": 1}, {"w1": 3, "w2": 1, "w4": 2}} {
+		start := time.Now()
+		sh := Fairness(t, b, sizes)
+		t.Logf("requests of %v tokens: %s, in %s", sizes, sh, time.Since(start).Round(time.Millisecond))
+		if sh.Deviation > 0.05 {
+			t.Errorf("requests of %v tokens: %s: a share deviates by more than 5%%", sizes, sh)
+		}
+	}
+}
+
+// testAging holds a low-priority request under sustained high-priority
+// load to the documented bound, with an aging period of 1 s (see
+// AgingWait).
+func testAging(t *testing.T, b reserve.Backend) {
+	const period = time.Second
+	wait, bound := AgingWait(t, b, period)
+	t.Logf("a low-priority request under high-priority load waited %s (aging period %s, bound %s)", wait, period, bound)
+	if wait > bound {
+		t.Errorf("the low request waited %s, above the bound %s", wait, bound)
+	}
+	// Passed over by h's requests until it is overdue: the load held it
+	// back as long as the aging lets it, else the run shows nothing.
+	if wait < 3*period {
+		t.Errorf("the low request waited %s, less than 3 aging periods: the load did not hold it back", wait)
+	}
 }
 
 func testGrantQueueUseRelease(t *testing.T, b reserve.Backend) {
