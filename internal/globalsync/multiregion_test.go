@@ -426,4 +426,5 @@ func TestMultiRegion(t *testing.T) {
 			t.Errorf("after NATS restarted, the regions do not agree: %v", w.merged(t, client))
 		}
 	})
+	t.Run("overload", func(t *testing.T) { overloaded(t, w) })
 }
