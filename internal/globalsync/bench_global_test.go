@@ -103,7 +103,8 @@ func selfCPU(b *testing.B) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func redisCPU(b *testing.B, r *redistest.Server) time.Duration {
+// redisCPU returns r's CPU time so far, user and system.
+func redisCPU(b testing.TB, r *redistest.Server) time.Duration {
 	info, err := r.Info("cpu")
 	if err != nil {
 		b.Fatal(err)

@@ -208,13 +208,14 @@ func (w *world) views(t *testing.T, client string) []int64 {
 	return out
 }
 
-func p99(ds []time.Duration) time.Duration {
+// percentile returns the q-quantile of ds (q from 0 to 1), 0 for none.
+func percentile(ds []time.Duration, q float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}
 	s := slices.Clone(ds)
 	slices.Sort(s)
-	return s[len(s)*99/100]
+	return s[min(int(float64(len(s))*q), len(s)-1)]
 }
 
 // window returns the sync's name of client's global window in w.
@@ -399,7 +400,7 @@ func TestMultiRegion(t *testing.T) {
 				for _, in := range r.inst {
 					all = append(all, in.lat...)
 				}
-				out[r.name] = p99(all)
+				out[r.name] = percentile(all, 0.99)
 			}
 			return out
 		}
@@ -426,4 +427,5 @@ func TestMultiRegion(t *testing.T) {
 			t.Errorf("after NATS restarted, the regions do not agree: %v", w.merged(t, client))
 		}
 	})
+	t.Run("overload", func(t *testing.T) { overloaded(t, w) })
 }
