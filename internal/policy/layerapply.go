@@ -284,11 +284,11 @@ func (p *Policy) layerRules(l *Layer, old *layerState, ls *layerState, fail func
 		le *LayerError
 	}, len(l.Rules))
 	parallel(len(l.Rules), func(from, to int) {
-		var slab []yaml.Node
+		var sc ruleScratch
 		for i := from; i < to; i++ {
 			lr := &l.Rules[i]
 			if c := compiled[lr.ID]; c == nil || !bytes.Equal(c.spec, lr.Spec) {
-				decoded[i].r, decoded[i].le = decodeLayerRuleWith(lr, ls.st, true, &slab)
+				decoded[i].r, decoded[i].le = decodeLayerRuleWith(lr, ls.st, true, &sc)
 			}
 		}
 	})
@@ -331,10 +331,20 @@ func decodeLayerRule(lr *LayerRule, st *settings) (r *Rule, le *LayerError) {
 	return decodeLayerRuleWith(lr, st, true, nil)
 }
 
+// ruleScratch is what the decoding of several layer rules, one after the
+// other, shares: a slab of nodes (see jsonNode), and the limits compiled
+// so far (see decoder.shared).
+type ruleScratch struct {
+	slab   []yaml.Node
+	limits map[sharedLimit]*Limit
+}
+
 // decodeLayerRuleWith is decodeLayerRule, reading a JSON spec without
-// yaml.v3 when fast is set and the spec allows it, into nodes from slab
-// (see jsonNode); the rule keeps none of them.
-func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool, slab *[]yaml.Node) (r *Rule, le *LayerError) {
+// yaml.v3 when fast is set and the spec allows it. With sc (may be nil),
+// it reads into nodes from sc's slab, of which the rule keeps none, and
+// the rule shares the limits it has in common with the rules decoded with
+// sc before.
+func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool, sc *ruleScratch) (r *Rule, le *LayerError) {
 	defer func() {
 		// As Parse: a bad spec must not take the process down.
 		if v := recover(); v != nil {
@@ -345,6 +355,14 @@ func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool, slab *[]yaml.No
 		return nil, &LayerError{Object: "rule", ID: lr.ID, Field: field, Msg: msg}
 	}
 	doc, ok := (*yaml.Node)(nil), false
+	d := &decoder{file: "rule"}
+	var slab *[]yaml.Node
+	if sc != nil {
+		if sc.limits == nil {
+			sc.limits = map[sharedLimit]*Limit{}
+		}
+		slab, d.shared = &sc.slab, sc.limits
+	}
 	if fast {
 		doc, ok = jsonNode(lr.Spec, slab)
 	}
@@ -362,7 +380,6 @@ func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool, slab *[]yaml.No
 	if root == nil || root.Kind != yaml.MappingNode {
 		return bad("", "not a JSON object")
 	}
-	d := &decoder{file: "rule"}
 	tmp := &Policy{}
 	d.rules(&yaml.Node{Kind: yaml.SequenceNode, Content: []*yaml.Node{root}}, st, tmp)
 	if len(d.errs) > 0 {
