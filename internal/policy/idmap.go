@@ -71,8 +71,17 @@ func (m *idMap[V]) edit(n int) *idMapEdit[V] {
 	}
 	e := &idMapEdit[V]{}
 	if len(m.buckets) == 0 || len(m.buckets) > 4*want || 4*len(m.buckets) < want {
+		// The buckets of a new map are cut from one array, owned by the
+		// edit, with room for half as many entries again as they average:
+		// few of them then grow.
+		const room = bucketLoad + bucketLoad/2
 		e.m = idMap[V]{seed: maphash.MakeSeed(), buckets: make([][]idEntry[V], want)}
 		e.owned = make([]bool, want)
+		all := make([]idEntry[V], want*room)
+		for b := range e.m.buckets {
+			e.m.buckets[b] = all[b*room : b*room : (b+1)*room]
+			e.owned[b] = true
+		}
 		m.all(func(k string, v V) bool {
 			e.set(k, v)
 			return true

@@ -407,7 +407,7 @@ func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSa
 	}
 	res := make([]result, len(los))
 	parallel(len(los), func(from, to int) {
-		oc := &overrideCompiler{st: st, byID: ls.byID}
+		oc := &overrideCompiler{st: st, byID: ls.byID, many: true}
 		j := 0 // old's override of the id, when both are in order
 		if old != nil && ls.sorted && old.sorted && from < to {
 			j, _ = slices.BinarySearchFunc(old.ovs, los[from].ID, compareID)
@@ -450,6 +450,7 @@ func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSa
 	}
 	ls.ovs = make([]*overrideEntry, 0, len(los))
 	var ids [DimGlobal + 1]*idMapEdit[*Assignment]
+	var as assignmentSlab
 	for i := range los {
 		if ed != nil {
 			slot, dup := ed.slot(los[i].ID)
@@ -471,7 +472,7 @@ func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSa
 		}
 		a, _ := ids[k.kind].slot(k.value)
 		if *a == nil {
-			*a = ls.assignment(p, k, nil, true)
+			*a = as.new(ls.view(p, k, nil))
 		}
 		(*a).overrides = insertOverride((*a).overrides, e.o)
 	}
@@ -485,7 +486,7 @@ func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSa
 				ids[d] = (&idMap[*Assignment]{}).edit(ls.tiers[d].len())
 			}
 			if a, _ := ids[d].slot(v); *a == nil {
-				*a = ls.assignment(p, identity{kind, v}, nil, true)
+				*a = as.new(ls.view(p, identity{kind, v}, nil))
 			}
 			return true
 		})
@@ -519,13 +520,46 @@ func parallel(n int, f func(from, to int)) {
 // list (in any order; sorted here): nil when k has neither a layer tier
 // nor an override, unless always.
 func (ls *layerState) assignment(p *Policy, k identity, list []*override, always bool) *Assignment {
-	tier, _ := ls.tiers[k.kind].get(k.value)
-	if len(list) == 0 && tier == "" && !always {
+	a := ls.view(p, k, list)
+	if len(list) == 0 && a.Tier == "" && !always {
 		return nil
 	}
+	return &a
+}
+
+// view returns the layer's view of identity k with the overrides list (in
+// any order; sorted here).
+func (ls *layerState) view(p *Policy, k identity, list []*override) Assignment {
+	tier, _ := ls.tiers[k.kind].get(k.value)
 	sortOverrides(list)
-	return &Assignment{Kind: k.kind, Value: k.value, Tier: tier, layered: true,
+	return Assignment{Kind: k.kind, Value: k.value, Tier: tier, layered: true,
 		overrides: list, base: p.assignments[k.kind][k.value]}
+}
+
+// assignmentSlab allocates the assignments of a whole apply 64 at a time,
+// each with room for its first two overrides: an identity's assignment
+// and its list of overrides then cost no allocation of their own. An
+// assignment that later applies keep keeps its 63 neighbours alive too.
+type assignmentSlab []roomyAssignment
+
+type roomyAssignment struct {
+	a    Assignment
+	room [2]*override
+}
+
+// new returns a copy of a from the slab; its overrides, when it has none,
+// are the room that comes with it.
+func (s *assignmentSlab) new(a Assignment) *Assignment {
+	if len(*s) == 0 {
+		*s = make([]roomyAssignment, 64)
+	}
+	ra := &(*s)[0]
+	*s = (*s)[1:]
+	ra.a = a
+	if ra.a.overrides == nil {
+		ra.a.overrides = ra.room[:0]
+	}
+	return &ra.a
 }
 
 // sortOverrides sorts an identity's overrides newest first: by version,

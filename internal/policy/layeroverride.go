@@ -74,6 +74,28 @@ type overrideCompiler struct {
 	byID  map[string]*Rule
 	rules map[string]*ruleInfo
 	cache map[overrideKey]*Limit
+	// many is set when the compiler compiles a whole layer's overrides:
+	// it then allocates their entries entrySlab at a time, in slab.
+	many bool
+	slab []overrideEntry
+}
+
+// entrySlab is the number of override entries allocated at once when many
+// are compiled: one allocation instead of 64. An entry that later applies
+// keep keeps its 63 neighbours alive too, no more.
+const entrySlab = 64
+
+// newEntry returns a zero entry.
+func (c *overrideCompiler) newEntry() *overrideEntry {
+	if !c.many {
+		return new(overrideEntry)
+	}
+	if len(c.slab) == 0 {
+		c.slab = make([]overrideEntry, entrySlab)
+	}
+	e := &c.slab[0]
+	c.slab = c.slab[1:]
+	return e
 }
 
 // ruleInfo is what compiling overrides asks of a rule, kept as they ask:
@@ -150,7 +172,8 @@ func (c *overrideCompiler) compile(k identity, id string, version int64, expires
 	bad := func(field, msg string) (*overrideEntry, *LayerError) {
 		return nil, &LayerError{Object: "override", ID: id, Field: field, Msg: msg}
 	}
-	e := &overrideEntry{who: k, tier: tier}
+	e := c.newEntry()
+	e.who, e.tier = k, tier
 	o := &e.ov
 	e.o = o
 	if len(lls) == 1 {
