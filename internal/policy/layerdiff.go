@@ -85,7 +85,7 @@ func (ls *layerState) layerTiers(l *Layer, old *layerState, fail func(*LayerErro
 		if eds[li.Kind] == nil {
 			eds[li.Kind] = (&idMap[string]{}).edit(len(ids))
 		}
-		eds[li.Kind].set(li.Value, li.Tier)
+		eds[li.Kind].set(li.Value, ls.st.tierName(li.Tier))
 	}
 	for d, ed := range eds {
 		if ed != nil {
@@ -133,7 +133,7 @@ func (ls *layerState) tiersChanged(ids []LayerIdentity, old *layerState, pre, su
 		t := ""
 		for i := len(ids) - 1; i >= 0; i-- {
 			if ids[i].Kind == k.kind && ids[i].Value == k.value {
-				t = ids[i].Tier
+				t = ls.st.tierName(ids[i].Tier)
 				break
 			}
 		}
