@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -219,6 +220,7 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 	}
 	var rules []*Rule
 	var m *matcher
+	var matching sync.WaitGroup
 	if rulesSame {
 		rules, m, ls.rules, ls.byID = prev.Rules, prev.matcher, old.rules, old.byID
 	} else {
@@ -227,6 +229,9 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 		for _, r := range rules {
 			ls.byID[r.ID] = r
 		}
+		// Their matcher is built beside the identities and overrides,
+		// which do not need it, on a core they leave idle at times.
+		matching.Go(func() { m = newMatcher(rules) })
 	}
 
 	// Identities and overrides: those that changed since prev are
@@ -235,6 +240,7 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 	if old == nil || !ls.overridesChanged(p, l, old, rulesSame, changed, &overrideCompiler{st: st, byID: ls.byID}, fail) {
 		ls.overridesAll(p, l, old, rulesSame, st, fail)
 	}
+	matching.Wait()
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
