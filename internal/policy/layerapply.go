@@ -74,7 +74,7 @@ type layerState struct {
 type ruleEntry struct {
 	id   string
 	spec []byte // a copy of the spec it was compiled from
-	rule *Rule  // as compiled, Index 0
+	rule *Rule  // as compiled, with the index of the policy it was compiled for
 }
 
 // identity is one identity, by kind and value.
@@ -308,23 +308,26 @@ func (p *Policy) layerRules(l *Layer, old *layerState, ls *layerState, fail func
 		}
 		ids[lr.ID] = struct{}{}
 		var e ruleEntry
-		if c := compiled[lr.ID]; c != nil && bytes.Equal(c.spec, lr.Spec) {
-			e = *c
+		var c *Rule
+		if cached := compiled[lr.ID]; cached != nil && bytes.Equal(cached.spec, lr.Spec) {
+			// The compiled rule is shared; its index is this policy's.
+			e, c = *cached, new(Rule)
+			*c = *cached.rule
 		} else {
 			if le := decoded[i].le; le != nil {
 				fail(le)
 				continue
 			}
 			e = ruleEntry{id: lr.ID, spec: bytes.Clone(lr.Spec), rule: decoded[i].r}
+			c = e.rule // compiled for this policy
 		}
 		ls.rules = append(ls.rules, e)
-		c := *e.rule // the compiled rule is shared; its index is this policy's
 		if at, ok := fileIndex[lr.ID]; ok {
 			c.Index = at
-			rules[at] = &c
+			rules[at] = c
 		} else {
 			c.Index = len(rules)
-			rules = append(rules, &c)
+			rules = append(rules, c)
 		}
 	}
 	return rules
