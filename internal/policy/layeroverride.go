@@ -186,9 +186,10 @@ func (ri *ruleInfo) quantum(alg sluice.Algorithm, w time.Duration) int64 {
 // algorithm, limit, window and burst (its other fields are the same for
 // every override's), the quantum, and the rule's failure mode and
 // instances.
+// Its fields are all of 8 bytes, so that it hashes and compares as one
+// block of memory.
 type overrideKey struct {
-	alg                        sluice.Algorithm
-	fm                         FailureMode
+	alg, fm                    int64 // a sluice.Algorithm, a FailureMode
 	limit, burst, q, instances int64
 	window                     time.Duration
 }
@@ -250,7 +251,7 @@ func (c *overrideCompiler) compile(k identity, id string, version int64, expires
 			spec.burst, spec.hasBur = ll.Burst, true
 		}
 		q := ri.quantum(spec.alg, spec.window)
-		k := overrideKey{alg: spec.alg, fm: ri.fm, limit: spec.limit, burst: spec.burst, q: q, instances: ri.instances, window: spec.window}
+		k := overrideKey{alg: int64(spec.alg), fm: int64(ri.fm), limit: spec.limit, burst: spec.burst, q: q, instances: ri.instances, window: spec.window}
 		l := c.cache[k]
 		if l == nil {
 			f := "limits." + rl.rule
