@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // overridesAll applies l's overrides as a whole, reusing old's compiled
@@ -30,40 +31,42 @@ func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSa
 		le *LayerError
 	}
 	res := make([]result, len(los))
-	parallel(len(los), func(from, to int) {
+	parallel(len(los), func() func(from, to int) {
 		oc := &overrideCompiler{st: st, byID: ls.byID, many: true}
-		j := 0 // old's override of the id, when both are in order
-		if old != nil && ls.sorted && old.sorted && from < to {
-			j, _ = slices.BinarySearchFunc(old.ovs, los[from].ID, compareID)
-		}
-		for i := from; i < to; i++ {
-			lo := &los[i]
-			if !identityKind(lo.Kind) || lo.Value == "" {
-				res[i].le = &LayerError{Object: "override", ID: lo.ID, Field: "kind", Msg: "want a client, user or api_key with a value"}
-				continue
+		return func(from, to int) {
+			j := 0 // old's override of the id, when both are in order
+			if old != nil && ls.sorted && old.sorted && from < to {
+				j, _ = slices.BinarySearchFunc(old.ovs, los[from].ID, compareID)
 			}
-			k := identity{lo.Kind, lo.Value}
-			res[i].h = maphash.String(seed, k.value)
-			tier := ls.tierFor(p, k)
-			if old != nil {
-				var oe *overrideEntry
-				if ls.sorted && old.sorted {
-					for j < len(old.ovs) && old.ovs[j].o.id < lo.ID {
-						j++
-					}
-					if j < len(old.ovs) && old.ovs[j].o.id == lo.ID {
-						oe = old.ovs[j]
-					}
-				} else {
-					oe = old.override(lo.ID)
-				}
-				if oe != nil && oe.o.version == lo.Version && oe.who == k && oe.tier == tier && (rulesSame || oe.o.sameParents(ls.byID, tier)) {
-					res[i].e = oe
+			for i := from; i < to; i++ {
+				lo := &los[i]
+				if !identityKind(lo.Kind) || lo.Value == "" {
+					res[i].le = &LayerError{Object: "override", ID: lo.ID, Field: "kind", Msg: "want a client, user or api_key with a value"}
 					continue
 				}
+				k := identity{lo.Kind, lo.Value}
+				res[i].h = maphash.String(seed, k.value)
+				tier := ls.tierFor(p, k)
+				if old != nil {
+					var oe *overrideEntry
+					if ls.sorted && old.sorted {
+						for j < len(old.ovs) && old.ovs[j].o.id < lo.ID {
+							j++
+						}
+						if j < len(old.ovs) && old.ovs[j].o.id == lo.ID {
+							oe = old.ovs[j]
+						}
+					} else {
+						oe = old.override(lo.ID)
+					}
+					if oe != nil && oe.o.version == lo.Version && oe.who == k && oe.tier == tier && (rulesSame || oe.o.sameParents(ls.byID, tier)) {
+						res[i].e = oe
+						continue
+					}
+				}
+				var one [1]ruleLimit
+				res[i].e, res[i].le = oc.compile(k, lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo, one[:0]), tier)
 			}
-			var one [1]ruleLimit
-			res[i].e, res[i].le = oc.compile(k, lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo, one[:0]), tier)
 		}
 	})
 
@@ -103,9 +106,9 @@ func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSa
 // identitiesAll builds ls.ids, the index of the identities of ls.ovs (of
 // which hashes are the identities' hashes under seed, and perKind the
 // numbers by kind) and of ls.tiers, each with its tier and its overrides.
-// On several goroutines when they are many: each owns the identities of
-// some buckets of the index, and reads every override's hash to find its
-// own.
+// On several goroutines when they are many: the index's buckets are dealt
+// in parts, twice as many as goroutines, which take them in turn; each
+// part is indexed by reading every override's hash to find its own.
 func (ls *layerState) identitiesAll(p *Policy, seed maphash.Seed, hashes []uint64, perKind [DimGlobal + 1]int) {
 	var ids [DimGlobal + 1]*idMapEdit[*Assignment]
 	for d := range ids {
@@ -113,34 +116,44 @@ func (ls *layerState) identitiesAll(p *Policy, seed maphash.Seed, hashes []uint6
 			ids[d] = newIDMap[*Assignment](seed, min(perKind[d]/2+ls.tiers[d].len(), n))
 		}
 	}
-	w := max(1, min(runtime.GOMAXPROCS(0), len(hashes)/parallelMin))
-	added := make([][DimGlobal + 1]int, w)
+	workers := max(1, min(runtime.GOMAXPROCS(0), len(hashes)/parallelMin))
+	parts := 1
+	if workers > 1 {
+		parts = 2 * workers
+	}
+	added := make([][DimGlobal + 1]int, parts)
+	index := func(part int, as *assignmentSlab) {
+		add := func(k identity, h uint64) *Assignment {
+			a, there := ids[k.kind].slotHash(h, k.value)
+			if !there {
+				*a = as.new(ls.view(p, k, nil))
+				added[part][k.kind]++
+			}
+			return *a
+		}
+		for i, h := range hashes {
+			e := ls.ovs[i]
+			if ids[e.who.kind].bucket(h)%parts == part {
+				a := add(e.who, h)
+				a.overrides = insertOverride(a.overrides, e.o)
+			}
+		}
+		for d := range ls.tiers {
+			ls.tiers[d].all(func(v, _ string) bool {
+				if h := maphash.String(seed, v); ids[d].bucket(h)%parts == part {
+					add(identity{Dimension(d), v}, h)
+				}
+				return true
+			})
+		}
+	}
+	var next atomic.Int64 // the next part
 	var wg sync.WaitGroup
-	for part := range w {
+	for range workers {
 		wg.Go(func() {
 			var as assignmentSlab
-			add := func(k identity, h uint64) *Assignment {
-				a, there := ids[k.kind].slotHash(h, k.value)
-				if !there {
-					*a = as.new(ls.view(p, k, nil))
-					added[part][k.kind]++
-				}
-				return *a
-			}
-			for i, h := range hashes {
-				e := ls.ovs[i]
-				if ids[e.who.kind].bucket(h)%w == part {
-					a := add(e.who, h)
-					a.overrides = insertOverride(a.overrides, e.o)
-				}
-			}
-			for d := range ls.tiers {
-				ls.tiers[d].all(func(v, _ string) bool {
-					if h := maphash.String(seed, v); ids[d].bucket(h)%w == part {
-						add(identity{Dimension(d), v}, h)
-					}
-					return true
-				})
+			for part := int(next.Add(1)) - 1; part < parts; part = int(next.Add(1)) - 1 {
+				index(part, &as)
 			}
 		})
 	}
@@ -156,21 +169,38 @@ func (ls *layerState) identitiesAll(p *Policy, seed maphash.Seed, hashes []uint6
 }
 
 // parallelMin is the number of items below which parallel does not start
-// another goroutine.
-const parallelMin = 512
+// another goroutine, and parallelChunk the number of items of a range.
+const (
+	parallelMin   = 512
+	parallelChunk = 1024
+)
 
-// parallel calls f on consecutive ranges [from, to) covering [0, n): on up
-// to GOMAXPROCS goroutines at once, each given parallelMin items or more,
-// and returns once every call has returned.
-func parallel(n int, f func(from, to int)) {
+// parallel calls work on consecutive ranges [from, to) of at most
+// parallelChunk items covering [0, n), and returns once every call has
+// returned. Up to GOMAXPROCS goroutines, each given parallelMin items or
+// more, take the ranges in turn, each calling the work function that
+// newWorker returned it (and its state). A goroutine that a busy machine
+// stops thus delays the others by the range it holds at most, not by its
+// share of them all.
+func parallel(n int, newWorker func() func(from, to int)) {
 	w := min(runtime.GOMAXPROCS(0), n/parallelMin)
 	if w <= 1 {
-		f(0, n)
+		newWorker()(0, n)
 		return
 	}
+	var next atomic.Int64 // the next range's start
 	var wg sync.WaitGroup
-	for i := range w {
-		wg.Go(func() { f(i*n/w, (i+1)*n/w) })
+	for range w {
+		wg.Go(func() {
+			work := newWorker()
+			for {
+				from := int(next.Add(parallelChunk)) - parallelChunk
+				if from >= n {
+					return
+				}
+				work(from, min(from+parallelChunk, n))
+			}
+		})
 	}
 	wg.Wait()
 }

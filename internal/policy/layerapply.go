@@ -289,12 +289,14 @@ func (p *Policy) layerRules(l *Layer, old *layerState, ls *layerState, fail func
 		r  *Rule
 		le *LayerError
 	}, len(l.Rules))
-	parallel(len(l.Rules), func(from, to int) {
+	parallel(len(l.Rules), func() func(from, to int) {
 		var sc ruleScratch
-		for i := from; i < to; i++ {
-			lr := &l.Rules[i]
-			if c := compiled[lr.ID]; c == nil || !bytes.Equal(c.spec, lr.Spec) {
-				decoded[i].r, decoded[i].le = decodeLayerRuleWith(lr, ls.st, true, &sc)
+		return func(from, to int) {
+			for i := from; i < to; i++ {
+				lr := &l.Rules[i]
+				if c := compiled[lr.ID]; c == nil || !bytes.Equal(c.spec, lr.Spec) {
+					decoded[i].r, decoded[i].le = decodeLayerRuleWith(lr, ls.st, true, &sc)
+				}
 			}
 		}
 	})
