@@ -212,10 +212,10 @@ func (d *decoder) sluice(root *yaml.Node, p *Policy) {
 			if _, known := st.tiers[s]; !known {
 				d.errorf(f.v, "default_tier: %q is not one of the tiers", s)
 			}
-			st.defaultTier = s
+			st.defaultTier = st.tierName(s)
 		}
 	} else if _, ok := st.tiers["free"]; ok {
-		st.defaultTier = "free"
+		st.defaultTier = st.tierName("free")
 	} else if len(st.tierNames) > 0 {
 		d.errorf(byKey["tiers"].k, "tiers: set default_tier (no tier is named free)")
 	}
@@ -352,4 +352,16 @@ func (d *decoder) costMultipliers(n *yaml.Node, what string) map[string]int64 {
 		m[op] = v
 	}
 	return m
+}
+
+// tierName returns the file's own string of the tier named t (t when
+// there is none): the layer keeps identities' tiers as these, so that
+// comparing two is comparing two pointers, not reading two strings.
+func (st *settings) tierName(t string) string {
+	for _, n := range st.tierNames {
+		if n == t {
+			return n
+		}
+	}
+	return t
 }

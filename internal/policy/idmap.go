@@ -69,26 +69,54 @@ func (m *idMap[V]) edit(n int) *idMapEdit[V] {
 	for want*bucketLoad < n {
 		want *= 2
 	}
-	e := &idMapEdit[V]{}
 	if len(m.buckets) == 0 || len(m.buckets) > 4*want || 4*len(m.buckets) < want {
-		e.m = idMap[V]{seed: maphash.MakeSeed(), buckets: make([][]idEntry[V], want)}
-		e.owned = make([]bool, want)
+		e := newIDMap[V](maphash.MakeSeed(), n)
 		m.all(func(k string, v V) bool {
 			e.set(k, v)
 			return true
 		})
 		return e
 	}
+	e := &idMapEdit[V]{}
 	e.m = idMap[V]{seed: m.seed, buckets: append([][]idEntry[V](nil), m.buckets...), n: m.n}
 	e.owned = make([]bool, len(m.buckets))
 	return e
 }
 
+// newIDMap starts a new, empty map sized for about n entries, whose keys
+// hash with seed (see slotHash).
+func newIDMap[V any](seed maphash.Seed, n int) *idMapEdit[V] {
+	want := 1
+	for want*bucketLoad < n {
+		want *= 2
+	}
+	// The buckets are cut from one array, owned by the edit, with room
+	// for half as many entries again as they average: few of them then
+	// grow.
+	const room = bucketLoad + bucketLoad/2
+	e := &idMapEdit[V]{m: idMap[V]{seed: seed, buckets: make([][]idEntry[V], want)}, owned: make([]bool, want)}
+	all := make([]idEntry[V], want*room)
+	for b := range e.m.buckets {
+		e.m.buckets[b] = all[b*room : b*room : (b+1)*room]
+		e.owned[b] = true
+	}
+	return e
+}
+
+// bucket returns the bucket of the keys of hash h.
+func (e *idMapEdit[V]) bucket(h uint64) int { return int(h & uint64(len(e.m.buckets)-1)) }
+
 // find returns the bucket of k, owned by the edit, and k's index in it
 // (-1 when absent).
 func (e *idMapEdit[V]) find(k string) (h uint64, b int, i int) {
 	h = maphash.String(e.m.seed, k)
-	b = int(h & uint64(len(e.m.buckets)-1))
+	b, i = e.findHash(h, k)
+	return h, b, i
+}
+
+// findHash is find, for k of hash h.
+func (e *idMapEdit[V]) findHash(h uint64, k string) (b int, i int) {
+	b = e.bucket(h)
 	if !e.owned[b] {
 		n := len(e.m.buckets[b]) + 1
 		if n == 1 {
@@ -99,24 +127,37 @@ func (e *idMapEdit[V]) find(k string) (h uint64, b int, i int) {
 	}
 	for i, x := range e.m.buckets[b] {
 		if x.hash == h && x.key == k {
-			return h, b, i
+			return b, i
 		}
 	}
-	return h, b, -1
+	return b, -1
 }
 
 // slot returns where k's value is, adding k (with the zero value) when
 // absent, and whether it was there. The pointer is valid until the next
 // change of the edit.
 func (e *idMapEdit[V]) slot(k string) (*V, bool) {
-	h, b, i := e.find(k)
+	v, there := e.slotHash(maphash.String(e.m.seed, k), k)
+	if !there {
+		e.m.n++
+	}
+	return v, there
+}
+
+// slotHash is slot, for k of hash h under the map's seed, but leaves the
+// count of entries to the caller (see added). Calls for keys of
+// different buckets may run at once.
+func (e *idMapEdit[V]) slotHash(h uint64, k string) (*V, bool) {
+	b, i := e.findHash(h, k)
 	if i >= 0 {
 		return &e.m.buckets[b][i].v, true
 	}
 	e.m.buckets[b] = append(e.m.buckets[b], idEntry[V]{hash: h, key: k})
-	e.m.n++
 	return &e.m.buckets[b][len(e.m.buckets[b])-1].v, false
 }
+
+// added counts n entries added by slotHash.
+func (e *idMapEdit[V]) added(n int) { e.m.n += n }
 
 // get returns the value of k in the version being built.
 func (e *idMapEdit[V]) get(k string) (V, bool) { return e.m.get(k) }

@@ -3,8 +3,6 @@ package policy
 import (
 	"reflect"
 	"testing"
-
-	"go.yaml.in/yaml/v3"
 )
 
 // jsonSpecs are rule specs, valid or not, that the JSON reader must read
@@ -55,11 +53,14 @@ func FuzzJSONNode(f *testing.F) {
 // same error, with and without the JSON reader.
 func checkJSONNode(t *testing.T, s string) {
 	p := mustParse(t, layerFile)
-	// A slab that a former rule used, as the decoding of a layer reuses it.
-	var slab []yaml.Node
-	decodeLayerRuleWith(&LayerRule{ID: "x", Spec: []byte(jsonSpecs[2])}, p.st, true, &slab)
+	// A slab that a former rule used, as the decoding of a layer reuses
+	// it; its limits, which the rule could share, forgotten, as their
+	// source names the former rule's fields.
+	var sc ruleScratch
+	decodeLayerRuleWith(&LayerRule{ID: "x", Spec: []byte(jsonSpecs[2])}, p.st, true, &sc)
+	sc.limits = nil
 	lr := &LayerRule{ID: "x", Spec: []byte(s)}
-	fast, ferr := decodeLayerRuleWith(lr, p.st, true, &slab)
+	fast, ferr := decodeLayerRuleWith(lr, p.st, true, &sc)
 	slow, serr := decodeLayerRuleWith(lr, p.st, false, nil)
 	if !reflect.DeepEqual(ferr, serr) {
 		t.Fatalf("%s: error %v, want %v", s, ferr, serr)

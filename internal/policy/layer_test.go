@@ -69,6 +69,45 @@ func TestWithLayerRules(t *testing.T) {
 	}
 }
 
+// Layer rules of equal limits share one compiled limit, and only those:
+// the keys stay the rules' own.
+func TestWithLayerRulesShareLimits(t *testing.T) {
+	p := mustParse(t, layerFile)
+	l := &Layer{Revision: 1, Rules: []LayerRule{
+		{ID: "a", Version: 1, Spec: spec(`{"id":"a","match":{"resource":"/a"},"limit":7,"window":"1s"}`)},
+		{ID: "b", Version: 1, Spec: spec(`{"id":"b","match":{"resource":"/b"},"limit":7,"window":"1s"}`)},
+		{ID: "c", Version: 1, Spec: spec(`{"id":"c","match":{"resource":"/c"},"limit":7,"window":"2s"}`)},
+		{ID: "d", Version: 1, Spec: spec(`{"id":"d","match":{"resource":"/d"},"limit":7,"window":"1s","failure_mode":"local","expected_instances":2}`)},
+		{ID: "e", Version: 1, Spec: spec(`{"id":"e","match":{"resource":"/e"},"tiered":true}`)},
+		{ID: "f", Version: 1, Spec: spec(`{"id":"f","match":{"resource":"/f"},"tiered":true}`)},
+	}}
+	lp, err := p.WithLayer(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := map[string]*Rule{}
+	for _, x := range lp.Rules {
+		r[x.ID] = x
+	}
+	if r["a"].Base != r["b"].Base {
+		t.Error("rules a and b of one limit: two compiled limits, want one")
+	}
+	if r["a"].Base == r["c"].Base || r["a"].Base == r["d"].Base {
+		t.Error("rules a, c and d of different limits share one")
+	}
+	if r["d"].Base.Local[PriorityNormal].Limit != 4 {
+		t.Errorf("rule d's local share = %d, want 4", r["d"].Base.Local[PriorityNormal].Limit)
+	}
+	for _, tier := range []string{"free", "premium"} {
+		if le, lf := r["e"].LimitFor(tier, nil), r["f"].LimitFor(tier, nil); le != lf || le == nil {
+			t.Errorf("tier %s: rules e and f have limits %p and %p, want one", tier, le, lf)
+		}
+	}
+	if r["a"].keyPrefix == r["b"].keyPrefix {
+		t.Errorf("rules a and b count on one key prefix %q", r["a"].keyPrefix)
+	}
+}
+
 func TestMatchClientInFile(t *testing.T) {
 	p := mustParse(t, `
 version: 1

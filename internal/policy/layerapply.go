@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -73,7 +74,7 @@ type layerState struct {
 type ruleEntry struct {
 	id   string
 	spec []byte // a copy of the spec it was compiled from
-	rule *Rule  // as compiled, Index 0
+	rule *Rule  // as compiled, with the index of the policy it was compiled for
 }
 
 // identity is one identity, by kind and value.
@@ -219,6 +220,7 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 	}
 	var rules []*Rule
 	var m *matcher
+	var matching sync.WaitGroup
 	if rulesSame {
 		rules, m, ls.rules, ls.byID = prev.Rules, prev.matcher, old.rules, old.byID
 	} else {
@@ -227,6 +229,9 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 		for _, r := range rules {
 			ls.byID[r.ID] = r
 		}
+		// Their matcher is built beside the identities and overrides,
+		// which do not need it, on a core they leave idle at times.
+		matching.Go(func() { m = newMatcher(rules) })
 	}
 
 	// Identities and overrides: those that changed since prev are
@@ -235,6 +240,7 @@ func (p *Policy) WithLayer(l *Layer, prev *Policy) (*Policy, error) {
 	if old == nil || !ls.overridesChanged(p, l, old, rulesSame, changed, &overrideCompiler{st: st, byID: ls.byID}, fail) {
 		ls.overridesAll(p, l, old, rulesSame, st, fail)
 	}
+	matching.Wait()
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -283,12 +289,14 @@ func (p *Policy) layerRules(l *Layer, old *layerState, ls *layerState, fail func
 		r  *Rule
 		le *LayerError
 	}, len(l.Rules))
-	parallel(len(l.Rules), func(from, to int) {
-		var slab []yaml.Node
-		for i := from; i < to; i++ {
-			lr := &l.Rules[i]
-			if c := compiled[lr.ID]; c == nil || !bytes.Equal(c.spec, lr.Spec) {
-				decoded[i].r, decoded[i].le = decodeLayerRuleWith(lr, ls.st, true, &slab)
+	parallel(len(l.Rules), func() func(from, to int) {
+		var sc ruleScratch
+		return func(from, to int) {
+			for i := from; i < to; i++ {
+				lr := &l.Rules[i]
+				if c := compiled[lr.ID]; c == nil || !bytes.Equal(c.spec, lr.Spec) {
+					decoded[i].r, decoded[i].le = decodeLayerRuleWith(lr, ls.st, true, &sc)
+				}
 			}
 		}
 	})
@@ -302,23 +310,26 @@ func (p *Policy) layerRules(l *Layer, old *layerState, ls *layerState, fail func
 		}
 		ids[lr.ID] = struct{}{}
 		var e ruleEntry
-		if c := compiled[lr.ID]; c != nil && bytes.Equal(c.spec, lr.Spec) {
-			e = *c
+		var c *Rule
+		if cached := compiled[lr.ID]; cached != nil && bytes.Equal(cached.spec, lr.Spec) {
+			// The compiled rule is shared; its index is this policy's.
+			e, c = *cached, new(Rule)
+			*c = *cached.rule
 		} else {
 			if le := decoded[i].le; le != nil {
 				fail(le)
 				continue
 			}
 			e = ruleEntry{id: lr.ID, spec: bytes.Clone(lr.Spec), rule: decoded[i].r}
+			c = e.rule // compiled for this policy
 		}
 		ls.rules = append(ls.rules, e)
-		c := *e.rule // the compiled rule is shared; its index is this policy's
 		if at, ok := fileIndex[lr.ID]; ok {
 			c.Index = at
-			rules[at] = &c
+			rules[at] = c
 		} else {
 			c.Index = len(rules)
-			rules = append(rules, &c)
+			rules = append(rules, c)
 		}
 	}
 	return rules
@@ -331,10 +342,20 @@ func decodeLayerRule(lr *LayerRule, st *settings) (r *Rule, le *LayerError) {
 	return decodeLayerRuleWith(lr, st, true, nil)
 }
 
+// ruleScratch is what the decoding of several layer rules, one after the
+// other, shares: a slab of nodes (see jsonNode), and the limits compiled
+// so far (see decoder.shared).
+type ruleScratch struct {
+	slab   []yaml.Node
+	limits map[sharedLimit]*Limit
+}
+
 // decodeLayerRuleWith is decodeLayerRule, reading a JSON spec without
-// yaml.v3 when fast is set and the spec allows it, into nodes from slab
-// (see jsonNode); the rule keeps none of them.
-func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool, slab *[]yaml.Node) (r *Rule, le *LayerError) {
+// yaml.v3 when fast is set and the spec allows it. With sc (may be nil),
+// it reads into nodes from sc's slab, of which the rule keeps none, and
+// the rule shares the limits it has in common with the rules decoded with
+// sc before.
+func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool, sc *ruleScratch) (r *Rule, le *LayerError) {
 	defer func() {
 		// As Parse: a bad spec must not take the process down.
 		if v := recover(); v != nil {
@@ -345,6 +366,14 @@ func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool, slab *[]yaml.No
 		return nil, &LayerError{Object: "rule", ID: lr.ID, Field: field, Msg: msg}
 	}
 	doc, ok := (*yaml.Node)(nil), false
+	d := &decoder{file: "rule"}
+	var slab *[]yaml.Node
+	if sc != nil {
+		if sc.limits == nil {
+			sc.limits = map[sharedLimit]*Limit{}
+		}
+		slab, d.shared = &sc.slab, sc.limits
+	}
 	if fast {
 		doc, ok = jsonNode(lr.Spec, slab)
 	}
@@ -362,7 +391,6 @@ func decodeLayerRuleWith(lr *LayerRule, st *settings, fast bool, slab *[]yaml.No
 	if root == nil || root.Kind != yaml.MappingNode {
 		return bad("", "not a JSON object")
 	}
-	d := &decoder{file: "rule"}
 	tmp := &Policy{}
 	d.rules(&yaml.Node{Kind: yaml.SequenceNode, Content: []*yaml.Node{root}}, st, tmp)
 	if len(d.errs) > 0 {

@@ -8,10 +8,8 @@ package policy
 import (
 	"cmp"
 	"fmt"
-	"runtime"
 	"slices"
 	"strings"
-	"sync"
 )
 
 // The numbers of identities and of overrides, changed, added or removed,
@@ -85,7 +83,7 @@ func (ls *layerState) layerTiers(l *Layer, old *layerState, fail func(*LayerErro
 		if eds[li.Kind] == nil {
 			eds[li.Kind] = (&idMap[string]{}).edit(len(ids))
 		}
-		eds[li.Kind].set(li.Value, li.Tier)
+		eds[li.Kind].set(li.Value, ls.st.tierName(li.Tier))
 	}
 	for d, ed := range eds {
 		if ed != nil {
@@ -133,7 +131,7 @@ func (ls *layerState) tiersChanged(ids []LayerIdentity, old *layerState, pre, su
 		t := ""
 		for i := len(ids) - 1; i >= 0; i-- {
 			if ids[i].Kind == k.kind && ids[i].Value == k.value {
-				t = ids[i].Tier
+				t = ls.st.tierName(ids[i].Tier)
 				break
 			}
 		}
@@ -392,139 +390,23 @@ func (ls *layerState) overridesChanged(p *Policy, l *Layer, old *layerState, rul
 	return true
 }
 
-// overridesAll applies l's overrides as a whole, reusing old's compiled
-// ones whose id, version, identity and tier are unchanged and whose rules'
-// limits are (always, when rulesSame), and assembles every identity.
-// Overrides in the order of their ids, as the control plane sends them,
-// are found by a binary search of that order; others by a map. The
-// overrides are compiled on several goroutines when they are many.
-func (ls *layerState) overridesAll(p *Policy, l *Layer, old *layerState, rulesSame bool, st *settings, fail func(*LayerError)) {
-	los := l.Overrides
-	ls.sorted = increasing(los, "", "")
-	type result struct {
-		e  *overrideEntry
-		le *LayerError
-	}
-	res := make([]result, len(los))
-	parallel(len(los), func(from, to int) {
-		oc := &overrideCompiler{st: st, byID: ls.byID}
-		j := 0 // old's override of the id, when both are in order
-		if old != nil && ls.sorted && old.sorted && from < to {
-			j, _ = slices.BinarySearchFunc(old.ovs, los[from].ID, compareID)
-		}
-		for i := from; i < to; i++ {
-			lo := &los[i]
-			if !identityKind(lo.Kind) || lo.Value == "" {
-				res[i].le = &LayerError{Object: "override", ID: lo.ID, Field: "kind", Msg: "want a client, user or api_key with a value"}
-				continue
-			}
-			k := identity{lo.Kind, lo.Value}
-			tier := ls.tierFor(p, k)
-			if old != nil {
-				var oe *overrideEntry
-				if ls.sorted && old.sorted {
-					for j < len(old.ovs) && old.ovs[j].o.id < lo.ID {
-						j++
-					}
-					if j < len(old.ovs) && old.ovs[j].o.id == lo.ID {
-						oe = old.ovs[j]
-					}
-				} else {
-					oe = old.override(lo.ID)
-				}
-				if oe != nil && oe.o.version == lo.Version && oe.who == k && oe.tier == tier && (rulesSame || oe.o.sameParents(ls.byID, tier)) {
-					res[i].e = oe
-					continue
-				}
-			}
-			var one [1]ruleLimit
-			res[i].e, res[i].le = oc.compile(k, lo.ID, lo.Version, lo.ExpiresAt, layerLimits(lo, one[:0]), tier)
-		}
-	})
-
-	// The indexes, in the layer's order, which decides which of two
-	// overrides of one id is the duplicate.
-	var ed *idMapEdit[*overrideEntry]
-	if !ls.sorted {
-		ed = (&idMap[*overrideEntry]{}).edit(len(los))
-	}
-	ls.ovs = make([]*overrideEntry, 0, len(los))
-	var ids [DimGlobal + 1]*idMapEdit[*Assignment]
-	for i := range los {
-		if ed != nil {
-			slot, dup := ed.slot(los[i].ID)
-			if dup {
-				fail(&LayerError{Object: "override", ID: los[i].ID, Field: "id", Msg: "duplicate override id"})
-				continue
-			}
-			*slot = res[i].e
-		}
-		if res[i].le != nil {
-			fail(res[i].le)
-			continue
-		}
-		e := res[i].e
-		ls.ovs = append(ls.ovs, e)
-		k := e.who
-		if ids[k.kind] == nil {
-			ids[k.kind] = (&idMap[*Assignment]{}).edit(len(los) / 2)
-		}
-		a, _ := ids[k.kind].slot(k.value)
-		if *a == nil {
-			*a = ls.assignment(p, k, nil, true)
-		}
-		(*a).overrides = insertOverride((*a).overrides, e.o)
-	}
-	if ed != nil {
-		ls.overrides = ed.done()
-	}
-	for d := range ls.ids {
-		kind := Dimension(d)
-		ls.tiers[d].all(func(v, _ string) bool {
-			if ids[d] == nil {
-				ids[d] = (&idMap[*Assignment]{}).edit(ls.tiers[d].len())
-			}
-			if a, _ := ids[d].slot(v); *a == nil {
-				*a = ls.assignment(p, identity{kind, v}, nil, true)
-			}
-			return true
-		})
-		if ids[d] != nil {
-			ls.ids[d] = ids[d].done()
-		}
-	}
-}
-
-// parallelMin is the number of items below which parallel does not start
-// another goroutine.
-const parallelMin = 512
-
-// parallel calls f on consecutive ranges [from, to) covering [0, n): on up
-// to GOMAXPROCS goroutines at once, each given parallelMin items or more,
-// and returns once every call has returned.
-func parallel(n int, f func(from, to int)) {
-	w := min(runtime.GOMAXPROCS(0), n/parallelMin)
-	if w <= 1 {
-		f(0, n)
-		return
-	}
-	var wg sync.WaitGroup
-	for i := range w {
-		wg.Go(func() { f(i*n/w, (i+1)*n/w) })
-	}
-	wg.Wait()
-}
-
 // assignment returns the layer's view of identity k with the overrides
 // list (in any order; sorted here): nil when k has neither a layer tier
 // nor an override, unless always.
 func (ls *layerState) assignment(p *Policy, k identity, list []*override, always bool) *Assignment {
-	tier, _ := ls.tiers[k.kind].get(k.value)
-	if len(list) == 0 && tier == "" && !always {
+	a := ls.view(p, k, list)
+	if len(list) == 0 && a.Tier == "" && !always {
 		return nil
 	}
+	return &a
+}
+
+// view returns the layer's view of identity k with the overrides list (in
+// any order; sorted here).
+func (ls *layerState) view(p *Policy, k identity, list []*override) Assignment {
+	tier, _ := ls.tiers[k.kind].get(k.value)
 	sortOverrides(list)
-	return &Assignment{Kind: k.kind, Value: k.value, Tier: tier, layered: true,
+	return Assignment{Kind: k.kind, Value: k.value, Tier: tier, layered: true,
 		overrides: list, base: p.assignments[k.kind][k.value]}
 }
 

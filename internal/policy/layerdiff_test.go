@@ -197,3 +197,38 @@ func faulty(err error) []string {
 	slices.Sort(out)
 	return slices.Compact(out)
 }
+
+// A layer of thousands of overrides, whose identities are indexed on
+// several goroutines, gives each identity the newest of its overrides of
+// each rule (the greatest id, their versions being equal), and its tier.
+func TestWithLayerManyOverrides(t *testing.T) {
+	p := mustParse(t, bigLayerFile)
+	l := bigLayer(50, 4000)
+	lp, err := p.WithLayer(l, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[[2]string]int64{} // by client and rule
+	for _, o := range l.Overrides {
+		for rule, ll := range o.Limits {
+			want[[2]string{o.Value, rule}] = ll.Limit // in the order of ids
+		}
+	}
+	tiers := map[string]string{}
+	for _, li := range l.Identities {
+		tiers[li.Value] = li.Tier
+	}
+	rules := map[string]*Rule{}
+	for _, r := range lp.Rules {
+		rules[r.ID] = r
+	}
+	for k, limit := range want {
+		tier, a := lp.Lookup(&Request{ClientID: k[0], Resource: "/x"}, lt0)
+		if wt := cmp.Or(tiers[k[0]], "free"); tier != wt {
+			t.Errorf("client %s: tier %q, want %q", k[0], tier, wt)
+		}
+		if got := rules[k[1]].LimitAt(tier, a, lt0); got == nil || got.Spec.Limit != limit {
+			t.Errorf("client %s, rule %s: limit %+v, want %d", k[0], k[1], got, limit)
+		}
+	}
+}

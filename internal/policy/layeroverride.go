@@ -74,15 +74,46 @@ type overrideCompiler struct {
 	byID  map[string]*Rule
 	rules map[string]*ruleInfo
 	cache map[overrideKey]*Limit
+	// many is set when the compiler compiles a whole layer's overrides:
+	// it then allocates their entries entrySlab at a time, in slab.
+	many bool
+	slab []overrideEntry
+}
+
+// entrySlab is the number of override entries allocated at once when many
+// are compiled: one allocation instead of 64. An entry that later applies
+// keep keeps its 63 neighbours alive too, no more.
+const entrySlab = 64
+
+// newEntry returns a zero entry.
+func (c *overrideCompiler) newEntry() *overrideEntry {
+	if !c.many {
+		return new(overrideEntry)
+	}
+	if len(c.slab) == 0 {
+		c.slab = make([]overrideEntry, entrySlab)
+	}
+	e := &c.slab[0]
+	c.slab = c.slab[1:]
+	return e
 }
 
 // ruleInfo is what compiling overrides asks of a rule, kept as they ask:
-// the limits it applies by tier, and the quantum of its limits by
-// algorithm and window.
+// its failure mode and instances, the limits it applies by tier, and the
+// quantum of its limits by algorithm and window. Overrides name rules at
+// random, and 10,000 rules' infos do not stay in a core's cache: the
+// fields an override reads, with the first limit and quantum asked (most
+// rules are asked for few), fill the info's first 64 bytes, so that one
+// cache line answers most overrides.
 type ruleInfo struct {
-	r       *Rule
-	parents []tierLimit
-	quanta  []quantum
+	fm                    FailureMode
+	hasParent, hasQuantum bool
+	instances             int64
+	first                 tierLimit
+	firstQ                quantum
+	r                     *Rule
+	parents               []tierLimit // after the first
+	quanta                []quantum   // after the first
 }
 
 type tierLimit struct {
@@ -96,6 +127,7 @@ type quantum struct {
 	q      int64
 }
 
+// rule returns what c knows of the rule id; nil when there is none.
 func (c *overrideCompiler) rule(id string) *ruleInfo {
 	ri := c.rules[id]
 	if ri == nil {
@@ -106,39 +138,60 @@ func (c *overrideCompiler) rule(id string) *ruleInfo {
 		if c.rules == nil {
 			c.rules = map[string]*ruleInfo{}
 		}
-		ri = &ruleInfo{r: r}
-		c.rules[id] = ri
+		ri = &ruleInfo{r: r, fm: r.FailureMode, instances: r.ExpectedInstances}
+		// The key is a copy: the keys of the map are then together in
+		// memory, not each in the override that named the rule first.
+		c.rules[strings.Clone(id)] = ri
 	}
 	return ri
 }
 
 func (ri *ruleInfo) parent(tier string) *Limit {
+	if ri.hasParent && ri.first.tier == tier {
+		return ri.first.l
+	}
 	for _, p := range ri.parents {
 		if p.tier == tier {
 			return p.l
 		}
 	}
 	l := ri.r.LimitFor(tier, nil)
-	ri.parents = append(ri.parents, tierLimit{tier, l})
+	if !ri.hasParent {
+		ri.first, ri.hasParent = tierLimit{tier, l}, true
+	} else {
+		ri.parents = append(ri.parents, tierLimit{tier, l})
+	}
 	return l
 }
 
 func (ri *ruleInfo) quantum(alg sluice.Algorithm, w time.Duration) int64 {
+	if ri.hasQuantum && ri.firstQ.alg == alg && ri.firstQ.window == w {
+		return ri.firstQ.q
+	}
 	for _, q := range ri.quanta {
 		if q.alg == alg && q.window == w {
 			return q.q
 		}
 	}
 	q := quantumOf(ri.r, alg, w)
-	ri.quanta = append(ri.quanta, quantum{alg, w, q})
+	if !ri.hasQuantum {
+		ri.firstQ, ri.hasQuantum = quantum{alg, w, q}, true
+	} else {
+		ri.quanta = append(ri.quanta, quantum{alg, w, q})
+	}
 	return q
 }
 
+// overrideKey is what an override's limit is compiled from: the spec's
+// algorithm, limit, window and burst (its other fields are the same for
+// every override's), the quantum, and the rule's failure mode and
+// instances.
+// Its fields are all of 8 bytes, so that it hashes and compares as one
+// block of memory.
 type overrideKey struct {
-	spec limitSpec
-	q    int64
-	fm   FailureMode
-	inst int64
+	alg, fm                    int64 // a sluice.Algorithm, a FailureMode
+	limit, burst, q, instances int64
+	window                     time.Duration
 }
 
 // compile compiles an override of identity k, of the limits lls (sorted
@@ -150,7 +203,8 @@ func (c *overrideCompiler) compile(k identity, id string, version int64, expires
 	bad := func(field, msg string) (*overrideEntry, *LayerError) {
 		return nil, &LayerError{Object: "override", ID: id, Field: field, Msg: msg}
 	}
-	e := &overrideEntry{who: k, tier: tier}
+	e := c.newEntry()
+	e.who, e.tier = k, tier
 	o := &e.ov
 	e.o = o
 	if len(lls) == 1 {
@@ -200,12 +254,12 @@ func (c *overrideCompiler) compile(k identity, id string, version int64, expires
 			spec.burst, spec.hasBur = ll.Burst, true
 		}
 		q := ri.quantum(spec.alg, spec.window)
-		k := overrideKey{spec: spec, q: q, fm: r.FailureMode, inst: r.ExpectedInstances}
+		k := overrideKey{alg: int64(spec.alg), fm: int64(ri.fm), limit: spec.limit, burst: spec.burst, q: q, instances: ri.instances, window: spec.window}
 		l := c.cache[k]
 		if l == nil {
 			f := "limits." + rl.rule
 			d := &decoder{file: "override"}
-			if l = d.compile(spec, c.st, r.FailureMode, r.ExpectedInstances, f, q); l == nil {
+			if l = d.compile(spec, c.st, ri.fm, ri.instances, f, q); l == nil {
 				msg := "cannot be compiled"
 				var ce *ConfigError
 				if len(d.errs) > 0 && errors.As(d.errs[0], &ce) {

@@ -134,7 +134,32 @@ func (d *decoder) complete(spec limitSpec, n *yaml.Node, what string) bool {
 // variants count at one quantum, the finest from minQuantum up at which
 // all of them can be counted, since they share one state.
 func (d *decoder) compile(spec limitSpec, st *settings, fm FailureMode, instances int64, what string, minQuantum int64) *Limit {
-	return d.compileDeny(spec, st, fm, instances, what, minQuantum, false)
+	if d.shared == nil {
+		return d.compileDeny(spec, st, fm, instances, what, minQuantum, false)
+	}
+	k := sharedLimit{spec: spec, fm: fm, instances: instances, minQuantum: minQuantum}
+	k.spec.node = nil
+	if l := d.shared[k]; l != nil {
+		return l
+	}
+	l := d.compileDeny(spec, st, fm, instances, what, minQuantum, false)
+	if l != nil {
+		d.shared[k] = l
+	}
+	return l
+}
+
+// sharedLimit is what a limit is compiled from, with the settings of the
+// decoder's file, but for its place in the file: limits compiled from
+// equal ones are equal, and, being immutable, may be one. The layer's
+// rules share them, since thousands of its rules have few distinct limits;
+// a shared limit's source names the place of the first of them, which
+// only messages of compiling it again (for a throttle) would show.
+type sharedLimit struct {
+	spec       limitSpec // without its node
+	fm         FailureMode
+	instances  int64
+	minQuantum int64
 }
 
 // compileDeny is compile, of a limit that denies everything when denyAll

@@ -42,6 +42,10 @@ type decoder struct {
 	bytes int // spent of MaxDecodedBytes; never more
 	// bytesOut is set once the bytes budget is exhausted.
 	bytesOut bool
+	// shared, when set, holds the limits compiled so far by what they
+	// were compiled from, for compile to return instead of compiling one
+	// again (see sharedLimit).
+	shared map[sharedLimit]*Limit
 }
 
 // spendBytes takes k bytes from the budget of names and values built,
