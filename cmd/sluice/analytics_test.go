@@ -22,7 +22,7 @@ func TestMigrate(t *testing.T) {
 	defer srv.Close()
 	url := srv.NewDatabase(t)
 	out.Reset()
-	if code := run([]string{"migrate", "--analytics", url}, &out, &errOut, noEnv); code != 0 || !strings.Contains(out.String(), "applied migrations [1 2 3 4]") {
+	if code := run([]string{"migrate", "--analytics", url}, &out, &errOut, noEnv); code != 0 || !strings.Contains(out.String(), "applied migrations [1 2 3 4 5]") {
 		t.Errorf("first run: exit %d, %q, %q", code, out.String(), errOut.String())
 	}
 	out.Reset()
