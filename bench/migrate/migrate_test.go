@@ -3,6 +3,7 @@ package migrate
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -106,6 +107,11 @@ func gooseUp(ctx context.Context, url string, fsys fs.FS) ([]int64, error) {
 		return nil, err
 	}
 	results, err := p.Up(ctx)
+	// On a failure goose returns the migrations applied before it in
+	// the error.
+	if partial := (*goose.PartialError)(nil); errors.As(err, &partial) {
+		results = partial.Applied
+	}
 	var out []int64
 	for _, r := range results {
 		out = append(out, r.Source.Version)
