@@ -29,9 +29,10 @@ type migration struct {
 	sql     string
 }
 
-// loadMigrations returns the embedded migrations in version order.
-func loadMigrations() ([]migration, error) {
-	names, err := fs.Glob(migrations, "migrations/*.sql")
+// loadMigrations returns the migrations of fsys, migrations/NNNN_name.sql,
+// in version order.
+func loadMigrations(fsys fs.FS) ([]migration, error) {
+	names, err := fs.Glob(fsys, "migrations/*.sql")
 	if err != nil {
 		return nil, err
 	}
@@ -43,7 +44,7 @@ func loadMigrations() ([]migration, error) {
 		if !ok || err != nil {
 			return nil, fmt.Errorf("pganalytics: migration %s: want NNNN_name.sql", base)
 		}
-		b, err := migrations.ReadFile(p)
+		b, err := fs.ReadFile(fsys, p)
 		if err != nil {
 			return nil, err
 		}
@@ -60,17 +61,34 @@ func loadMigrations() ([]migration, error) {
 
 // Migrate brings the schema to the newest version: each migration not yet
 // in schema_migrations runs in its own transaction, with its row, so that a
-// failed one leaves nothing behind. It returns the versions it applied;
-// none when the schema is current. Instances migrating at once take turns.
+// failed one leaves nothing behind and the next start retries it. It
+// returns the versions it applied; none when the schema is current.
+// Instances migrating one database at once take turns, under a
+// transaction-level advisory lock, so that each migration runs once.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]int, error) {
-	ms, err := loadMigrations()
+	return migrate(ctx, pool, migrations)
+}
+
+// migrate applies the migrations of fsys as Migrate does.
+func migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]int, error) {
+	ms, err := loadMigrations(fsys)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version    integer PRIMARY KEY,
-		name       text NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+	// Under the lock too: two CREATE TABLE IF NOT EXISTS at once may both
+	// find no table, and the second then fails on the catalogue's unique
+	// index.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLock)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+			version    integer PRIMARY KEY,
+			name       text NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`)
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("pganalytics: schema_migrations: %w", err)
 	}
 	var applied []int
