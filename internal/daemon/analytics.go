@@ -51,6 +51,7 @@ func (d *Daemon) startAnalytics(ctx context.Context) (engine.Analytics, error) {
 		d.pganalytics, rc.Sink, d.analyticsStore = pg, pg, pg
 	}
 	d.recorder = analytics.NewRecorder(rc)
+	d.changes.rec.Store(d.recorder)
 	if err := d.reg.Register(analyticsCollector{d.recorder}); err != nil {
 		d.closeAnalytics()
 		return nil, fmt.Errorf("daemon: analytics metrics: %w", err)
