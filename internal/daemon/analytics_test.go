@@ -241,7 +241,7 @@ func TestAnalyticsInMemory(t *testing.T) {
 	if a.Summary.TotalRequests != 4 || a.Summary.Blocked != 1 || !a.EndTime.Equal(td.clock.Now().Truncate(time.Second)) {
 		t.Errorf("last hour: %+v", a)
 	}
-	for _, name := range []string{"sluice_analytics_events_total 17", "sluice_analytics_events_dropped_total 0", "sluice_analytics_sink_up 1"} {
+	for _, name := range []string{"sluice_analytics_events_total 17", "sluice_analytics_events_dropped_total 0", "sluice_analytics_sink_up 1", "sluice_analytics_anomalies_total 0", "sluice_analytics_changes_dropped_total 0"} {
 		if m := get(t, td.base+"/metrics"); !strings.Contains(m.raw, name) {
 			t.Errorf("metrics lack %q", name)
 		}

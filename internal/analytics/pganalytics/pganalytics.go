@@ -5,8 +5,8 @@
 //
 // The schema comes with the binary: versioned SQL files embedded in it,
 // applied in order by Migrate, one transaction each, and recorded in
-// schema_migrations. Rollups and blocked events are partitioned by UTC
-// day; Maintain creates the coming days' partitions and drops those older
+// schema_migrations. Rollups, blocked events, changes and anomalies are
+// partitioned by UTC day; Maintain creates the coming days' partitions and drops those older
 // than the retention, through SQL functions that take days as parameters,
 // so that the service never builds an identifier.
 //
