@@ -2,6 +2,7 @@ package analytics
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -175,5 +176,42 @@ func TestChanges(t *testing.T) {
 	defer sink.mu.Unlock()
 	if len(sink.changes) != 3 {
 		t.Errorf("sink got %d changes, want 3", len(sink.changes))
+	}
+}
+
+// failingListSink fails its first WriteLists.
+type failingListSink struct {
+	listSink
+	failed bool
+}
+
+func (s *failingListSink) WriteLists(ctx context.Context, cs []Change, as []Anomaly) error {
+	s.mu.Lock()
+	if !s.failed {
+		s.failed = true
+		s.mu.Unlock()
+		return errors.New("down")
+	}
+	s.mu.Unlock()
+	return s.listSink.WriteLists(ctx, cs, as)
+}
+
+// TestListsRetried: changes a failed write did not keep are offered again
+// with the next flush, once.
+func TestListsRetried(t *testing.T) {
+	sink := &failingListSink{}
+	rec := NewRecorder(Config{Sink: sink, FlushInterval: time.Hour, Now: func() time.Time { return minuteOf(10) }})
+	defer rec.Close()
+	rec.RecordChange(Change{Time: minuteOf(1), Kind: "rate_limit_config_updated"})
+	ctx := context.Background()
+	for range 3 {
+		if err := rec.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if st := rec.Stats(); len(sink.changes) != 1 || st.SinkErrors != 1 || st.SinkFailing {
+		t.Errorf("sink has %d changes, stats %+v; want 1 after one failure", len(sink.changes), st)
 	}
 }
