@@ -65,9 +65,9 @@ type Stats struct {
 	SinkFlushes, SinkErrors int64
 	// SinkBacklogRows is the rollups waiting for the Sink now.
 	SinkBacklogRows int64
-	// SinkDroppedRows and SinkDroppedEvents are the rollups and blocked
-	// events that never reached the Sink because its backlog was full:
-	// the gap in the sink's history.
+	// SinkDroppedRows and SinkDroppedEvents are the rollups, and the
+	// blocked events, changes and anomalies, that never reached the Sink
+	// because its backlog was full: the gap in the sink's history.
 	SinkDroppedRows, SinkDroppedEvents int64
 	// SinkFailing reports that the Sink's last write failed: the rows
 	// since are waiting in the backlog.
