@@ -12,7 +12,12 @@ import (
 // the minute still queued have been folded by then) or once a rollup of a
 // later minute of the key arrives.
 //
-// For each key (client, resource, region) it keeps two exponentially
+// Its keys are each client on a resource in a region, and each resource
+// in a region with every client together (an empty client), which sees a
+// surge spread over many clients, new ones included (a resource's anomaly
+// is left out when one of its clients' explains it: same kind and minute).
+// For each key it keeps
+// two exponentially
 // weighted moving averages over the minutes it saw, with a weight of 2/61
 // (the usual weight of a 60-minute average): requests per minute, and the
 // share of them blocked. A minute without checks counts as zero requests
@@ -30,7 +35,7 @@ import (
 // an hour is forgotten (its average is then below 14% of what it was); it
 // is tracked again, with a new warm-up, when it returns. At most MaxKeys
 // keys are tracked; the rollups of keys beyond them are left out and
-// counted (Stats.AnomalyRowsUntracked).
+// counted (Stats.AnomalyRowsUntracked), once per key they miss.
 
 // DetectorConfig shapes the anomaly detector. The zero value uses the
 // defaults.
@@ -109,36 +114,42 @@ func newDetector(cfg DetectorConfig) *detector {
 	return &detector{cfg: cfg, keys: map[detectorKey]*baseline{}}
 }
 
-// add counts rollups, which must be in minute order (add sorts them).
-// A rollup of a minute already closed for its key is left out.
+// add counts rollups, in minute order (add sorts them), to their client's
+// key and their resource's.
 func (d *detector) add(rs []Rollup) {
 	slices.SortFunc(rs, func(x, y Rollup) int { return cmp.Compare(x.Minute, y.Minute) })
 	for i := range rs {
 		r := &rs[i]
-		k := detectorKey{r.Client, r.Resource, r.Region}
-		b := d.keys[k]
-		if b == nil {
-			if len(d.keys) >= d.cfg.MaxKeys {
-				d.untracked++
-				continue
-			}
-			b = &baseline{open: true, minute: r.Minute}
-			d.keys[k] = b
+		d.addTo(detectorKey{r.Client, r.Resource, r.Region}, r)
+		d.addTo(detectorKey{"", r.Resource, r.Region}, r)
+	}
+}
+
+// addTo counts r to key k. A rollup of a minute already closed for k is
+// left out.
+func (d *detector) addTo(k detectorKey, r *Rollup) {
+	b := d.keys[k]
+	if b == nil {
+		if len(d.keys) >= d.cfg.MaxKeys {
+			d.untracked++
+			return
 		}
-		switch {
-		case r.Minute < b.minute || (r.Minute == b.minute && !b.open):
-			continue
-		case r.Minute > b.minute:
-			if b.open {
-				d.close(k, b)
-			}
-			d.skip(b, r.Minute)
-			b.open, b.minute = true, r.Minute
+		b = &baseline{open: true, minute: r.Minute}
+		d.keys[k] = b
+	}
+	switch {
+	case r.Minute < b.minute || (r.Minute == b.minute && !b.open):
+		return
+	case r.Minute > b.minute:
+		if b.open {
+			d.close(k, b)
 		}
-		b.requests += r.Requests
-		if r.Blocked {
-			b.blocked += r.Requests
-		}
+		d.skip(b, r.Minute)
+		b.open, b.minute = true, r.Minute
+	}
+	b.requests += r.Requests
+	if r.Blocked {
+		b.blocked += r.Requests
 	}
 }
 
@@ -156,9 +167,33 @@ func (d *detector) closeUpTo(now int64) []Anomaly {
 			delete(d.keys, k)
 		}
 	}
-	found := d.found
+	found := explained(d.found)
 	d.found = nil
 	return found
+}
+
+// explained returns found without the anomalies of a resource (every
+// client together) that an anomaly of one of its clients, of the same
+// kind and minute, explains: one client's surge is reported once, as
+// the client's.
+func explained(found []Anomaly) []Anomaly {
+	type at struct {
+		kind, resource, region string
+		minute                 int64
+	}
+	byClient := map[at]bool{}
+	for _, a := range found {
+		if a.Client != "" {
+			byClient[at{a.Kind, a.Resource, a.Region, a.Minute}] = true
+		}
+	}
+	out := found[:0]
+	for _, a := range found {
+		if a.Client != "" || !byClient[at{a.Kind, a.Resource, a.Region, a.Minute}] {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // skip counts the minutes without checks between b's last minute and

@@ -3,6 +3,7 @@ package analytics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -122,8 +123,10 @@ func TestDetectorBounded(t *testing.T) {
 		rs = append(rs, Rollup{Key: Key{Minute: day0.Unix(), Client: c}, Requests: 1})
 	}
 	d.add(rs)
-	if len(d.keys) != 2 || d.untracked != 2 {
-		t.Errorf("tracked %d, untracked %d; want 2 and 2", len(d.keys), d.untracked)
+	// a's key and its resource's, then b, c and d each miss their own and
+	// the resource's.
+	if len(d.keys) != 2 || d.untracked != 3 {
+		t.Errorf("tracked %d, untracked %d; want 2 and 3", len(d.keys), d.untracked)
 	}
 	// An hour idle, the keys are forgotten and make room.
 	d.closeUpTo(day0.Add(time.Minute).Unix() + closeGrace)
@@ -213,5 +216,27 @@ func TestListsRetried(t *testing.T) {
 	defer sink.mu.Unlock()
 	if st := rec.Stats(); len(sink.changes) != 1 || st.SinkErrors != 1 || st.SinkFailing {
 		t.Errorf("sink has %d changes, stats %+v; want 1 after one failure", len(sink.changes), st)
+	}
+}
+
+// TestDetectorResource: a surge spread over many new clients, none of
+// them tracked long enough to be judged, is one anomaly of the resource
+// (every client together, an empty client).
+func TestDetectorResource(t *testing.T) {
+	d := newDetector(DetectorConfig{})
+	var found []Anomaly
+	for m := range 40 {
+		rs := []Rollup{{Key: Key{Minute: minuteOf(m).Unix(), Client: "steady", Resource: "/a", Region: "eu"}, Requests: 100}}
+		if m == 30 {
+			for i := range 50 {
+				rs = append(rs, Rollup{Key: Key{Minute: minuteOf(m).Unix(), Client: fmt.Sprint("bot-", i), Resource: "/a", Region: "eu"}, Requests: 20})
+			}
+		}
+		d.add(rs)
+		found = append(found, d.closeUpTo(minuteOf(m+1).Unix()+closeGrace)...)
+	}
+	want := Anomaly{Kind: AnomalyRequests, Resource: "/a", Region: "eu", Minute: minuteOf(30).Unix(), Observed: 1100, Baseline: 100}
+	if len(found) != 1 || found[0].Client != "" || found[0].Minute != want.Minute || found[0].Observed != want.Observed || !near(found[0].Baseline, 100) {
+		t.Errorf("got %+v, want %+v", found, want)
 	}
 }

@@ -88,7 +88,9 @@ type ResourceCount struct {
 	Blocked       int64  `json:"blocked"`
 }
 
-// Anomaly is a minute far above its key's baseline. Kind is
+// Anomaly is a minute far above its key's baseline: a client on a
+// resource in a region, or (ClientID empty) a resource in a region with
+// all its clients together. Kind is
 // requests_spike (Observed and Baseline are checks per minute) or
 // block_rate_spike (they are shares blocked, 0 to 1).
 type Anomaly struct {

@@ -273,7 +273,7 @@
     // baseline, in checks or in the share blocked.
     for (const a of anomalies) {
       const rate = a.kind === "block_rate_spike", fig = (v) => (rate ? pct(v) + " blocked" : SVG.fmt(v) + " checks/min");
-      list.push({ time: a.time, what: ANOMALY_NAMES[a.kind] || "anomaly: " + a.kind, type: "anomaly", who: a.client_id || "",
+      list.push({ time: a.time, what: ANOMALY_NAMES[a.kind] || "anomaly: " + a.kind, type: "anomaly", who: a.client_id || "(all clients)",
         detail: [a.resource, a.region && "in " + a.region, `${fig(a.observed)}, usually ${fig(a.baseline)}`].filter(Boolean).join(", ") });
     }
 
