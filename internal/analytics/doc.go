@@ -26,6 +26,14 @@
 // bounded, and what does not fit is counted (Stats.SinkDroppedRows) as the
 // gap in the sink's history.
 //
+// Besides the checks, the Recorder keeps two lists an operator reads one
+// by one. Changes (RecordChange: configurations, control plane changes,
+// emergency throttles; the daemon turns its audit events into them) come
+// through a second bounded queue that never blocks either. Anomalies come
+// from a detector the aggregator runs on the rollups it publishes, as
+// their minutes close (see DetectorConfig). Both go to the Memory store
+// and, when the Sink is a ListSink, to it, with the same bounded backlog.
+//
 // Rollups are additive: a minute flushed twice (once early, once when more
 // events of it arrived) is two rows whose sums are the minute's counts.
 // Both stores answer Query with the same Result, built by the same

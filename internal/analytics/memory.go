@@ -19,6 +19,12 @@ type Memory struct {
 	oldest  int64                     // guarded by mu; smallest minute held, when rows > 0
 	rows    int                       // guarded by mu
 	evicted int64                     // guarded by mu; rows dropped for MaxRows
+
+	// changes and anomalies are in the order they came, at most maxListed
+	// of each; guarded by mu.
+	changes   []Change
+	anomalies []Anomaly
+	maxListed int
 }
 
 // MemoryConfig shapes a Memory store. The zero value keeps 24 hours and at
@@ -29,6 +35,9 @@ type MemoryConfig struct {
 	// MaxRows bounds the rollups held; zero means 1,000,000 (each is
 	// about 450 bytes).
 	MaxRows int
+	// MaxListed bounds the changes, and the anomalies, held; zero means
+	// 10,000 of each. Beyond it the oldest are dropped.
+	MaxListed int
 }
 
 // NewMemory returns an empty store.
@@ -39,9 +48,13 @@ func NewMemory(cfg MemoryConfig) *Memory {
 	if cfg.MaxRows <= 0 {
 		cfg.MaxRows = 1_000_000
 	}
+	if cfg.MaxListed <= 0 {
+		cfg.MaxListed = 10_000
+	}
 	return &Memory{
 		retention: int64(cfg.Retention / time.Second),
 		maxRows:   cfg.MaxRows,
+		maxListed: cfg.MaxListed,
 		minutes:   map[int64]map[Key]*Rollup{},
 	}
 }
@@ -55,6 +68,34 @@ func (m *Memory) Add(now time.Time, rs []Rollup) {
 		m.addLocked(&rs[i])
 	}
 	m.expireLocked(now.Unix() - m.retention)
+}
+
+// AddChanges keeps changes, then drops those older than the retention
+// before now, and the oldest beyond MaxListed.
+func (m *Memory) AddChanges(now time.Time, cs []Change) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.changes = append(m.changes, cs...)
+	cutoff := now.Add(-time.Duration(m.retention) * time.Second)
+	i := 0
+	for i < len(m.changes) && (m.changes[i].Time.Before(cutoff) || len(m.changes)-i > m.maxListed) {
+		i++
+	}
+	m.changes = append(m.changes[:0], m.changes[i:]...)
+}
+
+// AddAnomalies keeps anomalies, then drops those older than the retention
+// before now, and the oldest beyond MaxListed.
+func (m *Memory) AddAnomalies(now time.Time, as []Anomaly) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.anomalies = append(m.anomalies, as...)
+	cutoff := now.Unix() - m.retention
+	i := 0
+	for i < len(m.anomalies) && (m.anomalies[i].Minute < cutoff || len(m.anomalies)-i > m.maxListed) {
+		i++
+	}
+	m.anomalies = append(m.anomalies[:0], m.anomalies[i:]...)
 }
 
 // addLocked merges one rollup. When the store is full, the oldest minute
@@ -127,6 +168,8 @@ func (m *Memory) Query(_ context.Context, f Filter) (Result, error) {
 	acc := NewAccumulator(f)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	acc.Changes = newestChanges(m.changes, f.Start, f.End)
+	acc.Anomalies = newestAnomalies(m.anomalies, &f)
 	for minute, byKey := range m.minutes {
 		if minute < from || minute >= to {
 			continue

@@ -105,6 +105,14 @@ type Result struct {
 	TimeSeries   []Point
 	TopClients   []Top // most blocked first
 	TopResources []Top // most blocked first
+	// ByResource is the Top resources by checks, most first, blocked or
+	// not.
+	ByResource []Top
+	// Changes and Anomalies are the newest of the range, up to MaxListed
+	// of each, newest first. Changes are not narrowed by client, resource
+	// or region; anomalies are.
+	Changes   []Change
+	Anomalies []Anomaly
 }
 
 // sum is the running counts behind a Summary.
@@ -138,6 +146,11 @@ func (s *sum) summary() Summary {
 // they all answer alike. It expects rows already filtered by the store. It
 // is not safe for concurrent use.
 type Accumulator struct {
+	// Changes and Anomalies are copied to the Result, sorted newest
+	// first; the store sets them.
+	Changes   []Change
+	Anomalies []Anomaly
+
 	f         Filter
 	all       sum
 	regions   map[string]*sum
@@ -213,6 +226,10 @@ func (a *Accumulator) Result() Result {
 	}
 	out.TopClients = topN(a.clients, n)
 	out.TopResources = topN(a.resources, n)
+	out.ByResource = busiestN(a.resources, n)
+	out.Changes, out.Anomalies = a.Changes, a.Anomalies
+	SortChanges(out.Changes)
+	SortAnomalies(out.Anomalies)
 	return out
 }
 
@@ -227,6 +244,24 @@ func topN(m map[string]*Top, n int) []Top {
 	}
 	slices.SortFunc(out, func(x, y Top) int {
 		if c := cmp.Compare(y.Blocked, x.Blocked); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.Name, y.Name)
+	})
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
+}
+
+// busiestN returns the n entries of m with the most checks.
+func busiestN(m map[string]*Top, n int) []Top {
+	out := make([]Top, 0, len(m))
+	for _, t := range m {
+		out = append(out, *t)
+	}
+	slices.SortFunc(out, func(x, y Top) int {
+		if c := cmp.Compare(y.Total, x.Total); c != 0 {
 			return c
 		}
 		return cmp.Compare(x.Name, y.Name)

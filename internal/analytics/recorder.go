@@ -16,6 +16,15 @@ type Sink interface {
 	Write(ctx context.Context, rollups []Rollup, blocked []Event) error
 }
 
+// ListSink is a Sink that also keeps the changes and the anomalies one by
+// one. The Recorder calls WriteLists after Write, from the same goroutine,
+// with the same contract: an error means nothing was kept, and the rows
+// are offered again.
+type ListSink interface {
+	Sink
+	WriteLists(ctx context.Context, changes []Change, anomalies []Anomaly) error
+}
+
 // Config shapes a Recorder. The zero value records into a 24-hour Memory
 // store, with no sink.
 type Config struct {
@@ -36,9 +45,15 @@ type Config struct {
 	// as the sink's gap.
 	MaxBacklog int
 	// Now returns the current time; nil means time.Now. It decides which
-	// minutes the Memory store expires.
+	// minutes the Memory store expires, and which minutes the anomaly
+	// detector closes.
 	Now func() time.Time
+	// Detector shapes the anomaly detector (see DetectorConfig).
+	Detector DetectorConfig
 }
+
+// changeQueue bounds the changes waiting for the aggregator.
+const changeQueue = 1024
 
 // Stats are a Recorder's counters since it started.
 type Stats struct {
@@ -50,32 +65,44 @@ type Stats struct {
 	SinkFlushes, SinkErrors int64
 	// SinkBacklogRows is the rollups waiting for the Sink now.
 	SinkBacklogRows int64
-	// SinkDroppedRows and SinkDroppedEvents are the rollups and blocked
-	// events that never reached the Sink because its backlog was full:
-	// the gap in the sink's history.
+	// SinkDroppedRows and SinkDroppedEvents are the rollups, and the
+	// blocked events, changes and anomalies, that never reached the Sink
+	// because its backlog was full: the gap in the sink's history.
 	SinkDroppedRows, SinkDroppedEvents int64
 	// SinkFailing reports that the Sink's last write failed: the rows
 	// since are waiting in the backlog.
 	SinkFailing bool
+	// ChangesDropped is the changes RecordChange dropped because their
+	// queue was full.
+	ChangesDropped int64
+	// Anomalies is the anomalies detected; AnomalyRowsUntracked the
+	// rollups the detector left out because it tracked MaxKeys keys.
+	Anomalies, AnomalyRowsUntracked int64
 }
 
 // Recorder aggregates events into per-minute rollups in the background.
 // Record is safe for concurrent use; Close stops the goroutines.
 type Recorder struct {
-	cfg    Config
-	queue  chan Event
-	memory *Memory
+	cfg     Config
+	queue   chan Event
+	changes chan Change
+	memory  *Memory
+	// detector is owned by the aggregator; nil when turned off.
+	detector *detector
 
 	recorded, dropped                  atomic.Int64
 	flushes, sinkErrors, backlog       atomic.Int64
 	sinkDroppedRows, sinkDroppedEvents atomic.Int64
 	sinkFailing                        atomic.Bool
+	changesDropped, anomalies          atomic.Int64
+	untracked                          atomic.Int64
 
 	// pending is what the aggregator gathered since the flusher last
 	// took it.
 	mu             sync.Mutex
 	pending        map[Key]*Rollup // guarded by mu
 	pendingBlocked []Event         // guarded by mu
+	pendingLists   lists           // guarded by mu
 
 	// Owned by the aggregator goroutine: rollups to reuse, so that folding
 	// an event allocates only when a key is new to the flush interval, and
@@ -110,7 +137,9 @@ func NewRecorder(cfg Config) *Recorder {
 	r := &Recorder{
 		cfg:      cfg,
 		queue:    make(chan Event, cfg.QueueSize),
+		changes:  make(chan Change, changeQueue),
 		memory:   cfg.Memory,
+		detector: newDetector(cfg.Detector),
 		pending:  map[Key]*Rollup{},
 		flushNow: make(chan chan struct{}),
 		sinkNow:  make(chan chan struct{}),
@@ -152,6 +181,27 @@ func (r *Recorder) Record(ev Event) {
 	}
 }
 
+// RecordChange queues c, to be kept in the Memory store and written to a
+// ListSink. Like Record it never blocks: when the queue (1024 changes) is
+// full the oldest is dropped and counted in Stats.ChangesDropped.
+func (r *Recorder) RecordChange(c Change) {
+	select {
+	case r.changes <- c:
+		return
+	default:
+	}
+	select {
+	case <-r.changes:
+		r.changesDropped.Add(1)
+	default:
+	}
+	select {
+	case r.changes <- c:
+	default:
+		r.changesDropped.Add(1)
+	}
+}
+
 // Memory returns the in-process store the Recorder fills.
 func (r *Recorder) Memory() *Memory { return r.memory }
 
@@ -166,6 +216,10 @@ func (r *Recorder) Stats() Stats {
 		SinkDroppedRows:   r.sinkDroppedRows.Load(),
 		SinkDroppedEvents: r.sinkDroppedEvents.Load(),
 		SinkFailing:       r.sinkFailing.Load(),
+
+		ChangesDropped:       r.changesDropped.Load(),
+		Anomalies:            r.anomalies.Load(),
+		AnomalyRowsUntracked: r.untracked.Load(),
 	}
 }
 
@@ -258,10 +312,39 @@ func (r *Recorder) fold(batch map[Key]*Rollup, blocked *[]Event) {
 	}
 }
 
-// drain folds every queued event, and publishes batch.
+// drain folds every queued event, publishes batch, and then the queued
+// changes and the anomalies of the minutes that closed.
 func (r *Recorder) drain(batch map[Key]*Rollup, blocked *[]Event) {
 	r.fold(batch, blocked)
 	r.commit(batch, blocked)
+	now := r.cfg.Now()
+	var ls lists
+take:
+	for len(ls.changes) < changeQueue {
+		select {
+		case c := <-r.changes:
+			ls.changes = append(ls.changes, c)
+		default:
+			break take
+		}
+	}
+	if r.detector != nil {
+		ls.anomalies = r.detector.closeUpTo(now.Unix())
+		r.anomalies.Add(int64(len(ls.anomalies)))
+		r.untracked.Store(r.detector.untracked)
+	}
+	if len(ls.changes) > 0 {
+		r.memory.AddChanges(now, ls.changes)
+	}
+	if len(ls.anomalies) > 0 {
+		r.memory.AddAnomalies(now, ls.anomalies)
+	}
+	if _, ok := r.cfg.Sink.(ListSink); ok && (len(ls.changes) > 0 || len(ls.anomalies) > 0) {
+		r.mu.Lock()
+		r.pendingLists.append(&ls)
+		r.sinkDroppedEvents.Add(r.pendingLists.bound(r.cfg.MaxBacklog))
+		r.mu.Unlock()
+	}
 }
 
 // foldOne adds ev to batch.
@@ -296,6 +379,9 @@ func (r *Recorder) commit(batch map[Key]*Rollup, blocked *[]Event) {
 	}
 	r.rows = rows
 	r.memory.Add(r.cfg.Now(), rows)
+	if r.detector != nil {
+		r.detector.add(rows)
+	}
 	if r.cfg.Sink == nil {
 		for _, ro := range batch {
 			r.free = append(r.free, ro)

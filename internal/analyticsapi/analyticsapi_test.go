@@ -40,6 +40,9 @@ func serve(t *testing.T, cfg Config, method, target string) (int, string) {
 func TestHandler(t *testing.T) {
 	mem := analytics.NewMemory(analytics.MemoryConfig{Retention: 1 << 62})
 	mem.Add(now, []analytics.Rollup{{Key: analytics.Key{Minute: now.Add(-2 * time.Minute).Truncate(time.Minute).Unix(), Client: "c", Resource: "/r", Region: "eu", Blocked: true}, Requests: 3, Cost: 3, LatencySumUS: 30}})
+	minute := now.Add(-2 * time.Minute).Truncate(time.Minute).UTC()
+	mem.AddChanges(now, []analytics.Change{{Time: minute, Kind: "control_plane_change", Detail: "create throttle t1"}})
+	mem.AddAnomalies(now, []analytics.Anomaly{{Kind: analytics.AnomalyRequests, Client: "c", Resource: "/r", Region: "eu", Minute: minute.Unix(), Observed: 1000, Baseline: 100}})
 	gaps := func() Gaps { return Gaps{EventsDropped: 2, SinkDroppedRows: 5} }
 
 	code, body := serve(t, Config{Store: mem, Gaps: gaps}, "GET", "/api/v1/analytics")
@@ -47,18 +50,23 @@ func TestHandler(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &a); code != 200 || err != nil {
 		t.Fatalf("%d %s", code, body)
 	}
-	for _, k := range []string{"start_time", "end_time", "granularity", "summary", "by_region", "time_series", "top_clients", "top_resources", "anomalies_detected", "gaps", "source"} {
+	for _, k := range []string{"start_time", "end_time", "granularity", "summary", "by_region", "time_series", "top_clients", "top_resources", "by_resource", "anomalies_detected", "changes", "gaps", "source"} {
 		if _, ok := a[k]; !ok {
 			t.Errorf("answer lacks %s: %s", k, body)
 		}
 	}
 	if !strings.Contains(body, `"summary":{"total_requests":3,"allowed":0,"blocked":3,"block_rate":1,"avg_latency_us":10,`) ||
 		!strings.Contains(body, `"gaps":{"events_dropped":2,"sink_dropped_rows":5,"sink_healthy":false}`) ||
-		!strings.Contains(body, `"anomalies_detected":[]`) || !strings.Contains(body, `"source":"memory"`) {
+		!strings.Contains(body, `"source":"memory"`) {
 		t.Errorf("answer: %s", body)
 	}
+	if !strings.Contains(body, `"by_resource":[{"resource":"/r","total_requests":3,"allowed":0,"blocked":3}]`) ||
+		!strings.Contains(body, `"anomalies_detected":[{"time":"`+minute.Format(time.RFC3339)+`","kind":"requests_spike","client_id":"c","resource":"/r","region":"eu","observed":1000,"baseline":100}]`) ||
+		!strings.Contains(body, `"changes":[{"time":"`+minute.Format(time.RFC3339)+`","kind":"control_plane_change","detail":"create throttle t1"}]`) {
+		t.Errorf("lists: %s", body)
+	}
 	if code, body := serve(t, Config{Store: mem}, "GET", "/api/v1/analytics?client_id=nobody"); code != 200 ||
-		!strings.Contains(body, `"by_region":[],"time_series":[],"top_clients":[],"top_resources":[]`) {
+		!strings.Contains(body, `"by_region":[],"time_series":[],"top_clients":[],"top_resources":[],"by_resource":[],"anomalies_detected":[],"changes":[{`) {
 		t.Errorf("no checks: %d %s", code, body)
 	}
 	if code, body := serve(t, Config{Store: mem}, "GET", "/api/v1/analytics?granularity=week"); code != 400 ||

@@ -22,9 +22,19 @@ type Answer struct {
 	// only those blocked at least once.
 	TopClients   []Top `json:"top_clients"`
 	TopResources []Top `json:"top_resources"`
-	// AnomaliesDetected is always empty: no detector is there yet.
-	AnomaliesDetected []any `json:"anomalies_detected"`
-	Gaps              Gaps  `json:"gaps"`
+	// ByResource is the ten resources with the most checks, most first,
+	// blocked or not.
+	ByResource []ResourceCount `json:"by_resource"`
+	// AnomaliesDetected is the newest anomalies of the range (at most
+	// 100, newest first): minutes of a client on a resource in a region
+	// far above that key's recent baseline.
+	AnomaliesDetected []Anomaly `json:"anomalies_detected"`
+	// Changes is the newest changes of the range (at most 100, newest
+	// first): configurations applied or rejected, list entries, control
+	// plane changes such as emergency throttles. They are not narrowed by
+	// client_id, resource or region.
+	Changes []Change `json:"changes"`
+	Gaps    Gaps     `json:"gaps"`
 	// Source is where the figures come from: "postgres" (every instance
 	// writing there) or "memory" (this process's last 24 hours, also when
 	// PostgreSQL failed to answer).
@@ -70,6 +80,37 @@ type Top struct {
 	TotalRequests int64  `json:"total_requests"`
 }
 
+// ResourceCount is a resource and its checks.
+type ResourceCount struct {
+	Resource      string `json:"resource"`
+	TotalRequests int64  `json:"total_requests"`
+	Allowed       int64  `json:"allowed"`
+	Blocked       int64  `json:"blocked"`
+}
+
+// Anomaly is a minute far above its key's baseline: a client on a
+// resource in a region, or (ClientID empty) a resource in a region with
+// all its clients together. Kind is
+// requests_spike (Observed and Baseline are checks per minute) or
+// block_rate_spike (they are shares blocked, 0 to 1).
+type Anomaly struct {
+	Time     time.Time `json:"time"`
+	Kind     string    `json:"kind"`
+	ClientID string    `json:"client_id"`
+	Resource string    `json:"resource"`
+	Region   string    `json:"region"`
+	Observed float64   `json:"observed"`
+	Baseline float64   `json:"baseline"`
+}
+
+// Change is a change kept one by one: when, what kind (the audit event's
+// type) and a line of detail.
+type Change struct {
+	Time   time.Time `json:"time"`
+	Kind   string    `json:"kind"`
+	Detail string    `json:"detail"`
+}
+
 // granularities are the names of the granularities, by value.
 var granularities = [...]string{analytics.Minute: "minute", analytics.Hour: "hour", analytics.Day: "day"}
 
@@ -84,8 +125,20 @@ func answerOf(f analytics.Filter, res *analytics.Result, gaps Gaps) Answer {
 		TimeSeries:        make([]Point, 0, len(res.TimeSeries)),
 		TopClients:        tops(res.TopClients),
 		TopResources:      tops(res.TopResources),
-		AnomaliesDetected: []any{},
+		ByResource:        make([]ResourceCount, 0, len(res.ByResource)),
+		AnomaliesDetected: make([]Anomaly, 0, len(res.Anomalies)),
+		Changes:           make([]Change, 0, len(res.Changes)),
 		Gaps:              gaps,
+	}
+	for _, t := range res.ByResource {
+		a.ByResource = append(a.ByResource, ResourceCount{Resource: t.Name, TotalRequests: t.Total, Allowed: t.Total - t.Blocked, Blocked: t.Blocked})
+	}
+	for _, x := range res.Anomalies {
+		a.AnomaliesDetected = append(a.AnomaliesDetected, Anomaly{Time: time.Unix(x.Minute, 0).UTC(), Kind: x.Kind,
+			ClientID: x.Client, Resource: x.Resource, Region: x.Region, Observed: x.Observed, Baseline: x.Baseline})
+	}
+	for _, c := range res.Changes {
+		a.Changes = append(a.Changes, Change{Time: c.Time.UTC(), Kind: c.Kind, Detail: c.Detail})
 	}
 	for _, r := range res.ByRegion {
 		a.ByRegion = append(a.ByRegion, RegionSummary{Region: r.Region, TotalRequests: r.Total, Allowed: r.Allowed,

@@ -51,6 +51,7 @@ func (d *Daemon) startAnalytics(ctx context.Context) (engine.Analytics, error) {
 		d.pganalytics, rc.Sink, d.analyticsStore = pg, pg, pg
 	}
 	d.recorder = analytics.NewRecorder(rc)
+	d.changes.rec.Store(d.recorder)
 	if err := d.reg.Register(analyticsCollector{d.recorder}); err != nil {
 		d.closeAnalytics()
 		return nil, fmt.Errorf("daemon: analytics metrics: %w", err)
@@ -158,16 +159,23 @@ var (
 	analyticsDroppedRowsDesc = prometheus.NewDesc("sluice_analytics_sink_dropped_rows_total",
 		"Rollups never written to PostgreSQL because the backlog was full: the gap in its history.", nil, nil)
 	analyticsDroppedBlockedDesc = prometheus.NewDesc("sluice_analytics_sink_dropped_events_total",
-		"Blocked events never written to PostgreSQL because the backlog was full.", nil, nil)
+		"Blocked events, changes and anomalies never written to PostgreSQL because the backlog was full.", nil, nil)
 	analyticsUpDesc = prometheus.NewDesc("sluice_analytics_sink_up",
 		"1 when the last write to PostgreSQL succeeded (or none was due), 0 when it failed.", nil, nil)
+	analyticsChangesDroppedDesc = prometheus.NewDesc("sluice_analytics_changes_dropped_total",
+		"Changes (configurations, control plane changes, throttles) dropped because their queue was full.", nil, nil)
+	analyticsAnomaliesDesc = prometheus.NewDesc("sluice_analytics_anomalies_total",
+		"Anomalies the detector found: minutes of a client on a resource far above their baseline.", nil, nil)
+	analyticsUntrackedDesc = prometheus.NewDesc("sluice_analytics_anomaly_untracked_rows_total",
+		"Rollups the anomaly detector left out because it tracked as many keys as it may.", nil, nil)
 	analyticsMemoryRowsDesc = prometheus.NewDesc("sluice_analytics_memory_rows",
 		"Rollups held by the in-process analytics store.", nil, nil)
 )
 
 func (c analyticsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{analyticsEventsDesc, analyticsDroppedDesc, analyticsFlushesDesc, analyticsErrorsDesc,
-		analyticsBacklogDesc, analyticsDroppedRowsDesc, analyticsDroppedBlockedDesc, analyticsUpDesc, analyticsMemoryRowsDesc} {
+		analyticsBacklogDesc, analyticsDroppedRowsDesc, analyticsDroppedBlockedDesc, analyticsUpDesc, analyticsMemoryRowsDesc,
+		analyticsChangesDroppedDesc, analyticsAnomaliesDesc, analyticsUntrackedDesc} {
 		ch <- d
 	}
 }
@@ -183,6 +191,9 @@ func (c analyticsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(analyticsErrorsDesc, st.SinkErrors)
 	counter(analyticsDroppedRowsDesc, st.SinkDroppedRows)
 	counter(analyticsDroppedBlockedDesc, st.SinkDroppedEvents)
+	counter(analyticsChangesDroppedDesc, st.ChangesDropped)
+	counter(analyticsAnomaliesDesc, st.Anomalies)
+	counter(analyticsUntrackedDesc, st.AnomalyRowsUntracked)
 	ch <- prometheus.MustNewConstMetric(analyticsBacklogDesc, prometheus.GaugeValue, float64(st.SinkBacklogRows))
 	up := 1.0
 	if st.SinkFailing {

@@ -241,7 +241,7 @@ func TestAnalyticsInMemory(t *testing.T) {
 	if a.Summary.TotalRequests != 4 || a.Summary.Blocked != 1 || !a.EndTime.Equal(td.clock.Now().Truncate(time.Second)) {
 		t.Errorf("last hour: %+v", a)
 	}
-	for _, name := range []string{"sluice_analytics_events_total 17", "sluice_analytics_events_dropped_total 0", "sluice_analytics_sink_up 1"} {
+	for _, name := range []string{"sluice_analytics_events_total 17", "sluice_analytics_events_dropped_total 0", "sluice_analytics_sink_up 1", "sluice_analytics_anomalies_total 0", "sluice_analytics_changes_dropped_total 0"} {
 		if m := get(t, td.base+"/metrics"); !strings.Contains(m.raw, name) {
 			t.Errorf("metrics lack %q", name)
 		}
@@ -299,5 +299,29 @@ func TestAnalyticsNeedsViewer(t *testing.T) {
 	}
 	if r := read(t, resp); r.status != 200 || r.str("granularity") != "hour" {
 		t.Errorf("with a token: %d %s", r.status, r.raw)
+	}
+
+	// The configuration applied at start and an emergency throttle are
+	// changes of the range.
+	if code, b := adminDo(t, "POST", td.base+"/api/v1/emergency/throttle", "slc_test_token_for_analytics",
+		`{"scope":"client","target":"bob","reduction_percent":40,"duration_seconds":3600,"reason":"incident 7"}`); code != http.StatusOK {
+		t.Fatalf("throttle: %d %s", code, b)
+	}
+	flush(t, td)
+	td.clock.Advance(time.Second) // the range ends before now
+	code, body := adminDo(t, "GET", td.base+"/api/v1/analytics", "slc_test_token_for_analytics", "")
+	var a analyticsapi.Answer
+	if err := json.Unmarshal([]byte(body), &a); code != 200 || err != nil {
+		t.Fatalf("%d %s", code, body)
+	}
+	kinds := map[string]string{}
+	for _, c := range a.Changes {
+		kinds[c.Kind] = c.Detail
+	}
+	if d := kinds["emergency_throttle"]; !strings.Contains(d, "throttle") || !strings.Contains(d, "reason: incident 7") {
+		t.Errorf("changes lack the throttle: %+v", a.Changes)
+	}
+	if _, ok := kinds["rate_limit_config_updated"]; !ok {
+		t.Errorf("changes lack the configuration applied at start: %+v", a.Changes)
 	}
 }

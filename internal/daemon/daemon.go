@@ -64,6 +64,7 @@ type Daemon struct {
 	metrics  *metrics.Metrics
 	events   *events.Recorder
 	ring     *events.Ring
+	changes  *changeSink // the events of changes, to the analytics
 	debugLn  net.Listener
 	debugSrv *http.Server
 	keeper   *reserve.Keeper // nil when reservations are off
@@ -131,8 +132,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
 	d.ring = events.NewRing(cfg.EventRing)
+	d.changes = &changeSink{}
 	d.events = events.New(events.Config{
-		Sinks:   append([]events.Sink{events.NewLogSink(d.log), d.ring}, cfg.EventSinks...),
+		Sinks:   append([]events.Sink{events.NewLogSink(d.log), d.ring, d.changes}, cfg.EventSinks...),
 		Metrics: d.metrics,
 	})
 

@@ -196,6 +196,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // added or removed. Requires d.mu held.
 func (d *Daemon) configEvents(prev, next *policy.Policy) {
 	now := time.Now()
+	if d.cfg.Now != nil { // the engine's clock, as the other events
+		now = d.cfg.Now()
+	}
 	ev := events.Event{Type: events.ConfigUpdated, Time: now, Severity: events.SeverityInfo,
 		Path: d.cfg.ConfigPath, Version: next.Version}
 	if prev != nil {

@@ -71,7 +71,11 @@ func (d *Daemon) setFailed(err error) {
 	d.status.LastError = err.Error()
 	d.status.LastErrorAt = &t
 	d.metrics.ConfigFailed()
-	d.events.Emit(events.Event{Type: events.ConfigRejected, Time: t, Severity: events.SeverityError,
+	at := t
+	if d.cfg.Now != nil { // the engine's clock, as the other events
+		at = d.cfg.Now()
+	}
+	d.events.Emit(events.Event{Type: events.ConfigRejected, Time: at, Severity: events.SeverityError,
 		Path: d.cfg.ConfigPath, Version: d.status.Version, Error: err.Error()})
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/sluicehq/sluice/internal/analytics"
 	"github.com/sluicehq/sluice/internal/analytics/pgtest"
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/globalsync/natstest"
@@ -80,7 +81,8 @@ const adminToken = "slc_browser_test_admin_token_0123456789"
 // checks, opens /ui/ in headless Chromium, gives the page a wrong token and
 // then the right one when it asks, and reads the charts back: the live
 // checks per resource, the block rate, the top limited clients, latency,
-// the policy with its overrides and throttle, recent denials; then another
+// the policy with its overrides and throttle, recent denials, changes and
+// anomalies; then another
 // range, and the live rate of checks made while it looks. Every request the
 // page makes must stay on loopback, and the page must throw no error. With
 // SLUICE_UPDATE_SCREENSHOT=1 it saves the page to docs/img/dashboard.png.
@@ -116,6 +118,10 @@ func TestDashboardInChromium(t *testing.T) {
 		ovs, _ := v["overrides"].([]any)
 		return len(ts) == 1 && len(ovs) == 2
 	})
+	// An anomaly as the detector records it (finding one takes ten
+	// minutes of a client's checks: see internal/analytics).
+	d.Analytics().Memory().AddAnomalies(time.Now(), []analytics.Anomaly{{Kind: analytics.AnomalyRequests, Client: "mallory",
+		Resource: "/api/search", Region: "eu-west", Minute: time.Now().Truncate(time.Minute).Add(-time.Minute).Unix(), Observed: 1200, Baseline: 80}})
 
 	// The analytics need a viewer's token: the page asks for one, and
 	// again when the one it is given is refused.
@@ -192,8 +198,11 @@ func TestDashboardInChromium(t *testing.T) {
 	if !got.RegionsHidden {
 		t.Error("the regions' sync section is shown, but this daemon syncs no regions")
 	}
-	if !slices.Contains(got.Events, "rate_limit_exceeded") {
-		t.Errorf("recent events %q, want denials among them", got.Events)
+	if !slices.Contains(got.Events, "rate_limit_exceeded") || !slices.Contains(got.Events, "anomaly") {
+		t.Errorf("recent events %q, want denials and the anomaly among them", got.Events)
+	}
+	if !slices.Contains(got.Changes, "emergency_throttle") || !slices.Contains(got.Changes, "rate_limit_config_updated") {
+		t.Errorf("changes shown %q, want the throttle and the configuration applied at start among them", got.Changes)
 	}
 	if got.Notice != "" || got.Source != "memory" {
 		t.Errorf("the page shows a notice %q, analytics from %q; want none, from memory", got.Notice, got.Source)
@@ -215,6 +224,12 @@ func TestDashboardInChromium(t *testing.T) {
 	if !regexp.MustCompile(`^now 0/s allowed, [0-9.]*[1-9][0-9.]*/s blocked$`).MatchString(got.LiveRate["/api/search"]) {
 		t.Errorf("/api/search after 5 more blocked checks: %v, rate %q; want 6 blocked, at a rate above 0/s",
 			got.Live["/api/search"], got.LiveRate["/api/search"])
+	}
+	// A resource never blocked has its live chart too.
+	post(t, base+"/api/v1/check", "", `{"client_id":"carol","resource":"/api/reports"}`)
+	got = waitPage(ctx, t, func(p pageData) bool { return p.Live["/api/reports"] == [2]int64{1, 0} })
+	if got.Live["/api/reports"] != [2]int64{1, 0} {
+		t.Errorf("live charts %v, want /api/reports with 1 allowed check", got.Live)
 	}
 
 	if os.Getenv("SLUICE_UPDATE_SCREENSHOT") == "1" {
@@ -313,6 +328,7 @@ type pageData struct {
 	RegionsHidden bool
 	Regions       map[string]int64 // region: sync lag in ms
 	Events        []string
+	Changes       []string // the kinds of the changes shown
 	Notice        string
 	LoginShown    bool
 	Source        string // where the analytics came from
@@ -357,6 +373,7 @@ const readPage = `(() => {
     RangeNote: document.getElementById("blockrate-range").textContent,
     RatePoints: rate ? +rate.dataset.points : 0,
     Events: all("#events-body tr[data-type]").map((e) => e.dataset.type),
+    Changes: all("#changes-body tr[data-kind]").map((e) => e.dataset.kind),
     Notice: notice.hidden ? "" : notice.textContent,
   };
 })()`

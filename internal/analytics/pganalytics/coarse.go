@@ -126,7 +126,7 @@ func filterSQL(args []any, f *analytics.Filter) (string, []any) {
 }
 
 // queryCoarse answers f from the coarse tables; f must pass coarse.
-func (s *Store) queryCoarse(ctx context.Context, f analytics.Filter) (analytics.Result, error) {
+func (s *Store) queryCoarse(ctx context.Context, f analytics.Filter, cs []analytics.Change, as []analytics.Anomaly) (analytics.Result, error) {
 	where, args := filterSQL([]any{f.Start.UTC(), f.End.UTC()}, &f)
 	rows, err := s.pool.Query(ctx, `
 SELECT extract(epoch FROM hour)::bigint, resource, region, blocked, requests, cost, latency_sum_us, latency_buckets
@@ -135,6 +135,7 @@ FROM analytics_hourly WHERE hour >= $1 AND hour < $2`+where, args...)
 		return analytics.Result{}, fmt.Errorf("pganalytics: query: %w", err)
 	}
 	acc := analytics.NewAccumulator(f)
+	acc.Changes, acc.Anomalies = cs, as
 	var r analytics.Rollup
 	var buckets []int64
 	for rows.Next() {

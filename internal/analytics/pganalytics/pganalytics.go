@@ -5,8 +5,8 @@
 //
 // The schema comes with the binary: versioned SQL files embedded in it,
 // applied in order by Migrate, one transaction each, and recorded in
-// schema_migrations. Rollups and blocked events are partitioned by UTC
-// day; Maintain creates the coming days' partitions and drops those older
+// schema_migrations. Rollups, blocked events, changes and anomalies are
+// partitioned by UTC day; Maintain creates the coming days' partitions and drops those older
 // than the retention, through SQL functions that take days as parameters,
 // so that the service never builds an identifier.
 //
@@ -120,7 +120,8 @@ func (s *Store) Close() {
 }
 
 // tables are the partitioned tables.
-var tables = []string{"analytics_rollups", "analytics_blocked_events", "analytics_hourly", "analytics_client_days", "analytics_client_hours"}
+var tables = []string{"analytics_rollups", "analytics_blocked_events", "analytics_hourly", "analytics_client_days", "analytics_client_hours",
+	"analytics_changes", "analytics_anomalies"}
 
 // Maintain creates the partitions of yesterday, today and the days ahead,
 // and drops those older than the retention before now.
@@ -145,21 +146,28 @@ func (s *Store) Maintain(ctx context.Context, now time.Time) error {
 // ensureDays creates, within tx, the partitions of the days of rollups
 // and events not known to exist.
 func (s *Store) ensureDays(ctx context.Context, tx pgx.Tx, rs []analytics.Rollup, evs []analytics.Event) ([]int64, error) {
+	unix := make([]int64, 0, len(rs)+len(evs))
+	for i := range rs {
+		unix = append(unix, rs[i].Minute)
+	}
+	for i := range evs {
+		unix = append(unix, evs[i].Time.Unix())
+	}
+	return s.ensureUnix(ctx, tx, unix)
+}
+
+// ensureUnix creates, within tx, the partitions of the days of the Unix
+// times not known to exist, and returns those days.
+func (s *Store) ensureUnix(ctx context.Context, tx pgx.Tx, unix []int64) ([]int64, error) {
 	var missing []int64
 	s.mu.Lock()
 	seen := map[int64]bool{}
-	check := func(unix int64) {
-		d := unix / 86400
+	for _, u := range unix {
+		d := u / 86400
 		if !s.days[d] && !seen[d] {
 			seen[d] = true
 			missing = append(missing, d)
 		}
-	}
-	for i := range rs {
-		check(rs[i].Minute)
-	}
-	for i := range evs {
-		check(evs[i].Time.Unix())
 	}
 	s.mu.Unlock()
 	for _, d := range missing {

@@ -43,8 +43,12 @@ func (s *Store) Query(ctx context.Context, f analytics.Filter) (analytics.Result
 	if err := f.Validate(); err != nil {
 		return analytics.Result{}, err
 	}
+	cs, as, err := s.queryLists(ctx, &f)
+	if err != nil {
+		return analytics.Result{}, fmt.Errorf("pganalytics: query: %w", err)
+	}
 	if coarse(&f) {
-		return s.queryCoarse(ctx, f)
+		return s.queryCoarse(ctx, f, cs, as)
 	}
 	q, args := rollupQuery(&f)
 	rows, err := s.pool.Query(ctx, q, args...)
@@ -53,6 +57,7 @@ func (s *Store) Query(ctx context.Context, f analytics.Filter) (analytics.Result
 	}
 	defer rows.Close()
 	acc := analytics.NewAccumulator(f)
+	acc.Changes, acc.Anomalies = cs, as
 	var (
 		r       analytics.Rollup
 		buckets []int64

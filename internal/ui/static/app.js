@@ -99,7 +99,7 @@
 
   // The range's answer: summary, block rate, top clients and resources,
   // latency, the sink's gaps.
-  let anomalies = [];
+  let anomalies = [], changes = [];
   async function refreshRange(now) {
     const r = RANGES[$("range").value];
     const end = floorTo(now, 60e3) + 60e3; // through the current minute
@@ -127,6 +127,7 @@
     const legend = h("p", { class: "legend" }, h("i", { class: "sw avg" }), "average ", h("i", { class: "sw p99" }), "99th percentile");
     $("latency-chart").replaceChildren(legend, SVG.pairBars(lat, { label: "check latency", us }));
     anomalies = a.anomalies_detected || [];
+    changes = a.changes || [];
     const g = a.gaps || {};
     const from = a.source === "postgres" ? "from PostgreSQL, every instance's" :
       a.source === "memory" ? "from this instance's memory (its last 24 hours)" : "";
@@ -136,10 +137,9 @@
       (g.sink_healthy === false ? "; the database is not answering now (the counts shown come from memory)." : ".");
   }
 
-  // The live charts: all checks, and each of the most blocked resources
-  // (the analytics rank resources by blocked checks, and list only those
-  // with some), per second over the last minutes, with the rate since the
-  // last poll.
+  // The live charts: all checks, and each of the busiest resources (the
+  // analytics' by_resource, ranked by checks, blocked or not), per second
+  // over the last minutes, with the rate since the last poll.
   // resource ("" for all) -> {at, minute, allowed, blocked}: the current
   // minute's counts at the last poll.
   const lastCounts = new Map();
@@ -147,7 +147,7 @@
     const end = floorTo(now, 60e3) + 60e3, start = end - LIVE_MINUTES * 60e3;
     const base = { start_time: iso(start), end_time: iso(end), granularity: "minute" };
     const all = await analytics(base);
-    const names = (all.top_resources || []).slice(0, LIVE_RESOURCES).map((r) => r.name);
+    const names = (all.by_resource || []).slice(0, LIVE_RESOURCES).map((r) => r.resource);
     const per = await Promise.all(names.map((n) => analytics({ ...base, resource: n })));
     const figure = (name, answer) => {
       const byT = new Map((answer.time_series || []).map((p) => [new Date(p.timestamp).getTime(), p]));
@@ -261,19 +261,31 @@
   const EVENT_TYPES = ["burst_detected_blocked", "burst_detected_warning", "store_fallback", "rate_limit_exceeded"];
   const EVENT_NAMES = { burst_detected_blocked: "burst, blocked", burst_detected_warning: "burst, warning",
     store_fallback: "decided without the store", rate_limit_exceeded: "denied" };
+  const ANOMALY_NAMES = { requests_spike: "anomaly: checks spike", block_rate_spike: "anomaly: blocks spike" };
+  const CHANGE_NAMES = { emergency_throttle: "emergency throttle", control_plane_change: "control plane change",
+    rate_limit_config_updated: "configuration applied", rate_limit_config_rejected: "configuration rejected" };
   async function refreshEvents() {
     const ev = await api("/api/v1/events", [["limit", "30"], ...EVENT_TYPES.map((t) => ["type", t])]);
     const list = (ev.events || []).map((e) => ({ time: e.time, what: EVENT_NAMES[e.type] || e.type, type: e.type,
       who: e.client_id || e.user || e.ip || e.api_key || "",
       detail: [e.rule && "rule " + e.rule, e.resource, e.count && e.count + " denials", e.reason].filter(Boolean).join(", ") }));
+    // Anomalies: a minute of a client on a resource far above its
+    // baseline, in checks or in the share blocked.
     for (const a of anomalies) {
-      list.push({ time: a.detected_at || a.time || a.timestamp, what: "anomaly" + (a.type ? ": " + a.type : ""), type: "anomaly",
-        who: a.client_id || a.client || "", detail: a.description || a.details || [a.resource, a.score && "score " + a.score].filter(Boolean).join(", ") });
+      const rate = a.kind === "block_rate_spike", fig = (v) => (rate ? pct(v) + " blocked" : SVG.fmt(v) + " checks/min");
+      list.push({ time: a.time, what: ANOMALY_NAMES[a.kind] || "anomaly: " + a.kind, type: "anomaly", who: a.client_id || "(all clients)",
+        detail: [a.resource, a.region && "in " + a.region, `${fig(a.observed)}, usually ${fig(a.baseline)}`].filter(Boolean).join(", ") });
     }
+
     list.sort((x, y) => new Date(y.time) - new Date(x.time));
     rows($("events-body"), list.slice(0, 10), (e) => h("tr", { "data-type": e.type },
       h("td", {}, when(e.time)), h("td", {}, e.what), h("td", {}, h("code", {}, e.who)), h("td", {}, typeof e.detail === "string" ? e.detail : JSON.stringify(e.detail))),
     "none recently (bursts of denials, checks decided without the store, denials and detected anomalies show here)");
+    // Changes of the range: configurations, list entries, control plane
+    // changes and emergency throttles, newest first.
+    rows($("changes-body"), changes.slice(0, 10), (c) => h("tr", { "data-kind": c.kind },
+      h("td", {}, when(c.time)), h("td", {}, CHANGE_NAMES[c.kind] || c.kind.replaceAll("_", " ")), h("td", {}, c.detail)),
+    "none in this range (configurations applied or rejected, list entries, control plane changes and emergency throttles show here)");
   }
 
   // tick refreshes every part; the policy and the version every fifth
@@ -293,7 +305,10 @@
     const now = Date.now();
     const slow = full || n % 5 === 0;
     n++;
-    const parts = [refreshLive(now), refreshRange(now), refreshEvents(), refreshSync()];
+    // The events list shows the range's anomalies and changes: it waits
+    // for the range's answer.
+    const range = refreshRange(now);
+    const parts = [refreshLive(now), range, range.catch(() => {}).then(refreshEvents), refreshSync()];
     if (slow) {
       parts.push(refreshPolicy());
       parts.push(api("/healthz").then((b) => { $("version").textContent = b.version ? "version " + b.version : ""; }));
