@@ -128,7 +128,7 @@ func findChromium(t *testing.T) string {
 	if p := find(); p != "" {
 		return p
 	}
-	out, err := exec.Command("bash", filepath.Join("..", "..", "scripts", "ensure-chromium.sh")).CombinedOutput()
+	out, err := exec.Command("bash", filepath.Join(repoRoot, "scripts", "ensure-chromium.sh")).CombinedOutput()
 	if p := find(); p != "" {
 		return p
 	}
@@ -206,3 +206,13 @@ func TestLoopback(t *testing.T) {
 		}
 	}
 }
+
+// repoRoot is the repository's root, found before any test changes
+// directory.
+var repoRoot = func() string {
+	dir, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		panic(err)
+	}
+	return dir
+}()
