@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -206,5 +207,20 @@ func TestRedisDown(t *testing.T) {
 	}
 	if got := next.n.Load(); got != 2 {
 		t.Errorf("handler served %d requests, want 2", got)
+	}
+}
+
+// TestCoreModuleHasNoRouters checks the promise of contrib/: the router
+// adapters are modules of their own, and Sluice's module requires neither
+// gin nor echo.
+func TestCoreModuleHasNoRouters(t *testing.T) {
+	b, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mod := range []string{"github.com/gin-gonic/gin", "github.com/labstack/echo"} {
+		if strings.Contains(string(b), mod) {
+			t.Errorf("go.mod requires %s; it belongs in contrib/", mod)
+		}
 	}
 }
