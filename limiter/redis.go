@@ -46,7 +46,8 @@ type redisOptions struct {
 
 // WithPrefix sets the prefix put before every key in Redis (default
 // DefaultRedisPrefix). Limiters with different limits that share a Redis
-// need different prefixes: a key's state is that of one limit.
+// need different prefixes: a key holds the state of one limit, and a
+// limiter reads another's as its own.
 func WithPrefix(p string) RedisOption { return func(o *redisOptions) { o.prefix = p } }
 
 // WithTimeout bounds each call whose context has no deadline (default
