@@ -278,3 +278,59 @@ func TestNewRedisInvalid(t *testing.T) {
 		t.Errorf("NewRedis(WithTimeout(-1s)): error %v, want one naming the timeout", err)
 	}
 }
+
+// TestRedisCluster checks that the limiter works on a Redis Cluster as on
+// one server: keys spread over the masters, each admitting exactly its
+// limit to limiters sharing it.
+func TestRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	c := redistest.StartCluster(t, redistest.ClusterOptions{})
+	const keys, n = 12, 7
+	ctx := context.Background()
+	var lims [2]*Redis
+	for i := range lims {
+		client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: c.Addrs(), DisableCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(client.Close)
+		if lims[i], err = NewRedis(client, PerHour(n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k := range keys {
+		key := fmt.Sprint("user-", k)
+		admitted := 0
+		for i := range 2 * n {
+			ok, err := lims[i%2].Allow(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				admitted++
+			}
+		}
+		if admitted != n {
+			t.Errorf("%s: admitted %d of %d, want %d", key, admitted, 2*n, n)
+		}
+	}
+}
+
+// BenchmarkRedisAllow measures one check on the package's Redis, from
+// parallel callers sharing a limiter: one script call each, pipelined by
+// the client. Run with -benchmem for its allocations.
+func BenchmarkRedisAllow(b *testing.B) {
+	lim := newRedis(b, PerSecond(1_000_000))
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := lim.Allow(ctx, "bench"); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
