@@ -11,6 +11,10 @@ TESTFLAGS ?= $(RACE) -count=1 -timeout 30m
 
 .PHONY: run test test-short vet bench fuzz build deps rules
 
+# The router adapters are modules of their own, so that Sluice's go.mod does
+# not require gin or echo; vet and test run in each.
+CONTRIB = contrib/ginlimit contrib/echolimit
+
 run:
 	$(GO) run ./cmd/sluice serve --grpc-reflection --data-dir .sluice-data
 
@@ -42,15 +46,18 @@ deps:
 vet:
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
+	@for m in $(CONTRIB); do echo "cd $$m && $(GO) vet ./..."; (cd $$m && $(GO) vet ./...) || exit 1; done
 
 test: deps vet
 	@$(if $(RACE),:,echo "no C compiler for cgo: running the tests without the race detector (install gcc to get it)" >&2)
 	$(GO) test $(TESTFLAGS) ./...
 	cd bench && $(GO) test -count=1 -run . -bench . -benchtime 1x ./...
+	@for m in $(CONTRIB); do echo "cd $$m && $(GO) test $(TESTFLAGS) ./..."; (cd $$m && $(GO) test $(TESTFLAGS) ./...) || exit 1; done
 
 test-short: deps
 	@$(if $(RACE),:,echo "no C compiler for cgo: running the tests without the race detector (install gcc to get it)" >&2)
 	$(GO) test -short $(TESTFLAGS) ./...
+	@for m in $(CONTRIB); do (cd $$m && $(GO) test -short $(TESTFLAGS) ./...) || exit 1; done
 
 # Full benchmarks; see docs/PERFORMANCE.md for the commands behind each figure.
 bench: deps

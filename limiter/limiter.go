@@ -1,5 +1,6 @@
 // Package limiter is Sluice as a library: one rate limit applied to any
-// number of keys (users, IP addresses, API keys) in process memory.
+// number of keys (users, IP addresses, API keys), in process memory
+// (Limiter) or in Redis, shared by every process that uses it (Redis).
 //
 //	lim, err := limiter.New(sluice.Limit{
 //		Algorithm: sluice.SlidingWindowCounter,
@@ -19,6 +20,25 @@
 // checks of different keys rarely contend, as the keys are spread over
 // independently locked shards, and a check does not allocate (except for
 // the sliding window log, whose log may need to grow).
+//
+// # Redis
+//
+// NewRedis makes the same limiter over Redis or Redis Cluster from an
+// existing rueidis client, in one line:
+//
+//	lim, err := limiter.NewRedis(client, limiter.PerMinute(100))
+//	...
+//	ok, err := lim.Allow(ctx, userID)
+//
+// Its methods take a context and return an error, since each check is a
+// network call: one Lua script call, one atomic step in Redis, so that a
+// limit of n admits exactly n across every process sharing it. Checks are
+// decided at the Redis server's clock. When Redis cannot answer, a check
+// returns false and an error wrapping sluice.ErrStoreUnavailable; the
+// caller chooses to fail open or closed.
+//
+// Both limiters have Decide(ctx, key, n), which package httplimit uses to
+// rate-limit an http.Handler with either.
 package limiter
 
 import (
@@ -125,6 +145,15 @@ func (lim *Limiter) DecideAt(key string, t time.Time, n int64) sluice.Decision {
 		return sluice.Decision{Reason: sluice.ReasonLimited, Limit: lim.params.Limit}
 	}
 	return d
+}
+
+// Decide decides a request of cost n for key now, by the Config's clock,
+// as DecideAt does. It has the signature of Redis.Decide, so that code
+// taking either limiter (such as package httplimit) takes both; the memory
+// limiter never fails and does no I/O, so it ignores ctx and its error is
+// always nil.
+func (lim *Limiter) Decide(ctx context.Context, key string, n int64) (sluice.Decision, error) {
+	return lim.DecideAt(key, time.Time{}, n), nil
 }
 
 // Reset forgets the state of key: its next request is decided as its

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -238,4 +239,14 @@ func ExampleLimiter() {
 	// true
 	// false
 	// true
+}
+
+func TestDecide(t *testing.T) {
+	lim := newLimiter(t, PerMinute(2), Config{Now: func() time.Time { return t0 }})
+	for i, want := range []bool{true, true, false} {
+		d, err := lim.Decide(context.Background(), "k", 1)
+		if err != nil || d.Allowed != want {
+			t.Errorf("Decide #%d = %+v, %v; want allowed %v", i+1, d, err, want)
+		}
+	}
 }
