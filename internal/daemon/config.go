@@ -57,6 +57,24 @@ type Config struct {
 	// GRPCAddr is the listen address of the gRPC APIs (Sluice's and
 	// Envoy's); empty means DefaultGRPCAddr. Port 0 picks a free port.
 	GRPCAddr string
+	// TLSCertFile and TLSKeyFile are the PEM files of the certificate
+	// (with its intermediates) and the key every listener serves TLS 1.2
+	// or later with: the HTTP API (and the UI and /metrics on it), the
+	// gRPC and Envoy APIs, the admin listener and the debug listener.
+	// Empty: plain TCP. The files are read again when they change (and on
+	// Reload); a pair that fails to load leaves the one in force. Start
+	// fails with a *TLSError naming the file at fault.
+	TLSCertFile, TLSKeyFile string
+	// TLSClientCAFile, with TLSCertFile, is a PEM file of the CAs of the
+	// client certificates every listener then requires and verifies
+	// (mutual TLS); a client without one is refused during the handshake.
+	// Read at start only.
+	TLSClientCAFile string
+	// NoOperatorHeaders leaves out of the HTTP API's answers the headers
+	// meant for operators (decision source and latency, rule and tier
+	// names, throttles, shadow decisions; see httpapi.Config), keeping the
+	// standard rate-limit headers.
+	NoOperatorHeaders bool
 	// ConfigPath is the policy file (Sluice's YAML or envoyproxy/ratelimit's),
 	// or a directory of envoyproxy/ratelimit files, each with its domain
 	// (see policy.Read). Empty means the built-in example policy, and no

@@ -309,7 +309,7 @@ func (d *Daemon) serveAdminAddr(ctx context.Context) error {
 		MaxHeaderBytes:    64 << 10,
 	}
 	d.wg.Go(func() {
-		if err := d.adminSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := d.serveHTTP(d.adminSrv, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.log.Error("admin server stopped", "err", err)
 		}
 	})

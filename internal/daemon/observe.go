@@ -101,7 +101,7 @@ func (d *Daemon) serveDebug() {
 	ln := d.debugLn
 	d.log.Info("debug listener (pprof) serving", "addr", d.DebugAddr())
 	d.wg.Go(func() {
-		if err := d.debugSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := d.serveHTTP(d.debugSrv, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.log.Error("debug server stopped", "err", err)
 		}
 	})

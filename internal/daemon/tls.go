@@ -1,0 +1,202 @@
+// TLS on the daemon's listeners: the serving certificate, reloaded when its
+// files change, and the optional client CA of mutual TLS.
+
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+)
+
+// TLSError is the error of a file of the listeners' TLS (Config.TLSCertFile,
+// TLSKeyFile or TLSClientCAFile): missing, unreadable, not PEM, or a key
+// that is not the certificate's.
+type TLSError struct {
+	// Option is the name of the Config field: TLSCertFile, TLSKeyFile or
+	// TLSClientCAFile.
+	Option string
+	// File is the file the option names; empty when it is missing.
+	File string
+	// Err says what is wrong.
+	Err error
+}
+
+// Error names the option, the file and what is wrong.
+func (e *TLSError) Error() string {
+	if e.File != "" {
+		return fmt.Sprintf("daemon: TLS: %s %q: %v", e.Option, e.File, e.Err)
+	}
+	return fmt.Sprintf("daemon: TLS: %s: %v", e.Option, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *TLSError) Unwrap() error { return e.Err }
+
+// servingCert is the certificate the listeners present, read from its
+// files at start and again when they change. Its methods are safe for
+// concurrent use.
+type servingCert struct {
+	certFile, keyFile string
+	cur               atomic.Pointer[tls.Certificate]
+}
+
+// loadServingCert reads the certificate and key files; the error names the
+// file at fault.
+func loadServingCert(certFile, keyFile string) (*servingCert, error) {
+	sc := &servingCert{certFile: certFile, keyFile: keyFile}
+	if err := sc.reload(); err != nil {
+		return nil, err
+	}
+	return sc, nil
+}
+
+// reload reads the files again and, when they hold a certificate and its
+// key, serves them from the next handshake on; otherwise the certificate in
+// force stays and the error names the file at fault.
+func (sc *servingCert) reload() error {
+	certPEM, err := os.ReadFile(sc.certFile)
+	if err != nil {
+		return &TLSError{Option: "TLSCertFile", File: sc.certFile, Err: err}
+	}
+	if _, err := parseCerts(certPEM); err != nil {
+		return &TLSError{Option: "TLSCertFile", File: sc.certFile, Err: err}
+	}
+	keyPEM, err := os.ReadFile(sc.keyFile)
+	if err != nil {
+		return &TLSError{Option: "TLSKeyFile", File: sc.keyFile, Err: err}
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return &TLSError{Option: "TLSKeyFile", File: sc.keyFile,
+			Err: fmt.Errorf("not a private key of the certificate %q: %w", sc.certFile, err)}
+	}
+	sc.cur.Store(&cert)
+	return nil
+}
+
+// getCertificate is tls.Config.GetCertificate: the certificate in force.
+func (sc *servingCert) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return sc.cur.Load(), nil
+}
+
+// startTLS reads the listeners' certificate, key and client CA when
+// Config.TLSCertFile asks for TLS, and sets d.tls, the configuration every
+// listener serves with (each clones it). It leaves d.tls nil without TLS.
+func (d *Daemon) startTLS() error {
+	cfg := &d.cfg
+	switch {
+	case cfg.TLSCertFile == "" && cfg.TLSKeyFile == "" && cfg.TLSClientCAFile == "":
+		return nil
+	case cfg.TLSCertFile == "" && cfg.TLSKeyFile != "":
+		return &TLSError{Option: "TLSCertFile", Err: fmt.Errorf("missing: the key %q needs its certificate", cfg.TLSKeyFile)}
+	case cfg.TLSCertFile == "" && cfg.TLSClientCAFile != "":
+		return &TLSError{Option: "TLSCertFile", Err: fmt.Errorf("missing: client certificates (%q) need TLS, a certificate and its key", cfg.TLSClientCAFile)}
+	case cfg.TLSKeyFile == "":
+		return &TLSError{Option: "TLSKeyFile", Err: fmt.Errorf("missing: the certificate %q needs its key", cfg.TLSCertFile)}
+	}
+	sc, err := loadServingCert(cfg.TLSCertFile, cfg.TLSKeyFile)
+	if err != nil {
+		return err
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: sc.getCertificate}
+	if cfg.TLSClientCAFile != "" {
+		pool, err := loadCAs(cfg.TLSClientCAFile)
+		if err != nil {
+			return &TLSError{Option: "TLSClientCAFile", File: cfg.TLSClientCAFile, Err: err}
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	// The watchers start before the daemon serves: a certificate renewed
+	// meanwhile is not missed.
+	cw, err := newWatcher(cfg.TLSCertFile)
+	if err != nil {
+		return fmt.Errorf("daemon: TLS certificate watch: %w", err)
+	}
+	kw, err := newWatcher(cfg.TLSKeyFile)
+	if err != nil {
+		cw.Close()
+		return fmt.Errorf("daemon: TLS key watch: %w", err)
+	}
+	d.cert, d.certWatch, d.keyWatch, d.tls = sc, cw, kw, tc
+	return nil
+}
+
+// watchCert reloads the serving certificate once changes in the
+// directories of its files settle for the debounce interval (as the
+// configuration's watch does), until ctx ends; it owns and closes the
+// watchers of the certificate and of the key. A certificate and key that
+// do not make a pair, as while one has been replaced and not yet the
+// other, leave the one in force.
+func (d *Daemon) watchCert(ctx context.Context, cert, key *configWatcher) {
+	defer cert.Close()
+	defer key.Close()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-cert.w.Events:
+			if !ok {
+				return
+			}
+			timer.Reset(d.cfg.WatchDebounce)
+		case _, ok := <-key.w.Events:
+			if !ok {
+				return
+			}
+			timer.Reset(d.cfg.WatchDebounce)
+		case err = <-cert.w.Errors:
+		case err = <-key.w.Errors:
+		case <-timer.C:
+			cert.follow()
+			key.follow()
+			d.reloadCert()
+		}
+		if err != nil {
+			d.log.Warn("TLS certificate watch error", "err", err)
+		}
+	}
+}
+
+// reloadCert reads the serving certificate again, if there is one, and
+// logs the outcome.
+func (d *Daemon) reloadCert() {
+	if d.cert == nil {
+		return
+	}
+	if err := d.cert.reload(); err != nil {
+		d.log.Error("TLS certificate not reloaded; the one in force stays", "err", err)
+		return
+	}
+	leaf := d.cert.cur.Load().Leaf
+	d.log.Info("TLS certificate loaded", "file", d.cert.certFile, "expires", leaf.NotAfter)
+}
+
+// serveHTTP serves srv on ln, with TLS when the daemon has it, until srv
+// is shut down.
+func (d *Daemon) serveHTTP(srv *http.Server, ln net.Listener) error {
+	if d.tls == nil {
+		return srv.Serve(ln)
+	}
+	srv.TLSConfig = d.tls.Clone()
+	return srv.ServeTLS(ln, "", "") // the certificate comes from GetCertificate
+}
+
+// closeCertWatch stops the certificate's watchers before they are handed
+// to watchCert, when the start fails.
+func (d *Daemon) closeCertWatch() {
+	if d.certWatch != nil {
+		d.certWatch.Close()
+		d.keyWatch.Close()
+	}
+}
