@@ -208,6 +208,14 @@ type Config struct {
 	// counts of global limits, nats://host:4222[,nats://...]; empty
 	// decides global limits as if this region were alone. Needs Region.
 	SyncURL string
+	// SyncCAFile is a PEM file of the CAs of the NATS servers'
+	// certificates, trusted instead of the system's roots; setting it (or
+	// SyncCertFile) speaks TLS to NATS whatever SyncURL's scheme
+	// (tls://host:4222 alone uses the system's roots).
+	SyncCAFile string
+	// SyncCertFile and SyncKeyFile are the PEM files of a client
+	// certificate and its key, for NATS servers that verify clients.
+	SyncCertFile, SyncKeyFile string
 	// SyncPeers are the other regions sharing global limits. Each counts
 	// as not heard from (at its share of each limit) until it is, so
 	// that a region cut off from its start keeps to its share; empty

@@ -14,12 +14,12 @@ import (
 	"time"
 )
 
-// TLSError is the error of a file of the listeners' TLS (Config.TLSCertFile,
-// TLSKeyFile or TLSClientCAFile): missing, unreadable, not PEM, or a key
-// that is not the certificate's.
+// TLSError is the error of a TLS file of the listeners (Config.TLSCertFile,
+// TLSKeyFile, TLSClientCAFile) or of the connections to NATS
+// (Config.SyncCAFile, SyncCertFile, SyncKeyFile): missing, unreadable, not
+// PEM, or a key that is not the certificate's.
 type TLSError struct {
-	// Option is the name of the Config field: TLSCertFile, TLSKeyFile or
-	// TLSClientCAFile.
+	// Option is the name of the Config field, such as TLSCertFile.
 	Option string
 	// File is the file the option names; empty when it is missing.
 	File string
@@ -60,24 +60,34 @@ func loadServingCert(certFile, keyFile string) (*servingCert, error) {
 // key, serves them from the next handshake on; otherwise the certificate in
 // force stays and the error names the file at fault.
 func (sc *servingCert) reload() error {
-	certPEM, err := os.ReadFile(sc.certFile)
+	cert, err := readKeyPair("TLS", sc.certFile, sc.keyFile)
 	if err != nil {
-		return &TLSError{Option: "TLSCertFile", File: sc.certFile, Err: err}
+		return err
+	}
+	sc.cur.Store(cert)
+	return nil
+}
+
+// readKeyPair reads a certificate and its key; a *TLSError names the file
+// at fault and its option, prefix followed by CertFile or KeyFile.
+func readKeyPair(prefix, certFile, keyFile string) (*tls.Certificate, error) {
+	certPEM, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, &TLSError{Option: prefix + "CertFile", File: certFile, Err: err}
 	}
 	if _, err := parseCerts(certPEM); err != nil {
-		return &TLSError{Option: "TLSCertFile", File: sc.certFile, Err: err}
+		return nil, &TLSError{Option: prefix + "CertFile", File: certFile, Err: err}
 	}
-	keyPEM, err := os.ReadFile(sc.keyFile)
+	keyPEM, err := os.ReadFile(keyFile)
 	if err != nil {
-		return &TLSError{Option: "TLSKeyFile", File: sc.keyFile, Err: err}
+		return nil, &TLSError{Option: prefix + "KeyFile", File: keyFile, Err: err}
 	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
-		return &TLSError{Option: "TLSKeyFile", File: sc.keyFile,
-			Err: fmt.Errorf("not a private key of the certificate %q: %w", sc.certFile, err)}
+		return nil, &TLSError{Option: prefix + "KeyFile", File: keyFile,
+			Err: fmt.Errorf("not a private key of the certificate %q: %w", certFile, err)}
 	}
-	sc.cur.Store(&cert)
-	return nil
+	return &cert, nil
 }
 
 // getCertificate is tls.Config.GetCertificate: the certificate in force.

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/internal/globalsync/natstest"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -304,5 +305,39 @@ func TestNoOperatorHeaders(t *testing.T) {
 		if hasRule == noOps {
 			t.Errorf("NoOperatorHeaders %v: RateLimit %q, RateLimit-Policy %q", noOps, r.header.Get("Ratelimit"), r.header.Get("Ratelimit-Policy"))
 		}
+	}
+}
+
+// TestSyncTLS checks that the regions' sync reaches a NATS server that
+// speaks TLS only and requires client certificates, with the CA and the
+// client certificate given, and not without the certificate.
+func TestSyncTLS(t *testing.T) {
+	pki := redistest.NewPKI(t)
+	srv, err := natstest.StartTLS(&natstest.TLSOptions{CertFile: pki.ServerCertFile, KeyFile: pki.ServerKeyFile, ClientCAFile: pki.CAFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	region := func(withCert bool) *testDaemon {
+		return start(t, syncPolicy, func(c *daemon.Config) {
+			c.Region, c.SyncURL, c.SyncCAFile = "eu", srv.URL(), pki.CAFile
+			if withCert {
+				c.SyncCertFile, c.SyncKeyFile = pki.ClientCertFile, pki.ClientKeyFile
+			}
+		})
+	}
+	connected := func(td *testDaemon) bool {
+		return strings.Contains(get(t, td.base+"/internal/sync").raw, `"connected":true`)
+	}
+	with := region(true)
+	for deadline := time.Now().Add(10 * time.Second); !connected(with); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not connected to NATS over TLS within 10s: %s", get(t, with.base+"/internal/sync").raw)
+		}
+	}
+	without := region(false)
+	time.Sleep(time.Second)
+	if connected(without) {
+		t.Error("connected to NATS without a client certificate")
 	}
 }
