@@ -110,31 +110,43 @@ func (d *Daemon) startTLS() error {
 	case cfg.TLSKeyFile == "":
 		return &TLSError{Option: "TLSKeyFile", Err: fmt.Errorf("missing: the certificate %q needs its key", cfg.TLSCertFile)}
 	}
+	// The files are watched before they are read, so that a certificate
+	// renewed meanwhile is not missed. A watch that cannot start (a
+	// directory missing) is reported as the reading's error, which names
+	// the file.
+	var ws []*configWatcher
+	closeAll := func() {
+		for _, w := range ws {
+			w.Close()
+		}
+	}
+	for _, path := range []string{cfg.TLSCertFile, cfg.TLSKeyFile} {
+		w, err := newWatcher(path)
+		if err != nil {
+			closeAll()
+			if _, lerr := loadServingCert(cfg.TLSCertFile, cfg.TLSKeyFile); lerr != nil {
+				return lerr
+			}
+			return fmt.Errorf("daemon: TLS: %w", err)
+		}
+		ws = append(ws, w)
+	}
 	sc, err := loadServingCert(cfg.TLSCertFile, cfg.TLSKeyFile)
 	if err != nil {
+		closeAll()
 		return err
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: sc.getCertificate}
 	if cfg.TLSClientCAFile != "" {
 		pool, err := loadCAs(cfg.TLSClientCAFile)
 		if err != nil {
+			closeAll()
 			return &TLSError{Option: "TLSClientCAFile", File: cfg.TLSClientCAFile, Err: err}
 		}
 		tc.ClientCAs = pool
 		tc.ClientAuth = tls.RequireAndVerifyClientCert
 	}
-	// The watchers start before the daemon serves: a certificate renewed
-	// meanwhile is not missed.
-	cw, err := newWatcher(cfg.TLSCertFile)
-	if err != nil {
-		return fmt.Errorf("daemon: TLS certificate watch: %w", err)
-	}
-	kw, err := newWatcher(cfg.TLSKeyFile)
-	if err != nil {
-		cw.Close()
-		return fmt.Errorf("daemon: TLS key watch: %w", err)
-	}
-	d.cert, d.certWatch, d.keyWatch, d.tls = sc, cw, kw, tc
+	d.cert, d.certWatch, d.keyWatch, d.tls = sc, ws[0], ws[1], tc
 	return nil
 }
 
@@ -188,8 +200,11 @@ func (d *Daemon) reloadCert() {
 		d.log.Error("TLS certificate not reloaded; the one in force stays", "err", err)
 		return
 	}
-	leaf := d.cert.cur.Load().Leaf
-	d.log.Info("TLS certificate loaded", "file", d.cert.certFile, "expires", leaf.NotAfter)
+	var expires time.Time
+	if leaf := d.cert.cur.Load().Leaf; leaf != nil {
+		expires = leaf.NotAfter
+	}
+	d.log.Info("TLS certificate loaded", "file", d.cert.certFile, "expires", expires)
 }
 
 // serveHTTP serves srv on ln, with TLS when the daemon has it, until srv

@@ -255,6 +255,7 @@ func TestTLSBadFiles(t *testing.T) {
 		wantOption, wantFile string
 	}{
 		{"missing cert", missing, pki.ServerKeyFile, "", "TLSCertFile", missing},
+		{"cert in a missing directory", filepath.Join(missing, "cert.pem"), pki.ServerKeyFile, "", "TLSCertFile", filepath.Join(missing, "cert.pem")},
 		{"garbage cert", garbage, pki.ServerKeyFile, "", "TLSCertFile", garbage},
 		{"missing key", pki.ServerCertFile, missing, "", "TLSKeyFile", missing},
 		{"garbage key", pki.ServerCertFile, garbage, "", "TLSKeyFile", garbage},
