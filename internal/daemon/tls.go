@@ -12,6 +12,8 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TLSError is the error of a TLS file of the listeners (Config.TLSCertFile,
@@ -44,6 +46,7 @@ func (e *TLSError) Unwrap() error { return e.Err }
 type servingCert struct {
 	certFile, keyFile string
 	cur               atomic.Pointer[tls.Certificate]
+	failed            atomic.Bool // the last reload failed
 }
 
 // loadServingCert reads the certificate and key files; the error names the
@@ -61,10 +64,40 @@ func loadServingCert(certFile, keyFile string) (*servingCert, error) {
 // force stays and the error names the file at fault.
 func (sc *servingCert) reload() error {
 	cert, err := readKeyPair("TLS", sc.certFile, sc.keyFile)
+	sc.failed.Store(err != nil)
 	if err != nil {
 		return err
 	}
 	sc.cur.Store(cert)
+	return nil
+}
+
+// register exports the certificate's expiry and whether its last reload
+// worked on reg.
+func (sc *servingCert) register(reg prometheus.Registerer) error {
+	expiry := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_tls_cert_expiry_timestamp_seconds",
+		Help: "Unix time at which the listeners' TLS certificate in force expires.",
+	}, func() float64 {
+		if leaf := sc.cur.Load().Leaf; leaf != nil {
+			return float64(leaf.NotAfter.Unix())
+		}
+		return 0
+	})
+	ok := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_tls_cert_last_reload_successful",
+		Help: "1 when the last reading of the listeners' TLS certificate and key worked, 0 when it failed (the pair read before stays in force).",
+	}, func() float64 {
+		if sc.failed.Load() {
+			return 0
+		}
+		return 1
+	})
+	for _, c := range []prometheus.Collector{expiry, ok} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("daemon: TLS metrics: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -145,6 +178,10 @@ func (d *Daemon) startTLS() error {
 		}
 		tc.ClientCAs = pool
 		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	if err := sc.register(d.reg); err != nil {
+		closeAll()
+		return err
 	}
 	d.cert, d.certWatch, d.keyWatch, d.tls = sc, ws[0], ws[1], tc
 	return nil

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -216,11 +217,54 @@ func TestTLSReload(t *testing.T) {
 		}
 	}
 
+	// metric returns the line of the metric name on GET /metrics, over
+	// TLS with p's CA.
+	metric := func(p *redistest.PKI, name string) string {
+		c := newTLSClients(t, td, clientTLS(t, p, false))
+		resp, err := c.http.Get("https://" + td.HTTPAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, name+" ") {
+				return line
+			}
+		}
+		return ""
+	}
+	if got := metric(pki, "sluice_tls_cert_last_reload_successful"); got != "sluice_tls_cert_last_reload_successful 1" {
+		t.Errorf("at start: %q", got)
+	}
+	// notAfter returns the expiry of p's server certificate.
+	notAfter := func(p *redistest.PKI) int64 {
+		pair, err := tls.LoadX509KeyPair(p.ServerCertFile, p.ServerKeyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pair.Leaf.NotAfter.Unix()
+	}
+	expiry := func(p *redistest.PKI) int64 {
+		line := metric(p, "sluice_tls_cert_expiry_timestamp_seconds")
+		v, err := strconv.ParseFloat(strings.TrimPrefix(line, "sluice_tls_cert_expiry_timestamp_seconds "), 64)
+		if err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		return int64(v)
+	}
+	if got, want := expiry(pki), notAfter(pki); got != want {
+		t.Errorf("expiry at start: %d, want %d", got, want)
+	}
+
 	// The new certificate without its key: the pair does not load.
 	copyFile(next.ServerCertFile, pki.ServerCertFile)
 	time.Sleep(500 * time.Millisecond) // five debounce intervals
 	if err := handshake(pki); err != nil {
 		t.Fatalf("after a certificate without its key: %v, want the old certificate still", err)
+	}
+	if got := metric(pki, "sluice_tls_cert_last_reload_successful"); got != "sluice_tls_cert_last_reload_successful 0" {
+		t.Errorf("after a certificate without its key: %q", got)
 	}
 
 	copyFile(next.ServerKeyFile, pki.ServerKeyFile)
@@ -233,6 +277,12 @@ func TestTLSReload(t *testing.T) {
 	}
 	if err := handshake(pki); err == nil {
 		t.Error("the old CA's clients still accepted after the reload")
+	}
+	if got := metric(next, "sluice_tls_cert_last_reload_successful"); got != "sluice_tls_cert_last_reload_successful 1" {
+		t.Errorf("after the reload: %q", got)
+	}
+	if got, want := expiry(next), notAfter(next); got != want {
+		t.Errorf("expiry after the reload: %d, want %d", got, want)
 	}
 	if err := newTLSClients(t, td, clientTLS(t, next, false)).checkAll(t, td); err != nil {
 		t.Errorf("every listener after the reload: %v", err)
