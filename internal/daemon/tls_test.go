@@ -392,3 +392,27 @@ func TestSyncTLS(t *testing.T) {
 		t.Error("connected to NATS without a client certificate")
 	}
 }
+
+// TestTLSReloadOnSIGHUP checks that Reload, what SIGHUP calls, reads the
+// certificate again without waiting for the watch.
+func TestTLSReloadOnSIGHUP(t *testing.T) {
+	pki, next := redistest.NewPKI(t), redistest.NewPKI(t)
+	td := tlsDaemon(t, pki, func(c *daemon.Config) { c.WatchDebounce = time.Hour })
+	for _, f := range [][2]string{{next.ServerCertFile, pki.ServerCertFile}, {next.ServerKeyFile, pki.ServerKeyFile}} {
+		b, err := os.ReadFile(f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f[1], b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := td.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := tls.Dial("tcp", td.HTTPAddr(), clientTLS(t, next, false))
+	if err != nil {
+		t.Fatalf("after Reload: %v, want the new certificate", err)
+	}
+	c.Close()
+}
