@@ -40,6 +40,9 @@ var redisTLSFlags = map[string]string{
 // same error told in terms of its flag; to a server certificate of an
 // unknown authority it adds the flag that names one.
 func flagError(err error) error {
+	if err, ok := tlsFlagError(err); ok {
+		return err
+	}
 	var unknownCA x509.UnknownAuthorityError
 	if errors.As(err, &unknownCA) {
 		return fmt.Errorf("%w (a server certificate of a private CA needs that CA in --%s)", err, redisTLSFlags["TLSCAFile"])

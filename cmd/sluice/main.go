@@ -156,6 +156,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	redisOpts := redisFlags(fs)
 	controlOpts := controlFlags(fs)
 	analyticsOpts := analyticsFlags(fs)
+	tlsOpts := serveTLSFlags(fs)
 	fromEnv := envFlags(fs, sluiceEnv(fs))
 	if err := fs.Parse(args); err != nil {
 		return parseExit(err)
@@ -210,6 +211,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 		DebugAllowRemote: *debugRemote,
 	}
 	analyticsOpts(&cfg)
+	tlsOpts(&cfg)
 	if err := controlOpts(&cfg, stderr); err != nil {
 		fmt.Fprintf(stderr, "sluice serve: %v\n", err)
 		return 1

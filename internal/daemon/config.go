@@ -57,6 +57,24 @@ type Config struct {
 	// GRPCAddr is the listen address of the gRPC APIs (Sluice's and
 	// Envoy's); empty means DefaultGRPCAddr. Port 0 picks a free port.
 	GRPCAddr string
+	// TLSCertFile and TLSKeyFile are the PEM files of the certificate
+	// (with its intermediates) and the key every listener serves TLS 1.2
+	// or later with: the HTTP API (and the UI and /metrics on it), the
+	// gRPC and Envoy APIs, the admin listener and the debug listener.
+	// Empty: plain TCP. The files are read again when they change (and on
+	// Reload); a pair that fails to load leaves the one in force. Start
+	// fails with a *TLSError naming the file at fault.
+	TLSCertFile, TLSKeyFile string
+	// TLSClientCAFile, with TLSCertFile, is a PEM file of the CAs of the
+	// client certificates every listener then requires and verifies
+	// (mutual TLS); a client without one is refused during the handshake.
+	// Read at start only.
+	TLSClientCAFile string
+	// NoOperatorHeaders leaves out of the HTTP API's answers the headers
+	// meant for operators (decision source and latency, rule and tier
+	// names, throttles, shadow decisions; see httpapi.Config), keeping the
+	// standard rate-limit headers.
+	NoOperatorHeaders bool
 	// ConfigPath is the policy file (Sluice's YAML or envoyproxy/ratelimit's),
 	// or a directory of envoyproxy/ratelimit files, each with its domain
 	// (see policy.Read). Empty means the built-in example policy, and no
@@ -190,6 +208,14 @@ type Config struct {
 	// counts of global limits, nats://host:4222[,nats://...]; empty
 	// decides global limits as if this region were alone. Needs Region.
 	SyncURL string
+	// SyncCAFile is a PEM file of the CAs of the NATS servers'
+	// certificates, trusted instead of the system's roots; setting it (or
+	// SyncCertFile) speaks TLS to NATS whatever SyncURL's scheme
+	// (tls://host:4222 alone uses the system's roots).
+	SyncCAFile string
+	// SyncCertFile and SyncKeyFile are the PEM files of a client
+	// certificate and its key, for NATS servers that verify clients.
+	SyncCertFile, SyncKeyFile string
 	// SyncPeers are the other regions sharing global limits. Each counts
 	// as not heard from (at its share of each limit) until it is, so
 	// that a region cut off from its start keeps to its share; empty

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -307,9 +308,10 @@ func (d *Daemon) serveAdminAddr(ctx context.Context) error {
 		WriteTimeout:      cmp.Or(d.cfg.HTTPWriteTimeout, DefaultHTTPWriteTimeout),
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn), // TLS handshakes refused, among others
 	}
 	d.wg.Go(func() {
-		if err := d.adminSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := d.serveHTTP(d.adminSrv, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.log.Error("admin server stopped", "err", err)
 		}
 	})

@@ -7,6 +7,7 @@ package daemon
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -99,6 +101,11 @@ type Daemon struct {
 	adminSrv  *http.Server
 	sync      *globalsync.Sync // nil without SyncURL
 
+	// The listeners' TLS (see tls.go); all nil without Config.TLSCertFile.
+	tls                 *tls.Config // cloned by each listener
+	cert                *servingCert
+	certWatch, keyWatch *configWatcher // handed to watchCert once serving
+
 	shutdownOnce sync.Once
 	shutdownErr  error
 }
@@ -164,14 +171,21 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	// (engine.New) below, and not the store's opening in between.
 	loadTook := time.Since(loadStart)
 	d.lastData = data
+	// A bad certificate fails the start before the store is reached.
+	if err := d.startTLS(); err != nil {
+		closeWatcher()
+		return nil, err
+	}
 	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now, cfg.Redis, d.log, d.reg)
 	if err != nil {
+		d.closeCertWatch()
 		closeWatcher()
 		return nil, err
 	}
 	shared, _ := st.(*redis.Store) // reservations live there too
 	st, d.guard, closer, err = guardStore(ctx, cfg.StoreURL, st, closer, cfg.Guard, d.metrics, d.log)
 	if err != nil {
+		d.closeCertWatch()
 		closeWatcher()
 		return nil, err
 	}
@@ -184,6 +198,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.closeControl()
 		d.closeAnalytics()
 		d.closeListeners()
+		d.closeCertWatch()
 		closeWatcher()
 		closer()
 		return nil, err
@@ -230,6 +245,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		Breaker:      d.breakerState(),
 		Now:          cfg.Now,
 		Logger:       d.log,
+
+		NoOperatorHeaders: cfg.NoOperatorHeaders,
 	})
 	if err != nil {
 		return fail(err)
@@ -336,6 +353,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if d.checkAuth != nil {
 		opts = append(opts, grpc.ChainUnaryInterceptor(checkTokenUnary(d.checkAuth)))
 	}
+	if d.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(d.tls)))
+	}
 	d.grpcSrv = grpc.NewServer(opts...)
 	svc.Register(d.grpcSrv)
 	rls.Register(d.grpcSrv)
@@ -354,9 +374,14 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if w != nil {
 		d.wg.Go(func() { d.watch(bg, w) })
 	}
+	if d.certWatch != nil {
+		cw, kw := d.certWatch, d.keyWatch
+		d.certWatch, d.keyWatch = nil, nil // watchCert owns them now
+		d.wg.Go(func() { d.watchCert(bg, cw, kw) })
+	}
 	httpLn, grpcLn := d.httpLn, d.grpcLn
 	d.wg.Go(func() {
-		if err := d.httpSrv.Serve(httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := d.serveHTTP(d.httpSrv, httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.log.Error("HTTP server stopped", "err", err)
 		}
 	})
@@ -373,7 +398,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	d.log.Info("sluice listening", "http", d.HTTPAddr(), "grpc", d.GRPCAddr(),
 		"store", redactURL(cfg.StoreURL), "config", configName(cfg.ConfigPath), "version", pol.Version,
-		"analytics", analyticsName(&cfg))
+		"analytics", analyticsName(&cfg), "tls", d.tls != nil, "client_certs", d.tls != nil && d.tls.ClientCAs != nil)
 	return d, nil
 }
 

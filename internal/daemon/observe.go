@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -72,7 +73,8 @@ func (d *Daemon) startDebug(ctx context.Context) error {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
-	d.debugSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	d.debugSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	return nil
 }
 
@@ -101,7 +103,7 @@ func (d *Daemon) serveDebug() {
 	ln := d.debugLn
 	d.log.Info("debug listener (pprof) serving", "addr", d.DebugAddr())
 	d.wg.Go(func() {
-		if err := d.debugSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := d.serveHTTP(d.debugSrv, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.log.Error("debug server stopped", "err", err)
 		}
 	})

@@ -82,8 +82,13 @@ func (d *Daemon) setFailed(err error) {
 // Reload reads the configuration file again and applies it when it is
 // valid; when it is not, the policy in force stays, and the error is logged,
 // returned and shown in the configuration status. Without a configuration
-// file it does nothing.
-func (d *Daemon) Reload() error { return d.reload(true) }
+// file it does nothing. It also reads the listeners' TLS certificate and
+// key again, when they have them (a pair that fails to load is logged, and
+// the one in force stays).
+func (d *Daemon) Reload() error {
+	d.reloadCert()
+	return d.reload(true)
+}
 
 // reload reloads the configuration; unless force is set, contents equal to
 // those last loaded are skipped, except after a reload that could not read

@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -32,8 +33,12 @@ func (d *Daemon) startSync(ctx context.Context) (engine.GlobalView, error) {
 	if d.cfg.Region == "" {
 		return nil, errors.New("daemon: the sync of global limits (--sync) needs this instance's region (--region)")
 	}
+	tc, err := syncTLS(&d.cfg)
+	if err != nil {
+		return nil, err
+	}
 	s, err := globalsync.Start(ctx, globalsync.Config{Region: d.cfg.Region, URL: d.cfg.SyncURL, Peers: d.cfg.SyncPeers,
-		Instance: d.cfg.Instance, Logger: d.log})
+		Instance: d.cfg.Instance, Logger: d.log, TLS: tc})
 	if err != nil {
 		return nil, fmt.Errorf("daemon: sync: %w", err)
 	}
@@ -181,4 +186,34 @@ func (c syncCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(syncMessagesDesc, prometheus.CounterValue, float64(n), outcome)
 	}
 	ch <- prometheus.MustNewConstMetric(syncDroppedDesc, prometheus.CounterValue, float64(st.Dropped))
+}
+
+// syncTLS returns the TLS configuration of the connections to NATS that
+// cfg's SyncCAFile, SyncCertFile and SyncKeyFile describe, reading the
+// files; nil when none is set.
+func syncTLS(cfg *Config) (*tls.Config, error) {
+	if cfg.SyncCAFile == "" && cfg.SyncCertFile == "" && cfg.SyncKeyFile == "" {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.SyncCAFile != "" {
+		pool, err := loadCAs(cfg.SyncCAFile)
+		if err != nil {
+			return nil, &TLSError{Option: "SyncCAFile", File: cfg.SyncCAFile, Err: err}
+		}
+		tc.RootCAs = pool
+	}
+	switch {
+	case cfg.SyncCertFile == "" && cfg.SyncKeyFile != "":
+		return nil, &TLSError{Option: "SyncCertFile", Err: fmt.Errorf("missing: the client key %q needs its certificate", cfg.SyncKeyFile)}
+	case cfg.SyncCertFile != "" && cfg.SyncKeyFile == "":
+		return nil, &TLSError{Option: "SyncKeyFile", Err: fmt.Errorf("missing: the client certificate %q needs its key", cfg.SyncCertFile)}
+	case cfg.SyncCertFile != "":
+		cert, err := readKeyPair("Sync", cfg.SyncCertFile, cfg.SyncKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		tc.Certificates = []tls.Certificate{*cert}
+	}
+	return tc, nil
 }

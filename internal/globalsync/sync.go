@@ -3,6 +3,7 @@ package globalsync
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -24,8 +25,14 @@ type Config struct {
 	// MaxNameLen bytes.
 	Region string
 	// URL is the NATS servers' URLs, comma-separated:
-	// nats://host:4222[,nats://...]. Default nats.DefaultURL.
+	// nats://host:4222[,nats://...] (tls://host:4222 for TLS with the
+	// system's roots). Default nats.DefaultURL.
 	URL string
+	// TLS, when set, is the configuration of TLS to NATS, whatever the
+	// URL's scheme: the CAs trusted (RootCAs) and a client certificate
+	// for servers that verify clients. Nil: TLS only with a tls:// URL,
+	// or when the server requires it.
+	TLS *tls.Config
 	// Stream is the JetStream stream, created if missing. Default
 	// "SLUICE_SYNC".
 	Stream string
@@ -73,6 +80,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("globalsync: region: %w", err)
 	}
 	c.Peers = slices.Clone(c.Peers)
+	c.TLS = c.TLS.Clone()
 	for _, p := range c.Peers {
 		if err := validName(p); err != nil {
 			return fmt.Errorf("globalsync: peer: %w", err)

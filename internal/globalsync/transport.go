@@ -37,8 +37,8 @@ func (s *Sync) run(ctx context.Context) {
 	var nc *nats.Conn
 	for {
 		var err error
-		nc, err = nats.Connect(s.cfg.URL,
-			nats.Name("sluice-globalsync "+s.cfg.Region+" "+s.cfg.Instance),
+		opts := []nats.Option{
+			nats.Name("sluice-globalsync " + s.cfg.Region + " " + s.cfg.Instance),
 			nats.RetryOnFailedConnect(true), // connect in the background when NATS is down
 			nats.MaxReconnects(-1),
 			// A healed partition is noticed within this and a jitter of
@@ -46,7 +46,7 @@ func (s *Sync) run(ctx context.Context) {
 			// reconnecting then takes two lags (the server's greeting,
 			// and its answer to the client's), the others' counts one
 			// more (see consumer.go).
-			nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(20*time.Millisecond, 20*time.Millisecond),
+			nats.ReconnectWait(20 * time.Millisecond), nats.ReconnectJitter(20*time.Millisecond, 20*time.Millisecond),
 			// No buffering while disconnected: the outbox keeps the
 			// newest counts, which is all that needs sending.
 			nats.ReconnectBufSize(-1),
@@ -67,7 +67,11 @@ func (s *Sync) run(ctx context.Context) {
 					log.Warn("disconnected from NATS", "err", err)
 				}
 			}),
-		)
+		}
+		if s.cfg.TLS != nil {
+			opts = append(opts, nats.Secure(s.cfg.TLS))
+		}
+		nc, err = nats.Connect(s.cfg.URL, opts...)
 		if err == nil {
 			break
 		}

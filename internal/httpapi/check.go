@@ -126,7 +126,7 @@ func (h *Handler) handleCheck(w http.ResponseWriter, r *http.Request) {
 	}
 	now := h.now()
 	status := decisionStatus(&res)
-	setHeaders(w.Header(), &res, now, latency)
+	setHeaders(w.Header(), &res, now, latency, h.noOps)
 	b.b = appendResult(b.b[:0], &res, status, now, "", latency)
 	if status == http.StatusTooManyRequests {
 		b.b = h.appendQueued(b.b, &c, now)
@@ -309,10 +309,12 @@ func deniedWithBatch(res *engine.Result) bool {
 }
 
 // setHeaders sets the rate-limit headers of a check's answer; latencyUS is
-// the time the engine took to decide it, in microseconds. The values share
+// the time the engine took to decide it, in microseconds. With noOps, the
+// headers meant for operators are left out and the IETF headers name the
+// policy "limit" instead of the rule (see Config.NoOperatorHeaders). The values share
 // one backing array, so that an answer costs one allocation for them rather
 // than one per header.
-func setHeaders(hdr http.Header, res *engine.Result, now time.Time, latencyUS int64) {
+func setHeaders(hdr http.Header, res *engine.Result, now time.Time, latencyUS int64, noOps bool) {
 	d := &res.Deciding
 	vals := make([]string, 0, 15)
 	one := func(v string) []string {
@@ -322,12 +324,14 @@ func setHeaders(hdr http.Header, res *engine.Result, now time.Time, latencyUS in
 	}
 	var nb [64]byte
 	num := func(v int64) []string { return one(string(strconv.AppendInt(nb[:0], v, 10))) }
-	hdr["X-Ratelimit-Decision-Source"] = one(res.Source.String())
-	if res.Fallback != engine.FallbackNone {
-		hdr["X-Ratelimit-Fallback-Reason"] = one(res.Fallback.String())
+	if !noOps {
+		hdr["X-Ratelimit-Decision-Source"] = one(res.Source.String())
+		if res.Fallback != engine.FallbackNone {
+			hdr["X-Ratelimit-Fallback-Reason"] = one(res.Fallback.String())
+		}
+		hdr["X-Ratelimit-Decision-Latency-Us"] = num(latencyUS)
 	}
-	hdr["X-Ratelimit-Decision-Latency-Us"] = num(latencyUS)
-	if res.ThrottlePercent > 0 {
+	if res.ThrottlePercent > 0 && !noOps {
 		hdr["X-Ratelimit-Throttle"] = one(string(strconv.AppendFloat(nb[:0], res.ThrottlePercent, 'f', -1, 64)))
 	}
 	if d.Rule == "" || res.Source == engine.SourceAllowList {
@@ -338,11 +342,13 @@ func setHeaders(hdr http.Header, res *engine.Result, now time.Time, latencyUS in
 	hdr["X-Ratelimit-Limit"] = num(d.Limit)
 	hdr["X-Ratelimit-Remaining"] = num(d.Remaining)
 	hdr["X-Ratelimit-Reset"] = num(resetAt(now, d.ResetAfter))
-	hdr["X-Ratelimit-Policy"] = one(d.Rule)
+	if !noOps {
+		hdr["X-Ratelimit-Policy"] = one(d.Rule)
+	}
 	if g, ok := res.GlobalRemaining(); ok {
 		hdr["X-Ratelimit-Global-Remaining"] = num(g)
 	}
-	if t := res.CallerTier(); t != "" {
+	if t := res.CallerTier(); t != "" && !noOps {
 		hdr["X-Ratelimit-Tier"] = one(t)
 	}
 	state := usageState(res.Allowed, d.Limit, d.Remaining)
@@ -351,12 +357,15 @@ func setHeaders(hdr http.Header, res *engine.Result, now time.Time, latencyUS in
 		used := (d.Limit - d.Remaining) * 100 / d.Limit
 		hdr["X-Ratelimit-Warning"] = one(strconv.FormatInt(used, 10) + "% of the limit used")
 	}
-	if res.ShadowDenied {
+	if res.ShadowDenied && !noOps {
 		hdr["X-Ratelimit-Shadow-Denied"] = one("true")
 	}
 	// IETF draft-ietf-httpapi-ratelimit-headers: structured-field items
 	// naming the policy, with its quota and the remaining quota and reset.
-	name := sfString(d.Rule)
+	name := `"limit"`
+	if !noOps {
+		name = sfString(d.Rule)
+	}
 	b := append(append(nb[:0], name...), ";q="...)
 	hdr["Ratelimit-Policy"] = one(string(strconv.AppendInt(b, d.Limit, 10)))
 	b = append(append(nb[:0], name...), ";r="...)

@@ -88,6 +88,15 @@ type Config struct {
 	// GET /api/v1/status/{client_id}?include_history=true; nil refuses
 	// include_history=true with 400.
 	History func(ctx context.Context, client string, now time.Time) (History, error)
+	// NoOperatorHeaders leaves out of the check answers the headers meant
+	// for operators, for deployments that pass them on to end users:
+	// X-RateLimit-Decision-Source, -Fallback-Reason, -Decision-Latency-Us,
+	// -Throttle, -Policy (the rule's name), -Tier and -Shadow-Denied; and
+	// the IETF RateLimit and RateLimit-Policy headers name the policy
+	// "limit" instead of the rule. X-RateLimit-Limit, -Remaining, -Reset,
+	// -Global-Remaining, -State and -Warning, RateLimit, RateLimit-Policy,
+	// Retry-After and Retry-After-Ms stay. The JSON bodies are unchanged.
+	NoOperatorHeaders bool
 }
 
 // History is a client's checks over the last 24 hours.
@@ -110,6 +119,7 @@ type Handler struct {
 	log     *slog.Logger
 	resv    Reservations
 	history func(ctx context.Context, client string, now time.Time) (History, error)
+	noOps   bool // Config.NoOperatorHeaders
 	mux     *http.ServeMux
 	healthz []byte // the body of /healthz: status and build
 }
@@ -130,6 +140,7 @@ func New(cfg Config) (*Handler, error) {
 		log:     cfg.Logger,
 		resv:    cfg.Reservations,
 		history: cfg.History,
+		noOps:   cfg.NoOperatorHeaders,
 		mux:     http.NewServeMux(),
 	}
 	if h.now == nil {

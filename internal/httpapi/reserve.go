@@ -288,7 +288,9 @@ func (h *Handler) checkReserved(w http.ResponseWriter, r *http.Request, c *engin
 	hd.Set("X-RateLimit-Limit", strconv.FormatInt(st.Tokens, 10))
 	hd.Set("X-RateLimit-Remaining", strconv.FormatInt(st.Balance, 10))
 	hd.Set("X-RateLimit-Reset", strconv.FormatInt(st.ExpiresAt.Unix(), 10))
-	hd.Set("X-RateLimit-Decision-Source", "reservation")
+	if !h.noOps {
+		hd.Set("X-RateLimit-Decision-Source", "reservation")
+	}
 	writeJSON(w, http.StatusOK, b.b)
 	return true
 }

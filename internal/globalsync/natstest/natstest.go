@@ -34,6 +34,7 @@ const installHint = "the tests build a NATS server from " + toolsModule + " into
 type Server struct {
 	bin, dir string
 	port     int
+	tls      *TLSOptions // nil: plain
 
 	mu   sync.Mutex
 	proc *testbin.Process // nil while stopped
@@ -42,7 +43,20 @@ type Server struct {
 
 // Start builds the server if needed and starts it on a free port with a
 // new storage directory.
-func Start() (*Server, error) {
+func Start() (*Server, error) { return StartTLS(nil) }
+
+// TLSOptions are the PEM files of a server that speaks TLS only.
+type TLSOptions struct {
+	// CertFile and KeyFile are the server's certificate and key.
+	CertFile, KeyFile string
+	// ClientCAFile, when set, makes the server require client
+	// certificates that its CAs sign.
+	ClientCAFile string
+}
+
+// StartTLS is Start for a server that speaks TLS with the files of o (nil
+// means plain TCP, as Start); URL is then tls://.
+func StartTLS(o *TLSOptions) (*Server, error) {
 	bin, err := testbin.Build(toolsModule, ".", "nats-test")
 	if err != nil {
 		return nil, fmt.Errorf("natstest: no NATS server: %w\n%s", err, installHint)
@@ -58,7 +72,7 @@ func Start() (*Server, error) {
 			os.RemoveAll(dir)
 			return nil, err
 		}
-		s := &Server{bin: bin, dir: dir, port: port}
+		s := &Server{bin: bin, dir: dir, port: port, tls: o}
 		if last = s.Start(); last == nil {
 			return s, nil
 		}
@@ -67,8 +81,14 @@ func Start() (*Server, error) {
 	return nil, fmt.Errorf("natstest: start NATS: %w", last)
 }
 
-// URL is the client URL, such as nats://127.0.0.1:41234.
-func (s *Server) URL() string { return "nats://" + s.Addr() }
+// URL is the client URL, such as nats://127.0.0.1:41234, or
+// tls://127.0.0.1:41234 for a server started by StartTLS.
+func (s *Server) URL() string {
+	if s.tls != nil {
+		return "tls://" + s.Addr()
+	}
+	return "nats://" + s.Addr()
+}
 
 // Addr is the client address, host:port.
 func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
@@ -86,7 +106,14 @@ func (s *Server) Start() error {
 	if s.proc != nil {
 		return nil
 	}
-	proc, err := testbin.Start("NATS", s.bin, []string{"-port", strconv.Itoa(s.port), "-store-dir", filepath.Join(s.dir, "jetstream")}, 30*time.Second)
+	args := []string{"-port", strconv.Itoa(s.port), "-store-dir", filepath.Join(s.dir, "jetstream")}
+	if o := s.tls; o != nil {
+		args = append(args, "-tlscert", o.CertFile, "-tlskey", o.KeyFile)
+		if o.ClientCAFile != "" {
+			args = append(args, "-tlscacert", o.ClientCAFile)
+		}
+	}
+	proc, err := testbin.Start("NATS", s.bin, args, 30*time.Second)
 	if err != nil {
 		return err
 	}
