@@ -43,7 +43,6 @@ import (
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/internal/reserve"
-	"github.com/sluicehq/sluice/store/redis"
 )
 
 // Daemon is a running server. Its methods are safe for concurrent use.
@@ -67,6 +66,7 @@ type Daemon struct {
 	debugLn  net.Listener
 	debugSrv *http.Server
 	keeper   *reserve.Keeper // nil when reservations are off
+	pending  *pendingRedis   // the store, when it did not answer at start; else nil
 
 	// The analytics; nil with Config.NoAnalytics (see analytics.go).
 	recorder       *analytics.Recorder
@@ -162,12 +162,13 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	// (engine.New) below, and not the store's opening in between.
 	loadTook := time.Since(loadStart)
 	d.lastData = data
-	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now, cfg.Redis, d.log, d.reg)
+	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now, cfg.Redis, cfg.ExitOnUnavailableStore, d.log, d.reg)
 	if err != nil {
 		closeWatcher()
 		return nil, err
 	}
-	shared, _ := st.(*redis.Store) // reservations live there too
+	shared := st // reservations live there too
+	d.pending, _ = st.(*pendingRedis)
 	st, d.guard, closer, err = guardStore(ctx, cfg.StoreURL, st, closer, cfg.Guard, d.metrics, d.log)
 	if err != nil {
 		closeWatcher()
@@ -320,7 +321,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		// grpc-go's default (every 5 minutes, and only with calls open)
 		// disconnects an Envoy whose connection keepalive pings an idle
 		// connection more often.
-		grpc.KeepaliveParams(keepaliveParams(cfg.GRPCKeepalive)),
+		grpc.KeepaliveParams(keepaliveParams(cfg.GRPCKeepalive, cfg.GRPCMaxConnectionAge)),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: minClientPing, PermitWithoutStream: true}),
 	}
 	if waits != nil {
@@ -368,7 +369,12 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.closeListeners()
 		return nil, err
 	}
-	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	if d.pending == nil {
+		d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	} else {
+		d.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		d.wg.Go(func() { d.awaitStore(bg) })
+	}
 	d.log.Info("sluice listening", "http", d.HTTPAddr(), "grpc", d.GRPCAddr(),
 		"store", redactURL(cfg.StoreURL), "config", configName(cfg.ConfigPath), "version", pol.Version,
 		"analytics", analyticsName(&cfg))

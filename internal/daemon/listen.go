@@ -11,13 +11,21 @@ import (
 )
 
 // keepaliveParams returns the server's keepalive parameters for
-// Config.GRPCKeepalive ka.
-func keepaliveParams(ka time.Duration) keepalive.ServerParameters {
-	ka = cmp.Or(ka, DefaultGRPCKeepalive)
-	if ka < 0 {
-		return keepalive.ServerParameters{Time: time.Duration(math.MaxInt64)} // grpc-go's "never"
+// Config.GRPCKeepalive ka and Config.GRPCMaxConnectionAge age.
+func keepaliveParams(ka, age time.Duration) keepalive.ServerParameters {
+	var p keepalive.ServerParameters
+	switch ka = cmp.Or(ka, DefaultGRPCKeepalive); {
+	case ka < 0:
+		p.Time = time.Duration(math.MaxInt64) // grpc-go's "never"
+	default:
+		p.Time, p.Timeout = ka, min(ka, maxKeepaliveTimeout)
 	}
-	return keepalive.ServerParameters{Time: ka, Timeout: min(ka, maxKeepaliveTimeout)}
+	// grpc-go spreads each connection's age by +/-10%, so that the
+	// connections opened together are not all closed together.
+	if age = cmp.Or(age, DefaultGRPCMaxConnectionAge); age > 0 {
+		p.MaxConnectionAge, p.MaxConnectionAgeGrace = age, grpcMaxConnectionAgeGrace
+	}
+	return p
 }
 
 // closeListeners closes every listener opened so far.
