@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/analytics/pgtest"
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/guard"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -145,5 +147,51 @@ func TestShutdownWhileRedisPending(t *testing.T) {
 	}
 	if took := time.Since(begin); took > 2*time.Second {
 		t.Errorf("Shutdown took %s", took)
+	}
+}
+
+// TestStartWithPostgresDown: with PostgreSQL down at start the daemon
+// serves and keeps the analytics in memory; once PostgreSQL is up it
+// migrates it and writes there what it kept.
+func TestStartWithPostgresDown(t *testing.T) {
+	// A server of its own: the other tests must not see it killed.
+	srv, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	url := srv.NewDatabase(t) // an empty database, not migrated
+	srv.Kill()
+	td := start(t, analyticsPolicy, func(c *daemon.Config) {
+		c.AnalyticsURL = url
+		c.AnalyticsFlushInterval = time.Hour // the test flushes
+	})
+	td.clock.Advance(10 * time.Second)
+	for i := range 5 {
+		if r := td.check(t, fmt.Sprintf(`{"client_id":"c%d","resource":"/api/a"}`, i)); r.status != 200 {
+			t.Fatalf("check %d with PostgreSQL down: %d %s", i, r.status, r.raw)
+		}
+	}
+	if r := get(t, td.base+"/readyz"); r.status != 200 {
+		t.Errorf("readyz with PostgreSQL down: %d %s, want 200 (the analytics do not decide checks)", r.status, r.raw)
+	}
+	flush(t, td)
+	rng := "granularity=hour&start_time=2027-01-15T07:00:00Z&end_time=2027-01-15T10:00:00Z"
+	if a := analyticsAnswer(t, td.base, rng); a.Source != "memory" || a.Summary.TotalRequests != 5 || a.Gaps.SinkHealthy {
+		t.Errorf("with PostgreSQL down: source %s, %d requests, gaps %+v; want memory's 5, unhealthy", a.Source, a.Summary.TotalRequests, a.Gaps)
+	}
+
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := waitFor(20*time.Second, func() bool {
+		flush(t, td)
+		st := td.Analytics().Stats()
+		return !st.SinkFailing && st.SinkBacklogRows == 0
+	}); !ok {
+		t.Fatalf("backlog not written once PostgreSQL is up: %+v", td.Analytics().Stats())
+	}
+	if a := analyticsAnswer(t, td.base, rng); a.Source != "postgres" || a.Summary.TotalRequests != 5 || !a.Gaps.SinkHealthy {
+		t.Errorf("with PostgreSQL up: source %s, %d requests, gaps %+v; want postgres's 5, healthy", a.Source, a.Summary.TotalRequests, a.Gaps)
 	}
 }
