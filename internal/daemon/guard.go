@@ -105,20 +105,34 @@ func warmUp(ctx context.Context, st engine.Store) error {
 	return nil
 }
 
-// awaitStore waits, until ctx ends, for the pending store to connect;
-// then it warms the store up and reports the daemon serving on gRPC
-// health. GET /readyz needs no word: it asks the store.
+// awaitStore waits, until ctx ends, for the pending store to connect and
+// then to answer (a cluster may still be forming): then, warmed up, the
+// daemon reports itself serving on gRPC health. GET /readyz needs no word:
+// it asks the store.
 func (d *Daemon) awaitStore(ctx context.Context) {
 	select {
 	case <-ctx.Done():
 		return
 	case <-d.pending.Connected():
 	}
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	err := warmUp(wctx, d.pending.Store())
-	cancel()
-	if err != nil {
-		d.log.Warn("the store did not answer the warm-up; checks follow their failure modes until it does", "err", err)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for logged := false; ; {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := warmUp(wctx, d.pending.Store())
+		cancel()
+		if err == nil {
+			break
+		}
+		if !logged {
+			d.log.Warn("the store connected but does not answer yet; checks follow their failure modes until it does", "err", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 }

@@ -5,10 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/stats"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/analytics/pgtest"
@@ -21,12 +26,44 @@ import (
 // running yet: it serves, is not ready (GET /readyz 503, gRPC health
 // NOT_SERVING), and decides each check by its rule's failure mode. Once
 // the server starts, the daemon is ready within 2s and its checks are
-// decided by Redis again, exactly.
+// decided by Redis again, exactly. So with a Redis Cluster whose nodes are
+// all down.
 func TestStartWithRedisDown(t *testing.T) {
-	srv := redistest.Start(t) // for its free port and directory
-	srv.Kill()
+	t.Run("standalone", func(t *testing.T) {
+		srv := redistest.Start(t) // for its free port and directory
+		srv.Kill()
+		startWithRedisDown(t, "redis://"+srv.Addr, func() {
+			if err := srv.Restart(); err != nil {
+				t.Fatal(err)
+			}
+		}, []*redistest.Server{srv})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("starts a Redis Cluster")
+		}
+		c := redistest.StartCluster(t, redistest.ClusterOptions{})
+		for _, s := range c.Servers() {
+			s.Kill()
+		}
+		startWithRedisDown(t, "redis-cluster://"+strings.Join(c.Addrs(), ","), func() {
+			for _, s := range c.Servers() {
+				if err := s.Restart(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := c.WaitOK(30 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}, c.Masters)
+	})
+}
+
+// startWithRedisDown runs TestStartWithRedisDown on the store of storeURL,
+// down, which up starts; the keys of the checks are on servers.
+func startWithRedisDown(t *testing.T, storeURL string, up func(), servers []*redistest.Server) {
 	td := start(t, failurePolicy, func(c *daemon.Config) {
-		c.StoreURL = "redis://" + srv.Addr
+		c.StoreURL = storeURL
 		// The guard's defaults, but for a deadline that a busy machine
 		// under -race keeps.
 		c.Guard = guard.Config{Deadline: 500 * time.Millisecond}
@@ -72,10 +109,8 @@ func TestStartWithRedisDown(t *testing.T) {
 	// Long enough for the pauses between attempts to connect to reach
 	// their longest.
 	time.Sleep(time.Second)
-	if err := srv.Restart(); err != nil {
-		t.Fatal(err)
-	}
-	up := time.Now()
+	up()
+	upAt := time.Now()
 	var ready *response
 	took, ok := waitFor(10*time.Second, func() bool {
 		ready = get(t, td.base+"/readyz")
@@ -84,7 +119,7 @@ func TestStartWithRedisDown(t *testing.T) {
 	if !ok {
 		t.Fatalf("readyz 10s after Redis started: %d %s", ready.status, ready.raw)
 	}
-	t.Logf("readyz 200 %s after Redis answered PING", time.Since(up).Round(time.Millisecond))
+	t.Logf("readyz 200 %s after Redis answered", time.Since(upAt).Round(time.Millisecond))
 	if took > 2*time.Second {
 		t.Errorf("readyz turned 200 %s after Redis started, want within 2s", took)
 	}
@@ -105,8 +140,18 @@ func TestStartWithRedisDown(t *testing.T) {
 	if admitted != 4 {
 		t.Errorf("a limit of 4 with Redis up admitted %d", admitted)
 	}
-	if keys, err := srv.Do("KEYS", "*up*"); err != nil || keys == "" {
-		t.Errorf("Redis holds no key of the checks: %q, %v", keys, err)
+	var keys []string
+	for _, s := range servers {
+		k, err := s.Do("KEYS", "*up*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k != "" {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		t.Error("Redis holds no key of the checks")
 	}
 }
 
@@ -193,5 +238,44 @@ func TestStartWithPostgresDown(t *testing.T) {
 	}
 	if a := analyticsAnswer(t, td.base, rng); a.Source != "postgres" || a.Summary.TotalRequests != 5 || !a.Gaps.SinkHealthy {
 		t.Errorf("with PostgreSQL up: source %s, %d requests, gaps %+v; want postgres's 5, healthy", a.Source, a.Summary.TotalRequests, a.Gaps)
+	}
+}
+
+// TestGRPCMaxConnectionAge: a gRPC connection past its maximum age is
+// closed, and the client's calls go on, every one answered, over new
+// connections.
+func TestGRPCMaxConnectionAge(t *testing.T) {
+	td := start(t, policyText(), func(c *daemon.Config) { c.GRPCMaxConnectionAge = 200 * time.Millisecond })
+	var conns connCounter
+	cc, err := grpc.NewClient(td.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithStatsHandler(&conns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	health := healthpb.NewHealthClient(cc)
+	deadline := time.Now().Add(10 * time.Second)
+	calls := 0
+	for conns.n.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections after 10s of calls, want a new one every 200ms", conns.n.Load())
+		}
+		if _, err := health.Check(ctx(t), &healthpb.HealthCheckRequest{}); err != nil {
+			t.Fatalf("call %d: %v", calls, err)
+		}
+		calls++
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("%d connections over %d calls", conns.n.Load(), calls)
+}
+
+// connCounter counts the connections a gRPC client opens.
+type connCounter struct{ n atomic.Int32 }
+
+func (c *connCounter) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context   { return ctx }
+func (c *connCounter) HandleRPC(context.Context, stats.RPCStats)                         {}
+func (c *connCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (c *connCounter) HandleConn(_ context.Context, s stats.ConnStats) {
+	if _, ok := s.(*stats.ConnBegin); ok {
+		c.n.Add(1)
 	}
 }
