@@ -279,3 +279,26 @@ func (c *connCounter) HandleConn(_ context.Context, s stats.ConnStats) {
 		c.n.Add(1)
 	}
 }
+
+// TestStartFailsOnRefusedPassword: waiting for Redis does not mend a
+// refused password, so Start fails at once, naming the refusal.
+func TestStartFailsOnRefusedPassword(t *testing.T) {
+	srv := redistest.Start(t)
+	if _, err := srv.Do("CONFIG", "SET", "requirepass", "right"); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"redis://" + srv.Addr, "redis://:wrong@" + srv.Addr} {
+		c, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		d, err := daemon.Start(c, daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", StoreURL: u})
+		cancel()
+		if err == nil {
+			d.Close()
+			t.Errorf("Start with %s succeeded", u)
+			continue
+		}
+		t.Logf("Start with %s: %v", u, err)
+		if strings.Contains(err.Error(), "wrong") {
+			t.Errorf("Start: %v shows the password", err)
+		}
+	}
+}
