@@ -302,3 +302,34 @@ func TestStartFailsOnRefusedPassword(t *testing.T) {
 		}
 	}
 }
+
+// TestReservationsWithRedisDown: on a Redis not running yet, a
+// reservation answers 503; once Redis runs, it is granted, in Redis.
+func TestReservationsWithRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Kill()
+	td := start(t, `version: 1
+rules:
+  - {id: orders, match: {resource: "/api/orders"}, limit: 5, window: 1m, algorithm: fixed_window}
+`, func(c *daemon.Config) {
+		c.StoreURL = "redis://" + srv.Addr
+		c.Guard = guard.Config{Deadline: 500 * time.Millisecond}
+	})
+	const ask = `{"client_id":"a","resource":"/api/orders","tokens_needed":3,"duration_seconds":30}`
+	if r := post(t, td.base+"/api/v1/reserve", ask); r.status != 503 {
+		t.Errorf("reserve with Redis down: %d %s, want 503", r.status, r.raw)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	var r *response
+	if _, ok := waitFor(5*time.Second, func() bool {
+		r = post(t, td.base+"/api/v1/reserve", ask)
+		return r.status == 200
+	}); !ok || r.num("tokens_reserved") != 3 {
+		t.Fatalf("reserve with Redis up: %d %s", r.status, r.raw)
+	}
+	if keys, err := srv.Do("KEYS", "*rsv*"); err != nil || keys == "" {
+		t.Errorf("Redis holds no key of the reservation: %q, %v", keys, err)
+	}
+}
