@@ -153,6 +153,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	debugRemote := fs.Bool("debug-allow-remote", false, "let --debug-addr listen on a non-loopback address")
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set (0 or less: Go's default, 100): higher trades memory for less CPU per check (see docs/operations.md)")
 	exitOnUnavailable := fs.Bool("exit-on-unavailable-store", false, "exit at start when the Redis store does not answer; by default the server starts, decides checks by the rules' failure modes, reports not ready on /readyz and gRPC health, and connects when Redis comes up")
+	shutdownDelay := fs.Duration("shutdown-delay", 0, "on SIGINT or SIGTERM, how long to keep serving while not ready (/readyz 503, gRPC health NOT_SERVING) before closing the listeners, for load balancers to stop sending checks first (a few seconds under Kubernetes); 0: none")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 15*time.Second, "how long a graceful shutdown waits for checks in flight")
 	guardCfg := guardFlags(fs)
 	redisOpts := redisFlags(fs)
@@ -172,6 +173,10 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	}
 	if *shutdownTimeout < 0 {
 		fmt.Fprintf(stderr, "sluice serve: --shutdown-timeout %s: want 0 or more\n", *shutdownTimeout)
+		return 2
+	}
+	if *shutdownDelay < 0 {
+		fmt.Fprintf(stderr, "sluice serve: --shutdown-delay %s: want 0 or more\n", *shutdownDelay)
 		return 2
 	}
 	logger, err := logging.New(stderr, *logFormat, *logLevel)
@@ -210,6 +215,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 		NoReservations:    *noReservations,
 
 		ExitOnUnavailableStore: *exitOnUnavailable,
+		ShutdownDelay:          *shutdownDelay,
 
 		DebugAddr:        *debugAddr,
 		DebugAllowRemote: *debugRemote,
@@ -233,7 +239,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 			continue
 		}
 		logger.Info("shutting down", "signal", sig.String())
-		ctx, cancel := context.WithTimeout(context.Background(), *shutdownTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), *shutdownDelay+*shutdownTimeout)
 		err := d.Shutdown(ctx)
 		cancel()
 		if err != nil {

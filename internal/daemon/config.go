@@ -156,6 +156,14 @@ type Config struct {
 	// EnvoyPreciseReset reports Envoy's duration_until_reset to the
 	// microsecond instead of in whole seconds.
 	EnvoyPreciseReset bool
+	// ShutdownDelay is how long Shutdown keeps serving, not ready (GET
+	// /readyz 503, gRPC health NOT_SERVING), before it stops accepting
+	// connections: long enough for the load balancers (a Kubernetes
+	// Service's endpoints, Envoy's health checks) to stop sending new
+	// checks, which would otherwise find the listeners closed. Shutdown's
+	// context bounds the delay and the drain of the checks in flight
+	// together. Zero means none.
+	ShutdownDelay time.Duration
 	// ExitOnUnavailableStore makes Start fail when a Redis store does not
 	// answer. By default the daemon starts anyway: it decides checks by
 	// the rules' failure modes, reports not ready (GET /readyz 503, gRPC

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -100,6 +101,7 @@ type Daemon struct {
 
 	shutdownOnce sync.Once
 	shutdownErr  error
+	draining     atomic.Bool // set by Shutdown: GET /readyz answers 503
 }
 
 // Start builds everything cfg describes, starts listening and serving, and
@@ -267,7 +269,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 
 	d.httpSrv = &http.Server{
-		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withUI(d.withSync(d.withEvents(d.withAnalytics(d.withAdmin(api))))))),
+		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withDraining(d.withUI(d.withSync(d.withEvents(d.withAnalytics(d.withAdmin(api)))))))),
 		ReadHeaderTimeout: 5 * time.Second,
 		// A request whose body stops coming, or a client that stops
 		// reading its answers, would otherwise hold its connection and
@@ -397,7 +399,8 @@ func (d *Daemon) Guard() *guard.Guard { return d.guard }
 // Registry returns the registry the daemon's metrics are on.
 func (d *Daemon) Registry() *prometheus.Registry { return d.reg }
 
-// Shutdown stops the daemon gracefully: it stops accepting connections,
+// Shutdown stops the daemon gracefully: it reports itself not ready and,
+// after Config.ShutdownDelay, stops accepting connections,
 // lets the checks in flight finish until ctx ends (then cuts them off),
 // stops every background goroutine and waits for it, and closes the store.
 // Calling it again returns the first call's result.
@@ -408,6 +411,16 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 
 func (d *Daemon) shutdown(ctx context.Context) error {
 	d.health.Shutdown()
+	d.draining.Store(true)
+	if delay := d.cfg.ShutdownDelay; delay > 0 {
+		d.log.Info("not ready; serving on before closing the listeners", "for", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	d.cancel()
 	var errs []error
 	grpcDone := make(chan struct{})

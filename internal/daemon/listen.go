@@ -5,6 +5,7 @@ package daemon
 import (
 	"cmp"
 	"math"
+	"net/http"
 	"time"
 
 	"google.golang.org/grpc/keepalive"
@@ -42,4 +43,16 @@ func (d *Daemon) closeListeners() {
 	if d.adminLn != nil {
 		d.adminLn.Close()
 	}
+}
+
+// withDraining answers GET /readyz with 503 once Shutdown has begun,
+// before api; the other requests go on to api.
+func (d *Daemon) withDraining(api http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" && d.draining.Load() {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "shutting_down"})
+			return
+		}
+		api.ServeHTTP(w, r)
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -331,5 +332,41 @@ rules:
 	}
 	if keys, err := srv.Do("KEYS", "*rsv*"); err != nil || keys == "" {
 		t.Errorf("Redis holds no key of the reservation: %q, %v", keys, err)
+	}
+}
+
+// TestShutdownDelay: during Config.ShutdownDelay the daemon is not ready
+// (GET /readyz 503, gRPC health NOT_SERVING) and still decides checks;
+// then it closes its listeners.
+func TestShutdownDelay(t *testing.T) {
+	td := start(t, policyText(), func(c *daemon.Config) { c.ShutdownDelay = time.Second })
+	health := healthpb.NewHealthClient(dial(t, td.GRPCAddr()))
+	done := make(chan error, 1)
+	begin := time.Now()
+	go func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- td.Shutdown(c)
+	}()
+	if _, ok := waitFor(time.Second, func() bool { return get(t, td.base+"/readyz").status == 503 }); !ok {
+		t.Fatal("readyz not 503 once the shutdown began")
+	}
+	if r := get(t, td.base+"/readyz"); r.str("status") != "shutting_down" {
+		t.Errorf("readyz during the delay: %d %s", r.status, r.raw)
+	}
+	if r := td.check(t, `{"client_id":"late","resource":"/api/limited"}`); r.status != 200 {
+		t.Errorf("check during the delay: %d %s", r.status, r.raw)
+	}
+	if h, err := health.Check(ctx(t), &healthpb.HealthCheckRequest{}); err != nil || h.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("gRPC health during the delay: %v, %v; want NOT_SERVING", h.GetStatus(), err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(begin); took < time.Second {
+		t.Errorf("Shutdown returned after %s, before its delay of 1s", took)
+	}
+	if _, err := http.Get(td.base + "/healthz"); err == nil {
+		t.Error("the HTTP listener still answers after Shutdown")
 	}
 }
