@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -368,5 +369,31 @@ func TestShutdownDelay(t *testing.T) {
 	}
 	if _, err := http.Get(td.base + "/healthz"); err == nil {
 		t.Error("the HTTP listener still answers after Shutdown")
+	}
+}
+
+// TestStartWithEtcdDown: with the control plane's etcd not reachable and
+// nothing cached, the daemon starts on the configuration file's policy,
+// ready: etcd does not decide checks.
+func TestStartWithEtcdDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	begin := time.Now()
+	td := start(t, policyText(), func(c *daemon.Config) {
+		c.DataDir, c.ControlStore = t.TempDir(), "etcd://"+dead
+	})
+	t.Logf("started in %s", time.Since(begin).Round(time.Millisecond))
+	if r := get(t, td.base+"/readyz"); r.status != 200 {
+		t.Errorf("readyz with etcd down: %d %s, want 200", r.status, r.raw)
+	}
+	for i := range 4 {
+		r := td.check(t, `{"client_id":"e","resource":"/api/limited"}`)
+		if want := []int{200, 200, 200, 429}[i]; r.status != want {
+			t.Errorf("check %d with etcd down: %d %s, want %d (the file's limit of 3)", i, r.status, r.raw, want)
+		}
 	}
 }
