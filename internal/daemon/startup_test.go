@@ -397,3 +397,30 @@ func TestStartWithEtcdDown(t *testing.T) {
 		}
 	}
 }
+
+// TestStartWithNATSDown: with the sync's NATS not reachable, the daemon
+// starts at once, ready, and decides checks on what this region knows.
+func TestStartWithNATSDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	begin := time.Now()
+	td := start(t, policyText(), func(c *daemon.Config) {
+		c.Region, c.SyncURL = "eu", "nats://"+dead
+	})
+	if took := time.Since(begin); took > 2*time.Second {
+		t.Errorf("started in %s with NATS down, want at once", took)
+	}
+	if r := get(t, td.base+"/readyz"); r.status != 200 {
+		t.Errorf("readyz with NATS down: %d %s, want 200", r.status, r.raw)
+	}
+	if r := td.check(t, `{"client_id":"n","resource":"/api/limited"}`); r.status != 200 {
+		t.Errorf("check with NATS down: %d %s", r.status, r.raw)
+	}
+	if r := get(t, td.base+"/internal/sync"); r.status != 200 || strings.Contains(r.raw, `"connected":true`) {
+		t.Errorf("sync status with NATS down: %d %s", r.status, r.raw)
+	}
+}
