@@ -30,7 +30,8 @@ import (
 // over the slots opens the connections and loads the script on every
 // node, so that the first checks do not miss their deadline doing it. A
 // failed warm-up is only logged: the breaker and the failure modes take
-// over.
+// over. A pending store (see pendingRedis) is warmed up once it connects,
+// by awaitStore.
 func guardStore(ctx context.Context, rawURL string, st engine.Store, closer func() error, cfg guard.Config, m *metrics.Metrics, log *slog.Logger) (engine.Store, *guard.Guard, func() error, error) {
 	if u, err := url.Parse(rawURL); err == nil && u.Scheme == "memory" {
 		return st, nil, closer, nil
