@@ -141,6 +141,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	grpcAddr := fs.String("grpc-addr", daemon.DefaultGRPCAddr, "listen address of the gRPC and Envoy APIs")
 	grpcReadTimeout := fs.Duration("grpc-read-timeout", 0, "how long a unary gRPC call may take to send its request (message and half-close) after its headers; it then ends with DeadlineExceeded; 0 or negative: no bound (costs each call about 5% more CPU; for clients you do not trust)")
 	grpcKeepalive := fs.Duration("grpc-keepalive", daemon.DefaultGRPCKeepalive, "how long a gRPC connection may receive nothing before the server pings the client, closing the connection when the ping is not answered within 20s (or this, when shorter); negative: no pings")
+	grpcMaxAge := fs.Duration("grpc-max-connection-age", daemon.DefaultGRPCMaxConnectionAge, "how long a gRPC connection may live (spread by +/-10%): then the server asks the client to reconnect, lets its calls finish (10s at most) and closes it, so that Envoys spread their checks over instances added by a scale-up; negative: no maximum")
 	grpcMaxConns := fs.Int("grpc-max-conns", daemon.DefaultGRPCMaxConns, "gRPC connections open at once at most; at the bound the one idle the longest (no call for 1s) is closed, and when none is idle new ones wait; negative: no bound")
 	grpcReflection := fs.Bool("grpc-reflection", false, "serve gRPC server reflection on the gRPC address, for tools such as grpcurl (it lists every service and message to whoever reaches the address)")
 	envoyCompat := fs.Bool("envoy-compat", false, "answer Envoy's rate limit API as envoyproxy/ratelimit does where Sluice differs: descriptors decided each on its own, refused hits counted (fixed windows), limit_remaining 0 when over the limit, a descriptor with no entries not limited (docs/api.md); set it alike on every instance sharing a store")
@@ -151,6 +152,8 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	debugAddr := fs.String("debug-addr", "", "listen address of the debug listener (pprof, /metrics); empty: none; loopback only unless --debug-allow-remote")
 	debugRemote := fs.Bool("debug-allow-remote", false, "let --debug-addr listen on a non-loopback address")
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set (0 or less: Go's default, 100): higher trades memory for less CPU per check (see docs/operations.md)")
+	exitOnUnavailable := fs.Bool("exit-on-unavailable-store", false, "exit at start when the Redis store does not answer; by default the server starts, decides checks by the rules' failure modes, reports not ready on /readyz and gRPC health, and connects when Redis comes up")
+	shutdownDelay := fs.Duration("shutdown-delay", 0, "on SIGINT or SIGTERM, how long to keep serving while not ready (/readyz 503, gRPC health NOT_SERVING) before closing the listeners, for load balancers to stop sending checks first (a few seconds under Kubernetes); 0: none")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 15*time.Second, "how long a graceful shutdown waits for checks in flight")
 	guardCfg := guardFlags(fs)
 	redisOpts := redisFlags(fs)
@@ -171,6 +174,10 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	}
 	if *shutdownTimeout < 0 {
 		fmt.Fprintf(stderr, "sluice serve: --shutdown-timeout %s: want 0 or more\n", *shutdownTimeout)
+		return 2
+	}
+	if *shutdownDelay < 0 {
+		fmt.Fprintf(stderr, "sluice serve: --shutdown-delay %s: want 0 or more\n", *shutdownDelay)
 		return 2
 	}
 	logger, err := logging.New(stderr, *logFormat, *logLevel)
@@ -198,14 +205,18 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 		Guard:        guardCfg(),
 		Redis:        redisOpts(),
 
-		GRPCReadTimeout: *grpcReadTimeout,
-		GRPCMaxConns:    *grpcMaxConns,
-		GRPCKeepalive:   *grpcKeepalive,
-		GRPCReflection:  *grpcReflection,
+		GRPCReadTimeout:      *grpcReadTimeout,
+		GRPCMaxConns:         *grpcMaxConns,
+		GRPCKeepalive:        *grpcKeepalive,
+		GRPCMaxConnectionAge: *grpcMaxAge,
+		GRPCReflection:       *grpcReflection,
 
 		EnvoyCompat:       *envoyCompat,
 		EnvoyPreciseReset: *envoyPreciseReset,
 		NoReservations:    *noReservations,
+
+		ExitOnUnavailableStore: *exitOnUnavailable,
+		ShutdownDelay:          *shutdownDelay,
 
 		DebugAddr:        *debugAddr,
 		DebugAllowRemote: *debugRemote,
@@ -230,7 +241,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 			continue
 		}
 		logger.Info("shutting down", "signal", sig.String())
-		ctx, cancel := context.WithTimeout(context.Background(), *shutdownTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), *shutdownDelay+*shutdownTimeout)
 		err := d.Shutdown(ctx)
 		cancel()
 		if err != nil {

@@ -150,7 +150,8 @@ func TestServeHelpShowsDefaultsNotEnvironment(t *testing.T) {
 	}
 	for _, want := range []string{`(default "` + daemon.DefaultStoreURL + `")`, `(default "info")`,
 		"SLUICE_STORE", "SLUICE_CONFIG", "SLUICE_GC_PERCENT", "SLUICE_SHUTDOWN_TIMEOUT", "SLUICE_STORE_DEADLINE", "SLUICE_REDIS_DIAL_TIMEOUT",
-		"SLUICE_GRPC_READ_TIMEOUT", "SLUICE_GRPC_MAX_CONNS", "SLUICE_GRPC_KEEPALIVE"} {
+		"SLUICE_GRPC_READ_TIMEOUT", "SLUICE_GRPC_MAX_CONNS", "SLUICE_GRPC_KEEPALIVE",
+		"SLUICE_GRPC_MAX_CONNECTION_AGE", "SLUICE_EXIT_ON_UNAVAILABLE_STORE", "SLUICE_SHUTDOWN_DELAY"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("serve -h does not show %s:\n%s", want, help)
 		}

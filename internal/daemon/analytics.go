@@ -24,6 +24,10 @@ import (
 // analyticsPath is where the analytics are served.
 const analyticsPath = "/api/v1/analytics"
 
+// analyticsRetryEvery is how often the daemon tries to set up a PostgreSQL
+// that could not be reached at start.
+const analyticsRetryEvery = 2 * time.Second
+
 // DefaultAnalyticsRetention is how long PostgreSQL keeps the analytics
 // when Config.AnalyticsRetention is zero.
 const DefaultAnalyticsRetention = 30 * 24 * time.Hour
@@ -31,7 +35,8 @@ const DefaultAnalyticsRetention = 30 * 24 * time.Hour
 // startAnalytics starts the recorder, on the in-process store and, with
 // AnalyticsURL, on PostgreSQL (migrated, its partitions made and its
 // retention kept by pganalytics), and returns what the engine records to:
-// nil with NoAnalytics.
+// nil with NoAnalytics. A PostgreSQL that cannot be reached is set up in
+// the background, unless ExitOnUnavailableStore.
 func (d *Daemon) startAnalytics(ctx context.Context) (engine.Analytics, error) {
 	cfg := &d.cfg
 	if cfg.NoAnalytics {
@@ -44,7 +49,14 @@ func (d *Daemon) startAnalytics(ctx context.Context) (engine.Analytics, error) {
 	rc := analytics.Config{Memory: mem, FlushInterval: cfg.AnalyticsFlushInterval, MaxBacklog: cfg.AnalyticsMaxBacklog, Now: cfg.Now}
 	d.analyticsStore = mem
 	if cfg.AnalyticsURL != "" {
-		pg, err := pganalytics.Open(ctx, pganalytics.Config{URL: cfg.AnalyticsURL, Retention: cfg.AnalyticsRetention, Now: cfg.Now})
+		pc := pganalytics.Config{URL: cfg.AnalyticsURL, Retention: cfg.AnalyticsRetention, Now: cfg.Now, Logger: d.log}
+		if !cfg.ExitOnUnavailableStore {
+			// PostgreSQL down at start: the analytics stay in memory
+			// (and the rows for PostgreSQL in the recorder's backlog)
+			// until it is migrated.
+			pc.RetryEvery = analyticsRetryEvery
+		}
+		pg, err := pganalytics.Open(ctx, pc)
 		if err != nil {
 			return nil, fmt.Errorf("daemon: --analytics: %w", err)
 		}

@@ -27,12 +27,19 @@ const (
 	DefaultHTTPWriteTimeout = 15 * time.Second
 )
 
-// Defaults of the gRPC listener's bounds (Config.GRPCMaxConns and
-// Config.GRPCKeepalive).
+// Defaults of the gRPC listener's bounds (Config.GRPCMaxConns,
+// Config.GRPCKeepalive and Config.GRPCMaxConnectionAge).
 const (
-	DefaultGRPCMaxConns  = 10000
-	DefaultGRPCKeepalive = time.Minute
+	DefaultGRPCMaxConns         = 10000
+	DefaultGRPCKeepalive        = time.Minute
+	DefaultGRPCMaxConnectionAge = 5 * time.Minute
 )
+
+// grpcMaxConnectionAgeGrace is how long the calls of a gRPC connection
+// past its maximum age may take to finish before it is closed. A check
+// takes milliseconds; the grace bounds the streams (health Watch), which
+// their clients open again.
+const grpcMaxConnectionAgeGrace = 10 * time.Second
 
 // Keepalive of the gRPC listener: how long a client's ping may take to be
 // answered at most, and how often a client may ping.
@@ -143,6 +150,15 @@ type Config struct {
 	// acknowledge for as long (the socket's TCP_USER_TIMEOUT). Zero means
 	// DefaultGRPCKeepalive; negative, no pings.
 	GRPCKeepalive time.Duration
+	// GRPCMaxConnectionAge is how long a gRPC connection may live: then
+	// the server sends it a GOAWAY, lets its calls finish (10s at most)
+	// and closes it, and the client opens another, which its balancer may
+	// send to another instance. Without it, clients such as Envoy keep
+	// their connections to the instances that were up when they
+	// connected, and instances added by a scale-up get none of their
+	// checks. Each connection's age is spread by +/-10%. Zero means
+	// DefaultGRPCMaxConnectionAge; negative, no maximum.
+	GRPCMaxConnectionAge time.Duration
 	// GRPCReflection serves gRPC server reflection (grpc.reflection.v1
 	// and v1alpha) on the gRPC address, for tools such as grpcurl. Off by
 	// default: it lists every service and message to whoever reaches the
@@ -158,6 +174,22 @@ type Config struct {
 	// EnvoyPreciseReset reports Envoy's duration_until_reset to the
 	// microsecond instead of in whole seconds.
 	EnvoyPreciseReset bool
+	// ShutdownDelay is how long Shutdown keeps serving, not ready (GET
+	// /readyz 503, gRPC health NOT_SERVING), before it stops accepting
+	// connections: long enough for the load balancers (a Kubernetes
+	// Service's endpoints, Envoy's health checks) to stop sending new
+	// checks, which would otherwise find the listeners closed. Shutdown's
+	// context bounds the delay and the drain of the checks in flight
+	// together. Zero means none.
+	ShutdownDelay time.Duration
+	// ExitOnUnavailableStore makes Start fail when a Redis store does not
+	// answer. By default the daemon starts anyway: it decides checks by
+	// the rules' failure modes, reports not ready (GET /readyz 503, gRPC
+	// health NOT_SERVING) and connects in the background, every half
+	// second at most, until the store answers (docs/operations.md,
+	// "Start-up"). A store refusing the daemon's certificate or password
+	// makes Start fail either way.
+	ExitOnUnavailableStore bool
 	// Guard configures what protects checks from a failing Redis store:
 	// the per-call deadline, the circuit breaker, the over-limit cache and
 	// the hot-key tier (see package guard). It does not apply to the

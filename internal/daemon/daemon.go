@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,7 +46,6 @@ import (
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/internal/reserve"
-	"github.com/sluicehq/sluice/store/redis"
 )
 
 // Daemon is a running server. Its methods are safe for concurrent use.
@@ -70,6 +70,7 @@ type Daemon struct {
 	debugLn  net.Listener
 	debugSrv *http.Server
 	keeper   *reserve.Keeper // nil when reservations are off
+	pending  *pendingRedis   // the store, when it did not answer at start; else nil
 
 	// The analytics; nil with Config.NoAnalytics (see analytics.go).
 	recorder       *analytics.Recorder
@@ -108,6 +109,7 @@ type Daemon struct {
 
 	shutdownOnce sync.Once
 	shutdownErr  error
+	draining     atomic.Bool // set by Shutdown: GET /readyz answers 503
 }
 
 // Start builds everything cfg describes, starts listening and serving, and
@@ -176,13 +178,14 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		closeWatcher()
 		return nil, err
 	}
-	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now, cfg.Redis, d.log, d.reg)
+	st, closer, err := openStore(ctx, cfg.StoreURL, cfg.Now, cfg.Redis, cfg.ExitOnUnavailableStore, d.log, d.reg)
 	if err != nil {
 		d.closeCertWatch()
 		closeWatcher()
 		return nil, err
 	}
-	shared, _ := st.(*redis.Store) // reservations live there too
+	shared := st // reservations live there too
+	d.pending, _ = st.(*pendingRedis)
 	st, d.guard, closer, err = guardStore(ctx, cfg.StoreURL, st, closer, cfg.Guard, d.metrics, d.log)
 	if err != nil {
 		d.closeCertWatch()
@@ -285,7 +288,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 
 	d.httpSrv = &http.Server{
-		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withUI(d.withSync(d.withEvents(d.withAnalytics(d.withAdmin(api))))))),
+		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withDraining(d.withUI(d.withSync(d.withEvents(d.withAnalytics(d.withAdmin(api)))))))),
 		ReadHeaderTimeout: 5 * time.Second,
 		// A request whose body stops coming, or a client that stops
 		// reading its answers, would otherwise hold its connection and
@@ -339,7 +342,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		// grpc-go's default (every 5 minutes, and only with calls open)
 		// disconnects an Envoy whose connection keepalive pings an idle
 		// connection more often.
-		grpc.KeepaliveParams(keepaliveParams(cfg.GRPCKeepalive)),
+		grpc.KeepaliveParams(keepaliveParams(cfg.GRPCKeepalive, cfg.GRPCMaxConnectionAge)),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: minClientPing, PermitWithoutStream: true}),
 	}
 	if waits != nil {
@@ -395,7 +398,12 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.closeListeners()
 		return nil, err
 	}
-	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	if d.pending == nil {
+		d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	} else {
+		d.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		d.wg.Go(func() { d.awaitStore(bg) })
+	}
 	d.log.Info("sluice listening", "http", d.HTTPAddr(), "grpc", d.GRPCAddr(),
 		"store", redactURL(cfg.StoreURL), "config", configName(cfg.ConfigPath), "version", pol.Version,
 		"analytics", analyticsName(&cfg), "tls", d.tls != nil, "client_certs", d.tls != nil && d.tls.ClientCAs != nil)
@@ -418,7 +426,8 @@ func (d *Daemon) Guard() *guard.Guard { return d.guard }
 // Registry returns the registry the daemon's metrics are on.
 func (d *Daemon) Registry() *prometheus.Registry { return d.reg }
 
-// Shutdown stops the daemon gracefully: it stops accepting connections,
+// Shutdown stops the daemon gracefully: it reports itself not ready and,
+// after Config.ShutdownDelay, stops accepting connections,
 // lets the checks in flight finish until ctx ends (then cuts them off),
 // stops every background goroutine and waits for it, and closes the store.
 // Calling it again returns the first call's result.
@@ -429,6 +438,16 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 
 func (d *Daemon) shutdown(ctx context.Context) error {
 	d.health.Shutdown()
+	d.draining.Store(true)
+	if delay := d.cfg.ShutdownDelay; delay > 0 {
+		d.log.Info("not ready; serving on before closing the listeners", "for", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	d.cancel()
 	var errs []error
 	grpcDone := make(chan struct{})

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/engine"
@@ -28,31 +30,16 @@ import (
 // over the slots opens the connections and loads the script on every
 // node, so that the first checks do not miss their deadline doing it. A
 // failed warm-up is only logged: the breaker and the failure modes take
-// over.
+// over. A pending store (see pendingRedis) is warmed up once it connects,
+// by awaitStore.
 func guardStore(ctx context.Context, rawURL string, st engine.Store, closer func() error, cfg guard.Config, m *metrics.Metrics, log *slog.Logger) (engine.Store, *guard.Guard, func() error, error) {
 	if u, err := url.Parse(rawURL); err == nil && u.Scheme == "memory" {
 		return st, nil, closer, nil
 	}
-	reqs := make([]store.Request, 32)
-	for i := range reqs {
-		reqs[i] = store.Request{Key: "rl:_warm:{" + strconv.Itoa(i) + "}", Params: &warmParams}
-	}
-	if err := st.Do(ctx, &store.Batch{Reqs: reqs, Out: make([]sluice.Decision, len(reqs))}); err != nil {
-		log.Warn("the store did not answer the warm-up; checks follow their failure modes until it does", "err", err)
-	} else {
-		// Then concurrently, so that the client opens all its pipelined
-		// connections now rather than under the first burst of checks.
-		var wg sync.WaitGroup
-		for i := range 64 {
-			wg.Go(func() {
-				for j := range 4 {
-					r := [1]store.Request{reqs[(i+j)%len(reqs)]}
-					var out [1]sluice.Decision
-					st.Do(ctx, &store.Batch{Reqs: r[:], Out: out[:]})
-				}
-			})
+	if _, pending := st.(*pendingRedis); !pending {
+		if err := warmUp(ctx, st); err != nil {
+			log.Warn("the store did not answer the warm-up; checks follow their failure modes until it does", "err", err)
 		}
-		wg.Wait()
 	}
 	if cfg.Observer == nil {
 		cfg.Observer = guardMetrics{m}
@@ -91,6 +78,64 @@ func (d *Daemon) breakerState() func() string {
 		return nil
 	}
 	return func() string { return d.guard.BreakerState().String() }
+}
+
+// warmUp opens the connections of st and loads its script on every node:
+// one read of keys spread over the slots, then concurrent ones, so that
+// the client opens all its pipelined connections now rather than under the
+// first burst of checks. It returns the first read's error.
+func warmUp(ctx context.Context, st engine.Store) error {
+	reqs := make([]store.Request, 32)
+	for i := range reqs {
+		reqs[i] = store.Request{Key: "rl:_warm:{" + strconv.Itoa(i) + "}", Params: &warmParams}
+	}
+	if err := st.Do(ctx, &store.Batch{Reqs: reqs, Out: make([]sluice.Decision, len(reqs))}); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Go(func() {
+			for j := range 4 {
+				r := [1]store.Request{reqs[(i+j)%len(reqs)]}
+				var out [1]sluice.Decision
+				st.Do(ctx, &store.Batch{Reqs: r[:], Out: out[:]})
+			}
+		})
+	}
+	wg.Wait()
+	return nil
+}
+
+// awaitStore waits, until ctx ends, for the pending store to connect and
+// then to answer (a cluster may still be forming): then, warmed up, the
+// daemon reports itself serving on gRPC health. GET /readyz needs no word:
+// it asks the store.
+func (d *Daemon) awaitStore(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-d.pending.Connected():
+	}
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for logged := false; ; {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := warmUp(wctx, d.pending.Store())
+		cancel()
+		if err == nil {
+			break
+		}
+		if !logged {
+			d.log.Warn("the store connected but does not answer yet; checks follow their failure modes until it does", "err", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 }
 
 var warmParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Second})

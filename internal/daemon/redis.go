@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -203,8 +204,11 @@ func loadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
 
 // openRedis opens a Redis or Redis Cluster store from its URL
 // (redis://host:port[/db], rediss://..., redis-cluster://host:port,...)
-// and registers its metrics on reg.
-func openRedis(ctx context.Context, rawURL string, opts RedisOptions, log *slog.Logger, reg prometheus.Registerer) (engine.Store, func() error, error) {
+// and registers its metrics on reg. When no server answers, it returns a
+// pendingRedis that connects in the background, unless exitOnUnavailable
+// is set or the failure is one that waiting will not mend (see
+// definitive): then it fails.
+func openRedis(ctx context.Context, rawURL string, opts RedisOptions, exitOnUnavailable bool, log *slog.Logger, reg prometheus.Registerer) (engine.Store, func() error, error) {
 	cfg, err := redis.ParseURL(rawURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("daemon: store URL %q: %w", redactURL(rawURL), err)
@@ -247,7 +251,8 @@ func openRedis(ctx context.Context, rawURL string, opts RedisOptions, log *slog.
 	}
 	s, err := redis.New(cfg)
 	if err != nil {
-		if cfg.TLS != nil && len(cfg.TLS.Certificates) == 0 && closedByPeer(err) {
+		missingCert := cfg.TLS != nil && len(cfg.TLS.Certificates) == 0 && closedByPeer(err)
+		if missingCert {
 			// In TLS 1.3 the server checks the client's certificate
 			// after the client has finished its handshake: the client
 			// learns of a missing one from its next write or read,
@@ -255,7 +260,14 @@ func openRedis(ctx context.Context, rawURL string, opts RedisOptions, log *slog.
 			// that says why.
 			err = fmt.Errorf("%w (a server that requires a client certificate closes the connection of a client without one)", err)
 		}
-		return nil, nil, fmt.Errorf("daemon: store %q: %w", redactURL(rawURL), err)
+		err = fmt.Errorf("daemon: store %q: %w", redactURL(rawURL), err)
+		if exitOnUnavailable || missingCert || definitive(err) {
+			return nil, nil, err
+		}
+		cluster := strings.Contains(rawURL, "-cluster://") || len(cfg.Addrs) > 1
+		maxLog := cmp.Or(cfg.MaxLogEntries, redis.DefaultMaxLogEntries)
+		p := newPendingRedis(func() (*redis.Store, error) { return redis.New(cfg) }, cluster, maxLog, log, err)
+		return p, p.Close, nil
 	}
 	return s, s.Close, nil
 }

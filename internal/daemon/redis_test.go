@@ -79,7 +79,9 @@ func TestRedisURLErrors(t *testing.T) {
 		"redis://:secret@h:x", "rediss://:secret@[::1:6379", "redis-cluster://:secret@a:1,b:x",
 		"redis://:se/secret@127.0.0.1:1", "redis://u:secret/x@127.0.0.1:1", "redis://:ab#secret@127.0.0.1:6379",
 		"redis://:secret?x@127.0.0.1:1", "redis://:secret#x@127.0.0.1:1", "redis://u?:secret@127.0.0.1:1", "redis://u:sec%zzsecret@127.0.0.1:1"} {
-		_, err := daemon.Start(t.Context(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", StoreURL: u})
+		// Some of them parse, and name no server that answers: the
+		// daemon would wait for it without ExitOnUnavailableStore.
+		_, err := daemon.Start(t.Context(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", StoreURL: u, ExitOnUnavailableStore: true})
 		if err == nil {
 			t.Errorf("Start with %q succeeded", u)
 			continue

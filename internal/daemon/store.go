@@ -14,8 +14,9 @@ import (
 )
 
 // openStore opens the store rawURL names and returns it with the function
-// that closes it.
-func openStore(ctx context.Context, rawURL string, now func() time.Time, opts RedisOptions, log *slog.Logger, reg prometheus.Registerer) (engine.Store, func() error, error) {
+// that closes it. A Redis store that does not answer is returned pending
+// (see openRedis) unless exitOnUnavailable is set.
+func openStore(ctx context.Context, rawURL string, now func() time.Time, opts RedisOptions, exitOnUnavailable bool, log *slog.Logger, reg prometheus.Registerer) (engine.Store, func() error, error) {
 	// Not url.Parse: its errors quote the URL, password and all.
 	scheme, _, _ := strings.Cut(rawURL, "://")
 	switch scheme {
@@ -29,7 +30,7 @@ func openStore(ctx context.Context, rawURL string, now func() time.Time, opts Re
 		}
 		return s, s.Close, nil
 	case "redis", "rediss", "redis-cluster", "rediss-cluster":
-		return openRedis(ctx, rawURL, opts, log, reg)
+		return openRedis(ctx, rawURL, opts, exitOnUnavailable, log, reg)
 	}
 	return nil, nil, fmt.Errorf("daemon: store URL %q: unknown scheme (want memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,...)", redactURL(rawURL))
 }

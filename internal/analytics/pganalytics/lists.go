@@ -13,8 +13,12 @@ import (
 
 // WriteLists stores changes and anomalies in one transaction, with COPY
 // (migration 0006). Rows older than the retention are left out. It is the
-// analytics.ListSink method.
+// analytics.ListSink method. It fails with ErrNotReady before the Store
+// has migrated PostgreSQL.
 func (s *Store) WriteLists(ctx context.Context, changes []analytics.Change, anomalies []analytics.Anomaly) error {
+	if !s.ready.Load() {
+		return ErrNotReady
+	}
 	cutoff := s.cfg.Now().Add(-s.cfg.Retention).UTC().Truncate(24 * time.Hour).Unix()
 	var cs []analytics.Change
 	for _, c := range changes {

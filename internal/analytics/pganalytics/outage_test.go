@@ -2,6 +2,7 @@ package pganalytics
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -104,4 +105,49 @@ func BenchmarkCopy(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N*batch)/time.Since(start).Seconds(), "rows/s")
+}
+
+// TestOpenBeforePostgres: with RetryEvery, Open returns while PostgreSQL
+// is down (without it, it fails); Write and Query fail with ErrNotReady
+// until PostgreSQL is up, then the Store migrates it and works.
+func TestOpenBeforePostgres(t *testing.T) {
+	now := day0.Add(time.Hour)
+	url := server.NewDatabase(t)
+	server.Kill()
+	t.Cleanup(func() { server.Restart() }) // for the tests after, should this one fail
+	ctx := context.Background()
+	if s, err := Open(ctx, Config{URL: url}); err == nil {
+		s.Close()
+		t.Fatal("Open without RetryEvery succeeded with PostgreSQL down")
+	}
+	s := open(t, Config{URL: url, RetryEvery: 50 * time.Millisecond, Now: func() time.Time { return now }})
+	if s.Ready() {
+		t.Fatal("Ready with PostgreSQL down")
+	}
+	rs := []analytics.Rollup{{Key: analytics.Key{Minute: day0.Unix() + 60, Client: "c"}, Requests: 1}}
+	if err := s.Write(ctx, rs, nil); !errors.Is(err, ErrNotReady) {
+		t.Errorf("Write with PostgreSQL down: %v, want ErrNotReady", err)
+	}
+	f := analytics.Filter{Start: day0, End: day0.Add(time.Hour), Granularity: analytics.Hour}
+	if _, err := s.Query(ctx, f); !errors.Is(err, ErrNotReady) {
+		t.Errorf("Query with PostgreSQL down: %v, want ErrNotReady", err)
+	}
+
+	if err := server.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !s.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("not ready 20s after PostgreSQL came up")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := s.Write(ctx, rs, nil); err != nil {
+		t.Fatalf("Write once ready: %v", err)
+	}
+	res, err := s.Query(ctx, f)
+	if err != nil || res.Summary.Total != 1 {
+		t.Errorf("Query once ready: %+v, %v; want 1 request", res.Summary, err)
+	}
 }

@@ -12,14 +12,18 @@
 //
 // The connection pool reconnects by itself. While PostgreSQL is down,
 // Write fails and the Recorder keeps the rows, bounded, and counts what it
-// had to drop.
+// had to drop. With Config.RetryEvery, PostgreSQL need not be up when the
+// Store is opened either: it migrates once PostgreSQL answers, and until
+// then Write and Query fail with ErrNotReady.
 package pganalytics
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,7 +47,23 @@ type Config struct {
 	MaintainInterval time.Duration
 	// Now returns the current time; nil means time.Now.
 	Now func() time.Time
+	// RetryEvery, when positive, lets Open return a Store while
+	// PostgreSQL cannot be reached (or migrated): the Store tries again
+	// in the background, every RetryEvery, until the migrations and the
+	// partitions are done. Zero makes Open fail instead.
+	RetryEvery time.Duration
+	// Logger receives the failures of the attempts of RetryEvery (the
+	// first, then one every 30s) and their success; nil discards them.
+	Logger *slog.Logger
 }
+
+// ErrNotReady is the error of Write, Query and Partitions on a Store that
+// has not yet migrated PostgreSQL (see Config.RetryEvery).
+var ErrNotReady = errors.New("pganalytics: PostgreSQL not migrated yet (not reachable since the start)")
+
+// retryLogEvery is how often a Store that cannot set PostgreSQL up logs
+// that it still cannot, after the first failure.
+const retryLogEvery = 30 * time.Second
 
 // Store writes and queries analytics in PostgreSQL. It is safe for
 // concurrent use; Close stops its background upkeep.
@@ -54,13 +74,15 @@ type Store struct {
 	mu   sync.Mutex
 	days map[int64]bool // guarded by mu; UTC days (Unix/86400) known to have partitions
 
+	ready atomic.Bool // the schema is migrated and today's partitions made
+
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
 // Open connects to PostgreSQL, migrates the schema, creates the partitions
-// and starts the upkeep. PostgreSQL must be up for Open; after it, the
-// Store rides out outages.
+// and starts the upkeep. PostgreSQL must be up for Open unless
+// Config.RetryEvery is set; after it, the Store rides out outages.
 func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.Retention <= 0 {
 		cfg.Retention = 30 * 24 * time.Hour
@@ -74,6 +96,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	pcfg, err := pgxpool.ParseConfig(cfg.URL)
 	if err != nil {
 		return nil, fmt.Errorf("pganalytics: %w", err)
@@ -83,34 +108,85 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("pganalytics: %w", err)
 	}
 	s := &Store{cfg: cfg, pool: pool, days: map[int64]bool{}}
-	if _, err := Migrate(ctx, pool); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	if err := s.Maintain(ctx, cfg.Now()); err != nil {
+	err = s.setUp(ctx)
+	if err != nil && cfg.RetryEvery <= 0 {
 		pool.Close()
 		return nil, err
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		t := time.NewTicker(cfg.MaintainInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-bg.Done():
-				return
-			case <-t.C:
-				// A failure is retried at the next tick; Write creates the
-				// partitions it needs meanwhile.
-				s.Maintain(bg, cfg.Now())
-			}
+	s.wg.Go(func() {
+		if err != nil && !s.retrySetUp(bg, err) {
+			return
 		}
-	}()
+		s.upkeep(bg)
+	})
 	return s, nil
 }
+
+// setUp migrates the schema and creates the partitions; then the Store is
+// ready.
+func (s *Store) setUp(ctx context.Context) error {
+	if _, err := Migrate(ctx, s.pool); err != nil {
+		return err
+	}
+	if err := s.maintain(ctx, s.cfg.Now()); err != nil {
+		return err
+	}
+	s.ready.Store(true)
+	return nil
+}
+
+// retrySetUp calls setUp every RetryEvery until it succeeds (true) or ctx
+// ends (false). first is the failure of Open's attempt.
+func (s *Store) retrySetUp(ctx context.Context, first error) bool {
+	log := s.cfg.Logger
+	log.Warn("analytics: PostgreSQL cannot be set up; the analytics stay in memory until it can", "err", first)
+	since, logged := time.Now(), time.Now()
+	t := time.NewTicker(s.cfg.RetryEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		actx, cancel := context.WithTimeout(ctx, max(s.cfg.RetryEvery, 10*time.Second))
+		err := s.setUp(actx)
+		cancel()
+		if err == nil {
+			log.Info("analytics: PostgreSQL migrated; writing the analytics there", "after", time.Since(since).Round(time.Millisecond))
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		if time.Since(logged) >= retryLogEvery {
+			log.Warn("analytics: PostgreSQL still cannot be set up", "for", time.Since(since).Round(time.Second), "err", err)
+			logged = time.Now()
+		}
+	}
+}
+
+// upkeep runs Maintain every MaintainInterval until ctx ends.
+func (s *Store) upkeep(ctx context.Context) {
+	t := time.NewTicker(s.cfg.MaintainInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			// A failure is retried at the next tick; Write creates the
+			// partitions it needs meanwhile.
+			s.Maintain(ctx, s.cfg.Now())
+		}
+	}
+}
+
+// Ready reports whether the Store has migrated PostgreSQL: always once
+// Open has returned without Config.RetryEvery.
+func (s *Store) Ready() bool { return s.ready.Load() }
 
 // Close stops the upkeep and closes the connections.
 func (s *Store) Close() {
@@ -124,8 +200,17 @@ var tables = []string{"analytics_rollups", "analytics_blocked_events", "analytic
 	"analytics_changes", "analytics_anomalies"}
 
 // Maintain creates the partitions of yesterday, today and the days ahead,
-// and drops those older than the retention before now.
+// and drops those older than the retention before now. It fails with
+// ErrNotReady before the Store has migrated PostgreSQL.
 func (s *Store) Maintain(ctx context.Context, now time.Time) error {
+	if !s.ready.Load() {
+		return ErrNotReady
+	}
+	return s.maintain(ctx, now)
+}
+
+// maintain is Maintain without its check of readiness.
+func (s *Store) maintain(ctx context.Context, now time.Time) error {
 	today := now.UTC().Truncate(24 * time.Hour)
 	from := today.AddDate(0, 0, -1)
 	cutoff := now.Add(-s.cfg.Retention).UTC().Truncate(24 * time.Hour)
@@ -183,8 +268,12 @@ func (s *Store) ensureUnix(ctx context.Context, tx pgx.Tx, unix []int64) ([]int6
 
 // Write stores rollups and blocked events in one transaction, with COPY.
 // Rows older than the retention are left out: their partitions are gone.
-// It is the analytics.Sink method.
+// It is the analytics.Sink method. It fails with ErrNotReady before the
+// Store has migrated PostgreSQL.
 func (s *Store) Write(ctx context.Context, rs []analytics.Rollup, blocked []analytics.Event) error {
+	if !s.ready.Load() {
+		return ErrNotReady
+	}
 	cutoff := s.cfg.Now().Add(-s.cfg.Retention).UTC().Truncate(24 * time.Hour).Unix()
 	rs = keepRollups(rs, cutoff)
 	blocked = keepEvents(blocked, cutoff)

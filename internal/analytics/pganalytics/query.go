@@ -43,6 +43,9 @@ func (s *Store) Query(ctx context.Context, f analytics.Filter) (analytics.Result
 	if err := f.Validate(); err != nil {
 		return analytics.Result{}, err
 	}
+	if !s.ready.Load() {
+		return analytics.Result{}, ErrNotReady
+	}
 	cs, as, err := s.queryLists(ctx, &f)
 	if err != nil {
 		return analytics.Result{}, fmt.Errorf("pganalytics: query: %w", err)
@@ -84,6 +87,9 @@ func (s *Store) Query(ctx context.Context, f analytics.Filter) (analytics.Result
 // Partitions returns the days that have a partition of the rollups table,
 // oldest first.
 func (s *Store) Partitions(ctx context.Context) ([]time.Time, error) {
+	if !s.ready.Load() {
+		return nil, ErrNotReady
+	}
 	rows, err := s.pool.Query(ctx, `
 		SELECT to_date(substring(c.relname FROM '[0-9]{8}$'), 'YYYYMMDD')
 		FROM pg_inherits i
