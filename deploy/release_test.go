@@ -366,4 +366,18 @@ func TestPackagingLinksDocs(t *testing.T) {
 			}
 		}
 	}
+	// docs/deploy.md's own links to sections of the other docs.
+	data, err := os.ReadFile("../docs/deploy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mdLink.FindAllStringSubmatch(string(data), -1) {
+		if !anchors(t, "../docs/"+m[1])[m[2]] {
+			t.Errorf("docs/deploy.md: %s: no such section", m[0])
+		}
+	}
 }
+
+// mdLink matches a Markdown link to a section of a doc beside the one it
+// is in, such as (operations.md#metrics).
+var mdLink = regexp.MustCompile(`\]\(([a-zA-Z]+\.md)#([a-z0-9-]+)\)`)
