@@ -9,7 +9,7 @@ RACE = $(if $(filter 1,$(shell $(GO) env CGO_ENABLED 2>/dev/null)),-race)
 # CI and `make test` run everything; `make test-short` skips the slow failure tests.
 TESTFLAGS ?= $(RACE) -count=1 -timeout 30m
 
-.PHONY: run test test-short vet bench fuzz build deps rules
+.PHONY: run test test-short vet bench fuzz build image deps rules
 
 # The router adapters are modules of their own, so that Sluice's go.mod does
 # not require gin or echo; vet and test run in each.
@@ -28,6 +28,12 @@ LDFLAGS ?= -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT) -
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/sluice ./cmd/sluice
+
+# The container image (Dockerfile), with the same version, commit and date;
+# see docs/deploy.md.
+IMAGE ?= sluice
+image:
+	docker build -t $(IMAGE) --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) --build-arg DATE=$(DATE) .
 
 # The dashboard's test drives headless Chromium (scripts/ensure-chromium.sh
 # installs Debian's chromium package when none is found). The fault tests'
