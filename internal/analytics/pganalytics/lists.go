@@ -2,7 +2,6 @@ package pganalytics
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -35,15 +34,7 @@ func (s *Store) WriteLists(ctx context.Context, changes []analytics.Change, anom
 	if len(cs) == 0 && len(as) == 0 {
 		return nil
 	}
-	// Retried once, as Write is.
-	err := s.writeLists(ctx, cs, as)
-	if err != nil && ctx.Err() == nil {
-		err = s.writeLists(ctx, cs, as)
-	}
-	if err != nil {
-		return fmt.Errorf("pganalytics: write: %w", err)
-	}
-	return nil
+	return twice(ctx, func() error { return s.writeLists(ctx, cs, as) })
 }
 
 // writeLists is one attempt of WriteLists.

@@ -280,12 +280,17 @@ func (s *Store) Write(ctx context.Context, rs []analytics.Rollup, blocked []anal
 	if len(rs) == 0 && len(blocked) == 0 {
 		return nil
 	}
-	// A transaction that failed left nothing behind, so it can run again;
-	// once, because after PostgreSQL restarted the pool's first connection
-	// is found dead only when used.
-	err := s.write(ctx, rs, blocked)
+	return twice(ctx, func() error { return s.write(ctx, rs, blocked) })
+}
+
+// twice runs attempt, a transaction, and once more if it failed while ctx
+// is live. A transaction that failed left nothing behind, so it can run
+// again; once, because after PostgreSQL restarted the pool's first
+// connection is found dead only when used.
+func twice(ctx context.Context, attempt func() error) error {
+	err := attempt()
 	if err != nil && ctx.Err() == nil {
-		err = s.write(ctx, rs, blocked)
+		err = attempt()
 	}
 	if err != nil {
 		return fmt.Errorf("pganalytics: write: %w", err)
