@@ -111,22 +111,11 @@ func decodeReserve(data []byte) (reserve.Ask, error) {
 		Duration: time.Duration(*rr.DurationSeconds) * time.Second, Priority: p}, nil
 }
 
-// wireField names on the wire the fields of reservation.InvalidError.
-var wireField = map[string]string{
-	"tokens": "tokens_needed", "duration": "duration_seconds", "client": "client_id",
-	"priority": "priority", "resource": "resource",
-}
-
 // reserveErr turns the Keeper's refusal of a bad request into a field
 // error named as on the wire; other errors are returned as they are.
 func reserveErr(err error) error {
-	var ie *reservation.InvalidError
-	if errors.As(err, &ie) {
-		name, ok := wireField[ie.Field]
-		if !ok {
-			name = ie.Field
-		}
-		return fieldErr(name, "%s", ie.Reason)
+	if field, reason, ok := reserve.InvalidField(err); ok {
+		return fieldErr(field, "%s", reason)
 	}
 	return err
 }

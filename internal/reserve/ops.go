@@ -1,6 +1,7 @@
 package reserve
 
 import (
+	"errors"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/policy"
@@ -214,4 +215,25 @@ func (k *Keeper) Queued(client, resource string) (position int64, at time.Time, 
 		return 0, time.Time{}, false
 	}
 	return pk.Position, micros(pk.EstimatedAt), true
+}
+
+// apiFields names, as the HTTP and gRPC APIs do, the fields of a
+// reservation.InvalidError.
+var apiFields = map[string]string{
+	"tokens": "tokens_needed", "duration": "duration_seconds", "client": "client_id",
+	"priority": "priority", "resource": "resource",
+}
+
+// InvalidField returns the API's name of the field err (a
+// reservation.InvalidError) refuses, and why; ok is false for any other
+// error.
+func InvalidField(err error) (field, reason string, ok bool) {
+	var ie *reservation.InvalidError
+	if !errors.As(err, &ie) {
+		return "", "", false
+	}
+	if name, known := apiFields[ie.Field]; known {
+		return name, ie.Reason, true
+	}
+	return ie.Field, ie.Reason, true
 }
