@@ -136,7 +136,7 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", "", "policy file, Sluice's YAML or envoyproxy/ratelimit's, or a directory of envoyproxy/ratelimit files (*.yaml, *.yml), one domain each; empty serves the built-in example policy")
 	mergeDomains := fs.Bool("merge-domain-config", false, "let several files of a --config directory hold one Envoy domain and merge their descriptors, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG; without it such a configuration is rejected")
-	storeURL := fs.String("store", daemon.DefaultStoreURL, "store: memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,... (rediss:// and rediss-cluster:// for TLS)")
+	storeURL := fs.String("store", daemon.DefaultStoreURL, "store: memory://, redis://host:port[/db], redis-cluster://host:port,host:port,... (rediss:// and rediss-cluster:// for TLS) or redis-sentinel://host:26379,.../master[/db]")
 	httpAddr := fs.String("http-addr", daemon.DefaultHTTPAddr, "listen address of the HTTP JSON API")
 	grpcAddr := fs.String("grpc-addr", daemon.DefaultGRPCAddr, "listen address of the gRPC and Envoy APIs")
 	grpcReadTimeout := fs.Duration("grpc-read-timeout", 0, "how long a unary gRPC call may take to send its request (message and half-close) after its headers; it then ends with DeadlineExceeded; 0 or negative: no bound (costs each call about 5% more CPU; for clients you do not trust)")

@@ -91,9 +91,11 @@ type Config struct {
 	// one Envoy domain, whose descriptors are then merged (see
 	// policy.Options).
 	MergeDomains bool
-	// StoreURL selects the store: memory://, redis://host:port[/db] or
+	// StoreURL selects the store: memory://, redis://host:port[/db],
 	// redis-cluster://host:port,host:port,... (rediss:// and
-	// rediss-cluster:// for TLS; see docs/redis.md). Empty means memory://.
+	// rediss-cluster:// for TLS) or
+	// redis-sentinel://host:26379,.../master[/db] (see docs/redis.md).
+	// Empty means memory://.
 	StoreURL string
 	// Logger receives the daemon's logs; nil discards them.
 	Logger *slog.Logger

@@ -203,8 +203,8 @@ func loadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
 }
 
 // openRedis opens a Redis or Redis Cluster store from its URL
-// (redis://host:port[/db], rediss://..., redis-cluster://host:port,...)
-// and registers its metrics on reg. When no server answers, it returns a
+// (redis://host:port[/db], rediss://..., redis-cluster://host:port,...,
+// redis-sentinel://host:port,.../master[/db]) and registers its metrics on reg. When no server answers, it returns a
 // pendingRedis that connects in the background, unless exitOnUnavailable
 // is set or the failure is one that waiting will not mend (see
 // definitive): then it fails.
@@ -264,7 +264,8 @@ func openRedis(ctx context.Context, rawURL string, opts RedisOptions, exitOnUnav
 		if exitOnUnavailable || missingCert || definitive(err) {
 			return nil, nil, err
 		}
-		cluster := strings.Contains(rawURL, "-cluster://") || len(cfg.Addrs) > 1
+		// Several addresses are a cluster's seeds, or Sentinels.
+		cluster := cfg.MasterSet == "" && (strings.Contains(rawURL, "-cluster://") || len(cfg.Addrs) > 1)
 		maxLog := cmp.Or(cfg.MaxLogEntries, redis.DefaultMaxLogEntries)
 		p := newPendingRedis(func() (*redis.Store, error) { return redis.New(cfg) }, cluster, maxLog, log, err)
 		return p, p.Close, nil

@@ -29,7 +29,8 @@ import (
 // NOT_SERVING), and decides each check by its rule's failure mode. Once
 // the server starts, the daemon is ready within 2s and its checks are
 // decided by Redis again, exactly. So with a Redis Cluster whose nodes are
-// all down.
+// all down, and with a master found by Redis Sentinel, its Sentinels down
+// too.
 func TestStartWithRedisDown(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		srv := redistest.Start(t) // for its free port and directory
@@ -58,6 +59,23 @@ func TestStartWithRedisDown(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, c.Masters)
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("starts a primary, a replica and a Sentinel")
+		}
+		sn := redistest.StartSentinel(t, redistest.SentinelOptions{})
+		servers := append([]*redistest.Server{sn.Primary, sn.Replica}, sn.Sentinels...)
+		for _, s := range servers {
+			s.Kill()
+		}
+		startWithRedisDown(t, sn.URL(), func() {
+			for _, s := range servers {
+				if err := s.Restart(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, []*redistest.Server{sn.Primary})
 	})
 }
 

@@ -29,10 +29,10 @@ func openStore(ctx context.Context, rawURL string, now func() time.Time, opts Re
 			return nil, nil, fmt.Errorf("daemon: memory store: %w", err)
 		}
 		return s, s.Close, nil
-	case "redis", "rediss", "redis-cluster", "rediss-cluster":
+	case "redis", "rediss", "redis-cluster", "rediss-cluster", "redis-sentinel":
 		return openRedis(ctx, rawURL, opts, exitOnUnavailable, log, reg)
 	}
-	return nil, nil, fmt.Errorf("daemon: store URL %q: unknown scheme (want memory://, redis://host:port[/db] or redis-cluster://host:port,host:port,...)", redactURL(rawURL))
+	return nil, nil, fmt.Errorf("daemon: store URL %q: unknown scheme (want memory://, redis://host:port[/db], redis-cluster://host:port,host:port,... or redis-sentinel://host:port,.../master[/db])", redactURL(rawURL))
 }
 
 // redactURL hides the password of a store URL in logs and errors. As the

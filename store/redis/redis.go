@@ -113,6 +113,10 @@ const (
 	// DefaultMaxLogEntries is the largest limit a sliding window log may
 	// have.
 	DefaultMaxLogEntries = 10_000
+	// SentinelRefresh is how often a client of Redis Sentinel asks the
+	// Sentinels for the master, besides following their announcements of
+	// a failover, in case it missed one.
+	SentinelRefresh = 5 * time.Second
 	// DefaultIdempotencyTTL is the time to live of an idempotency record
 	// whose ttl is not positive.
 	DefaultIdempotencyTTL = 5 * time.Minute
@@ -135,8 +139,15 @@ var (
 // other zero field takes its default.
 type Config struct {
 	// Addrs are the addresses (host:port) of the Redis server, or seeds of
-	// a Redis Cluster; the client discovers a cluster by itself.
+	// a Redis Cluster (the client discovers a cluster by itself), or,
+	// with MasterSet, of the Sentinels.
 	Addrs []string
+	// MasterSet, when set, is the name of a master monitored by Redis
+	// Sentinel: Addrs are then the Sentinels', which the client asks for
+	// the master's address, and which tell it of a failover (see
+	// SentinelRefresh). Username, Password, DB and TLS apply to the
+	// master; the Sentinels are contacted without them.
+	MasterSet string
 	// Username and Password authenticate (AUTH); empty means none.
 	Username, Password string
 	// DB is the database of a standalone server (SELECT).
@@ -307,6 +318,7 @@ func New(cfg Config) (*Store, error) {
 			ConnWriteTimeout:  cfg.WriteTimeout,
 			DisableCache:      true,
 			MaxFlushDelay:     cfg.MaxFlushDelay,
+			Sentinel:          sentinelOption(cfg),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("redis: connect to %v: %w: %w", cfg.Addrs, sluice.ErrStoreUnavailable, err)
@@ -461,6 +473,19 @@ func netDialer(timeout, keepAlive time.Duration) net.Dialer {
 		keepAlive = DefaultKeepAlive
 	}
 	return net.Dialer{Timeout: timeout, KeepAlive: keepAlive}
+}
+
+// sentinelOption returns the client's Sentinel options: none without
+// cfg.MasterSet.
+func sentinelOption(cfg Config) rueidis.SentinelOption {
+	if cfg.MasterSet == "" {
+		return rueidis.SentinelOption{}
+	}
+	return rueidis.SentinelOption{
+		MasterSet:               cfg.MasterSet,
+		Dialer:                  netDialer(cfg.DialTimeout, cfg.KeepAlive),
+		TopologyRefreshInterval: SentinelRefresh,
+	}
 }
 
 // multiplex returns the client's PipelineMultiplex for conns connections

@@ -1059,6 +1059,7 @@ func TestParseURL(t *testing.T) {
 		user    string
 		pass    string
 		tls     bool
+		master  string
 		wantErr string
 	}{
 		{in: "redis://localhost:6380", addrs: []string{"localhost:6380"}},
@@ -1083,6 +1084,17 @@ func TestParseURL(t *testing.T) {
 		{in: "redis://u:se?cret@h:1/2", wantErr: "percent-escape"},
 		{in: "redis://:se#cret@h", wantErr: "percent-escape"},
 		{in: "redis://:se%2Fcr%23et@h:1/2", addrs: []string{"h:1"}, db: 2, pass: "se/cr#et"},
+		// Sentinels: the port defaults to 26379, the master's name follows
+		// the hosts, and a database number may follow it.
+		{in: "redis-sentinel://s1,s2:26380/mymaster", addrs: []string{"s1:26379", "s2:26380"}, master: "mymaster"},
+		{in: "redis-sentinel://u:p@[::1]/m/4", addrs: []string{"[::1]:26379"}, master: "m", db: 4, user: "u", pass: "p"},
+		{in: "redis-sentinel://:secret@s1:26379", wantErr: "names its master"},
+		{in: "redis-sentinel://s1/", wantErr: "names its master"},
+		{in: "redis-sentinel://s1/m/", wantErr: "database"},
+		{in: "redis-sentinel://s1/m/x", wantErr: "database"},
+		{in: "redis-sentinel://s1/m/1/2", wantErr: "database"},
+		{in: "redis-sentinel://s1:0/m", wantErr: "port"},
+		{in: "redis-sentinel://s1/m?db=1", wantErr: "query"},
 	}
 	for _, c := range cases {
 		cfg, err := ParseURL(c.in)
@@ -1099,7 +1111,7 @@ func TestParseURL(t *testing.T) {
 			t.Errorf("ParseURL(%q): %v", c.in, err)
 			continue
 		}
-		if fmt.Sprint(cfg.Addrs) != fmt.Sprint(c.addrs) || cfg.DB != c.db || cfg.Username != c.user || cfg.Password != c.pass || (cfg.TLS != nil) != c.tls {
+		if fmt.Sprint(cfg.Addrs) != fmt.Sprint(c.addrs) || cfg.DB != c.db || cfg.Username != c.user || cfg.Password != c.pass || (cfg.TLS != nil) != c.tls || cfg.MasterSet != c.master {
 			t.Errorf("ParseURL(%q) = %+v", c.in, cfg)
 		}
 	}

@@ -16,17 +16,23 @@ import (
 //	redis-cluster://[user:password@]host:port,host:port,...
 //	                                              seeds of a Redis Cluster
 //	rediss-cluster://...                          the same over TLS
+//	redis-sentinel://[user:password@]host:port,host:port,.../master[/db]
+//	                                              the master named master,
+//	                                              found by its Sentinels
 //
-// The port defaults to 6379; an IPv6 address goes in brackets, with or
-// without a port ([::1], [::1]:6380). A cluster has no database number. Its
-// errors name what is wrong and never contain the password.
+// The port defaults to 6379, and to 26379 for a Sentinel; an IPv6 address
+// goes in brackets, with or without a port ([::1], [::1]:6380). A cluster
+// has no database number. The user name and password of a Sentinel URL
+// authenticate to the master, not to the Sentinels. Its errors name what
+// is wrong and never contain the password.
 func ParseURL(raw string) (Config, error) {
 	var cfg Config
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
-		return cfg, fmt.Errorf("redis: URL: missing scheme (want redis://, rediss://, redis-cluster:// or rediss-cluster://)")
+		return cfg, fmt.Errorf("redis: URL: missing scheme (want %s)", schemes)
 	}
-	cluster := false
+	cluster, sentinel := false, false
+	defaultPort := "6379"
 	switch scheme {
 	case "redis":
 	case "rediss":
@@ -36,8 +42,10 @@ func ParseURL(raw string) (Config, error) {
 	case "rediss-cluster":
 		cluster = true
 		cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+	case "redis-sentinel":
+		sentinel, defaultPort = true, "26379"
 	default:
-		return cfg, fmt.Errorf("redis: URL: unknown scheme %q (want redis://, rediss://, redis-cluster:// or rediss-cluster://)", scheme)
+		return cfg, fmt.Errorf("redis: URL: unknown scheme %q (want %s)", scheme, schemes)
 	}
 	// The user information ends at the last '@' of the URL, wherever the
 	// other delimiters are: text before it may be the password, and is
@@ -69,7 +77,7 @@ func ParseURL(raw string) (Config, error) {
 	for _, h := range strings.Split(hosts, ",") {
 		host, port, err := net.SplitHostPort(h)
 		if err != nil {
-			host, port = h, "6379"
+			host, port = h, defaultPort
 			if len(h) >= 2 && h[0] == '[' && h[len(h)-1] == ']' {
 				host = h[1 : len(h)-1] // an IPv6 address without a port
 			}
@@ -82,8 +90,22 @@ func ParseURL(raw string) (Config, error) {
 		}
 		cfg.Addrs = append(cfg.Addrs, net.JoinHostPort(host, port))
 	}
-	if !cluster && len(cfg.Addrs) > 1 {
-		return cfg, fmt.Errorf("redis: URL: several hosts need redis-cluster://")
+	if !cluster && !sentinel && len(cfg.Addrs) > 1 {
+		return cfg, fmt.Errorf("redis: URL: several hosts need redis-cluster:// or redis-sentinel://")
+	}
+	if sentinel {
+		name, db, hasDB := strings.Cut(path, "/")
+		if name == "" {
+			return cfg, fmt.Errorf("redis: URL: a Sentinel URL names its master after the hosts: redis-sentinel://host:26379/mymaster")
+		}
+		cfg.MasterSet = name
+		if !hasDB {
+			return cfg, nil
+		}
+		if db == "" {
+			return cfg, fmt.Errorf("redis: URL: database: want a number after /%s/", name)
+		}
+		path = db
 	}
 	if path != "" {
 		if cluster {
@@ -97,3 +119,6 @@ func ParseURL(raw string) (Config, error) {
 	}
 	return cfg, nil
 }
+
+// schemes lists the schemes ParseURL reads, for its errors.
+const schemes = "redis://, rediss://, redis-cluster://, rediss-cluster:// or redis-sentinel://"
