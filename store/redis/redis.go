@@ -67,6 +67,15 @@
 // the store sends such a call again after a growing pause until it is
 // decided or its deadline is near (TryAgainRetries counts them).
 //
+// # Redis Sentinel
+//
+// With Config.MasterSet, Addrs are Sentinels, which the client asks for
+// the master and follows through failovers. The store is then a
+// standalone one on whichever server is the master. Replication is
+// asynchronous: counts the old master wrote but had not yet sent to the
+// replica are lost when the replica is promoted. The store never reads
+// from a replica (see docs/redis.md).
+//
 // # Failures
 //
 // Every call honours its context's deadline (Config.Timeout bounds a call
