@@ -330,6 +330,9 @@ func New(cfg Config) (*Store, error) {
 			Sentinel:          sentinelOption(cfg),
 		})
 		if err != nil {
+			if cfg.MasterSet != "" {
+				return nil, fmt.Errorf("redis: connect to master %q through Sentinels %v: %w: %w", cfg.MasterSet, cfg.Addrs, sluice.ErrStoreUnavailable, err)
+			}
 			return nil, fmt.Errorf("redis: connect to %v: %w: %w", cfg.Addrs, sluice.ErrStoreUnavailable, err)
 		}
 		s.client, s.ownClient = c, true

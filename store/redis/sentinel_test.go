@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -104,5 +105,19 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	if n, err := sn.Replica.Do("EXISTS", "rl:sentinel:{after0}"); err != nil || n != "1" {
 		t.Errorf("the new master holds no count of the new key: %q, %v", n, err)
+	}
+}
+
+// TestSentinelUnknownMaster: a master the Sentinels do not know is an
+// error naming it, promptly.
+func TestSentinelUnknownMaster(t *testing.T) {
+	sn := redistest.StartSentinel(t, redistest.SentinelOptions{})
+	start := time.Now()
+	_, err := New(Config{Addrs: sn.Addrs(), MasterSet: "typo"})
+	if err == nil || !errors.Is(err, sluice.ErrStoreUnavailable) || !strings.Contains(err.Error(), `master "typo"`) {
+		t.Errorf("New with an unknown master: %v, want an error naming it", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("New with an unknown master took %s", took)
 	}
 }

@@ -63,3 +63,28 @@ func TestFreePortBelowEphemeralRange(t *testing.T) {
 		}
 	}
 }
+
+func TestStartSentinel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts five processes")
+	}
+	s := StartSentinel(t, SentinelOptions{Sentinels: 3})
+	if len(s.Sentinels) != 3 || len(s.Addrs()) != 3 {
+		t.Fatalf("%d sentinels, want 3", len(s.Sentinels))
+	}
+	for _, sn := range s.Sentinels {
+		out, err := sn.Do("SENTINEL", "GET-MASTER-ADDR-BY-NAME", MasterName)
+		if err != nil || strings.ReplaceAll(out, "\n", ":") != s.Primary.Addr {
+			t.Errorf("sentinel %s: master %q, %v; want %s", sn.Addr, out, err, s.Primary.Addr)
+		}
+	}
+	if m, err := s.Master(); err != nil || m != s.Primary.Addr {
+		t.Errorf("Master() = %q, %v; want %s", m, err, s.Primary.Addr)
+	}
+	if info, err := s.Replica.Info("replication"); err != nil || info["role"] != "slave" {
+		t.Errorf("replica: role %q, %v", info["role"], err)
+	}
+	if u := s.URL(); !strings.HasPrefix(u, "redis-sentinel://127.0.0.1:") || !strings.HasSuffix(u, "/"+MasterName) || strings.Count(u, ",") != 2 {
+		t.Errorf("URL() = %q", u)
+	}
+}

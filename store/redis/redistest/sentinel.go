@@ -50,7 +50,9 @@ func StartSentinel(t testing.TB, opts SentinelOptions) *Sentinel {
 	if opts.DownAfter == 0 {
 		opts.DownAfter = time.Second
 	}
-	primary := start(t, nil, false)
+	// The replica's first sync starts at once, not after the 5 seconds
+	// a primary waits by default for more replicas to share it.
+	primary := start(t, []string{"--repl-diskless-sync-delay", "0"}, false)
 	replica := start(t, []string{"--replicaof", "127.0.0.1", strconv.Itoa(primary.Port)}, false)
 	if err := waitFor(startTimeout, func() error {
 		info, err := replica.Info("replication")
