@@ -12,12 +12,25 @@ import (
 	"github.com/sluicehq/sluice/client"
 )
 
+const checkUsage = `Usage: sluice check --client-id ID [flags]
+
+Asks a running server for one decision and prints it. Exits 0 when
+allowed, 1 when denied, 2 on usage errors and 3 when the server cannot
+answer.
+
+Flags:
+`
+
 // check asks a running server for one decision and prints it. It exits 0
 // when allowed, 1 when denied, 2 on usage errors and 3 when the server
 // cannot answer.
 func check(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), checkUsage)
+		fs.PrintDefaults()
+	}
 	addr := fs.String("addr", "http://127.0.0.1:8080", "server's HTTP address")
 	var req client.CheckRequest
 	fs.StringVar(&req.ClientID, "client-id", "", "client id (required)")
@@ -32,9 +45,9 @@ func check(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 	fs.StringVar(&req.Method, "method", "", "HTTP method")
 	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the answer")
 	asJSON := fs.Bool("json", false, "print the server's JSON body")
-	fromEnv := envFlags(fs, map[string]string{"addr": "SLUICE_ADDR"})
-	if err := fs.Parse(args); err != nil {
-		return parseExit(err)
+	fromEnv := envFlags(fs, commandEnv(fs, "check", map[string]string{"addr": "SLUICE_ADDR"}))
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
 	}
 	if err := fromEnv(getenv); err != nil {
 		fmt.Fprintf(stderr, "sluice check: %v\n", err)

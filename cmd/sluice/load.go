@@ -26,7 +26,7 @@ func load(args []string, stdout, stderr io.Writer, getenv func(string) string) i
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: sluice load [flags]
+		fmt.Fprint(fs.Output(), `Usage: sluice load [flags]
 
 Sends checks to a running Sluice server for a bounded time and prints the
 throughput, allowed/denied/error counts and the latency percentiles of the
@@ -72,9 +72,9 @@ Flags:
 	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file; empty: none")
 	threads := fs.Int("threads", 0, "OS threads running the load generator's Go code (GOMAXPROCS); 0: Go's default, one per core. Beside the server on one machine, 1 leaves it the other cores: over gRPC in a closed loop one thread drives every caller")
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set, 0 or less: Go's default, 100 (the generator's own CPU per request falls by about a quarter at 400)")
-	fromEnv := envFlags(fs, map[string]string{"addr": "SLUICE_LOAD_ADDR"})
-	if err := fs.Parse(args); err != nil {
-		return parseExit(err)
+	fromEnv := envFlags(fs, commandEnv(fs, "load", nil))
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
 	}
 	if err := fromEnv(getenv); err != nil {
 		fmt.Fprintf(stderr, "sluice load: %v\n", err)
