@@ -59,7 +59,7 @@ func explainParseError(fs *flag.FlagSet, err error) (_ error, unknown bool) {
 			if s, err := strconv.Unquote(`"` + m[1] + `"`); err == nil {
 				m[1] = s
 			}
-			return explainValue(f, m[1]), false
+			return explainValue(f, m[1], errors.New(msg[len(m[0]):])), false
 		}
 	}
 	if m := unknownFlag.FindStringSubmatch(msg); m != nil {
@@ -72,8 +72,9 @@ func explainParseError(fs *flag.FlagSet, err error) (_ error, unknown bool) {
 }
 
 // explainValue returns the error of value given to flag f, saying what f
-// wants: `--store-deadline: "5" is not a duration; use 5ms`.
-func explainValue(f *flag.Flag, value string) error {
+// wants: `--store-deadline: "5" is not a duration; use 5ms or 5s`. A
+// flag of a type of its own says so in its error, cause.
+func explainValue(f *flag.Flag, value string, cause error) error {
 	var want string
 	g, _ := f.Value.(flag.Getter)
 	var v any
@@ -95,7 +96,7 @@ func explainValue(f *flag.Flag, value string) error {
 	case float64:
 		want = "is not a number; use one such as " + numberHint(f.DefValue, "0.5")
 	default:
-		want = "is not valid"
+		return fmt.Errorf("--%s: %v", f.Name, cause)
 	}
 	return fmt.Errorf("--%s: %q %s", f.Name, value, want)
 }
@@ -173,8 +174,8 @@ func envFlags(fs *flag.FlagSet, vars map[string]string) func(getenv func(string)
 				return
 			}
 			if v := getenv(env); v != "" {
-				if fs.Set(f.Name, v) != nil {
-					err = fmt.Errorf("%s: %w", env, explainValue(f, v))
+				if e := fs.Set(f.Name, v); e != nil {
+					err = fmt.Errorf("%s: %w", env, explainValue(f, v, e))
 				}
 			}
 		})
