@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -81,12 +83,18 @@ func checkEnvoy(addr, domain string, descs descriptors, hits int64, timeout time
 		return 3
 	}
 	if asJSON {
-		out, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(resp)
+		// protojson varies its spacing from build to build on purpose:
+		// indented again, the output is the same every time.
+		data, err := protojson.Marshal(resp)
+		var out bytes.Buffer
+		if err == nil {
+			err = json.Indent(&out, data, "", "  ")
+		}
 		if err != nil {
 			fmt.Fprintf(stderr, "sluice check: %v\n", err)
 			return 3
 		}
-		fmt.Fprintln(stdout, string(out))
+		fmt.Fprintln(stdout, out.String())
 	} else {
 		printEnvoy(stdout, descs, resp)
 	}

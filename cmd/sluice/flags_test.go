@@ -44,7 +44,7 @@ func TestEveryCommandsHelp(t *testing.T) {
 		cmd  []string
 		want []string // in the help
 	}{
-		{[]string{}, []string{"sluice serve", "sluice admin"}},
+		{[]string{}, []string{"sluice serve", "sluice admin", "sluice completion"}},
 		{[]string{"serve"}, []string{"--", "SLUICE_STORE", `(default "memory://")`}},
 		{[]string{"config", "validate"}, []string{"SLUICE_MERGE_DOMAIN_CONFIG"}},
 		{[]string{"check"}, []string{"SLUICE_ADDR", "SLUICE_CHECK_TIMEOUT", "(default 2s)"}},
@@ -57,6 +57,7 @@ func TestEveryCommandsHelp(t *testing.T) {
 		{[]string{"admin", "token", "new"}, []string{"SLUICE_ADMIN_ROLE"}},
 		{[]string{"admin", "audit"}, []string{"SLUICE_ADMIN_SINCE"}},
 		{[]string{"admin", "status"}, []string{"SLUICE_TOKEN"}},
+		{[]string{"completion"}, []string{"bash", "zsh", "fish"}},
 	} {
 		name := strings.Join(append([]string{"sluice"}, tc.cmd...), " ")
 		var out, errOut bytes.Buffer
@@ -79,7 +80,7 @@ func TestEveryCommandsHelp(t *testing.T) {
 			t.Errorf("%s --no-such-flag: exit %d, %q; want 2, the usage and the flag", name, code, errOut.String())
 		}
 	}
-	for _, args := range [][]string{{"nope"}, {"config", "nope"}, {"admin", "nope"}, {"admin", "rules", "nope"}} {
+	for _, args := range [][]string{{"nope"}, {"config", "nope"}, {"admin", "nope"}, {"admin", "rules", "nope"}, {"completion", "tcsh"}} {
 		var out, errOut bytes.Buffer
 		if code := run(args, &out, &errOut, noEnv); code != 2 || !strings.Contains(errOut.String(), "sluice ") {
 			t.Errorf("sluice %s: exit %d, %q; want 2 and the usage", strings.Join(args, " "), code, errOut.String())

@@ -7,6 +7,7 @@
 //	sluice admin COMMAND [flags]    use the admin API of a running server
 //	sluice migrate --analytics URL  migrate the analytics' PostgreSQL
 //	sluice version                  print the build's version and commit
+//	sluice completion SHELL         print a completion script (bash, zsh, fish)
 //
 // Every flag has a matching SLUICE_* environment variable (the flag wins):
 // SLUICE_FLAG for serve's, SLUICE_COMMAND_FLAG for the other commands'.
@@ -44,6 +45,7 @@ const usage = `Usage:
   sluice admin COMMAND [flags]      change rules, tiers, overrides, throttles and tokens through the admin API
   sluice migrate --analytics URL    bring the analytics schema of a PostgreSQL to this build's version
   sluice version                    print the version, commit, build date and Go version
+  sluice completion bash|zsh|fish   print a shell completion script
 
 Run "sluice COMMAND -h" for a command's flags.
 `
@@ -75,6 +77,8 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		return admin(args[1:], os.Stdin, stdout, stderr, getenv)
 	case "migrate":
 		return migrate(args[1:], stdout, stderr, getenv)
+	case "completion":
+		return completion(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, buildinfo.Read())
 		return 0
