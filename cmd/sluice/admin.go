@@ -131,6 +131,10 @@ func (c *adminCmd) parse(args []string, n int) int {
 		fmt.Fprintf(c.stderr, "sluice %s: %v\n", c.fs.Name(), err)
 		return 2
 	}
+	if err := checkURLFlags(c.fs); err != nil {
+		fmt.Fprintf(c.stderr, "sluice %s: %v\n", c.fs.Name(), err)
+		return 2
+	}
 	if n >= 0 && len(c.pos) != n {
 		fmt.Fprintf(c.stderr, "sluice %s: want %d arguments, got %q\n\n%s", c.fs.Name(), n, c.pos, adminUsage)
 		return 2

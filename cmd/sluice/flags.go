@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -181,4 +182,48 @@ func envFlags(fs *flag.FlagSet, vars map[string]string) func(getenv func(string)
 		})
 		return err
 	}
+}
+
+// urlFlags are the flags whose values are URLs: the schemes each takes
+// and the form told when a value has none of them. An empty value is the
+// flag's "none".
+var urlFlags = map[string]struct {
+	schemes []string
+	want    string
+}{
+	"store":        {[]string{"memory", "redis", "rediss", "redis-cluster", "rediss-cluster"}, "memory://, redis://host:6379[/db] or redis-cluster://host:7000,host:7000 (rediss:// for TLS)"},
+	"analytics":    {[]string{"postgres", "postgresql"}, "postgres://user:password@host:5432/db"},
+	"config-store": {[]string{"etcd", "etcds"}, "etcd://host:2379[,host:2379...][/prefix] (etcds:// for TLS)"},
+	"addr":         {[]string{"http", "https"}, "http://host:port or https://host:port"},
+}
+
+// checkURLFlags returns the error of the first URL flag of fs (see
+// urlFlags) whose value is no URL of a scheme it takes, saying the form it
+// wants. A password in the value is not repeated.
+func checkURLFlags(fs *flag.FlagSet) error {
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		u, ok := urlFlags[f.Name]
+		v := f.Value.String()
+		if !ok || err != nil || v == "" {
+			return
+		}
+		if f.Name == "analytics" && strings.Contains(v, "=") {
+			return // PostgreSQL's keyword=value form
+		}
+		scheme, rest, found := strings.Cut(v, "://")
+		shown := v
+		if at := strings.LastIndex(rest, "@"); found && at >= 0 {
+			shown = scheme + "://…" + rest[at:]
+		} else if at := strings.LastIndex(v, "@"); !found && at >= 0 {
+			shown = "…" + v[at:]
+		}
+		switch {
+		case !found:
+			err = fmt.Errorf("--%s: %q is not a URL; use %s", f.Name, shown, u.want)
+		case !slices.Contains(u.schemes, scheme):
+			err = fmt.Errorf("--%s: %q: scheme %q is not one of %s; use %s", f.Name, shown, scheme, strings.Join(u.schemes, ", "), u.want)
+		}
+	})
+	return err
 }

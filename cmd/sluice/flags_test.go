@@ -27,10 +27,15 @@ func TestBadFlagValuesSayWhatIsExpected(t *testing.T) {
 		{[]string{"migrate", "--timeout"}, nil, `--timeout needs a value`},
 		{[]string{"admin", "override", "add", "user", "u", "--duration", "2"}, nil, `--duration: "2" is not a duration; use 2ms or 2s`},
 		{[]string{"config", "validate", "--merge-domain-config=perhaps", "x"}, nil, `--merge-domain-config: "perhaps" is not a boolean`},
+		{[]string{"serve", "--store", "localhost:6379"}, nil, `--store: "localhost:6379" is not a URL; use memory://, redis://host:6379`},
+		{[]string{"serve", "--store", "http://user:s3cret@x"}, nil, `--store: "http://…@x": scheme "http" is not one of memory, redis`},
+		{[]string{"serve"}, map[string]string{"SLUICE_ANALYTICS": "localhost"}, `--analytics: "localhost" is not a URL; use postgres://user:password@host:5432/db`},
+		{[]string{"serve", "--config-store", "127.0.0.1:2379"}, nil, `--config-store: "127.0.0.1:2379" is not a URL; use etcd://host:2379`},
+		{[]string{"admin", "status", "--addr", "localhost:8080"}, nil, `--addr: "localhost:8080" is not a URL; use http://host:port or https://host:port`},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(tc.args, &out, &errOut, func(k string) string { return tc.env[k] })
-		if code != 2 || !strings.Contains(errOut.String(), tc.want) {
+		if code != 2 || !strings.Contains(errOut.String(), tc.want) || strings.Contains(errOut.String(), "s3cret") {
 			t.Errorf("sluice %s: exit %d, %q; want 2 and %q", strings.Join(tc.args, " "), code, errOut.String(), tc.want)
 		}
 	}

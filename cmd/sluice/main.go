@@ -140,6 +140,10 @@ func serve(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 		fmt.Fprintf(stderr, "sluice serve: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	if err := checkURLFlags(fs); err != nil {
+		fmt.Fprintf(stderr, "sluice serve: %v\n", err)
+		return 2
+	}
 	if *shutdownTimeout < 0 {
 		fmt.Fprintf(stderr, "sluice serve: --shutdown-timeout %s: want 0 or more\n", *shutdownTimeout)
 		return 2
