@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/sluicehq/sluice/client"
@@ -50,8 +51,9 @@ func check(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 	fs.StringVar(&req.APIKey, "api-key", "", "API key")
 	fs.StringVar(&req.Method, "method", "", "HTTP method")
 	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the answer")
+	token := fs.String("token", "", "token sent as \"Authorization: Bearer TOKEN\", for a server run with --require-check-token")
 	asJSON := fs.Bool("json", false, "print the server's JSON body (Envoy's answer in JSON)")
-	fromEnv := envFlags(fs, commandEnv(fs, "check", map[string]string{"addr": "SLUICE_ADDR"}))
+	fromEnv := envFlags(fs, commandEnv(fs, "check", map[string]string{"addr": "SLUICE_ADDR", "token": "SLUICE_TOKEN"}))
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
 		return code
 	}
@@ -69,7 +71,7 @@ func check(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 	}
 	switch *target {
 	case "envoy":
-		return checkEnvoy(*grpcAddr, *domain, descs, *cost, *timeout, *asJSON, stdout, stderr)
+		return checkEnvoy(*grpcAddr, *domain, descs, *cost, *timeout, *token, *asJSON, stdout, stderr)
 	case "http":
 	default:
 		fmt.Fprintf(stderr, "sluice check: --target %q: want http or envoy\n", *target)
@@ -80,7 +82,11 @@ func check(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 		return 2
 	}
 	req.Cost = cost
-	c, err := client.New(client.Config{BaseURL: *addr, Timeout: *timeout})
+	var hc *http.Client
+	if *token != "" {
+		hc = &http.Client{Transport: bearer{token: *token, next: http.DefaultTransport}}
+	}
+	c, err := client.New(client.Config{BaseURL: *addr, Timeout: *timeout, HTTPClient: hc})
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice check: --addr %q: want http://host:port or https://host:port\n", *addr)
 		return 2
@@ -115,4 +121,16 @@ func check(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 		return 1
 	}
 	return 0
+}
+
+// bearer sends its token as the Authorization of every request.
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
 }

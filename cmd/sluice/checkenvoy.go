@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 )
@@ -53,9 +54,9 @@ func (d *descriptors) Set(s string) error {
 }
 
 // checkEnvoy sends one ShouldRateLimit of domain with descs and hits to
-// the gRPC address addr and prints the answer; it returns check's exit
-// code.
-func checkEnvoy(addr, domain string, descs descriptors, hits int64, timeout time.Duration, asJSON bool, stdout, stderr io.Writer) int {
+// the gRPC address addr, with token as its "authorization" when not
+// empty, and prints the answer; it returns check's exit code.
+func checkEnvoy(addr, domain string, descs descriptors, hits int64, timeout time.Duration, token string, asJSON bool, stdout, stderr io.Writer) int {
 	if domain == "" || len(descs) == 0 {
 		fmt.Fprintln(stderr, "sluice check: --target envoy needs --domain and at least one --descriptor key=value[,key=value...]")
 		return 2
@@ -72,6 +73,9 @@ func checkEnvoy(addr, domain string, descs descriptors, hits int64, timeout time
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	if token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	}
 	resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{
 		Domain: domain, Descriptors: descs, HitsAddend: uint32(hits),
 	})

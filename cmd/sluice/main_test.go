@@ -311,3 +311,39 @@ func TestCheckEnvoy(t *testing.T) {
 		}
 	}
 }
+
+// check --token (SLUICE_TOKEN) reaches a server that requires a token on
+// its check APIs, HTTP and Envoy's; without it the server refuses.
+func TestCheckToken(t *testing.T) {
+	d, err := daemon.Start(context.Background(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		DataDir: t.TempDir(), AdminToken: "t0ken-for-the-test", RequireCheckToken: true,
+		ConfigPath: "../../examples/envoy-ratelimit.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d.Shutdown(ctx)
+	}()
+	for _, args := range [][]string{
+		{"check", "--addr", "http://" + d.HTTPAddr(), "--client-id", "x", "--resource", "/r"},
+		{"check", "--target", "envoy", "--grpc-addr", d.GRPCAddr(), "--domain", "edge", "--descriptor", "remote_address=10.0.0.1"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut, noEnv); code == 0 {
+			t.Errorf("%q without a token: exit 0, %q; want a refusal", args, out.String())
+		}
+		out.Reset()
+		errOut.Reset()
+		withToken := func(k string) string {
+			if k == "SLUICE_TOKEN" {
+				return "t0ken-for-the-test"
+			}
+			return ""
+		}
+		if code := run(args, &out, &errOut, withToken); code != 0 {
+			t.Errorf("%q with SLUICE_TOKEN: exit %d, %q %q; want 0", args, code, out.String(), errOut.String())
+		}
+	}
+}
