@@ -40,7 +40,7 @@ func main() {
 const usage = `Usage:
   sluice serve [flags]              serve the HTTP, gRPC and Envoy rate limit APIs
   sluice config validate PATH...    check configuration files or directories; exit 1 on the first error
-  sluice check [flags]              ask a running server for one decision
+  sluice check [flags]              ask a running server for one decision (HTTP or Envoy's API)
   sluice load [flags]               load-test a running server (HTTP, gRPC or Envoy's API)
   sluice admin COMMAND [flags]      change rules, tiers, overrides, throttles and tokens through the admin API
   sluice migrate --analytics URL    bring the analytics schema of a PostgreSQL to this build's version
