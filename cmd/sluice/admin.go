@@ -54,11 +54,14 @@ type adminCmd struct {
 	// fromEnv sets the flags not given from the environment (getenv).
 	fromEnv func(getenv func(string) string) error
 	getenv  func(string) string
+	// help is set when the command line asks for help: the subcommand
+	// then prints its usage and flags instead of running.
+	help bool
 }
 
 // admin runs `sluice admin ARGS`.
 func admin(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 || isHelp(args[0]) {
 		out := stderr
 		code := 2
 		if len(args) > 0 {
@@ -67,18 +70,20 @@ func admin(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func
 		fmt.Fprint(out, adminUsage)
 		return code
 	}
+	c := &adminCmd{fs: flag.NewFlagSet("admin "+args[0], flag.ContinueOnError), stdin: stdin, stdout: stdout, stderr: stderr}
+	var rest []string
 	for _, a := range args {
 		if a == "-h" || a == "-help" || a == "--help" {
-			fmt.Fprint(stdout, adminUsage)
-			return 0
+			c.help = true
+			continue
 		}
+		rest = append(rest, a)
 	}
-	c := &adminCmd{fs: flag.NewFlagSet("admin "+args[0], flag.ContinueOnError), stdin: stdin, stdout: stdout, stderr: stderr}
+	args = rest
 	c.fs.SetOutput(stderr)
-	c.fs.Usage = func() { fmt.Fprint(stderr, adminUsage, "\nFlags:\n"); c.fs.PrintDefaults() }
+	c.fs.Usage = func() { fmt.Fprint(c.fs.Output(), adminUsage, "\nFlags of ", c.fs.Name(), ":\n"); c.fs.PrintDefaults() }
 	c.addr = c.fs.String("addr", "http://127.0.0.1:8080", "server's HTTP address (of --admin-addr when set)")
 	c.token = c.fs.String("token", "", "admin token")
-	c.fromEnv = envFlags(c.fs, map[string]string{"addr": "SLUICE_ADDR", "token": "SLUICE_TOKEN"})
 	c.getenv = getenv
 	switch args[0] {
 	case "rules":
@@ -108,9 +113,13 @@ func admin(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func
 // parse parses args, flags anywhere among them, wanting n positional
 // arguments (-1: any); it returns -1 to go on, else the exit code.
 func (c *adminCmd) parse(args []string, n int) int {
+	if c.help {
+		return c.usage()
+	}
+	c.fromEnv = envFlags(c.fs, commandEnv(c.fs, "admin", map[string]string{"addr": "SLUICE_ADDR", "token": "SLUICE_TOKEN"}))
 	for {
-		if err := c.fs.Parse(args); err != nil {
-			return parseExit(err)
+		if code := parseFlags(c.fs, args, c.stdout, c.stderr); code >= 0 {
+			return code
 		}
 		if c.fs.NArg() == 0 {
 			break
@@ -119,6 +128,10 @@ func (c *adminCmd) parse(args []string, n int) int {
 		args = c.fs.Args()[1:]
 	}
 	if err := c.fromEnv(c.getenv); err != nil {
+		fmt.Fprintf(c.stderr, "sluice %s: %v\n", c.fs.Name(), err)
+		return 2
+	}
+	if err := checkURLFlags(c.fs); err != nil {
 		fmt.Fprintf(c.stderr, "sluice %s: %v\n", c.fs.Name(), err)
 		return 2
 	}
@@ -226,7 +239,19 @@ func sub(args []string) (string, []string) {
 	return args[0], args[1:]
 }
 
+// usage prints the usage and the flags of the command to stdout and
+// returns 0, for --help.
+func (c *adminCmd) usage() int {
+	envFlags(c.fs, commandEnv(c.fs, "admin", map[string]string{"addr": "SLUICE_ADDR", "token": "SLUICE_TOKEN"}))
+	c.fs.SetOutput(c.stdout)
+	c.fs.Usage()
+	return 0
+}
+
 func (c *adminCmd) usageErr(format string, args ...any) int {
+	if c.help {
+		return c.usage()
+	}
 	fmt.Fprintf(c.stderr, "sluice %s: %s\n\n%s", c.fs.Name(), fmt.Sprintf(format, args...), adminUsage)
 	return 2
 }

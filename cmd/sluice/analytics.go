@@ -23,7 +23,7 @@ func analyticsFlags(fs *flag.FlagSet) func(cfg *daemon.Config) {
 	}
 }
 
-const migrateUsage = "usage: sluice migrate --analytics postgres://user:password@host:5432/db\n"
+const migrateUsage = "Usage: sluice migrate --analytics postgres://user:password@host:5432/db\n"
 
 // migrate brings the analytics schema of a PostgreSQL to this build's
 // version, as serve does at start, and prints the versions applied.
@@ -32,9 +32,10 @@ func migrate(args []string, stdout, stderr io.Writer, getenv func(string) string
 	fs.SetOutput(stderr)
 	url := fs.String("analytics", "", "the PostgreSQL to migrate")
 	timeout := fs.Duration("timeout", time.Minute, "how long the migration may take")
-	fromEnv := envFlags(fs, map[string]string{"analytics": "SLUICE_ANALYTICS"})
-	if err := fs.Parse(args); err != nil {
-		return parseExit(err)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), migrateUsage, "\nFlags:\n"); fs.PrintDefaults() }
+	fromEnv := envFlags(fs, commandEnv(fs, "migrate", map[string]string{"analytics": "SLUICE_ANALYTICS"}))
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
 	}
 	if err := fromEnv(getenv); err != nil {
 		fmt.Fprintf(stderr, "sluice migrate: %v\n", err)

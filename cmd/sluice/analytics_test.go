@@ -12,7 +12,7 @@ import (
 // the flag or from SLUICE_ANALYTICS, and says so.
 func TestMigrate(t *testing.T) {
 	var out, errOut bytes.Buffer
-	if code := run([]string{"migrate"}, &out, &errOut, noEnv); code != 2 || !strings.Contains(errOut.String(), "usage") {
+	if code := run([]string{"migrate"}, &out, &errOut, noEnv); code != 2 || !strings.Contains(errOut.String(), "Usage") {
 		t.Errorf("without a URL: exit %d, %q", code, errOut.String())
 	}
 	srv, err := pgtest.Start()

@@ -26,7 +26,7 @@ func load(args []string, stdout, stderr io.Writer, getenv func(string) string) i
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: sluice load [flags]
+		fmt.Fprint(fs.Output(), `Usage: sluice load [flags]
 
 Sends checks to a running Sluice server for a bounded time and prints the
 throughput, allowed/denied/error counts and the latency percentiles of the
@@ -69,12 +69,13 @@ Flags:
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the key and cost draws")
 	fs.BoolVar(&cfg.AllAtOnce, "all-at-once", false, "one burst: --concurrency requests, one per caller, released together once every caller is ready (--duration, --rate and --requests do not apply); with --keys 1 and --expect-limit the report gives admitted against the limit")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	quiet := fs.Bool("quiet", false, "print no progress on stderr while the run goes on (by default a line a second, or one line updated in place on a terminal)")
 	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file; empty: none")
 	threads := fs.Int("threads", 0, "OS threads running the load generator's Go code (GOMAXPROCS); 0: Go's default, one per core. Beside the server on one machine, 1 leaves it the other cores: over gRPC in a closed loop one thread drives every caller")
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set, 0 or less: Go's default, 100 (the generator's own CPU per request falls by about a quarter at 400)")
-	fromEnv := envFlags(fs, map[string]string{"addr": "SLUICE_LOAD_ADDR"})
-	if err := fs.Parse(args); err != nil {
-		return parseExit(err)
+	fromEnv := envFlags(fs, commandEnv(fs, "load", nil))
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
 	}
 	if err := fromEnv(getenv); err != nil {
 		fmt.Fprintf(stderr, "sluice load: %v\n", err)
@@ -160,6 +161,10 @@ Flags:
 		}
 		defer pprof.StopCPUProfile()
 	}
+	var endProgress func()
+	if !*quiet && !cfg.AllAtOnce {
+		cfg.Progress, endProgress = progressPrinter(stderr)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	var regions []*loadgen.Report
@@ -173,6 +178,9 @@ Flags:
 		rep, regions, err = loadgen.RunRegions(ctx, cfg, rs)
 	} else {
 		rep, err = loadgen.Run(ctx, cfg)
+	}
+	if endProgress != nil {
+		endProgress()
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice load: %v\n", err)
@@ -207,4 +215,36 @@ Flags:
 		return 1
 	}
 	return 0
+}
+
+// progressPrinter returns the function that prints a run's progress to w,
+// a line each call, or, when w is a terminal, one line rewritten in place,
+// and the function that ends that line once the run is over.
+func progressPrinter(w io.Writer) (func(loadgen.Progress), func()) {
+	f, ok := w.(*os.File)
+	tty := false
+	if ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	print := func(p loadgen.Progress) {
+		rate := 0.0
+		if s := p.Elapsed.Seconds(); s > 0 {
+			rate = float64(p.Requests) / s
+		}
+		line := fmt.Sprintf("load %4.0fs: %d checks, %.0f/s, %d allowed, %d denied, %d errors",
+			p.Elapsed.Seconds(), p.Requests, rate, p.Allowed, p.Denied, p.Errors)
+		if tty {
+			fmt.Fprint(w, "\r\033[K", line)
+			return
+		}
+		fmt.Fprintln(w, line)
+	}
+	end := func() {
+		if tty {
+			fmt.Fprint(w, "\r\033[K")
+		}
+	}
+	return print, end
 }

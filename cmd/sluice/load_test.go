@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -147,5 +148,39 @@ func TestLoadSendsEmptyKeyPrefixAndResource(t *testing.T) {
 	}
 	if got.ClientID != "0" || got.Resource == nil || *got.Resource != "" {
 		t.Errorf("request %s: want client_id \"0\" and resource \"\"", body)
+	}
+}
+
+// sluice load prints its progress on stderr, a line a second with the
+// checks so far, their rate and verdicts, unless --quiet.
+func TestLoadShowsProgress(t *testing.T) {
+	d, err := daemon.Start(context.Background(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d.Shutdown(ctx)
+	}()
+	progress := regexp.MustCompile(`(?m)^load +\d+s: (\d+) checks, \d+/s, (\d+) allowed, (\d+) denied, 0 errors$`)
+	args := []string{"load", "--addr", d.HTTPAddr(), "--duration", "2500ms", "--concurrency", "2", "--rate", "200"}
+	var out, errOut bytes.Buffer
+	if code := run(args, &out, &errOut, noEnv); code != 0 {
+		t.Fatalf("exit %d: %s %s", code, out.String(), errOut.String())
+	}
+	lines := progress.FindAllStringSubmatch(errOut.String(), -1)
+	if len(lines) < 2 {
+		t.Fatalf("stderr %q: want a progress line a second", errOut.String())
+	}
+	for _, m := range lines {
+		if m[1] == "0" {
+			t.Errorf("progress %q: no checks counted", m[0])
+		}
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run(append(args[:len(args):len(args)], "--quiet", "--duration", "1500ms"), &out, &errOut, noEnv); code != 0 || errOut.Len() != 0 {
+		t.Errorf("--quiet: exit %d, stderr %q; want 0 and nothing", code, errOut.String())
 	}
 }

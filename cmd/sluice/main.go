@@ -7,9 +7,11 @@
 //	sluice admin COMMAND [flags]    use the admin API of a running server
 //	sluice migrate --analytics URL  migrate the analytics' PostgreSQL
 //	sluice version                  print the build's version and commit
+//	sluice completion SHELL         print a completion script (bash, zsh, fish)
 //
-// Every flag of serve has a matching SLUICE_* environment variable (the
-// flag wins). Run `sluice help` or `sluice serve -h` for the flags.
+// Every flag has a matching SLUICE_* environment variable (the flag wins):
+// SLUICE_FLAG for serve's, SLUICE_COMMAND_FLAG for the other commands'.
+// Run `sluice help` or `sluice COMMAND -h` for the flags.
 package main
 
 import (
@@ -38,11 +40,12 @@ func main() {
 const usage = `Usage:
   sluice serve [flags]              serve the HTTP, gRPC and Envoy rate limit APIs
   sluice config validate PATH...    check configuration files or directories; exit 1 on the first error
-  sluice check [flags]              ask a running server for one decision
+  sluice check [flags]              ask a running server for one decision (HTTP or Envoy's API)
   sluice load [flags]               load-test a running server (HTTP, gRPC or Envoy's API)
   sluice admin COMMAND [flags]      change rules, tiers, overrides, throttles and tokens through the admin API
   sluice migrate --analytics URL    bring the analytics schema of a PostgreSQL to this build's version
   sluice version                    print the version, commit, build date and Go version
+  sluice completion bash|zsh|fish   print a shell completion script
 
 Run "sluice COMMAND -h" for a command's flags.
 `
@@ -55,13 +58,17 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	}
 	switch args[0] {
 	case "serve":
-		return serve(args[1:], stderr, getenv)
+		return serve(args[1:], stdout, stderr, getenv)
 	case "config":
+		if len(args) == 2 && isHelp(args[1]) {
+			fmt.Fprint(stdout, configUsage)
+			return 0
+		}
 		if len(args) < 2 || args[1] != "validate" {
-			fmt.Fprint(stderr, validateUsage)
+			fmt.Fprint(stderr, configUsage)
 			return 2
 		}
-		return validate(args[2:], stdout, stderr)
+		return validate(args[2:], stdout, stderr, getenv)
 	case "check":
 		return check(args[1:], stdout, stderr, getenv)
 	case "load":
@@ -70,6 +77,8 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		return admin(args[1:], os.Stdin, stdout, stderr, getenv)
 	case "migrate":
 		return migrate(args[1:], stdout, stderr, getenv)
+	case "completion":
+		return completion(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, buildinfo.Read())
 		return 0
@@ -81,59 +90,18 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	return 2
 }
 
-// parseExit returns the exit code of a command line that its flag set did
-// not run: 0 when it asked for help (the flag set printed the usage), 2 for
-// a flag it does not know or a value it cannot take.
-func parseExit(err error) int {
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	return 2
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
 }
 
-// sluiceEnv returns the environment variable of every flag of fs: SLUICE_
-// and the flag's name in upper case, with '_' for '-'.
-func sluiceEnv(fs *flag.FlagSet) map[string]string {
-	vars := map[string]string{}
-	fs.VisitAll(func(f *flag.Flag) {
-		vars[f.Name] = "SLUICE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-	})
-	return vars
-}
-
-// envFlags names in the usage of each flag of vars (flag name to variable
-// name) its environment variable, and returns the function that, once fs
-// is parsed, sets each of those flags not given on the command line from
-// its variable, when that is set. The flags keep their own defaults, so
-// the usage never prints a variable's value (a store URL's password).
-func envFlags(fs *flag.FlagSet, vars map[string]string) func(getenv func(string) string) error {
-	fs.VisitAll(func(f *flag.Flag) {
-		if env, ok := vars[f.Name]; ok {
-			f.Usage += " (env " + env + ")"
-		}
-	})
-	return func(getenv func(string) string) error {
-		given := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-		var err error
-		fs.VisitAll(func(f *flag.Flag) {
-			env, ok := vars[f.Name]
-			if !ok || given[f.Name] || err != nil {
-				return
-			}
-			if v := getenv(env); v != "" {
-				if e := fs.Set(f.Name, v); e != nil {
-					err = fmt.Errorf("%s: %w", env, e)
-				}
-			}
-		})
-		return err
-	}
-}
-
-func serve(args []string, stderr io.Writer, getenv func(string) string) int {
+func serve(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "Usage: sluice serve [flags]\n\nServes the HTTP, gRPC and Envoy rate limit APIs. Every flag has an environment\nvariable (env), read when the flag is not given.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
 	configPath := fs.String("config", "", "policy file, Sluice's YAML or envoyproxy/ratelimit's, or a directory of envoyproxy/ratelimit files (*.yaml, *.yml), one domain each; empty serves the built-in example policy")
 	mergeDomains := fs.Bool("merge-domain-config", false, "let several files of a --config directory hold one Envoy domain and merge their descriptors, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG; without it such a configuration is rejected")
 	storeURL := fs.String("store", daemon.DefaultStoreURL, "store: memory://, redis://host:port[/db], redis-cluster://host:port,host:port,... (rediss:// and rediss-cluster:// for TLS) or redis-sentinel://host:26379,.../master[/db]")
@@ -161,8 +129,8 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	analyticsOpts := analyticsFlags(fs)
 	tlsOpts := serveTLSFlags(fs)
 	fromEnv := envFlags(fs, sluiceEnv(fs))
-	if err := fs.Parse(args); err != nil {
-		return parseExit(err)
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
 	}
 	if err := fromEnv(getenv); err != nil {
 		fmt.Fprintf(stderr, "sluice serve: %v\n", err)
@@ -170,6 +138,10 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "sluice serve: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if err := checkURLFlags(fs); err != nil {
+		fmt.Fprintf(stderr, "sluice serve: %v\n", err)
 		return 2
 	}
 	if *shutdownTimeout < 0 {
@@ -253,18 +225,32 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) int {
 	return 0
 }
 
-const validateUsage = "usage: sluice config validate [--merge-domain-config] PATH...\n"
+const (
+	configUsage   = "Usage: sluice config validate [--merge-domain-config] PATH...\n"
+	validateUsage = configUsage + `
+Checks configuration files or directories and exits 1 at the first invalid
+one, naming the file and the field.
 
-func validate(args []string, stdout, stderr io.Writer) int {
+Flags:
+`
+)
+
+func validate(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("config validate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), validateUsage); fs.PrintDefaults() }
 	merge := fs.Bool("merge-domain-config", false, "let several files of a directory hold one Envoy domain, merged (as serve's flag)")
-	if err := fs.Parse(args); err != nil {
-		return parseExit(err)
+	fromEnv := envFlags(fs, sluiceEnv(fs))
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
+	}
+	if err := fromEnv(getenv); err != nil {
+		fmt.Fprintf(stderr, "sluice config validate: %v\n", err)
+		return 2
 	}
 	files := fs.Args()
 	if len(files) == 0 {
-		fmt.Fprint(stderr, validateUsage)
+		fmt.Fprint(stderr, configUsage)
 		return 2
 	}
 	for _, f := range files {

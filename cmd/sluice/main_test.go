@@ -254,3 +254,96 @@ func TestServeConfigStoreTLSFlags(t *testing.T) {
 		}
 	}
 }
+
+// sluice check --target envoy asks Envoy's ShouldRateLimit of the gRPC
+// address and exits as the HTTP check does: 0 when OK, 1 when over the
+// limit, 2 on bad usage, 3 when nothing answers.
+func TestCheckEnvoy(t *testing.T) {
+	d, err := daemon.Start(context.Background(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		ConfigPath: "../../examples/envoy-ratelimit.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d.Shutdown(ctx)
+	}()
+	env := func(k string) string {
+		if k == "SLUICE_CHECK_GRPC_ADDR" {
+			return d.GRPCAddr()
+		}
+		return ""
+	}
+	// 5 marketing messages a day per phone number.
+	args := []string{"check", "--target", "envoy", "--domain", "edge", "--descriptor", "message_type=marketing,to_number=555"}
+	for i := range 5 {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut, env); code != 0 || !strings.HasPrefix(out.String(), "allowed (OK)") ||
+			!strings.Contains(out.String(), "message_type=marketing,to_number=555: OK, limit 5 per day") {
+			t.Fatalf("check %d: exit %d, %q %q; want 0 and the descriptor's limit", i+1, code, out.String(), errOut.String())
+		}
+	}
+	var out, errOut bytes.Buffer
+	if code := run(args, &out, &errOut, env); code != 1 || !strings.HasPrefix(out.String(), "denied (OVER_LIMIT)") ||
+		!strings.Contains(out.String(), "remaining 0") {
+		t.Errorf("sixth check: exit %d, %q; want 1 and OVER_LIMIT", code, out.String())
+	}
+	out.Reset()
+	if code := run(append(args, "--json", "--descriptor", "ldap=x"), &out, &errOut, env); code != 1 ||
+		!strings.Contains(out.String(), `"overallCode": "OVER_LIMIT"`) || strings.Count(out.String(), `"code"`) != 2 {
+		t.Errorf("--json with two descriptors: exit %d, %s; want 1 and two statuses", code, out.String())
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--target", "envoy", "--descriptor", "a=b"}, 2, "--domain"},
+		{[]string{"--target", "envoy", "--domain", "edge"}, 2, "--descriptor"},
+		{[]string{"--target", "envoy", "--domain", "edge", "--descriptor", "novalue"}, 2, "want key=value"},
+		{[]string{"--target", "smtp"}, 2, "want http or envoy"},
+		{[]string{"--target", "envoy", "--domain", "edge", "--descriptor", "a=b", "--grpc-addr", "127.0.0.1:1", "--timeout", "300ms"}, 3, ""},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(append([]string{"check"}, tc.args...), &out, &errOut, noEnv); code != tc.code || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("check %q: exit %d, %q; want %d and %q", tc.args, code, errOut.String(), tc.code, tc.want)
+		}
+	}
+}
+
+// check --token (SLUICE_TOKEN) reaches a server that requires a token on
+// its check APIs, HTTP and Envoy's; without it the server refuses.
+func TestCheckToken(t *testing.T) {
+	d, err := daemon.Start(context.Background(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		DataDir: t.TempDir(), AdminToken: "t0ken-for-the-test", RequireCheckToken: true,
+		ConfigPath: "../../examples/envoy-ratelimit.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d.Shutdown(ctx)
+	}()
+	for _, args := range [][]string{
+		{"check", "--addr", "http://" + d.HTTPAddr(), "--client-id", "x", "--resource", "/r"},
+		{"check", "--target", "envoy", "--grpc-addr", d.GRPCAddr(), "--domain", "edge", "--descriptor", "remote_address=10.0.0.1"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut, noEnv); code == 0 {
+			t.Errorf("%q without a token: exit 0, %q; want a refusal", args, out.String())
+		}
+		out.Reset()
+		errOut.Reset()
+		withToken := func(k string) string {
+			if k == "SLUICE_TOKEN" {
+				return "t0ken-for-the-test"
+			}
+			return ""
+		}
+		if code := run(args, &out, &errOut, withToken); code != 0 {
+			t.Errorf("%q with SLUICE_TOKEN: exit %d, %q %q; want 0", args, code, out.String(), errOut.String())
+		}
+	}
+}

@@ -179,6 +179,12 @@ type Config struct {
 	Window time.Duration
 	// Seed seeds the key and cost draws; zero means 1.
 	Seed uint64
+	// Progress, when not nil, is called every ProgressInterval while the
+	// run goes on with its counts so far, from a goroutine of Run's own
+	// (one call at a time), and once more when the run is over.
+	Progress func(Progress)
+	// ProgressInterval is the period of the Progress calls; zero means 1s.
+	ProgressInterval time.Duration
 	// AllAtOnce sends one request per caller, Concurrency in all, released
 	// together once every caller is ready: a burst. Rate, Duration and
 	// Requests do not apply. With one key and ExpectLimit, the report
@@ -326,6 +332,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, configError{err}
 	}
 	r := newRun(cfg, nil)
+	defer reportProgress(cfg, []*run{r})()
 	workers, start, elapsed, err := r.execute(ctx)
 	if err != nil {
 		return nil, err
@@ -357,6 +364,14 @@ func newRun(cfg Config, shared *run) *run {
 	for _, c := range cfg.Costs {
 		r.costTotal += c.Weight
 	}
+	r.workers = make([]*worker, cfg.Concurrency)
+	for i := range r.workers {
+		w := &worker{rng: rand.New(rand.NewPCG(cfg.Seed, uint64(i)))}
+		if cfg.Zipf {
+			w.zipf = rand.NewZipf(w.rng, cfg.ZipfS, 1, uint64(cfg.Keys-1))
+		}
+		r.workers[i] = w
+	}
 	return r
 }
 
@@ -376,14 +391,7 @@ func (r *run) execute(ctx context.Context) ([]*worker, time.Time, time.Duration,
 	// the end of ctx abandons them.
 	sending, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
-	workers := make([]*worker, cfg.Concurrency)
-	for i := range workers {
-		w := &worker{rng: rand.New(rand.NewPCG(cfg.Seed, uint64(i)))}
-		if cfg.Zipf {
-			w.zipf = rand.NewZipf(w.rng, cfg.ZipfS, 1, uint64(cfg.Keys-1))
-		}
-		workers[i] = w
-	}
+	workers := r.workers
 	start := time.Now()
 	if cfg.AllAtOnce {
 		start = r.burst(ctx, cl, workers)

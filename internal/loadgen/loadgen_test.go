@@ -474,3 +474,45 @@ func TestResources(t *testing.T) {
 		t.Errorf("resources with batches: %v, want ErrInvalidConfig", err)
 	}
 }
+
+// Progress receives the counts so far while the run goes on, never
+// falling, and last the run's own counts; over several regions, the sum
+// of theirs.
+func TestProgress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("timed run")
+	}
+	d := start(t)
+	for _, addr := range []string{d.HTTPAddr(), d.HTTPAddr() + "," + d.HTTPAddr()} {
+		var seen []loadgen.Progress // written by Run's progress goroutine only
+		cfg := loadgen.Config{Addr: addr, Concurrency: 2, Rate: 400, Duration: 700 * time.Millisecond,
+			KeyPrefix: "progress-", Resource: "/api/v1/orders",
+			ProgressInterval: 100 * time.Millisecond, Progress: func(p loadgen.Progress) { seen = append(seen, p) }}
+		var rep *loadgen.Report
+		var err error
+		if strings.Contains(addr, ",") {
+			rs, _ := loadgen.ParseRegions(addr, "")
+			rep, _, err = loadgen.RunRegions(context.Background(), cfg, rs)
+		} else {
+			rep, err = loadgen.Run(context.Background(), cfg)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(seen) < 4 {
+			t.Fatalf("%s: %d progress calls in 700ms at 100ms, want about 7", addr, len(seen))
+		}
+		for i := 1; i < len(seen); i++ {
+			if seen[i].Requests < seen[i-1].Requests || seen[i].Elapsed < seen[i-1].Elapsed {
+				t.Errorf("%s: progress went back: %+v then %+v", addr, seen[i-1], seen[i])
+			}
+		}
+		last := seen[len(seen)-1]
+		if last.Requests != rep.Requests || last.Allowed != rep.Allowed || last.Denied != rep.Denied || last.Errors != rep.Errors {
+			t.Errorf("%s: last progress %+v, report %d requests %d allowed %d denied %d errors", addr, last, rep.Requests, rep.Allowed, rep.Denied, rep.Errors)
+		}
+		if seen[0].Requests == 0 {
+			t.Errorf("%s: first progress %+v counts no request", addr, seen[0])
+		}
+	}
+}

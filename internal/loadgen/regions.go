@@ -94,6 +94,7 @@ func RunRegions(ctx context.Context, cfg Config, regions []Region) (*Report, []*
 		elapsed time.Duration
 		err     error
 	}
+	defer reportProgress(whole, runs)()
 	results := make([]result, len(runs))
 	var wg sync.WaitGroup
 	for i, r := range runs {

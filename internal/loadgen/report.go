@@ -161,9 +161,9 @@ func (r *run) report(workers []*worker, elapsed time.Duration, start time.Time) 
 	seen := map[string]bool{}
 	for _, w := range workers {
 		h.merge(&w.hist)
-		rep.Allowed += w.allowed
-		rep.Denied += w.denied
-		rep.Errors += w.errs
+		rep.Allowed += w.allowed.Load()
+		rep.Denied += w.denied.Load()
+		rep.Errors += w.errs.Load()
 		rep.AdmittedCost += w.admitted
 		for _, m := range w.errMsgs {
 			if !seen[m] && len(rep.ErrorSamples) < 5 {

@@ -22,12 +22,14 @@ type caller interface {
 
 // worker is one concurrent caller; its fields are its own.
 type worker struct {
-	rng      *rand.Rand
-	zipf     *rand.Zipf
-	hist     histogram
-	allowed  int64
-	denied   int64
-	errs     int64
+	rng  *rand.Rand
+	zipf *rand.Zipf
+	hist histogram
+	// allowed, denied and errs are written by the worker alone and read
+	// by the progress reports while it runs.
+	allowed  atomic.Int64
+	denied   atomic.Int64
+	errs     atomic.Int64
 	errMsgs  []string
 	admitted int64
 	buf      []byte
@@ -49,6 +51,7 @@ type run struct {
 	touched   []atomic.Bool  // keys that received a request
 	keyNames  []string
 	resources []string // by key mod its length
+	workers   []*worker
 }
 
 // resource returns the resource of a single check of key.
@@ -132,7 +135,7 @@ func (r *run) work(ctx, sending context.Context, cl caller, w *worker, idx int, 
 func (r *run) record(w *worker, key int, cost int64, due time.Time, allowed bool, err error) {
 	r.touched[key].Store(true)
 	if err != nil {
-		w.errs++
+		w.errs.Add(1)
 		if len(w.errMsgs) < 5 {
 			w.errMsgs = append(w.errMsgs, err.Error())
 		}
@@ -141,7 +144,7 @@ func (r *run) record(w *worker, key int, cost int64, due time.Time, allowed bool
 	w.hist.record(time.Since(due))
 	switch {
 	case allowed:
-		w.allowed++
+		w.allowed.Add(1)
 		if cost == 0 && r.cfg.Target == TargetEnvoy {
 			cost = 1 // Envoy's hits_addend 0 means 1
 		}
@@ -149,7 +152,7 @@ func (r *run) record(w *worker, key int, cost int64, due time.Time, allowed bool
 		w.admitted += units
 		r.perKey[key].Add(units)
 	default:
-		w.denied++
+		w.denied.Add(1)
 	}
 }
 
