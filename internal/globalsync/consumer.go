@@ -163,12 +163,23 @@ func (s *Sync) makeStream(ctx context.Context, c *conn) error {
 	return nil
 }
 
-// pullBytes bounds the bytes one request for messages asks for, rather
-// than their number: heartbeats and small batches take a few dozen bytes
-// each, so that catching up after a partition (a few hundred messages a
-// minute from each instance) takes one request, while a message takes
-// at most MaxMessageSize.
-const pullBytes = 8 * MaxMessageSize
+// A reader asks for messages with requests that each wait on the server
+// for up to 30 seconds (the client's default expiry). When the only
+// request waiting expires, the server answers so, and nothing is
+// delivered until the client's next request arrives: one lag later,
+// messages sent meanwhile arrive two lags after they were sent. So the
+// reader asks again every pullRefill messages read (a new request of
+// that many), well before the oldest request expires: the regions'
+// heartbeats alone (see silence.go) bring pullRefill messages within a
+// few seconds. Up to pullMessages are asked for at a time, so that
+// catching up after a partition (a few thousand messages, a few dozen
+// bytes each) takes one request; pullBytes bounds one request's bytes,
+// while a message takes at most MaxMessageSize.
+const (
+	pullMessages = 8192
+	pullRefill   = 64
+	pullBytes    = 8 * MaxMessageSize
+)
 
 // reader is one consumer of the stream and how far it has read in order.
 type reader struct {
@@ -218,7 +229,7 @@ func (s *Sync) read(ctx context.Context, c *conn) (*reader, error) {
 		return nil, err
 	}
 	r := &reader{name: cons.CachedInfo().Name, next: 1, missed: make(chan struct{}, 1), gone: make(chan struct{}, 1), live: make(chan struct{}, 1)}
-	r.cc, err = cons.Consume(func(msg jetstream.Msg) { s.receive(r, msg) }, jetstream.PullMaxBytes(pullBytes), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	r.cc, err = cons.Consume(func(msg jetstream.Msg) { s.receive(r, msg) }, jetstream.PullMaxMessagesWithBytesLimit(pullMessages, pullBytes), jetstream.PullThresholdMessages(pullMessages-pullRefill), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if r.stopped.Load() {
 			return
 		}
