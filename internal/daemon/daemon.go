@@ -50,27 +50,29 @@ import (
 
 // Daemon is a running server. Its methods are safe for concurrent use.
 type Daemon struct {
-	cfg      Config
-	log      *slog.Logger
-	reg      *prometheus.Registry
-	eng      *engine.Engine
-	guard    *guard.Guard // nil on the memory store
-	closer   func() error // closes the store
-	httpLn   net.Listener
-	grpcLn   net.Listener
-	httpSrv  *http.Server
-	grpcSrv  *grpc.Server
-	health   *health.Server
-	cancel   context.CancelFunc // stops the background goroutines
-	wg       sync.WaitGroup     // the background goroutines
-	metrics  *metrics.Metrics
-	events   *events.Recorder
-	ring     *events.Ring
-	changes  *changeSink // the events of changes, to the analytics
-	debugLn  net.Listener
-	debugSrv *http.Server
-	keeper   *reserve.Keeper // nil when reservations are off
-	pending  *pendingRedis   // the store, when it did not answer at start; else nil
+	cfg         Config
+	log         *slog.Logger
+	reg         *prometheus.Registry
+	eng         *engine.Engine
+	guard       *guard.Guard                // nil on the memory store
+	closer      func() error                // closes the store
+	tracing     bool                        // checks are traced (Config.OTLPEndpoint)
+	stopTracing func(context.Context) error // flushes the spans
+	httpLn      net.Listener
+	grpcLn      net.Listener
+	httpSrv     *http.Server
+	grpcSrv     *grpc.Server
+	health      *health.Server
+	cancel      context.CancelFunc // stops the background goroutines
+	wg          sync.WaitGroup     // the background goroutines
+	metrics     *metrics.Metrics
+	events      *events.Recorder
+	ring        *events.Ring
+	changes     *changeSink // the events of changes, to the analytics
+	debugLn     net.Listener
+	debugSrv    *http.Server
+	keeper      *reserve.Keeper // nil when reservations are off
+	pending     *pendingRedis   // the store, when it did not answer at start; else nil
 
 	// The analytics; nil with Config.NoAnalytics (see analytics.go).
 	recorder       *analytics.Recorder
@@ -200,12 +202,20 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.closeSync()
 		d.closeControl()
 		d.closeAnalytics()
+		if d.stopTracing != nil {
+			d.stopTracing(context.Background())
+		}
 		d.closeListeners()
 		d.closeCertWatch()
 		closeWatcher()
 		closer()
 		return nil, err
 	}
+	tracer, stopTracing, err := startTracing(&cfg)
+	if err != nil {
+		return fail(err)
+	}
+	d.tracing, d.stopTracing = tracer != nil, stopTracing
 	global, err := d.startSync(ctx)
 	if err != nil {
 		return fail(err)
@@ -216,7 +226,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	applyStart := time.Now()
 	d.eng, err = engine.New(engine.Config{Store: st, Policy: pol, Now: cfg.Now, Metrics: d.metrics, Events: d.events,
-		EnvoyCompat: cfg.EnvoyCompat, Global: global, Analytics: rec, Region: cfg.Region})
+		EnvoyCompat: cfg.EnvoyCompat, Global: global, Analytics: rec, Region: cfg.Region, Tracer: tracer})
 	if err != nil {
 		return fail(fmt.Errorf("daemon: %w", err))
 	}
@@ -288,7 +298,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 
 	d.httpSrv = &http.Server{
-		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withDraining(d.withUI(d.withSync(d.withEvents(d.withAnalytics(d.withAdmin(api)))))))),
+		Handler:           traceHTTP(d.tracing, logging.HTTP(d.log, recoverHTTP(d.log, d.withDraining(d.withUI(d.withSync(d.withEvents(d.withAnalytics(d.withAdmin(api))))))))),
 		ReadHeaderTimeout: 5 * time.Second,
 		// A request whose body stops coming, or a client that stops
 		// reading its answers, would otherwise hold its connection and
@@ -301,6 +311,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		ErrorLog:       slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 	}
 	intercept := recoverUnary(d.log, logUnary(d.log))
+	if d.tracing {
+		intercept = traceUnary(intercept)
+	}
 	var waits *requestWaits
 	if bound := cfg.GRPCReadTimeout; bound > 0 {
 		waits = newRequestWaits(bound)
@@ -482,6 +495,10 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 	d.eng.Close()
 	// No check runs any more: what the recorder holds is written now.
 	d.closeAnalytics()
+	// Spans a collector did not take are lost, not a failed shutdown.
+	if err := d.stopTracing(ctx); err != nil {
+		d.log.Warn("tracing: spans not flushed to the collector", "err", err)
+	}
 	if err := d.closeSync(); err != nil {
 		errs = append(errs, fmt.Errorf("daemon: closing the sync: %w", err))
 	}

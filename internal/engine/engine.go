@@ -33,6 +33,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/analytics"
@@ -164,6 +166,9 @@ type Config struct {
 	// Region is the region named in the analytics events; empty means
 	// "local".
 	Region string
+	// Tracer makes a span per check, batch and Envoy call, and a child
+	// span per store call (see trace.go); nil traces nothing.
+	Tracer trace.Tracer
 }
 
 // Analytics is what the engine needs of an analytics recorder.
@@ -195,6 +200,8 @@ type Engine struct {
 
 	analytics Analytics // nil: no analytics
 	region    string    // of the analytics events
+
+	tracer trace.Tracer // nil: no tracing
 }
 
 // New returns an engine for cfg.
@@ -208,9 +215,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.IdempotencyTTL < 0 {
 		return nil, fmt.Errorf("engine: config: idempotency TTL must not be negative, got %s", cfg.IdempotencyTTL)
 	}
-	e := &Engine{store: observeStore(cfg.Store, cfg.Metrics), shared: cfg.Store.Info().SharedRecords,
+	e := &Engine{store: observeStore(traceStore(cfg.Store, cfg.Tracer), cfg.Metrics), shared: cfg.Store.Info().SharedRecords,
 		now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat, global: cfg.Global,
-		analytics: cfg.Analytics, region: cfg.Region}
+		analytics: cfg.Analytics, region: cfg.Region, tracer: cfg.Tracer}
 	if e.region == "" {
 		e.region = "local"
 	}
@@ -309,12 +316,17 @@ var readyParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWind
 // (another resource, another user) is another request: it is decided and
 // charged, and the first one's record stays. Concurrent checks with one
 // key wait for the first.
-func (e *Engine) Check(ctx context.Context, c *Check) (Result, error) {
+func (e *Engine) Check(ctx context.Context, c *Check) (res Result, err error) {
+	if e.tracer != nil {
+		var span trace.Span
+		ctx, span = e.tracer.Start(ctx, spanCheck, trace.WithSpanKind(trace.SpanKindServer))
+		defer func() { endCheck(span, c, &res, err) }()
+	}
 	if !e.observing() {
 		return e.decide(ctx, c)
 	}
 	start := time.Now()
-	res, err := e.decide(ctx, c)
+	res, err = e.decide(ctx, c)
 	e.observeCheck(ctx, metrics.APICheck, start, c, &res, err)
 	return res, err
 }
@@ -376,12 +388,17 @@ func (e *Engine) decideItems(ctx context.Context, s *scratch, c *Check) Result {
 // is consumed; a deny-listed check denies the batch. Idempotency keys apply in BestEffort mode only
 // (each check is then an ordinary Check). A bad check fails the whole
 // batch with a *FieldError naming it, such as "checks[2].client_id".
-func (e *Engine) BatchCheck(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
+func (e *Engine) BatchCheck(ctx context.Context, checks []Check, mode BatchMode) (out []Result, err error) {
+	if e.tracer != nil {
+		var span trace.Span
+		ctx, span = e.tracer.Start(ctx, spanBatch, trace.WithSpanKind(trace.SpanKindServer))
+		defer func() { endBatch(span, len(checks), out, err) }()
+	}
 	if !e.observing() {
 		return e.batch(ctx, checks, mode)
 	}
 	start := time.Now()
-	out, err := e.batch(ctx, checks, mode)
+	out, err = e.batch(ctx, checks, mode)
 	e.observeBatch(ctx, start, checks, out, err)
 	return out, err
 }
