@@ -93,8 +93,10 @@ type Config struct {
 	// traces. `sluice serve` defaults it to 0.01.
 	TraceSampleRatio float64
 	// Tracing, when set, is the tracer provider of the checks' spans
-	// instead of an OTLP one (for tests and embedders); the daemon does
-	// not shut it down.
+	// instead of an OTLP one (for tests and embedders), sampled by
+	// TraceSampleRatio too: its own sampler should keep every span it is
+	// asked for (ParentBased(AlwaysSample)). The daemon does not shut it
+	// down.
 	Tracing trace.TracerProvider
 	// ConfigPath is the policy file (Sluice's YAML or envoyproxy/ratelimit's),
 	// or a directory of envoyproxy/ratelimit files, each with its domain

@@ -30,14 +30,14 @@ const tracerName = "github.com/sluicehq/sluice"
 // dropped spans, not a failed start.
 func startTracing(cfg *Config) (trace.Tracer, func(context.Context) error, error) {
 	stop := func(context.Context) error { return nil }
-	if cfg.Tracing != nil {
-		return cfg.Tracing.Tracer(tracerName), stop, nil
-	}
-	if cfg.OTLPEndpoint == "" {
+	if cfg.Tracing == nil && cfg.OTLPEndpoint == "" {
 		return nil, stop, nil
 	}
 	if r := cfg.TraceSampleRatio; !(r >= 0 && r <= 1) {
 		return nil, nil, fmt.Errorf("daemon: trace sample ratio %v: want 0 to 1", r)
+	}
+	if cfg.Tracing != nil {
+		return cfg.Tracing.Tracer(tracerName), stop, nil
 	}
 	exp, err := otlptracegrpc.New(context.Background(), otlptracegrpc.WithEndpoint(cfg.OTLPEndpoint), otlptracegrpc.WithInsecure())
 	if err != nil {
@@ -45,7 +45,10 @@ func startTracing(cfg *Config) (trace.Tracer, func(context.Context) error, error
 	}
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(cfg.TraceSampleRatio))),
+		// The engine samples, by TraceSampleRatio and the caller's span
+		// (see engine.Config.TraceSampleRatio): the provider is asked only
+		// for the spans it keeps.
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())),
 		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "sluice"))),
 	)
 	return tp.Tracer(tracerName), func(ctx context.Context) error {

@@ -2,8 +2,12 @@ package daemon_test
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,7 +26,7 @@ import (
 func TestTraceHTTPCheck(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0))))
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 	var buf lockedBuffer
 	log, err := logging.New(&buf, "json", "debug")
@@ -90,7 +94,7 @@ func TestTraceHTTPCheck(t *testing.T) {
 func TestTraceUnsampled(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0))))
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 	td := start(t, policyText(), func(c *daemon.Config) { c.Tracing = tp })
 	td.check(t, `{"client_id":"t2","resource":"/api/limited"}`)
@@ -110,7 +114,7 @@ func TestTraceUnsampled(t *testing.T) {
 func TestTraceGRPCCheck(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0))))
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 	td := start(t, policyText(), func(c *daemon.Config) { c.Tracing = tp })
 	c := sluicev1.NewRateLimiterClient(dial(t, td.GRPCAddr()))
@@ -128,5 +132,58 @@ func TestTraceGRPCCheck(t *testing.T) {
 	}
 	if len(names) != 2 {
 		t.Errorf("spans %v, want sluice.store and sluice.check", names)
+	}
+}
+
+// processCPU returns the CPU time the process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkHTTPCheckTraced is BenchmarkHTTPCheck with tracing off and at
+// 1% sampling (spans exported to nowhere through the batch processor of
+// an OTLP exporter), callers sending no trace context.
+func BenchmarkHTTPCheckTraced(b *testing.B) {
+	for _, bc := range []struct {
+		name  string
+		ratio float64 // < 0: off
+	}{{"off", -1}, {"ratio=0.01", 0.01}} {
+		b.Run(bc.name, func(b *testing.B) {
+			td := start(b, benchPolicy, realClock, func(c *daemon.Config) {
+				if bc.ratio >= 0 {
+					tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()),
+						sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
+					b.Cleanup(func() { tp.Shutdown(context.Background()) })
+					c.Tracing, c.TraceSampleRatio = tp, bc.ratio
+				}
+			})
+			tr := &http.Transport{MaxIdleConnsPerHost: 128}
+			defer tr.CloseIdleConnections()
+			client := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+			var n atomic.Int64
+			b.SetParallelism(32)
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu := processCPU()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					body := `{"client_id":"k` + strconv.Itoa(int(n.Add(1)%1000)) + `","resource":"/api/x"}`
+					resp, err := client.Post(td.base+"/api/v1/check", "application/json", strings.NewReader(body))
+					if err != nil {
+						b.Fatal(err)
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						b.Fatal(resp.Status)
+					}
+				}
+			})
+			// The CPU time of client and server, steadier than ns/op on a
+			// machine others share.
+			b.ReportMetric(float64(processCPU()-cpu)/float64(b.N), "cpu-ns/op")
+		})
 	}
 }

@@ -167,8 +167,17 @@ type Config struct {
 	// "local".
 	Region string
 	// Tracer makes a span per check, batch and Envoy call, and a child
-	// span per store call (see trace.go); nil traces nothing.
+	// span per store call (see trace.go); nil traces nothing. The engine
+	// samples before it calls Tracer (see TraceSampleRatio), so its
+	// sampler should sample every span it is asked for
+	// (sdktrace.ParentBased(sdktrace.AlwaysSample())).
 	Tracer trace.Tracer
+	// TraceSampleRatio is the share, from 0 to 1, of the checks traced
+	// among those whose context carries no span; a check whose context
+	// carries one is traced when that span is sampled, as
+	// ParentBased(TraceIDRatioBased) samples. Zero traces only the
+	// checks of sampled callers.
+	TraceSampleRatio float64
 }
 
 // Analytics is what the engine needs of an analytics recorder.
@@ -202,6 +211,7 @@ type Engine struct {
 	region    string    // of the analytics events
 
 	tracer trace.Tracer // nil: no tracing
+	ratio  float64      // of the checks without a caller's span traced
 }
 
 // New returns an engine for cfg.
@@ -217,7 +227,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{store: observeStore(traceStore(cfg.Store, cfg.Tracer), cfg.Metrics), shared: cfg.Store.Info().SharedRecords,
 		now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat, global: cfg.Global,
-		analytics: cfg.Analytics, region: cfg.Region, tracer: cfg.Tracer}
+		analytics: cfg.Analytics, region: cfg.Region, tracer: cfg.Tracer, ratio: cfg.TraceSampleRatio}
 	if e.region == "" {
 		e.region = "local"
 	}
@@ -316,17 +326,20 @@ var readyParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWind
 // (another resource, another user) is another request: it is decided and
 // charged, and the first one's record stays. Concurrent checks with one
 // key wait for the first.
-func (e *Engine) Check(ctx context.Context, c *Check) (res Result, err error) {
-	if e.tracer != nil {
-		var span trace.Span
-		ctx, span = e.tracer.Start(ctx, spanCheck, trace.WithSpanKind(trace.SpanKindServer))
-		defer func() { endCheck(span, c, &res, err) }()
+func (e *Engine) Check(ctx context.Context, c *Check) (Result, error) {
+	if e.tracer != nil && e.sampled(ctx) {
+		return e.tracedCheck(ctx, c)
 	}
+	return e.observedCheck(ctx, c)
+}
+
+// observedCheck is Check, untraced.
+func (e *Engine) observedCheck(ctx context.Context, c *Check) (Result, error) {
 	if !e.observing() {
 		return e.decide(ctx, c)
 	}
 	start := time.Now()
-	res, err = e.decide(ctx, c)
+	res, err := e.decide(ctx, c)
 	e.observeCheck(ctx, metrics.APICheck, start, c, &res, err)
 	return res, err
 }
@@ -388,17 +401,20 @@ func (e *Engine) decideItems(ctx context.Context, s *scratch, c *Check) Result {
 // is consumed; a deny-listed check denies the batch. Idempotency keys apply in BestEffort mode only
 // (each check is then an ordinary Check). A bad check fails the whole
 // batch with a *FieldError naming it, such as "checks[2].client_id".
-func (e *Engine) BatchCheck(ctx context.Context, checks []Check, mode BatchMode) (out []Result, err error) {
-	if e.tracer != nil {
-		var span trace.Span
-		ctx, span = e.tracer.Start(ctx, spanBatch, trace.WithSpanKind(trace.SpanKindServer))
-		defer func() { endBatch(span, len(checks), out, err) }()
+func (e *Engine) BatchCheck(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
+	if e.tracer != nil && e.sampled(ctx) {
+		return e.tracedBatch(ctx, checks, mode)
 	}
+	return e.observedBatch(ctx, checks, mode)
+}
+
+// observedBatch is BatchCheck, untraced.
+func (e *Engine) observedBatch(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
 	if !e.observing() {
 		return e.batch(ctx, checks, mode)
 	}
 	start := time.Now()
-	out, err = e.batch(ctx, checks, mode)
+	out, err := e.batch(ctx, checks, mode)
 	e.observeBatch(ctx, start, checks, out, err)
 	return out, err
 }

@@ -134,9 +134,9 @@ type DescriptorStatus struct {
 // descriptors until a hit is counted), and a descriptor with no entries
 // is not limited instead of refused.
 func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Descriptor, hitsAddend uint64) (statuses []DescriptorStatus, overLimit bool, err error) {
-	if e.tracer != nil {
+	if e.tracer != nil && e.sampled(ctx) {
 		var span trace.Span
-		ctx, span = e.tracer.Start(ctx, spanEnvoy, trace.WithSpanKind(trace.SpanKindServer))
+		ctx, span = e.tracer.Start(ctx, spanEnvoy, serverSpan...)
 		defer func() { endEnvoy(span, domain, overLimit, err) }()
 	}
 	if e.metrics != nil || e.analytics != nil {

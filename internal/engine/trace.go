@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"math/rand/v2"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -19,8 +20,14 @@ import (
 // The check span continues the trace of the request's context: the
 // transports hand the engine a context carrying the caller's span (a W3C
 // traceparent header, decoded by the daemon), so a gateway's trace shows
-// the rate limit decision. Attributes are set only on recorded (sampled)
-// spans: an unsampled check allocates no attribute.
+// the rate limit decision.
+//
+// The engine samples before it calls the tracer (sampled): an OpenTelemetry
+// SDK asked for a span it does not sample still makes one, with ids, a
+// context and two allocations, about as much CPU as the check itself on
+// the memory store. A check that is not sampled makes no span and calls
+// nothing of the tracer; its context keeps the caller's span, if any, for
+// the logs.
 
 // Span and attribute names.
 const (
@@ -39,9 +46,23 @@ const (
 	attrStoreKeys = attribute.Key("sluice.store.keys")
 )
 
-// endCheck ends span, the span of the check c decided as res (or failed
-// with err).
-func endCheck(span trace.Span, c *Check, res *Result, err error) {
+// sampled reports whether the check of ctx is traced: when ctx carries a
+// span, whether that span is sampled; otherwise with probability e.ratio.
+func (e *Engine) sampled(ctx context.Context) bool {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		return sc.IsSampled()
+	}
+	return e.ratio > 0 && rand.Float64() < e.ratio
+}
+
+// serverSpan holds the options of the spans of the entry points, made
+// once: an option made per call would allocate.
+var serverSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+
+// tracedCheck is Check in a span.
+func (e *Engine) tracedCheck(ctx context.Context, c *Check) (Result, error) {
+	ctx, span := e.tracer.Start(ctx, spanCheck, serverSpan...)
+	res, err := e.observedCheck(ctx, c)
 	if span.IsRecording() {
 		if err != nil {
 			span.RecordError(err)
@@ -52,13 +73,15 @@ func endCheck(span trace.Span, c *Check, res *Result, err error) {
 		}
 	}
 	span.End()
+	return res, err
 }
 
-// endBatch ends span, the span of a batch of n checks, decided as out (or
-// failed with err).
-func endBatch(span trace.Span, n int, out []Result, err error) {
+// tracedBatch is BatchCheck in a span.
+func (e *Engine) tracedBatch(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
+	ctx, span := e.tracer.Start(ctx, spanBatch, serverSpan...)
+	out, err := e.observedBatch(ctx, checks, mode)
 	if span.IsRecording() {
-		span.SetAttributes(attrChecks.Int(n))
+		span.SetAttributes(attrChecks.Int(len(checks)))
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
@@ -71,6 +94,7 @@ func endBatch(span trace.Span, n int, out []Result, err error) {
 		}
 	}
 	span.End()
+	return out, err
 }
 
 // endEnvoy ends span, the span of one ShouldRateLimit call of domain.
