@@ -50,29 +50,31 @@ import (
 
 // Daemon is a running server. Its methods are safe for concurrent use.
 type Daemon struct {
-	cfg         Config
-	log         *slog.Logger
-	reg         *prometheus.Registry
-	eng         *engine.Engine
-	guard       *guard.Guard                // nil on the memory store
-	closer      func() error                // closes the store
-	tracing     bool                        // checks are traced (Config.OTLPEndpoint)
+	cfg      Config
+	log      *slog.Logger
+	reg      *prometheus.Registry
+	eng      *engine.Engine
+	guard    *guard.Guard // nil on the memory store
+	closer   func() error // closes the store
+	httpLn   net.Listener
+	grpcLn   net.Listener
+	httpSrv  *http.Server
+	grpcSrv  *grpc.Server
+	health   *health.Server
+	cancel   context.CancelFunc // stops the background goroutines
+	wg       sync.WaitGroup     // the background goroutines
+	metrics  *metrics.Metrics
+	events   *events.Recorder
+	ring     *events.Ring
+	changes  *changeSink // the events of changes, to the analytics
+	debugLn  net.Listener
+	debugSrv *http.Server
+	keeper   *reserve.Keeper // nil when reservations are off
+	pending  *pendingRedis   // the store, when it did not answer at start; else nil
+
+	// Tracing (see trace.go).
+	tracing     bool                        // checks are traced
 	stopTracing func(context.Context) error // flushes the spans
-	httpLn      net.Listener
-	grpcLn      net.Listener
-	httpSrv     *http.Server
-	grpcSrv     *grpc.Server
-	health      *health.Server
-	cancel      context.CancelFunc // stops the background goroutines
-	wg          sync.WaitGroup     // the background goroutines
-	metrics     *metrics.Metrics
-	events      *events.Recorder
-	ring        *events.Ring
-	changes     *changeSink // the events of changes, to the analytics
-	debugLn     net.Listener
-	debugSrv    *http.Server
-	keeper      *reserve.Keeper // nil when reservations are off
-	pending     *pendingRedis   // the store, when it did not answer at start; else nil
 
 	// The analytics; nil with Config.NoAnalytics (see analytics.go).
 	recorder       *analytics.Recorder
