@@ -123,6 +123,8 @@ func serve(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 	exitOnUnavailable := fs.Bool("exit-on-unavailable-store", false, "exit at start when the Redis store does not answer; by default the server starts, decides checks by the rules' failure modes, reports not ready on /readyz and gRPC health, and connects when Redis comes up")
 	shutdownDelay := fs.Duration("shutdown-delay", 0, "on SIGINT or SIGTERM, how long to keep serving while not ready (/readyz 503, gRPC health NOT_SERVING) before closing the listeners, for load balancers to stop sending checks first (a few seconds under Kubernetes); 0: none")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 15*time.Second, "how long a graceful shutdown waits for checks in flight")
+	otlpEndpoint := fs.String("otlp-endpoint", "", "host:port of an OpenTelemetry collector receiving the checks' spans over OTLP/gRPC (plain TCP), such as localhost:4317; empty: no tracing")
+	traceRatio := fs.Float64("trace-sample-ratio", 0.01, "share of checks traced, 0 to 1, among those whose caller sent no W3C traceparent; a caller's trace is followed, sampled or not (with --otlp-endpoint)")
 	guardCfg := guardFlags(fs)
 	redisOpts := redisFlags(fs)
 	controlOpts := controlFlags(fs)
@@ -146,6 +148,10 @@ func serve(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 	}
 	if *shutdownTimeout < 0 {
 		fmt.Fprintf(stderr, "sluice serve: --shutdown-timeout %s: want 0 or more\n", *shutdownTimeout)
+		return 2
+	}
+	if r := *traceRatio; !(r >= 0 && r <= 1) {
+		fmt.Fprintf(stderr, "sluice serve: --trace-sample-ratio %v: want 0 to 1\n", r)
 		return 2
 	}
 	if *shutdownDelay < 0 {
@@ -192,6 +198,9 @@ func serve(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 
 		DebugAddr:        *debugAddr,
 		DebugAllowRemote: *debugRemote,
+
+		OTLPEndpoint:     *otlpEndpoint,
+		TraceSampleRatio: *traceRatio,
 	}
 	analyticsOpts(&cfg)
 	tlsOpts(&cfg)

@@ -174,6 +174,9 @@ func TestServeFlagsFromEnvironment(t *testing.T) {
 		{[]string{"extra"}, map[string]string{"SLUICE_GRPC_READ_TIMEOUT": "soon"}, "SLUICE_GRPC_READ_TIMEOUT"},
 		{[]string{"extra"}, map[string]string{"SLUICE_GRPC_MAX_CONNS": "many"}, "SLUICE_GRPC_MAX_CONNS"},
 		{nil, map[string]string{"SLUICE_LOG_LEVEL": "loud"}, "--log-format/--log-level"},
+		{[]string{"--trace-sample-ratio", "2"}, nil, "--trace-sample-ratio 2: want 0 to 1"},
+		{nil, map[string]string{"SLUICE_TRACE_SAMPLE_RATIO": "NaN"}, "--trace-sample-ratio NaN"},
+		{[]string{"--trace-sample-ratio", "-0.1"}, nil, "--trace-sample-ratio"},
 		// Given on the command line, the flags do not read the
 		// environment: the next error is the extra argument.
 		{[]string{"--gc-percent", "100", "--shutdown-timeout", "1s", "--log-level", "info", "extra"},

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/internal/events"
 	"github.com/sluicehq/sluice/internal/guard"
@@ -82,6 +83,21 @@ type Config struct {
 	// names, throttles, shadow decisions; see httpapi.Config), keeping the
 	// standard rate-limit headers.
 	NoOperatorHeaders bool
+	// OTLPEndpoint is the host:port of an OpenTelemetry collector that
+	// receives the checks' spans over OTLP/gRPC, without TLS; empty means
+	// no tracing, at no cost to the checks (see trace.go).
+	OTLPEndpoint string
+	// TraceSampleRatio is the share, from 0 to 1, of the checks traced
+	// among those whose caller sent no trace context; a caller's trace is
+	// followed, sampled or not. Zero traces only the callers' sampled
+	// traces. `sluice serve` defaults it to 0.01.
+	TraceSampleRatio float64
+	// Tracing, when set, is the tracer provider of the checks' spans
+	// instead of an OTLP one (for tests and embedders), sampled by
+	// TraceSampleRatio too: its own sampler should keep every span it is
+	// asked for (ParentBased(AlwaysSample)). The daemon does not shut it
+	// down.
+	Tracing trace.TracerProvider
 	// ConfigPath is the policy file (Sluice's YAML or envoyproxy/ratelimit's),
 	// or a directory of envoyproxy/ratelimit files, each with its domain
 	// (see policy.Read). Empty means the built-in example policy, and no

@@ -72,6 +72,10 @@ type Daemon struct {
 	keeper   *reserve.Keeper // nil when reservations are off
 	pending  *pendingRedis   // the store, when it did not answer at start; else nil
 
+	// Tracing (see trace.go).
+	tracing     bool                        // checks are traced
+	stopTracing func(context.Context) error // flushes the spans
+
 	// The analytics; nil with Config.NoAnalytics (see analytics.go).
 	recorder       *analytics.Recorder
 	pganalytics    *pganalytics.Store // nil without Config.AnalyticsURL
@@ -200,12 +204,20 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.closeSync()
 		d.closeControl()
 		d.closeAnalytics()
+		if d.stopTracing != nil {
+			d.stopTracing(context.Background())
+		}
 		d.closeListeners()
 		d.closeCertWatch()
 		closeWatcher()
 		closer()
 		return nil, err
 	}
+	tracer, stopTracing, err := startTracing(&cfg)
+	if err != nil {
+		return fail(err)
+	}
+	d.tracing, d.stopTracing = tracer != nil, stopTracing
 	global, err := d.startSync(ctx)
 	if err != nil {
 		return fail(err)
@@ -216,7 +228,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	applyStart := time.Now()
 	d.eng, err = engine.New(engine.Config{Store: st, Policy: pol, Now: cfg.Now, Metrics: d.metrics, Events: d.events,
-		EnvoyCompat: cfg.EnvoyCompat, Global: global, Analytics: rec, Region: cfg.Region})
+		EnvoyCompat: cfg.EnvoyCompat, Global: global, Analytics: rec, Region: cfg.Region,
+		Tracer: tracer, TraceSampleRatio: cfg.TraceSampleRatio})
 	if err != nil {
 		return fail(fmt.Errorf("daemon: %w", err))
 	}
@@ -288,7 +301,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 
 	d.httpSrv = &http.Server{
-		Handler:           logging.HTTP(d.log, recoverHTTP(d.log, d.withDraining(d.withUI(d.withSync(d.withEvents(d.withAnalytics(d.withAdmin(api)))))))),
+		Handler:           traceHTTP(d.tracing, logging.HTTP(d.log, recoverHTTP(d.log, d.withDraining(d.withUI(d.withSync(d.withEvents(d.withAnalytics(d.withAdmin(api))))))))),
 		ReadHeaderTimeout: 5 * time.Second,
 		// A request whose body stops coming, or a client that stops
 		// reading its answers, would otherwise hold its connection and
@@ -301,6 +314,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		ErrorLog:       slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 	}
 	intercept := recoverUnary(d.log, logUnary(d.log))
+	if d.tracing {
+		intercept = traceUnary(intercept)
+	}
 	var waits *requestWaits
 	if bound := cfg.GRPCReadTimeout; bound > 0 {
 		waits = newRequestWaits(bound)
@@ -482,6 +498,10 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 	d.eng.Close()
 	// No check runs any more: what the recorder holds is written now.
 	d.closeAnalytics()
+	// Spans a collector did not take are lost, not a failed shutdown.
+	if err := d.stopTracing(ctx); err != nil {
+		d.log.Warn("tracing: spans not flushed to the collector", "err", err)
+	}
 	if err := d.closeSync(); err != nil {
 		errs = append(errs, fmt.Errorf("daemon: closing the sync: %w", err))
 	}

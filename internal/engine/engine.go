@@ -33,6 +33,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/analytics"
@@ -164,6 +166,18 @@ type Config struct {
 	// Region is the region named in the analytics events; empty means
 	// "local".
 	Region string
+	// Tracer makes a span per check, batch and Envoy call, and a child
+	// span per store call (see trace.go); nil traces nothing. The engine
+	// samples before it calls Tracer (see TraceSampleRatio), so its
+	// sampler should sample every span it is asked for
+	// (sdktrace.ParentBased(sdktrace.AlwaysSample())).
+	Tracer trace.Tracer
+	// TraceSampleRatio is the share, from 0 to 1, of the checks traced
+	// among those whose context carries no span; a check whose context
+	// carries one is traced when that span is sampled, as
+	// ParentBased(TraceIDRatioBased) samples. Zero traces only the
+	// checks of sampled callers.
+	TraceSampleRatio float64
 }
 
 // Analytics is what the engine needs of an analytics recorder.
@@ -195,6 +209,9 @@ type Engine struct {
 
 	analytics Analytics // nil: no analytics
 	region    string    // of the analytics events
+
+	tracer trace.Tracer // nil: no tracing
+	ratio  float64      // of the checks without a caller's span traced
 }
 
 // New returns an engine for cfg.
@@ -208,9 +225,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.IdempotencyTTL < 0 {
 		return nil, fmt.Errorf("engine: config: idempotency TTL must not be negative, got %s", cfg.IdempotencyTTL)
 	}
-	e := &Engine{store: observeStore(cfg.Store, cfg.Metrics), shared: cfg.Store.Info().SharedRecords,
+	e := &Engine{store: observeStore(traceStore(cfg.Store, cfg.Tracer), cfg.Metrics), shared: cfg.Store.Info().SharedRecords,
 		now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat, global: cfg.Global,
-		analytics: cfg.Analytics, region: cfg.Region}
+		analytics: cfg.Analytics, region: cfg.Region, tracer: cfg.Tracer, ratio: cfg.TraceSampleRatio}
 	if e.region == "" {
 		e.region = "local"
 	}
@@ -310,6 +327,14 @@ var readyParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWind
 // charged, and the first one's record stays. Concurrent checks with one
 // key wait for the first.
 func (e *Engine) Check(ctx context.Context, c *Check) (Result, error) {
+	if e.tracer != nil && e.sampled(ctx) {
+		return e.tracedCheck(ctx, c)
+	}
+	return e.observedCheck(ctx, c)
+}
+
+// observedCheck is Check, untraced.
+func (e *Engine) observedCheck(ctx context.Context, c *Check) (Result, error) {
 	if !e.observing() {
 		return e.decide(ctx, c)
 	}
@@ -377,6 +402,14 @@ func (e *Engine) decideItems(ctx context.Context, s *scratch, c *Check) Result {
 // (each check is then an ordinary Check). A bad check fails the whole
 // batch with a *FieldError naming it, such as "checks[2].client_id".
 func (e *Engine) BatchCheck(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
+	if e.tracer != nil && e.sampled(ctx) {
+		return e.tracedBatch(ctx, checks, mode)
+	}
+	return e.observedBatch(ctx, checks, mode)
+}
+
+// observedBatch is BatchCheck, untraced.
+func (e *Engine) observedBatch(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
 	if !e.observing() {
 		return e.batch(ctx, checks, mode)
 	}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/policy"
@@ -132,6 +134,11 @@ type DescriptorStatus struct {
 // descriptors until a hit is counted), and a descriptor with no entries
 // is not limited instead of refused.
 func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Descriptor, hitsAddend uint64) (statuses []DescriptorStatus, overLimit bool, err error) {
+	if e.tracer != nil && e.sampled(ctx) {
+		var span trace.Span
+		ctx, span = e.tracer.Start(ctx, spanEnvoy, serverSpan...)
+		defer func() { endEnvoy(span, domain, overLimit, err) }()
+	}
 	if e.metrics != nil || e.analytics != nil {
 		defer e.observeEnvoy(time.Now(), domain, descs, hitsAddend, &overLimit, &err)
 	}

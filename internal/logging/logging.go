@@ -16,6 +16,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // New returns a logger writing to w in format ("text" or "json") at level
@@ -75,17 +77,29 @@ func RequestID(ctx context.Context) string {
 	return ""
 }
 
+// Keys of the trace and span ids in the log lines of a traced request.
+const (
+	TraceIDKey = "trace_id"
+	SpanIDKey  = "span_id"
+)
+
 // ContextHandler adds the request-scoped fields of a record's context to
-// the record before handing it to Handler.
+// the record before handing it to Handler, and the ids of the trace and
+// span the context carries (OpenTelemetry), if any.
 type ContextHandler struct {
 	slog.Handler
 }
 
 // Handle implements slog.Handler.
 func (h ContextHandler) Handle(ctx context.Context, r slog.Record) error {
-	if a := Attrs(ctx); len(a) > 0 {
+	a := Attrs(ctx)
+	sc := trace.SpanContextFromContext(ctx)
+	if len(a) > 0 || sc.IsValid() {
 		r = r.Clone()
 		r.AddAttrs(a...)
+	}
+	if sc.IsValid() {
+		r.AddAttrs(slog.String(TraceIDKey, sc.TraceID().String()), slog.String(SpanIDKey, sc.SpanID().String()))
 	}
 	return h.Handler.Handle(ctx, r)
 }

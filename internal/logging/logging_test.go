@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 func TestNew(t *testing.T) {
@@ -82,5 +84,26 @@ func TestRequestID(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { RequestID(ctx) }); n != 0 {
 		t.Errorf("RequestID allocates %v times, want 0", n)
+	}
+}
+
+func TestTraceIDs(t *testing.T) {
+	var b bytes.Buffer
+	log, err := New(&b, "json", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{0xab}, SpanID: trace.SpanID{0xcd}})
+	log.InfoContext(trace.ContextWithSpanContext(context.Background(), sc), "traced")
+	log.InfoContext(context.Background(), "untraced")
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("log = %s", b.String())
+	}
+	if want := `"trace_id":"ab000000000000000000000000000000","span_id":"cd00000000000000"`; !strings.Contains(lines[0], want) {
+		t.Errorf("traced line = %s, want %s", lines[0], want)
+	}
+	if strings.Contains(lines[1], "trace_id") {
+		t.Errorf("untraced line = %s, want no trace_id", lines[1])
 	}
 }
