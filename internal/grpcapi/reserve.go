@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sluicehq/sluice/internal/engine"
@@ -115,16 +116,25 @@ func (s *Server) Reserve(ctx context.Context, req *sluicev1.ReserveRequest) (*sl
 	return resp, nil
 }
 
-// GetReservation implements sluicev1.RateLimiterServer.
-func (s *Server) GetReservation(ctx context.Context, req *sluicev1.GetReservationRequest) (*sluicev1.Reservation, error) {
+// checkRef checks a request req naming the reservation id of client, and
+// that reservations are on; its error is a status.
+func (s *Server) checkRef(req proto.Message, id, client string) error {
 	if err := checkUTF8(req); err != nil {
-		return nil, err
+		return err
 	}
-	if err := reservationRef(req.GetReservationId(), req.GetClientId()); err != nil {
-		return nil, toStatus(err)
+	if err := reservationRef(id, client); err != nil {
+		return toStatus(err)
 	}
 	if s.resv == nil {
-		return nil, toStatus(errReservationsOff)
+		return toStatus(errReservationsOff)
+	}
+	return nil
+}
+
+// GetReservation implements sluicev1.RateLimiterServer.
+func (s *Server) GetReservation(ctx context.Context, req *sluicev1.GetReservationRequest) (*sluicev1.Reservation, error) {
+	if err := s.checkRef(req, req.GetReservationId(), req.GetClientId()); err != nil {
+		return nil, err
 	}
 	st, err := s.resv.Get(req.GetClientId(), req.GetReservationId())
 	if err != nil {
@@ -146,14 +156,8 @@ func (s *Server) GetReservation(ctx context.Context, req *sluicev1.GetReservatio
 
 // ReleaseReservation implements sluicev1.RateLimiterServer.
 func (s *Server) ReleaseReservation(ctx context.Context, req *sluicev1.ReleaseReservationRequest) (*sluicev1.ReleaseReservationResponse, error) {
-	if err := checkUTF8(req); err != nil {
+	if err := s.checkRef(req, req.GetReservationId(), req.GetClientId()); err != nil {
 		return nil, err
-	}
-	if err := reservationRef(req.GetReservationId(), req.GetClientId()); err != nil {
-		return nil, toStatus(err)
-	}
-	if s.resv == nil {
-		return nil, toStatus(errReservationsOff)
 	}
 	end, err := s.resv.Release(req.GetClientId(), req.GetReservationId())
 	if err != nil {
