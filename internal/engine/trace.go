@@ -65,8 +65,7 @@ func (e *Engine) tracedCheck(ctx context.Context, c *Check) (Result, error) {
 	res, err := e.observedCheck(ctx, c)
 	if span.IsRecording() {
 		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
+			failed(span, err)
 		} else {
 			span.SetAttributes(attrRule.String(res.Deciding.Rule), attrAllowed.Bool(res.Allowed),
 				attrSource.String(res.Source.String()), attrResource.String(c.Resource))
@@ -83,8 +82,7 @@ func (e *Engine) tracedBatch(ctx context.Context, checks []Check, mode BatchMode
 	if span.IsRecording() {
 		span.SetAttributes(attrChecks.Int(len(checks)))
 		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
+			failed(span, err)
 		} else {
 			allowed := true
 			for i := range out {
@@ -97,13 +95,18 @@ func (e *Engine) tracedBatch(ctx context.Context, checks []Check, mode BatchMode
 	return out, err
 }
 
+// failed marks span as failed with err.
+func failed(span trace.Span, err error) {
+	span.RecordError(err)
+	span.SetStatus(codes.Error, err.Error())
+}
+
 // endEnvoy ends span, the span of one ShouldRateLimit call of domain.
 func endEnvoy(span trace.Span, domain string, overLimit bool, err error) {
 	if span.IsRecording() {
 		span.SetAttributes(attrDomain.String(domain))
 		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
+			failed(span, err)
 		} else {
 			span.SetAttributes(attrAllowed.Bool(!overLimit))
 		}
@@ -143,8 +146,7 @@ func (ts *tracedStore) Do(ctx context.Context, b *store.Batch) error {
 		trace.WithAttributes(attrStoreOp.String(op), attrStoreKeys.Int(len(b.Reqs))))
 	err := ts.s.Do(ctx, b)
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		failed(span, err)
 	}
 	span.End()
 	return err
