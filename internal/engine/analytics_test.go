@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,11 +112,19 @@ func TestAnalyticsAllocatesNothing(t *testing.T) {
 			e = newWithAnalytics(t, observePolicy, a, "eu")
 		}
 		c := &Check{ClientID: "bench", User: "u1", Resource: "/api/v1/orders", Method: "GET", Cost: 1}
-		return testing.AllocsPerRun(1000, func() {
-			if _, err := e.Check(ctx, c); err != nil {
-				t.Fatal(err)
-			}
-		})
+		// AllocsPerRun counts the whole process's allocations, other
+		// goroutines' too (the stores' sweepers, the race detector's
+		// runtime): they only ever add, so the least of three is the
+		// check's own.
+		least := math.Inf(1)
+		for range 3 {
+			least = min(least, testing.AllocsPerRun(1000, func() {
+				if _, err := e.Check(ctx, c); err != nil {
+					t.Fatal(err)
+				}
+			}))
+		}
+		return least
 	}
 	without, with := allocs(nil), allocs(sink)
 	if with != without {
