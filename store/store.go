@@ -16,7 +16,7 @@
 //     spread over Redis Cluster slots).
 //   - A request whose Now is zero is decided at the store's own clock (the
 //     Redis server's TIME for Redis); a non-zero Now is used as given, for
-//     replay and tests.
+//     replay and tests. Request.After moves either instant ahead.
 //   - Every method honours its context's deadline and returns an error
 //     wrapping sluice.ErrStoreUnavailable when the store cannot answer.
 //     When it can answer for some of a Batch's requests and not for others
@@ -158,6 +158,13 @@ type Request struct {
 	Cost int64
 	// Now is the instant of the check; zero means the store's clock.
 	Now time.Time
+	// After moves the instant of the check that far ahead of Now (or of
+	// the store's clock): a request admitted After from now consumes its
+	// cost at that instant, which is how a reservation holds units that
+	// are not there yet. A store does not forget other keys' states on the
+	// strength of that later instant. Zero, the usual case, decides at
+	// Now; a negative After is read as zero.
+	After time.Duration
 }
 
 // PartialError is returned by a Do whose requests were spread over

@@ -246,6 +246,15 @@ func (s *Store) micros(t time.Time) int64 {
 	return t.UnixMicro()
 }
 
+// instants returns the instant of r (its Now, or the store's clock) and
+// the instant it is decided at, r.After later, both in microseconds since
+// the Unix epoch. Entries expire by the first: a request decided ahead of
+// time must not sweep away states that are still live now.
+func (s *Store) instants(r *store.Request) (now, at int64) {
+	now = s.micros(r.Now)
+	return now, now + max(r.After, 0).Microseconds()
+}
+
 // shardOf returns the shard of hash h.
 func (s *Store) shardOf(h uint64) *shard {
 	if s.shardBits == 0 {
@@ -263,11 +272,11 @@ func (s *Store) Decide(req store.Request) (sluice.Decision, error) {
 	if err := s.validate(&req); err != nil {
 		return sluice.Decision{}, err
 	}
-	now := s.micros(req.Now)
+	now, at := s.instants(&req)
 	h := maphash.String(s.seed, req.Key)
 	sh := s.shardOf(h)
 	sh.mu.Lock()
-	d := sh.decide(h, req.Params, now, req.Cost)
+	d := sh.decide(h, req.Params, now, at, req.Cost)
 	sh.mu.Unlock()
 	return d, nil
 }
@@ -283,11 +292,11 @@ func (s *Store) Check(ctx context.Context, reqs []store.Request, out []sluice.De
 	}
 	for i := range reqs {
 		r := &reqs[i]
-		now := s.micros(r.Now)
+		now, at := s.instants(r)
 		h := maphash.String(s.seed, r.Key)
 		sh := s.shardOf(h)
 		sh.mu.Lock()
-		out[i] = sh.decide(h, r.Params, now, r.Cost)
+		out[i] = sh.decide(h, r.Params, now, at, r.Cost)
 		sh.mu.Unlock()
 	}
 	return nil
@@ -316,8 +325,9 @@ func (s *Store) begin(ctx context.Context, reqs []store.Request, out []sluice.De
 type pending struct {
 	hash  uint64
 	sh    *shard
-	now   int64
-	first int // index of the first request of the batch with this hash
+	now   int64 // the store's instant, by which entries expire
+	at    int64 // the instant the request is decided at (see instants)
+	first int   // index of the first request of the batch with this hash
 
 	// On the first request of each hash: the working state of the key.
 	found bool
@@ -349,7 +359,8 @@ func (s *Store) CheckAll(ctx context.Context, reqs []store.Request, out []sluice
 	for i := range reqs {
 		r := &reqs[i]
 		h := maphash.String(s.seed, r.Key)
-		p := pending{hash: h, sh: s.shardOf(h), now: s.micros(r.Now), first: i}
+		p := pending{hash: h, sh: s.shardOf(h), first: i}
+		p.now, p.at = s.instants(r)
 		for j := range ps {
 			if ps[j].hash == h {
 				p.first = ps[j].first
@@ -384,13 +395,13 @@ func (s *Store) CheckAll(ctx context.Context, reqs []store.Request, out []sluice
 		}
 		if r.Params.Algorithm == sluice.SlidingWindowLog {
 			var nl []int64
-			nl, out[i] = algorithm.ApplyLog(r.Params, w.log, p.now, r.Cost)
+			nl, out[i] = algorithm.ApplyLog(r.Params, w.log, p.at, r.Cost)
 			if out[i].Allowed && r.Cost > 0 {
 				w.log, w.dirty = nl, true
 			}
 		} else {
 			var ns algorithm.State
-			ns, out[i] = algorithm.Apply(r.Params, w.state, p.now, r.Cost)
+			ns, out[i] = algorithm.Apply(r.Params, w.state, p.at, r.Cost)
 			if out[i].Allowed && r.Cost > 0 {
 				w.state, w.dirty = ns, true
 			}
@@ -404,7 +415,7 @@ func (s *Store) CheckAll(ctx context.Context, reqs []store.Request, out []sluice
 				continue
 			}
 			r := &reqs[i]
-			out[i] = s.peek(ps[i].sh, ps[i].hash, r.Params, ps[i].now)
+			out[i] = s.peek(ps[i].sh, ps[i].hash, r.Params, ps[i].at)
 			out[i].Allowed, out[i].Reason, out[i].RetryAfter = false, sluice.ReasonLimited, 0
 		}
 		return nil

@@ -252,6 +252,34 @@ func TestReclaimsExpiredState(t *testing.T) {
 	}
 }
 
+// TestAfterKeepsLiveState checks that requests decided an hour ahead
+// (After) do not reclaim keys whose limits are restored only then: a
+// store sweeps by the instant of a request, not by the instant it is
+// decided at.
+func TestAfterKeepsLiveState(t *testing.T) {
+	for _, l := range limitsUnderTest() {
+		t.Run(l.Algorithm.String(), func(t *testing.T) {
+			p := compile(t, l)
+			s := newStore(t, Config{MaxKeys: 1000, Shards: 1})
+			for i := range 100 {
+				decide(t, s, fmt.Sprintf("old-%d", i), p, 50, t0)
+			}
+			for i := range 100 {
+				r := store.Request{Key: fmt.Sprintf("new-%d", i), Params: p, Cost: 1, Now: t0, After: time.Hour}
+				if _, err := s.Decide(r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := s.Len(); got != 200 {
+				t.Errorf("Len() = %d, want 200: no live key reclaimed", got)
+			}
+			if d := decide(t, s, "old-0", p, 1, t0); d.Allowed {
+				t.Errorf("old-0 at t0: got %+v, want denied", d)
+			}
+		})
+	}
+}
+
 // TestKeepsStateSharedByPriorities checks that a key decided with several
 // Params sharing its state (a rule's priority variants) is not reclaimed
 // while any of them still sees it as used: 9 units at normal priority and

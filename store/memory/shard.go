@@ -82,17 +82,19 @@ func (sh *shard) lookup(h uint64) (uint32, bool) {
 	}
 }
 
-// decide decides one request against the key with hash h; requires mu held.
-func (sh *shard) decide(h uint64, p *algorithm.Params, now, cost int64) sluice.Decision {
+// decide decides one request against the key with hash h at the instant
+// at, now being the store's instant (they differ for a request decided
+// ahead of time); requires mu held.
+func (sh *shard) decide(h uint64, p *algorithm.Params, now, at, cost int64) sluice.Decision {
 	slot, ok := sh.lookup(h)
 	if p.Algorithm == sluice.SlidingWindowLog {
-		return sh.decideLog(h, slot, ok, p, now, cost)
+		return sh.decideLog(h, slot, ok, p, now, at, cost)
 	}
 	var st algorithm.State
 	if ok {
 		st = sh.entry(slot).state
 	}
-	ns, d := algorithm.Apply(p, st, now, cost)
+	ns, d := algorithm.Apply(p, st, at, cost)
 	if !ok {
 		if !algorithm.Counts(p, d, cost) {
 			return d // the state of a new key is unchanged: keep nothing
@@ -106,12 +108,12 @@ func (sh *shard) decide(h uint64, p *algorithm.Params, now, cost int64) sluice.D
 }
 
 // decideLog is decide for the sliding window log; requires mu held.
-func (sh *shard) decideLog(h uint64, slot uint32, ok bool, p *algorithm.Params, now, cost int64) sluice.Decision {
+func (sh *shard) decideLog(h uint64, slot uint32, ok bool, p *algorithm.Params, now, at, cost int64) sluice.Decision {
 	var log []int64
 	if ok {
 		log = sh.logs[slot]
 	}
-	nl, d := algorithm.ApplyLog(p, log, now, cost)
+	nl, d := algorithm.ApplyLog(p, log, at, cost)
 	if !d.Allowed || cost == 0 {
 		// Keep the log as it was: the entries ApplyLog dropped from the
 		// window at now still count for a clock that goes back.

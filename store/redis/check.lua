@@ -14,7 +14,7 @@
 -- ARGV[3]      the record's time to live in milliseconds (mode 2)
 -- ARGV[4..]    9 per request: algorithm, limit, burst, window, quantum,
 --              deny all (0/1; 2: a fixed window counting refused requests), expiry limit (algorithm.Params.ExpiryLimit;
---              0: the limit), cost, now (µs since the epoch; -1: Redis TIME)
+--              0: the limit), cost, now (µs since the epoch; -1 - d: Redis TIME plus d µs)
 --
 -- Reply: {corrupt keys reset, replayed (0/1), then 5 per request: allowed
 -- (0/1), reason, remaining, reset after (quanta), retry after (quanta)}.
@@ -74,15 +74,18 @@ local margin = tonumber(ARGV[2])
 local corrupt = 0
 
 local clock -- Redis' TIME in µs, read once
+-- now_of returns the instant of a request's argument v and the instant its
+-- keys expire from: v itself, or for v < 0 Redis' clock plus -1 - v µs
+-- and Redis' clock.
 local function now_of(v)
   if v >= 0 then
-    return v
+    return v, v
   end
   if not clock then
     local t = redis.call('TIME')
     clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  return clock
+  return clock - 1 - v, clock
 end
 
 local function reset_corrupt(key)
@@ -278,7 +281,7 @@ local function expires_at(alg, E, W, a, b, c)
 end
 
 -- ttl returns the time to live in ms of a state that expires at exp quanta,
--- decided at now µs, as an integer string: Redis writes a number of 17
+-- counted from now µs, as an integer string: Redis writes a number of 17
 -- digits or more in exponent notation, which PX refuses, and a bucket of a
 -- very large burst lives that long.
 local function ttl(exp, Q, now)
@@ -398,7 +401,7 @@ local function apply_log(key, r, t)
   if not w.cut or t - W > w.cut then
     w.cut = t - W
   end
-  w.dirty, w.W, w.Q, w.nowus = true, W, r.Q, r.nowus
+  w.dirty, w.W, w.Q, w.base = true, W, r.Q, r.base
   return 1, ALLOWED, N - n - cost, newest + W - t, 0
 end
 
@@ -440,7 +443,7 @@ local function decide(i)
     return 0, COST_EXCEEDS, rem, reset, 0
   end
   local key = KEYS[i]
-  r.nowus = now_of(r.now)
+  r.nowus, r.base = now_of(r.now)
   local t = idiv(r.nowus, r.Q)
   if r.alg == LOG then
     return apply_log(key, r, t)
@@ -486,14 +489,14 @@ local function commit()
           end
           newest = max(newest, p[1])
         end
-        redis.call('PEXPIRE', key, ttl(newest + w.W, w.Q, w.nowus))
+        redis.call('PEXPIRE', key, ttl(newest + w.W, w.Q, w.base))
         w.card = redis.call('ZCARD', key)
         w.pend = {}
       else
         local r = w.r
         local exp = expires_at(r.alg, r.E, r.W, w[1], w[2], w[3])
         if exp then
-          redis.call('SET', key, struct.pack('<Bddd', 2, w[1], w[2], w[3]), 'PX', ttl(exp, r.Q, r.nowus))
+          redis.call('SET', key, struct.pack('<Bddd', 2, w[1], w[2], w[3]), 'PX', ttl(exp, r.Q, r.base))
         else
           redis.call('DEL', key)
         end

@@ -30,7 +30,7 @@
 --          (algorithm.Params.ExpiryLimit; 0: the limit); then, when U is
 --          0, per check in the order of KEYS its set (1 to P, uint16), its
 --          cost and its instant (doubles; the instant in µs since the
---          epoch, -1: Redis TIME)
+--          epoch; -1 - d: Redis TIME plus d µs)
 --
 -- Reply: {corrupt keys reset, then per check: remaining x 4 + reason,
 -- reset after (quanta), and when the reason is not 0 (admitted) the retry
@@ -108,12 +108,16 @@ local function decide(key, ps, cost, now)
   if cost > K and not ps[8] then
     over, cost = 2, 0
   end
+  -- base is the instant keys expire from: Redis' clock for an instant
+  -- ahead of it (-1 - d: d µs ahead), the instant itself when it is given.
+  local base = now
   if now < 0 then
     if not clock then
       local tm = call('TIME')
       clock = tm[1] * 1000000 + tm[2]
     end
-    now = clock
+    base = clock
+    now = clock - 1 - now
   end
   local t = idiv(now, Q)
 
@@ -324,8 +328,8 @@ local function decide(key, ps, cost, now)
   local px = false
   if not keep then
     px = 1
-    if exp * Q > now then
-      px = idiv(exp * Q - now + 999, 1000)
+    if exp * Q > base then
+      px = idiv(exp * Q - base + 999, 1000)
     end
     px = px + margin
     if px >= 1e15 then

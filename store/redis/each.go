@@ -75,7 +75,7 @@ func (s *Store) eachArgs(reqs []store.Request, idx []int, all bool) []string {
 	uniform := len(sets) == 1
 	for _, i := range idx {
 		r := &reqs[i]
-		if !r.Now.IsZero() || r.Cost != reqs[idx[0]].Cost {
+		if !r.Now.IsZero() || r.After > 0 || r.Cost != reqs[idx[0]].Cost {
 			uniform = false
 			break
 		}
@@ -141,12 +141,19 @@ func appendEachSet(b []byte, p *algorithm.Params) []byte {
 // parameter set n: the set, the cost and the instant (µs since the epoch,
 // or -1 for Redis' clock).
 func appendEachCheck(b []byte, n int, r *store.Request) []byte {
-	now := int64(-1)
-	if !r.Now.IsZero() {
-		now = r.Now.UnixMicro()
-	}
 	b = binary.LittleEndian.AppendUint16(b, uint16(n))
-	return appendDouble(appendDouble(b, r.Cost), now)
+	return appendDouble(appendDouble(b, r.Cost), instantMicros(r))
+}
+
+// instantMicros is the scripts' instant of r: r.Now + r.After in µs since
+// the epoch, or, when r.Now is zero, -1 - r.After in µs, which the scripts
+// read as Redis' clock plus r.After (keys then expire by Redis' clock).
+func instantMicros(r *store.Request) int64 {
+	after := max(r.After, 0).Microseconds()
+	if r.Now.IsZero() {
+		return -1 - after
+	}
+	return r.Now.UnixMicro() + after
 }
 
 // appendDouble appends v as a little-endian double. Every value the
@@ -197,7 +204,7 @@ func (s *Store) checkOne(ctx context.Context, r *store.Request, out *sluice.Deci
 	key := redisKey(s.prefix, r.Key, s.maxKey)
 	var buf [eachHeadSize + eachSetSize + eachCheckSize]byte
 	var b []byte
-	if r.Now.IsZero() {
+	if r.Now.IsZero() && r.After <= 0 {
 		b = appendEachSet(s.appendEachHead(buf[:0], 1, 1, false, r.Cost), r.Params)
 	} else {
 		b = appendEachCheck(appendEachSet(s.appendEachHead(buf[:0], 1, 0, false, 0), r.Params), 1, r)

@@ -21,7 +21,9 @@
 //
 // A request whose Now is zero is decided at the Redis server's clock (TIME,
 // read inside the script), so instances agree whatever their own clocks
-// say. A non-zero Now is used as given.
+// say. A non-zero Now is used as given. A request's After moves its
+// instant ahead; its key's time to live still counts from Redis' clock (or
+// from the instant given).
 //
 // # Keys and expiry
 //

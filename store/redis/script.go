@@ -71,13 +71,10 @@ func appendArgs(args []string, r *store.Request) []string {
 	return append(appendParams(args, r.Params), strconv.FormatInt(r.Cost, 10), instant(r))
 }
 
-// instant is the script argument of r.Now: µs since the epoch, or -1 for
-// Redis' own clock.
+// instant is the script argument of r's instant: µs since the epoch, or
+// -1 - d for Redis' own clock plus d µs (r.After).
 func instant(r *store.Request) string {
-	if r.Now.IsZero() {
-		return "-1"
-	}
-	return strconv.FormatInt(r.Now.UnixMicro(), 10)
+	return strconv.FormatInt(instantMicros(r), 10)
 }
 
 // exec runs one script call per group, concurrently (pipelined per node),

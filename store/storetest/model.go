@@ -19,7 +19,7 @@ func NewModel() *Model {
 	return &Model{states: map[string]algorithm.State{}, logs: map[string][]int64{}}
 }
 
-// Decide decides r, which must have a non-zero Now.
+// Decide decides r, which must have a non-zero Now, at Now + After.
 func (m *Model) Decide(r store.Request) sluice.Decision {
 	return m.decide(r, true)
 }
@@ -27,7 +27,7 @@ func (m *Model) Decide(r store.Request) sluice.Decision {
 // decide decides r; a refusal counted under CountRefused is kept only
 // when counted is true (CheckAll keeps none).
 func (m *Model) decide(r store.Request, counted bool) sluice.Decision {
-	now := r.Now.UnixMicro()
+	now := r.Now.UnixMicro() + max(r.After, 0).Microseconds()
 	if r.Params.Algorithm == sluice.SlidingWindowLog {
 		nl, d := algorithm.ApplyLog(r.Params, append([]int64(nil), m.logs[r.Key]...), now, r.Cost)
 		if d.Allowed && r.Cost > 0 {

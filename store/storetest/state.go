@@ -219,3 +219,57 @@ func Admitted(t testing.TB, stores []Store, key string, p *algorithm.Params, gor
 	wg.Wait()
 	return admitted.Load()
 }
+
+// testAfter checks requests decided ahead of their instant (a
+// reservation): the store decides them at Now + After, as the model does,
+// and requests at Now that follow see their cost consumed.
+func testAfter(t *testing.T, s Store, key keyFunc) {
+	rng := rand.New(rand.NewPCG(23, 24))
+	for _, l := range Limits() {
+		p := compile(t, l)
+		k := key(t, limitName(l))
+		m := NewModel()
+		now := T0
+		for i := range 60 {
+			now = now.Add(time.Duration(rng.Int64N(int64(l.Window)/4+1)) / time.Microsecond * time.Microsecond)
+			r := store.Request{Key: k, Params: p, Cost: rng.Int64N(p.Burst + 1), Now: now}
+			want := m.Decide(r)
+			if !want.Allowed && want.RetryAfter > 0 && rng.IntN(2) == 0 {
+				// Reserve it: decide it again when it would be admitted.
+				r.After = want.RetryAfter
+				want = m.Decide(r)
+			}
+			got := check(t, s, r)
+			if got != want {
+				t.Fatalf("%s: request %d (cost %d, after %s): got %+v, want %+v", limitName(l), i, r.Cost, r.After, got, want)
+			}
+		}
+	}
+}
+
+// testAfterStoreClock checks After on the store's clock: a unit reserved
+// for when a limit of 1 is restored is admitted and consumed then, so that
+// neither a second reservation for that instant nor a request now is.
+func testAfterStoreClock(t *testing.T, s Store, key keyFunc) {
+	for _, a := range sluice.Algorithms {
+		p := compile(t, sluice.Limit{Algorithm: a, Limit: 1, Window: time.Hour})
+		k := key(t, a.String())
+		if d := check(t, s, store.Request{Key: k, Params: p, Cost: 1}); !d.Allowed {
+			t.Fatalf("%s: first request: got %+v, want allowed", a, d)
+		}
+		d := check(t, s, store.Request{Key: k, Params: p, Cost: 1})
+		if d.Allowed || d.RetryAfter <= 0 {
+			t.Fatalf("%s: second request: got %+v, want denied with a retry", a, d)
+		}
+		after := d.RetryAfter
+		if d := check(t, s, store.Request{Key: k, Params: p, Cost: 1, After: after}); !d.Allowed {
+			t.Errorf("%s: request %s ahead: got %+v, want allowed", a, after, d)
+		}
+		if d := check(t, s, store.Request{Key: k, Params: p, Cost: 1, After: after}); d.Allowed {
+			t.Errorf("%s: second request %s ahead: got %+v, want denied", a, after, d)
+		}
+		if d := check(t, s, store.Request{Key: k, Params: p, Cost: 1}); d.Allowed {
+			t.Errorf("%s: request now after the reservation: got %+v, want denied", a, d)
+		}
+	}
+}

@@ -83,6 +83,8 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("SharedState", func(t *testing.T) { testSharedState(t, newStore(t), key) })
 	t.Run("Reset", func(t *testing.T) { testReset(t, newStore(t), key) })
 	t.Run("StoreClock", func(t *testing.T) { testStoreClock(t, newStore(t), key) })
+	t.Run("After", func(t *testing.T) { testAfter(t, newStore(t), key) })
+	t.Run("AfterStoreClock", func(t *testing.T) { testAfterStoreClock(t, newStore(t), key) })
 	t.Run("BadInput", func(t *testing.T) { testBadInput(t, newStore(t), key) })
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, newStore(t), key) })
 	t.Run("Sources", func(t *testing.T) { testSources(t, newStore(t), key) })
