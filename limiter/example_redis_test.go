@@ -14,10 +14,15 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 )
 
+// redisAddr is the address of a Redis: in these examples, a redis-server
+// that the package's tests start; in an application, its own Redis, such
+// as "127.0.0.1:6379".
+func redisAddr() string { return limiter.RedisAddrForExamples() }
+
 // A limiter shared by every process that uses the same Redis: 100 requests
 // per minute per user, with bursts of up to 100.
 func ExampleNewRedis() {
-	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{"127.0.0.1:6379"}})
+	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{redisAddr()}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -33,9 +38,68 @@ func ExampleNewRedis() {
 		// application prefers.
 		ok = true
 	}
-	if !ok {
-		// answer 429 Too Many Requests
+	fmt.Println("allowed:", ok)
+	// Output: allowed: true
+}
+
+// Reserve takes units that are not there yet and says when they are: with
+// 5 a second, the first 5 at once, then one every 200 ms, for every
+// process sharing the Redis.
+func ExampleRedis_Reserve() {
+	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{redisAddr()}})
+	if err != nil {
+		log.Fatal(err)
 	}
+	defer client.Close()
+	lim, err := limiter.NewRedis(client, limiter.PerSecond(5), limiter.WithPrefix("example:reserve:"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	_ = lim.Reset(ctx, "export") // start afresh
+
+	for range 7 {
+		r, err := lim.Reserve(ctx, "export")
+		if err != nil {
+			log.Fatal(err) // Redis cannot answer
+		}
+		fmt.Println("act in", r.Delay().Round(100*time.Millisecond))
+		// A real program would wait, time.Sleep(r.Delay()), and act.
+	}
+	// Output:
+	// act in 0s
+	// act in 0s
+	// act in 0s
+	// act in 0s
+	// act in 0s
+	// act in 200ms
+	// act in 400ms
+}
+
+// Wait blocks until the request may go through: a crawler fetching at most
+// 20 pages a second from one host, whatever the number of its processes.
+func ExampleRedis_Wait() {
+	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{redisAddr()}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	lim, err := limiter.NewRedis(client, limiter.PerSecond(20), limiter.WithPrefix("example:wait:"))
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fetched := 0
+	for range 25 {
+		if err := lim.Wait(ctx, "host:example.org"); err != nil {
+			log.Fatal(err) // the deadline, or Redis cannot answer
+		}
+		fetched++ // fetch a page
+	}
+	fmt.Println("fetched", fetched, "pages")
+	// Output: fetched 25 pages
 }
 
 // Another algorithm, another burst, and a prefix of its own, so that it

@@ -39,6 +39,21 @@
 //
 // Both limiters have Decide(ctx, key, n), which package httplimit uses to
 // rate-limit an http.Handler with either.
+//
+// # Reserve and Wait
+//
+// As in golang.org/x/time/rate, Reserve takes units that are not there yet
+// and says how long to wait for them (Reservation.Delay), and Wait sleeps
+// until they are there:
+//
+//	r := lim.Reserve(key)  // or lim.Reserve(ctx, key) on Redis
+//	time.Sleep(r.Delay())
+//	err := lim.Wait(ctx, key)
+//
+// On Redis a reservation is made in Redis, one atomic step, so it holds
+// across every process sharing the limit. It holds exactly on GCRA, the
+// algorithm of PerSecond, PerMinute and PerHour; the Reservation type says
+// what it holds on the others, and why there is no Cancel.
 package limiter
 
 import (

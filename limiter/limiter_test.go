@@ -250,3 +250,23 @@ func TestDecide(t *testing.T) {
 		}
 	}
 }
+
+// ReserveN at fixed instants: 2 a second, with bursts of 2, lets two go at
+// once and reserves the next ones 500 ms apart, as
+// golang.org/x/time/rate's Reserve does for rate.NewLimiter(2, 2).
+func ExampleLimiter_ReserveN() {
+	lim, err := New(PerSecond(2), Config{})
+	if err != nil {
+		panic(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	for range 4 {
+		r := lim.ReserveN("upload", now, 1)
+		fmt.Println("act in", r.DelayFrom(now))
+	}
+	// Output:
+	// act in 0s
+	// act in 0s
+	// act in 500ms
+	// act in 1s
+}

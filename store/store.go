@@ -161,9 +161,13 @@ type Request struct {
 	// After moves the instant of the check that far ahead of Now (or of
 	// the store's clock): a request admitted After from now consumes its
 	// cost at that instant, which is how a reservation holds units that
-	// are not there yet. A store does not forget other keys' states on the
-	// strength of that later instant. Zero, the usual case, decides at
-	// Now; a negative After is read as zero.
+	// are not there yet. Until then, requests at earlier instants read the
+	// key's state as at the later one, as after a clock that went back
+	// (see package algorithm): exact for GCRA, whose state is an instant,
+	// but a window algorithm would count them against the later window.
+	// A store does not forget other keys' states on the strength of the
+	// later instant. Zero, the usual case, decides at Now; a negative
+	// After is read as zero.
 	After time.Duration
 }
 
