@@ -262,8 +262,9 @@ type goreleaserConfig struct {
 		NameTemplate string `yaml:"name_template"`
 	} `yaml:"checksum"`
 	SBOMs []struct {
-		Artifacts string `yaml:"artifacts"`
-		Cmd       string `yaml:"cmd"`
+		Artifacts string   `yaml:"artifacts"`
+		Cmd       string   `yaml:"cmd"`
+		Documents []string `yaml:"documents"`
 	} `yaml:"sboms"`
 }
 
@@ -299,8 +300,17 @@ func TestGoreleaser(t *testing.T) {
 	if c.Checksum.NameTemplate == "" {
 		t.Error("no checksum file")
 	}
-	if len(c.SBOMs) == 0 || c.SBOMs[0].Artifacts == "" {
-		t.Error("no SBOM")
+	// An SBOM of each archive, made by syft (goreleaser's default), one
+	// document per archive named after it.
+	if len(c.SBOMs) != 1 {
+		t.Fatalf("%d sboms sections, want one: an SBOM of each archive", len(c.SBOMs))
+	}
+	if sb := c.SBOMs[0]; sb.Artifacts != "archive" || sb.Cmd != "" && sb.Cmd != "syft" ||
+		len(sb.Documents) != 1 || !strings.Contains(sb.Documents[0], "{{ .ArtifactName }}") {
+		t.Errorf("sboms: artifacts %q, cmd %q, documents %q: want an SBOM of each archive by syft, named after it", sb.Artifacts, sb.Cmd, sb.Documents)
+	}
+	if _, err := exec.LookPath("syft"); err != nil {
+		t.Log("syft not installed: a release here would fail at its SBOMs")
 	}
 	for _, a := range c.Archives {
 		for _, pattern := range a.Files {
