@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/bench/loadgen"
 	"github.com/sluicehq/sluice/internal/daemon"
-	"github.com/sluicehq/sluice/internal/loadgen"
 )
 
 // testPolicy limits each client (and each Envoy descriptor value in

@@ -1,5 +1,5 @@
-// Package loadgen is Sluice's load generator, behind `sluice load`. It
-// drives a running server through its HTTP JSON API, its gRPC API or
+// Package loadgen is Sluice's load generator, behind the sluice-load
+// binary. It drives a running server through its HTTP JSON API, its gRPC API or
 // Envoy's ShouldRateLimit, with a number of concurrent callers (closed
 // loop) or at a fixed rate (open loop), for a bounded time and number of
 // requests, over a set of keys (client ids, or descriptor values for
