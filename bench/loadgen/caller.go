@@ -19,6 +19,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 )
 
 // newCaller returns the caller of cfg.Target and the function that
@@ -41,8 +42,11 @@ func newCaller(cfg *Config, r *run) (caller, func(), error) {
 		return &httpCaller{r: r, url: strings.TrimSuffix(base, "/") + path, client: &http.Client{Transport: tr}},
 			tr.CloseIdleConnections, nil
 	case TargetGRPC, TargetEnvoy:
-		if cfg.GRPCClient == ClientH2 {
+		switch cfg.GRPCClient {
+		case ClientH2:
 			return newH2Caller(cfg, r)
+		case ClientXNet:
+			return newXNetCaller(cfg, r)
 		}
 		conns := make([]*grpc.ClientConn, cfg.Conns)
 		closeAll := func() {
@@ -251,4 +255,27 @@ func envoyVerdict(code rlsv3.RateLimitResponse_Code) (bool, error) {
 		return false, nil
 	}
 	return false, fmt.Errorf("envoy: overall code %s", code)
+}
+
+// message returns w's gRPC request for key with cost.
+func (r *run) message(w *worker, key int, cost int64) proto.Message {
+	cfg := &r.cfg
+	switch {
+	case cfg.Target == TargetEnvoy:
+		return w.envoyRequest(cfg, r.keyNames[key], cost)
+	case cfg.Batch > 1:
+		return w.batchRequest(cfg, r.keyNames[key], cost)
+	}
+	return w.checkRequest(r.resource(key), r.keyNames[key], cost)
+}
+
+// verdict turns a gRPC reply's field 1 into the request's verdict.
+func (r *run) verdict(v uint64, err error) (bool, error) {
+	if err != nil {
+		return false, err
+	}
+	if r.cfg.Target != TargetEnvoy {
+		return v == 1, nil // allowed
+	}
+	return envoyVerdict(rlsv3.RateLimitResponse_Code(v))
 }

@@ -9,9 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/protobuf/proto"
 )
 
 // The methods the h2 caller calls.
@@ -74,34 +71,11 @@ func (h *h2Caller) call(ctx context.Context, w *worker, key int, cost int64) (bo
 	if w.h2 == nil {
 		w.h2 = newH2Call()
 	}
-	v, err := c.call(ctx, w.h2, h.message(w, key, cost))
+	v, err := c.call(ctx, w.h2, h.r.message(w, key, cost))
 	if err != nil && ctx.Err() != nil {
 		w.h2 = nil // the reader may still hold the abandoned call
 	}
-	return h.verdict(v, err)
-}
-
-// message returns w's request for key with cost.
-func (h *h2Caller) message(w *worker, key int, cost int64) proto.Message {
-	cfg := &h.r.cfg
-	switch {
-	case cfg.Target == TargetEnvoy:
-		return w.envoyRequest(cfg, h.r.keyNames[key], cost)
-	case cfg.Batch > 1:
-		return w.batchRequest(cfg, h.r.keyNames[key], cost)
-	}
-	return w.checkRequest(h.r.resource(key), h.r.keyNames[key], cost)
-}
-
-// verdict turns a reply's field 1 into the request's verdict.
-func (h *h2Caller) verdict(v uint64, err error) (bool, error) {
-	if err != nil {
-		return false, err
-	}
-	if h.r.cfg.Target != TargetEnvoy {
-		return v == 1, nil // allowed
-	}
-	return envoyVerdict(rlsv3.RateLimitResponse_Code(v))
+	return h.r.verdict(v, err)
 }
 
 // loop runs the closed-loop callers of workers until sending ends or the
@@ -116,7 +90,7 @@ func (h *h2Caller) loop(ctx, sending context.Context, workers []*worker) {
 	var wg sync.WaitGroup
 	var then func(*h2Call)
 	then = func(call *h2Call) {
-		allowed, err := h.verdict(call.result())
+		allowed, err := h.r.verdict(call.result())
 		if err != nil && ctx.Err() != nil {
 			wg.Done() // the run was abandoned during the call
 			return
@@ -173,7 +147,7 @@ func (h *h2Caller) issue(ctx, sending context.Context, wg *sync.WaitGroup, call 
 	call.key, call.cost = r.pickKey(call.w), r.pickCost(call.w)
 	call.due = time.Now()
 	call.deadline = call.due.Add(r.cfg.Timeout)
-	err := call.marshal(h.message(call.w, call.key, call.cost))
+	err := call.marshal(h.r.message(call.w, call.key, call.cost))
 	if err == nil {
 		_, err = call.conn.send(ctx, call, false)
 		if errors.Is(err, errWindow) {

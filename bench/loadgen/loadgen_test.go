@@ -79,6 +79,9 @@ func TestRunAgainstDaemon(t *testing.T) {
 		{loadgen.TargetGRPC, d.GRPCAddr(), 0, loadgen.ClientGRPCGo},
 		{loadgen.TargetEnvoy, d.GRPCAddr(), 0, loadgen.ClientGRPCGo},
 		{loadgen.TargetGRPC, d.GRPCAddr(), 4, loadgen.ClientGRPCGo},
+		{loadgen.TargetGRPC, d.GRPCAddr(), 0, loadgen.ClientXNet},
+		{loadgen.TargetEnvoy, d.GRPCAddr(), 0, loadgen.ClientXNet},
+		{loadgen.TargetGRPC, d.GRPCAddr(), 4, loadgen.ClientXNet},
 	} {
 		name := tt.target
 		if tt.batch > 0 {
@@ -137,7 +140,7 @@ func TestRunAgainstDaemon(t *testing.T) {
 // server allows larger ones, so the lean client splits each request.
 func TestLargeRequests(t *testing.T) {
 	d := start(t)
-	for _, client := range []string{loadgen.ClientH2, loadgen.ClientGRPCGo} {
+	for _, client := range []string{loadgen.ClientH2, loadgen.ClientXNet, loadgen.ClientGRPCGo} {
 		t.Run(client, func(t *testing.T) {
 			const requests = 3
 			rep, err := loadgen.Run(context.Background(), loadgen.Config{
@@ -186,7 +189,7 @@ func TestMoreCallersThanTheServerAllowsPerConnection(t *testing.T) {
 // TestServerGoesAway stops the server in the middle of a run: the calls
 // fail, and the run ends on time.
 func TestServerGoesAway(t *testing.T) {
-	for _, client := range []string{loadgen.ClientH2, loadgen.ClientGRPCGo} {
+	for _, client := range []string{loadgen.ClientH2, loadgen.ClientXNet, loadgen.ClientGRPCGo} {
 		t.Run(client, func(t *testing.T) {
 			d := start(t)
 			go func() {

@@ -75,7 +75,7 @@ Flags:
 	fs.StringVar(&cfg.Domain, "domain", "sluice", "Envoy domain")
 	fs.StringVar(&cfg.DescriptorKey, "descriptor-key", "client_id", "Envoy descriptor entry key; the value is the key name")
 	fs.IntVar(&cfg.Conns, "conns", 2, "gRPC connections shared by the callers")
-	fs.StringVar(&cfg.GRPCClient, "grpc-client", loadgen.ClientH2, "client of the grpc and envoy targets: h2 (lean, the default) or grpc-go")
+	fs.StringVar(&cfg.GRPCClient, "grpc-client", loadgen.ClientH2, "client of the grpc and envoy targets: h2 (lean, the default), x-net (golang.org/x/net/http2) or grpc-go")
 	fs.DurationVar(&cfg.Timeout, "timeout", time.Second, "deadline of each request")
 	fs.Int64Var(&cfg.ExpectLimit, "expect-limit", 0, "cost the server should admit per key per --window; reports the overshoot")
 	fs.DurationVar(&cfg.Window, "window", 0, "window of --expect-limit, aligned on the Unix epoch like fixed windows; 0: the whole run")
@@ -131,7 +131,7 @@ Flags:
 	}{
 		{"target", cfg.Target == "", "http, grpc or envoy"},
 		{"addr", cfg.Addr == "", "host:port"},
-		{"grpc-client", cfg.GRPCClient == "", "h2 or grpc-go"},
+		{"grpc-client", cfg.GRPCClient == "", "h2, x-net or grpc-go"},
 		{"domain", cfg.Domain == "" && cfg.Target == loadgen.TargetEnvoy, "the Envoy domain, which Envoy requests require"},
 		{"descriptor-key", cfg.DescriptorKey == "" && cfg.Target == loadgen.TargetEnvoy, "the descriptor entry key, which Envoy requests require"},
 	} {
