@@ -18,6 +18,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 )
@@ -27,8 +28,9 @@ import (
 func newCaller(cfg *Config, r *run) (caller, func(), error) {
 	switch cfg.Target {
 	case TargetHTTP:
-		base := httpBase(cfg.Addr)
+		base := httpBase(cfg.Addr, cfg.TLS != nil)
 		tr := &http.Transport{
+			TLSClientConfig:     cfg.TLS.Clone(),
 			MaxIdleConns:        cfg.Concurrency,
 			MaxIdleConnsPerHost: cfg.Concurrency,
 			MaxConnsPerHost:     cfg.Concurrency,
@@ -57,7 +59,11 @@ func newCaller(cfg *Config, r *run) (caller, func(), error) {
 			}
 		}
 		for i := range conns {
-			c, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			creds := insecure.NewCredentials()
+			if cfg.TLS != nil {
+				creds = credentials.NewTLS(cfg.TLS.Clone())
+			}
+			c, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(creds))
 			if err != nil {
 				closeAll()
 				return nil, nil, fmt.Errorf("loadgen: %w", err)
@@ -80,13 +86,16 @@ func newCaller(cfg *Config, r *run) (caller, func(), error) {
 	return nil, nil, fmt.Errorf("loadgen: unknown target %q", cfg.Target)
 }
 
-// httpBase returns the base URL of the HTTP API at addr, host:port or a
-// URL.
-func httpBase(addr string) string {
-	if !strings.Contains(addr, "://") {
-		return "http://" + addr
+// httpBase returns the base URL of the HTTP API at addr, host:port (an
+// https URL when secure) or a URL.
+func httpBase(addr string, secure bool) string {
+	switch {
+	case strings.Contains(addr, "://"):
+		return addr
+	case secure:
+		return "https://" + addr
 	}
-	return addr
+	return "http://" + addr
 }
 
 type httpCaller struct {

@@ -42,7 +42,7 @@ func newH2Caller(cfg *Config, r *run) (caller, func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for range cfg.Conns {
-		c, err := dialH2(ctx, cfg.Addr, path)
+		c, err := dialH2(ctx, cfg.Addr, path, cfg.TLS)
 		if err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("loadgen: %w", err)

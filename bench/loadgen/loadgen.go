@@ -182,8 +182,9 @@ type Config struct {
 	// (grpc-go's); the last two cost several times the CPU per call.
 	GRPCClient string
 	// TLS, when set, is the TLS configuration of the connections to the
-	// server (of the HTTP target too, whose address is then an https URL
-	// or a host:port); nil connects over plain TCP, except to an https URL.
+	// server, whose address is then a host:port or, for HTTP, an https
+	// URL. Nil connects over plain TCP, except to an https URL (which
+	// trusts the system's roots).
 	TLS *tls.Config
 	// Timeout bounds each request; zero means 1s.
 	Timeout time.Duration
@@ -295,9 +296,12 @@ func (c *Config) defaults() error {
 	}
 	switch {
 	case c.Target == TargetHTTP:
-		u, err := url.Parse(httpBase(c.Addr))
+		u, err := url.Parse(httpBase(c.Addr, c.TLS != nil))
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
 			return fmt.Errorf("loadgen: address %q: want host:port or http(s)://host:port[/path]", c.Addr)
+		}
+		if u.Scheme == "http" && c.TLS != nil {
+			return fmt.Errorf("loadgen: address %q: an http URL with TLS settings; want https://", c.Addr)
 		}
 	case c.GRPCClient == ClientH2 || c.GRPCClient == ClientXNet:
 		// grpc-go takes its own target syntax (dns:///host:port, ...);

@@ -43,7 +43,7 @@ func start(t *testing.T) *daemon.Daemon {
 
 // startPolicy runs a daemon of policy on free loopback ports and stops it
 // when the test ends.
-func startPolicy(t *testing.T, policy string) *daemon.Daemon {
+func startPolicy(t *testing.T, policy string, mod ...func(*daemon.Config)) *daemon.Daemon {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "sluice.yaml")
 	if err := os.WriteFile(path, []byte(policy), 0o644); err != nil {
@@ -51,7 +51,11 @@ func startPolicy(t *testing.T, policy string) *daemon.Daemon {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	d, err := daemon.Start(ctx, daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", ConfigPath: path})
+	cfg := daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", ConfigPath: path}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	d, err := daemon.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

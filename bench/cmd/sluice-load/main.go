@@ -51,6 +51,8 @@ Examples:
   sluice-load --target grpc  --addr 127.0.0.1:8081 --rate 5000 --keys 100000 --zipf
   sluice-load --all-at-once --concurrency 1000 --keys 1 --expect-limit 100 --window 1h
   sluice-load --addr eu:8080,us:8080,ap:8080 --split 60,30,10 --keys 10 --expect-limit 1000 --window 1m
+  sluice-load --target grpc  --addr sluice.example:8081 --tls-ca ca.pem
+  sluice-load --target http  --addr https://sluice.example:8080
 
 Flags:
 `)
@@ -85,6 +87,11 @@ Flags:
 	quiet := fs.Bool("quiet", false, "print no progress on stderr while the run goes on (by default a line a second, or one line updated in place on a terminal)")
 	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file; empty: none")
 	threads := fs.Int("threads", 0, "OS threads running the load generator's Go code (GOMAXPROCS); 0: Go's default, one per core. Beside the server on one machine, 1 leaves it the other cores: over gRPC in a closed loop one thread drives every caller")
+	var tf tlsFlags
+	fs.StringVar(&tf.ca, "tls-ca", "", "PEM file of the CAs that sign the server's certificate, trusted instead of the system's roots: speaks TLS to the server (so does an https:// --addr, with the system's roots)")
+	fs.BoolVar(&tf.insecure, "insecure-skip-verify", false, "speak TLS to the server without verifying its certificate, for a test server only")
+	fs.StringVar(&tf.cert, "tls-cert", "", "PEM file of a client certificate to present over TLS, for a server that requires one (--tls-client-ca); with --tls-key")
+	fs.StringVar(&tf.key, "tls-key", "", "PEM file of the key of --tls-cert")
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set, 0 or less: Go's default, 100 (the generator's own CPU per request falls by about a quarter at 400)")
 	fromEnv := envFlags(fs, "SLUICE_LOAD_")
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
@@ -143,6 +150,10 @@ Flags:
 	var err error
 	if cfg.Costs, err = loadgen.ParseCosts(*costs); err != nil {
 		fmt.Fprintf(stderr, "sluice-load: --costs: %v\n", err)
+		return 2
+	}
+	if cfg.TLS, cfg.Addr, err = tf.config(cfg.Target, cfg.Addr); err != nil {
+		fmt.Fprintf(stderr, "sluice-load: %v\n", err)
 		return 2
 	}
 	if cfg.Addr == "" {

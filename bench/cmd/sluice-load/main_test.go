@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/daemon"
+	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
 func TestRun(t *testing.T) {
@@ -216,6 +217,52 @@ func TestFlags(t *testing.T) {
 	for _, w := range []string{"Usage: sluice-load", "SLUICE_LOAD_ADDR", "SLUICE_LOAD_DURATION", "(default 10s)"} {
 		if !strings.Contains(out.String(), w) {
 			t.Errorf("--help does not show %s:\n%s", w, out.String())
+		}
+	}
+}
+
+// --tls-ca, --insecure-skip-verify and an https:// --addr speak TLS to a
+// server whose listeners speak TLS alone.
+func TestTLSFlags(t *testing.T) {
+	pki := redistest.NewPKI(t)
+	d, err := daemon.Start(context.Background(), daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		TLSCertFile: pki.ServerCertFile, TLSKeyFile: pki.ServerKeyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d.Shutdown(ctx)
+	}()
+	for _, args := range [][]string{
+		{"--target", "grpc", "--addr", d.GRPCAddr(), "--tls-ca", pki.CAFile},
+		{"--target", "envoy", "--addr", "https://" + d.GRPCAddr(), "--insecure-skip-verify", "--domain", "load"},
+		{"--target", "grpc", "--addr", d.GRPCAddr(), "--tls-ca", pki.CAFile, "--tls-cert", pki.ClientCertFile, "--tls-key", pki.ClientKeyFile},
+		{"--target", "http", "--addr", "https://" + d.HTTPAddr(), "--tls-ca", pki.CAFile, "--resource", "/api/v1/demo"},
+		{"--target", "http", "--addr", d.HTTPAddr(), "--insecure-skip-verify", "--resource", "/api/v1/demo"},
+	} {
+		var out, errOut bytes.Buffer
+		args = append(args, "--requests", "4", "--concurrency", "2", "--quiet", "--json")
+		if code := run(args, &out, &errOut, noEnv); code != 0 {
+			t.Errorf("sluice-load %q: exit %d: %s %s", args, code, out.String(), errOut.String())
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--target", "grpc", "--addr", d.GRPCAddr()}, 1, ""}, // plain gRPC to a TLS listener
+		{[]string{"--target", "grpc", "--addr", d.GRPCAddr(), "--tls-ca", pki.ServerKeyFile}, 2, "--tls-ca"},
+		{[]string{"--target", "grpc", "--addr", d.GRPCAddr(), "--tls-ca", "/no/such/ca.pem"}, 2, "--tls-ca"},
+		{[]string{"--target", "grpc", "--addr", d.GRPCAddr(), "--tls-cert", pki.ClientCertFile}, 2, "--tls-key"},
+		{[]string{"--target", "http", "--addr", "http://" + d.HTTPAddr(), "--tls-ca", pki.CAFile}, 2, "https://"},
+	} {
+		var out, errOut bytes.Buffer
+		args := append(tc.args, "--requests", "1", "--concurrency", "1", "--timeout", "2s", "--quiet")
+		if code := run(args, &out, &errOut, noEnv); code != tc.code || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("sluice-load %q: exit %d, %q; want %d and %q", tc.args, code, errOut.String(), tc.code, tc.want)
 		}
 	}
 }
