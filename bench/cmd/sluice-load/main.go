@@ -43,7 +43,8 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 
 Sends checks to a running Sluice server for a bounded time and prints the
 throughput, allowed/denied/error counts and the latency percentiles of the
-answered requests (errors, timeouts included, are left out of them).
+answered requests (errors, timeouts included, are left out of them). Every
+flag has an environment variable (env), read when the flag is not given.
 
 Examples:
   sluice-load --target http  --addr 127.0.0.1:8080 --duration 10s --concurrency 64
