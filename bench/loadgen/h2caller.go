@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// The methods the h2 caller calls.
+// The methods the gRPC callers call.
 const (
 	pathShouldRateLimit = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 	pathCheckRateLimit  = "/sluice.v1.RateLimiter/CheckRateLimit"
@@ -26,13 +26,7 @@ type h2Caller struct {
 }
 
 func newH2Caller(cfg *Config, r *run) (caller, func(), error) {
-	path := pathCheckRateLimit
-	switch {
-	case cfg.Target == TargetEnvoy:
-		path = pathShouldRateLimit
-	case cfg.Batch > 1:
-		path = pathBatchCheck
-	}
+	path := callPath(cfg)
 	h := &h2Caller{r: r}
 	closeAll := func() {
 		for _, c := range h.conns {

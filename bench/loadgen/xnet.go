@@ -82,6 +82,8 @@ func (x *xnetCaller) call(ctx context.Context, w *worker, key int, cost int64) (
 		return false, err
 	}
 	binary.BigEndian.PutUint32(b[1:5], uint32(len(b)-5))
+	// The server answers a unary call once it has read the request, so
+	// w.buf is free again when the reply has been read.
 	w.buf = b
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, x.url, bytes.NewReader(b))
 	if err != nil {
