@@ -15,6 +15,11 @@ TESTFLAGS ?= $(RACE) -count=1 -timeout 30m
 # not require gin or echo; vet and test run in each.
 CONTRIB = contrib/ginlimit contrib/echolimit
 
+# The load generator (package loadgen and the sluice-load binary) lives in
+# the bench module; its tests run under the race detector, apart from the
+# benchmarks.
+LOADGEN = ./loadgen/... ./cmd/...
+
 run:
 	$(GO) run ./cmd/sluice serve --grpc-reflection --data-dir .sluice-data
 
@@ -28,6 +33,7 @@ LDFLAGS ?= -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT) -
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/sluice ./cmd/sluice
+	cd bench && $(GO) build -o ../bin/sluice-load ./cmd/sluice-load
 
 # The container image (Dockerfile), with the same version, commit and date;
 # see docs/deploy.md.
@@ -57,12 +63,14 @@ vet:
 test: deps vet
 	@$(if $(RACE),:,echo "no C compiler for cgo: running the tests without the race detector (install gcc to get it)" >&2)
 	$(GO) test $(TESTFLAGS) ./...
-	cd bench && $(GO) test -count=1 -run . -bench . -benchtime 1x ./...
+	cd bench && $(GO) test -count=1 -run . -bench . -benchtime 1x $$($(GO) list ./... | grep -v -e /loadgen -e /cmd/)
+	cd bench && $(GO) test $(TESTFLAGS) $(LOADGEN)
 	@for m in $(CONTRIB); do echo "cd $$m && $(GO) test $(TESTFLAGS) ./..."; (cd $$m && $(GO) test $(TESTFLAGS) ./...) || exit 1; done
 
 test-short: deps
 	@$(if $(RACE),:,echo "no C compiler for cgo: running the tests without the race detector (install gcc to get it)" >&2)
 	$(GO) test -short $(TESTFLAGS) ./...
+	cd bench && $(GO) test -short $(TESTFLAGS) $(LOADGEN)
 	@for m in $(CONTRIB); do (cd $$m && $(GO) test -short $(TESTFLAGS) ./...) || exit 1; done
 
 # Full benchmarks; see docs/PERFORMANCE.md for the commands behind each figure.

@@ -2,7 +2,7 @@
 # What the analytics cost the checks, measured in one run (docs/PERFORMANCE.md):
 # `sluice serve --config examples/load.yaml` three times, with the analytics
 # off (--no-analytics), in memory (the default) and on PostgreSQL
-# (--analytics), each server on one core, loaded in turn by `sluice load
+# (--analytics), each server on one core, loaded in turn by `sluice-load
 # --target grpc` (64 callers, 1000 keys, one thread) for ROUNDS rounds in a
 # rotating order, so that the machine's noise falls on each alike. Then
 # PostgreSQL is killed (SIGKILL) and the rounds run again, the PostgreSQL
@@ -30,6 +30,7 @@ cleanup() {
 }
 trap cleanup EXIT
 go build -o "$bin" ./cmd/sluice
+(cd bench && go build -o "$work/sluice-load" ./cmd/sluice-load)
 
 as_pg=()
 if [ "$(id -u)" = 0 ]; then
@@ -62,7 +63,7 @@ declare -A rates p99s
 run() { # phase round
   for j in 0 1 2; do
     i=$(( ($2 + j) % 3 ))
-    out=$("$bin" load --target grpc --addr "127.0.0.1:$((PORT + 2 * i + 1))" --duration "$DURATION" \
+    out=$("$work/sluice-load" --target grpc --addr "127.0.0.1:$((PORT + 2 * i + 1))" --duration "$DURATION" \
       --concurrency 64 --keys 1000 --threads 1 --json)
     read -r rate p99 < <(python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["throughput"], r["latency_ms"]["p99"])' <<<"$out")
     printf '%-10s round %d %-9s %10.0f checks/s  p99 %6.2f ms\n' "$1" "$2" "${names[$i]}" "$rate" "$p99"

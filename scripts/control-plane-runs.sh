@@ -2,7 +2,7 @@
 # Runs the control plane's throughput comparison of docs/PERFORMANCE.md:
 # the same RULES rules (one per resource, /api/v1/orders/0, /1, ...) served
 # by two instances on the memory store, one from a configuration file and
-# one from etcd through the control plane, each loaded by `sluice load` in
+# one from etcd through the control plane, each loaded by `sluice-load` in
 # turn, ROUNDS times, with the same flags. It builds sluice and the etcd
 # server of the tests (internal/tools/etcd), starts etcd on free loopback
 # ports, writes the rules into etcd through the second instance's admin
@@ -48,6 +48,7 @@ PROFILE=${PROFILE:-}
 case $TARGET in http|grpc) ;; *) echo "TARGET must be http or grpc" >&2; exit 2;; esac
 mkdir -p bin
 go build -o bin/sluice ./cmd/sluice
+(cd bench && go build -o ../bin/sluice-load ./cmd/sluice-load)
 (cd internal/tools/etcd && GOWORK=off go build -o ../../../bin/etcd-test .)
 out=$(mktemp -d)
 EP=""; FP=""; CP=""
@@ -169,7 +170,7 @@ run() { # name pid http-port grpc-port debug-port round
     prof=$!
   fi
   local c0; c0=$(cpu "$pid")
-  bin/sluice load --target "$TARGET" --addr "$addr" --duration "$DURATION" --concurrency "$CONCURRENCY" \
+  bin/sluice-load --target "$TARGET" --addr "$addr" --duration "$DURATION" --concurrency "$CONCURRENCY" \
     --keys "$KEYS" --resource /api/v1/orders --resources "$RULES" --json >"$out/run.json" || true
   local c1; c1=$(cpu "$pid")
   [ -n "$prof" ] && wait "$prof"

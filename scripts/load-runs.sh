@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs the load runs of docs/PERFORMANCE.md: `sluice load` against
+# Runs the load runs of docs/PERFORMANCE.md: `sluice-load` against
 # `sluice serve --config examples/load.yaml` and against the no-op reference
-# server (internal/loadgen/noop), interleaved, and prints one line per run
+# server (bench/cmd/noop), interleaved, and prints one line per run
 # with the server's CPU time per request, then the engine's own latency
 # from /metrics.
 #
@@ -48,7 +48,7 @@ case "$RATELIMIT_BIN:$STORE" in
 esac
 mkdir -p bin
 go build -o bin/sluice ./cmd/sluice
-go build -o bin/noop ./internal/loadgen/noop
+(cd bench && go build -o ../bin/sluice-load ./cmd/sluice-load && go build -o ../bin/noop ./cmd/noop)
 out=$(mktemp -d)
 RP=""
 if [ "$STORE" = redis ]; then
@@ -94,7 +94,7 @@ run() { # name pid target addr [extra flags]
   local c0; c0=$(cpu $pid)
   local r0=0; case "$STORE:$name" in redis*:sluice*|redis*:ratelimit*) r0=$(redis_calls);; esac
   local threads=0; [ "$t" != http ] && threads=$THREADS
-  bin/sluice load --target $t --addr $a --duration $DURATION --concurrency $CONCURRENCY \
+  bin/sluice-load --target $t --addr $a --duration $DURATION --concurrency $CONCURRENCY \
     --keys $KEYS --domain load --grpc-client $GRPC_CLIENT --threads $threads --json "$@" >"$out/$name.json" || true
   local c1; c1=$(cpu $pid)
   local r1=0; case "$STORE:$name" in redis*:sluice*|redis*:ratelimit*) r1=$(redis_calls);; esac

@@ -2,7 +2,7 @@
 # Measures the Redis CPU per check of docs/PERFORMANCE.md ("Redis CPU per
 # check"): for each algorithm, `sluice serve` on a redis-server of its own
 # serves one Envoy limit of that algorithm (1,000 per minute per client),
-# `sluice load` sends Envoy checks to it, and the Redis server's CPU time
+# `sluice-load` (built here) sends Envoy checks to it, and the Redis server's CPU time
 # (INFO cpu, used_cpu_user + used_cpu_sys) before and after the run is
 # divided by the checks answered. With several binaries, each algorithm is
 # run with each binary in turn, against the same redis-server, ROUNDS
@@ -24,8 +24,9 @@ KEYS=${KEYS:-10000}
 ROUNDS=${ROUNDS:-1}
 PORT=${PORT:-18280}
 ALGS=${ALGS:-fixed_window token_bucket leaky_bucket gcra sliding_window_counter sliding_window_log}
+mkdir -p bin
+(cd bench && go build -o ../bin/sluice-load ./cmd/sluice-load)
 if [ -z "${BINS:-}" ]; then
-  mkdir -p bin
   go build -o bin/sluice ./cmd/sluice
   BINS=bin/sluice
 fi
@@ -50,7 +51,7 @@ for round in $(seq "$ROUNDS"); do
       SP=$!
       for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$((PORT+1))) 2>/dev/null && break; sleep 0.1; done
       c0=$(cpu); k0=$(calls)
-      "$bin" load --target envoy --addr 127.0.0.1:$((PORT+1)) --duration "$DURATION" --concurrency "$CONCURRENCY" \
+      bin/sluice-load --target envoy --addr 127.0.0.1:$((PORT+1)) --duration "$DURATION" --concurrency "$CONCURRENCY" \
         --keys "$KEYS" --domain load --json >"$out/load.json" || true
       c1=$(cpu); k1=$(calls)
       kill $SP; wait $SP 2>/dev/null || true; SP=""

@@ -29,7 +29,6 @@ var completionTree = []struct {
 	{"config", "validate"},
 	{"config validate", ""},
 	{"check", ""},
-	{"load", ""},
 	{"admin", "rules limits tier override throttle audit status token"},
 	{"admin rules", "list get put delete"},
 	{"admin limits", ""},

@@ -3,7 +3,6 @@
 //	sluice serve [flags]            serve the HTTP, gRPC and Envoy APIs
 //	sluice config validate PATH     check a configuration file or directory
 //	sluice check [flags]            ask a running server for one decision
-//	sluice load [flags]             load-test a running server
 //	sluice admin COMMAND [flags]    use the admin API of a running server
 //	sluice migrate --analytics URL  migrate the analytics' PostgreSQL
 //	sluice version                  print the build's version and commit
@@ -41,7 +40,6 @@ const usage = `Usage:
   sluice serve [flags]              serve the HTTP, gRPC and Envoy rate limit APIs
   sluice config validate PATH...    check configuration files or directories; exit 1 on the first error
   sluice check [flags]              ask a running server for one decision (HTTP or Envoy's API)
-  sluice load [flags]               load-test a running server (HTTP, gRPC or Envoy's API)
   sluice admin COMMAND [flags]      change rules, tiers, overrides, throttles and tokens through the admin API
   sluice migrate --analytics URL    bring the analytics schema of a PostgreSQL to this build's version
   sluice version                    print the version, commit, build date and Go version
@@ -72,7 +70,9 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	case "check":
 		return check(args[1:], stdout, stderr, getenv)
 	case "load":
-		return load(args[1:], stdout, stderr, getenv)
+		// The load generator is a binary of its own.
+		fmt.Fprintln(stderr, "sluice: the load generator is now the sluice-load binary: run \"sluice-load\" with the same flags (make build puts it in bin/)")
+		return 2
 	case "admin":
 		return admin(args[1:], os.Stdin, stdout, stderr, getenv)
 	case "migrate":

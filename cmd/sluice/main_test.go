@@ -119,7 +119,7 @@ func TestVersion(t *testing.T) {
 func TestHelpExitsZero(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"serve", "--help"}, {"serve", "-h"}, {"config", "validate", "--help"},
-		{"check", "--help"}, {"load", "--help"},
+		{"check", "--help"},
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(args, &out, &errOut, noEnv); code != 0 {
@@ -129,7 +129,7 @@ func TestHelpExitsZero(t *testing.T) {
 			t.Errorf("sluice %s printed no usage", strings.Join(args, " "))
 		}
 	}
-	for _, args := range [][]string{{"serve", "--no-such-flag"}, {"load", "--no-such-flag"}, {"config", "validate", "--no-such-flag"}} {
+	for _, args := range [][]string{{"serve", "--no-such-flag"}, {"load"}, {"config", "validate", "--no-such-flag"}} {
 		var out, errOut bytes.Buffer
 		if code := run(args, &out, &errOut, noEnv); code != 2 {
 			t.Errorf("sluice %s: exit %d, want 2", strings.Join(args, " "), code)
@@ -348,5 +348,13 @@ func TestCheckToken(t *testing.T) {
 		if code := run(args, &out, &errOut, withToken); code != 0 {
 			t.Errorf("%q with SLUICE_TOKEN: exit %d, %q %q; want 0", args, code, out.String(), errOut.String())
 		}
+	}
+}
+
+// The load generator is the sluice-load binary: `sluice load` says so.
+func TestLoadNamesItsBinary(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"load", "--duration", "1s"}, &out, &errOut, noEnv); code != 2 || !strings.Contains(errOut.String(), "sluice-load") {
+		t.Errorf("sluice load: exit %d, %q; want 2 and a message naming sluice-load", code, errOut.String())
 	}
 }

@@ -9,12 +9,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/protobuf/proto"
 )
 
-// The methods the h2 caller calls.
+// The methods the gRPC callers call.
 const (
 	pathShouldRateLimit = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 	pathCheckRateLimit  = "/sluice.v1.RateLimiter/CheckRateLimit"
@@ -29,13 +26,7 @@ type h2Caller struct {
 }
 
 func newH2Caller(cfg *Config, r *run) (caller, func(), error) {
-	path := pathCheckRateLimit
-	switch {
-	case cfg.Target == TargetEnvoy:
-		path = pathShouldRateLimit
-	case cfg.Batch > 1:
-		path = pathBatchCheck
-	}
+	path := callPath(cfg)
 	h := &h2Caller{r: r}
 	closeAll := func() {
 		for _, c := range h.conns {
@@ -45,7 +36,7 @@ func newH2Caller(cfg *Config, r *run) (caller, func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for range cfg.Conns {
-		c, err := dialH2(ctx, cfg.Addr, path)
+		c, err := dialH2(ctx, cfg.Addr, path, cfg.TLS)
 		if err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("loadgen: %w", err)
@@ -74,34 +65,11 @@ func (h *h2Caller) call(ctx context.Context, w *worker, key int, cost int64) (bo
 	if w.h2 == nil {
 		w.h2 = newH2Call()
 	}
-	v, err := c.call(ctx, w.h2, h.message(w, key, cost))
+	v, err := c.call(ctx, w.h2, h.r.message(w, key, cost))
 	if err != nil && ctx.Err() != nil {
 		w.h2 = nil // the reader may still hold the abandoned call
 	}
-	return h.verdict(v, err)
-}
-
-// message returns w's request for key with cost.
-func (h *h2Caller) message(w *worker, key int, cost int64) proto.Message {
-	cfg := &h.r.cfg
-	switch {
-	case cfg.Target == TargetEnvoy:
-		return w.envoyRequest(cfg, h.r.keyNames[key], cost)
-	case cfg.Batch > 1:
-		return w.batchRequest(cfg, h.r.keyNames[key], cost)
-	}
-	return w.checkRequest(h.r.resource(key), h.r.keyNames[key], cost)
-}
-
-// verdict turns a reply's field 1 into the request's verdict.
-func (h *h2Caller) verdict(v uint64, err error) (bool, error) {
-	if err != nil {
-		return false, err
-	}
-	if h.r.cfg.Target != TargetEnvoy {
-		return v == 1, nil // allowed
-	}
-	return envoyVerdict(rlsv3.RateLimitResponse_Code(v))
+	return h.r.verdict(v, err)
 }
 
 // loop runs the closed-loop callers of workers until sending ends or the
@@ -116,7 +84,7 @@ func (h *h2Caller) loop(ctx, sending context.Context, workers []*worker) {
 	var wg sync.WaitGroup
 	var then func(*h2Call)
 	then = func(call *h2Call) {
-		allowed, err := h.verdict(call.result())
+		allowed, err := h.r.verdict(call.result())
 		if err != nil && ctx.Err() != nil {
 			wg.Done() // the run was abandoned during the call
 			return
@@ -173,7 +141,7 @@ func (h *h2Caller) issue(ctx, sending context.Context, wg *sync.WaitGroup, call 
 	call.key, call.cost = r.pickKey(call.w), r.pickCost(call.w)
 	call.due = time.Now()
 	call.deadline = call.due.Add(r.cfg.Timeout)
-	err := call.marshal(h.message(call.w, call.key, call.cost))
+	err := call.marshal(h.r.message(call.w, call.key, call.cost))
 	if err == nil {
 		_, err = call.conn.send(ctx, call, false)
 		if errors.Is(err, errWindow) {

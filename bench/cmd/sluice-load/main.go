@@ -1,3 +1,12 @@
+// Command sluice-load is Sluice's load generator: it sends checks to a
+// running Sluice server (its HTTP JSON API, its gRPC API or Envoy's
+// ShouldRateLimit) for a bounded time and prints what the server answered
+// and how fast. See package loadgen for what it measures and how.
+//
+//	sluice-load --target http --addr 127.0.0.1:8080 --duration 10s
+//
+// Every flag has a matching SLUICE_LOAD_* environment variable (the flag
+// wins). Run `sluice-load -h` for the flags.
 package main
 
 import (
@@ -15,29 +24,36 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/bench/loadgen"
 )
 
-// load runs the load generator against a running server and prints its
-// report. It exits 0 after a run, 1 when the run had errors or overshot
-// --expect-limit or the server could not be reached, and 2 on usage
-// errors.
-func load(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	fs := flag.NewFlagSet("load", flag.ContinueOnError)
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+}
+
+// run runs the load generator against a running server and prints its
+// report. It returns the exit code: 0 after a run, 1 when the run had
+// errors or overshot --expect-limit or the server could not be reached,
+// and 2 on usage errors.
+func run(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	fs := flag.NewFlagSet("sluice-load", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: sluice load [flags]
+		fmt.Fprint(fs.Output(), `Usage: sluice-load [flags]
 
 Sends checks to a running Sluice server for a bounded time and prints the
 throughput, allowed/denied/error counts and the latency percentiles of the
-answered requests (errors, timeouts included, are left out of them).
+answered requests (errors, timeouts included, are left out of them). Every
+flag has an environment variable (env), read when the flag is not given.
 
 Examples:
-  sluice load --target http  --addr 127.0.0.1:8080 --duration 10s --concurrency 64
-  sluice load --target envoy --addr 127.0.0.1:8081 --domain load --descriptor-key client_id
-  sluice load --target grpc  --addr 127.0.0.1:8081 --rate 5000 --keys 100000 --zipf
-  sluice load --all-at-once --concurrency 1000 --keys 1 --expect-limit 100 --window 1h
-  sluice load --addr eu:8080,us:8080,ap:8080 --split 60,30,10 --keys 10 --expect-limit 1000 --window 1m
+  sluice-load --target http  --addr 127.0.0.1:8080 --duration 10s --concurrency 64
+  sluice-load --target envoy --addr 127.0.0.1:8081 --domain load --descriptor-key client_id
+  sluice-load --target grpc  --addr 127.0.0.1:8081 --rate 5000 --keys 100000 --zipf
+  sluice-load --all-at-once --concurrency 1000 --keys 1 --expect-limit 100 --window 1h
+  sluice-load --addr eu:8080,us:8080,ap:8080 --split 60,30,10 --keys 10 --expect-limit 1000 --window 1m
+  sluice-load --target grpc  --addr sluice.example:8081 --tls-ca ca.pem
+  sluice-load --target http  --addr https://sluice.example:8080
 
 Flags:
 `)
@@ -62,7 +78,7 @@ Flags:
 	fs.StringVar(&cfg.Domain, "domain", "sluice", "Envoy domain")
 	fs.StringVar(&cfg.DescriptorKey, "descriptor-key", "client_id", "Envoy descriptor entry key; the value is the key name")
 	fs.IntVar(&cfg.Conns, "conns", 2, "gRPC connections shared by the callers")
-	fs.StringVar(&cfg.GRPCClient, "grpc-client", loadgen.ClientH2, "client of the grpc and envoy targets: h2 (lean, the default) or grpc-go")
+	fs.StringVar(&cfg.GRPCClient, "grpc-client", loadgen.ClientH2, "client of the grpc and envoy targets: h2 (lean, the default), x-net (golang.org/x/net/http2) or grpc-go")
 	fs.DurationVar(&cfg.Timeout, "timeout", time.Second, "deadline of each request")
 	fs.Int64Var(&cfg.ExpectLimit, "expect-limit", 0, "cost the server should admit per key per --window; reports the overshoot")
 	fs.DurationVar(&cfg.Window, "window", 0, "window of --expect-limit, aligned on the Unix epoch like fixed windows; 0: the whole run")
@@ -72,17 +88,22 @@ Flags:
 	quiet := fs.Bool("quiet", false, "print no progress on stderr while the run goes on (by default a line a second, or one line updated in place on a terminal)")
 	cpuProfile := fs.String("cpuprofile", "", "write the load generator's own CPU profile to this file; empty: none")
 	threads := fs.Int("threads", 0, "OS threads running the load generator's Go code (GOMAXPROCS); 0: Go's default, one per core. Beside the server on one machine, 1 leaves it the other cores: over gRPC in a closed loop one thread drives every caller")
+	var tf tlsFlags
+	fs.StringVar(&tf.ca, "tls-ca", "", "PEM file of the CAs that sign the server's certificate, trusted instead of the system's roots: speaks TLS to the server (so does an https:// --addr, with the system's roots)")
+	fs.BoolVar(&tf.insecure, "insecure-skip-verify", false, "speak TLS to the server without verifying its certificate, for a test server only")
+	fs.StringVar(&tf.cert, "tls-cert", "", "PEM file of a client certificate to present over TLS, for a server that requires one (--tls-client-ca); with --tls-key")
+	fs.StringVar(&tf.key, "tls-key", "", "PEM file of the key of --tls-cert")
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set, 0 or less: Go's default, 100 (the generator's own CPU per request falls by about a quarter at 400)")
-	fromEnv := envFlags(fs, commandEnv(fs, "load", nil))
+	fromEnv := envFlags(fs, "SLUICE_LOAD_")
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
 		return code
 	}
 	if err := fromEnv(getenv); err != nil {
-		fmt.Fprintf(stderr, "sluice load: %v\n", err)
+		fmt.Fprintf(stderr, "sluice-load: %v\n", err)
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "sluice load: unexpected arguments %q\n", fs.Args())
+		fmt.Fprintf(stderr, "sluice-load: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
 	// loadgen.Config takes a zero for its default; here every default is
@@ -101,7 +122,7 @@ Flags:
 		{"zipf-s", cfg.Zipf && !(cfg.ZipfS > 1), "more than 1"},
 	} {
 		if f.bad {
-			fmt.Fprintf(stderr, "sluice load: --%s %s: want %s\n", f.name, fs.Lookup(f.name).Value, f.want)
+			fmt.Fprintf(stderr, "sluice-load: --%s %s: want %s\n", f.name, fs.Lookup(f.name).Value, f.want)
 			return 2
 		}
 	}
@@ -118,18 +139,22 @@ Flags:
 	}{
 		{"target", cfg.Target == "", "http, grpc or envoy"},
 		{"addr", cfg.Addr == "", "host:port"},
-		{"grpc-client", cfg.GRPCClient == "", "h2 or grpc-go"},
+		{"grpc-client", cfg.GRPCClient == "", "h2, x-net or grpc-go"},
 		{"domain", cfg.Domain == "" && cfg.Target == loadgen.TargetEnvoy, "the Envoy domain, which Envoy requests require"},
 		{"descriptor-key", cfg.DescriptorKey == "" && cfg.Target == loadgen.TargetEnvoy, "the descriptor entry key, which Envoy requests require"},
 	} {
 		if given[f.name] && f.bad {
-			fmt.Fprintf(stderr, "sluice load: --%s \"\": want %s\n", f.name, f.want)
+			fmt.Fprintf(stderr, "sluice-load: --%s \"\": want %s\n", f.name, f.want)
 			return 2
 		}
 	}
 	var err error
 	if cfg.Costs, err = loadgen.ParseCosts(*costs); err != nil {
-		fmt.Fprintf(stderr, "sluice load: --costs: %v\n", err)
+		fmt.Fprintf(stderr, "sluice-load: --costs: %v\n", err)
+		return 2
+	}
+	if cfg.TLS, cfg.Addr, err = tf.config(cfg.Target, cfg.Addr); err != nil {
+		fmt.Fprintf(stderr, "sluice-load: %v\n", err)
 		return 2
 	}
 	if cfg.Addr == "" {
@@ -139,7 +164,7 @@ Flags:
 		}
 	}
 	if *threads < 0 {
-		fmt.Fprintf(stderr, "sluice load: --threads: %d is negative\n", *threads)
+		fmt.Fprintf(stderr, "sluice-load: --threads: %d is negative\n", *threads)
 		return 2
 	}
 	if *threads > 0 {
@@ -151,12 +176,12 @@ Flags:
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
-			fmt.Fprintf(stderr, "sluice load: --cpuprofile: %v\n", err)
+			fmt.Fprintf(stderr, "sluice-load: --cpuprofile: %v\n", err)
 			return 2
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintf(stderr, "sluice load: --cpuprofile: %v\n", err)
+			fmt.Fprintf(stderr, "sluice-load: --cpuprofile: %v\n", err)
 			return 2
 		}
 		defer pprof.StopCPUProfile()
@@ -172,7 +197,7 @@ Flags:
 	if strings.Contains(cfg.Addr, ",") || *split != "" {
 		var rs []loadgen.Region
 		if rs, err = loadgen.ParseRegions(cfg.Addr, *split); err != nil {
-			fmt.Fprintf(stderr, "sluice load: --addr, --split: %v\n", err)
+			fmt.Fprintf(stderr, "sluice-load: --addr, --split: %v\n", err)
 			return 2
 		}
 		rep, regions, err = loadgen.RunRegions(ctx, cfg, rs)
@@ -183,7 +208,7 @@ Flags:
 		endProgress()
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "sluice load: %v\n", err)
+		fmt.Fprintf(stderr, "sluice-load: %v\n", err)
 		if errors.Is(err, loadgen.ErrInvalidConfig) {
 			return 2
 		}

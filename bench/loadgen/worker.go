@@ -33,6 +33,7 @@ type worker struct {
 	errMsgs  []string
 	admitted int64
 	buf      []byte
+	resp     []byte // a reply, read whole (ClientXNet)
 	// Reused request messages (a unary call has marshalled its request
 	// when it returns).
 	envoyReq   *rlsv3.RateLimitRequest

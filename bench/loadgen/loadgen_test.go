@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/bench/loadgen"
 	"github.com/sluicehq/sluice/internal/daemon"
-	"github.com/sluicehq/sluice/internal/loadgen"
 )
 
 // testPolicy limits each client (and each Envoy descriptor value in
@@ -43,7 +43,7 @@ func start(t *testing.T) *daemon.Daemon {
 
 // startPolicy runs a daemon of policy on free loopback ports and stops it
 // when the test ends.
-func startPolicy(t *testing.T, policy string) *daemon.Daemon {
+func startPolicy(t *testing.T, policy string, mod ...func(*daemon.Config)) *daemon.Daemon {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "sluice.yaml")
 	if err := os.WriteFile(path, []byte(policy), 0o644); err != nil {
@@ -51,7 +51,11 @@ func startPolicy(t *testing.T, policy string) *daemon.Daemon {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	d, err := daemon.Start(ctx, daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", ConfigPath: path})
+	cfg := daemon.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", ConfigPath: path}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	d, err := daemon.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +83,9 @@ func TestRunAgainstDaemon(t *testing.T) {
 		{loadgen.TargetGRPC, d.GRPCAddr(), 0, loadgen.ClientGRPCGo},
 		{loadgen.TargetEnvoy, d.GRPCAddr(), 0, loadgen.ClientGRPCGo},
 		{loadgen.TargetGRPC, d.GRPCAddr(), 4, loadgen.ClientGRPCGo},
+		{loadgen.TargetGRPC, d.GRPCAddr(), 0, loadgen.ClientXNet},
+		{loadgen.TargetEnvoy, d.GRPCAddr(), 0, loadgen.ClientXNet},
+		{loadgen.TargetGRPC, d.GRPCAddr(), 4, loadgen.ClientXNet},
 	} {
 		name := tt.target
 		if tt.batch > 0 {
@@ -137,7 +144,7 @@ func TestRunAgainstDaemon(t *testing.T) {
 // server allows larger ones, so the lean client splits each request.
 func TestLargeRequests(t *testing.T) {
 	d := start(t)
-	for _, client := range []string{loadgen.ClientH2, loadgen.ClientGRPCGo} {
+	for _, client := range []string{loadgen.ClientH2, loadgen.ClientXNet, loadgen.ClientGRPCGo} {
 		t.Run(client, func(t *testing.T) {
 			const requests = 3
 			rep, err := loadgen.Run(context.Background(), loadgen.Config{
@@ -186,7 +193,7 @@ func TestMoreCallersThanTheServerAllowsPerConnection(t *testing.T) {
 // TestServerGoesAway stops the server in the middle of a run: the calls
 // fail, and the run ends on time.
 func TestServerGoesAway(t *testing.T) {
-	for _, client := range []string{loadgen.ClientH2, loadgen.ClientGRPCGo} {
+	for _, client := range []string{loadgen.ClientH2, loadgen.ClientXNet, loadgen.ClientGRPCGo} {
 		t.Run(client, func(t *testing.T) {
 			d := start(t)
 			go func() {

@@ -1,8 +1,8 @@
 // Command noop is the reference server of the load runs in
-// docs/PERFORMANCE.md (go run ./internal/loadgen/noop):
+// docs/PERFORMANCE.md (cd bench; go run ./cmd/noop):
 // a server that speaks Sluice's three APIs (HTTP POST /api/v1/check, gRPC
 // CheckRateLimit, Envoy's ShouldRateLimit) and allows every request
-// without deciding anything. `sluice load` against it measures the floor
+// without deciding anything. sluice-load against it measures the floor
 // that the transports and the load generator set on this machine; the
 // ratio of Sluice's figures to it is what deciding costs.
 package main
@@ -44,7 +44,7 @@ func main() {
 	grpcAddr := flag.String("grpc-addr", "127.0.0.1:8081", "gRPC listen address")
 	flag.Parse()
 	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(400) // as sluice serve and sluice load do
+		debug.SetGCPercent(400) // as sluice serve and sluice-load do
 	}
 	http.HandleFunc("POST /api/v1/check", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

@@ -18,7 +18,9 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 )
 
 // newCaller returns the caller of cfg.Target and the function that
@@ -26,8 +28,9 @@ import (
 func newCaller(cfg *Config, r *run) (caller, func(), error) {
 	switch cfg.Target {
 	case TargetHTTP:
-		base := httpBase(cfg.Addr)
+		base := httpBase(cfg.Addr, cfg.TLS != nil)
 		tr := &http.Transport{
+			TLSClientConfig:     cfg.TLS.Clone(),
 			MaxIdleConns:        cfg.Concurrency,
 			MaxIdleConnsPerHost: cfg.Concurrency,
 			MaxConnsPerHost:     cfg.Concurrency,
@@ -41,8 +44,11 @@ func newCaller(cfg *Config, r *run) (caller, func(), error) {
 		return &httpCaller{r: r, url: strings.TrimSuffix(base, "/") + path, client: &http.Client{Transport: tr}},
 			tr.CloseIdleConnections, nil
 	case TargetGRPC, TargetEnvoy:
-		if cfg.GRPCClient == ClientH2 {
+		switch cfg.GRPCClient {
+		case ClientH2:
 			return newH2Caller(cfg, r)
+		case ClientXNet:
+			return newXNetCaller(cfg, r)
 		}
 		conns := make([]*grpc.ClientConn, cfg.Conns)
 		closeAll := func() {
@@ -53,7 +59,11 @@ func newCaller(cfg *Config, r *run) (caller, func(), error) {
 			}
 		}
 		for i := range conns {
-			c, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			creds := insecure.NewCredentials()
+			if cfg.TLS != nil {
+				creds = credentials.NewTLS(cfg.TLS.Clone())
+			}
+			c, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(creds))
 			if err != nil {
 				closeAll()
 				return nil, nil, fmt.Errorf("loadgen: %w", err)
@@ -76,13 +86,16 @@ func newCaller(cfg *Config, r *run) (caller, func(), error) {
 	return nil, nil, fmt.Errorf("loadgen: unknown target %q", cfg.Target)
 }
 
-// httpBase returns the base URL of the HTTP API at addr, host:port or a
-// URL.
-func httpBase(addr string) string {
-	if !strings.Contains(addr, "://") {
-		return "http://" + addr
+// httpBase returns the base URL of the HTTP API at addr, host:port (an
+// https URL when secure) or a URL.
+func httpBase(addr string, secure bool) string {
+	switch {
+	case strings.Contains(addr, "://"):
+		return addr
+	case secure:
+		return "https://" + addr
 	}
-	return addr
+	return "http://" + addr
 }
 
 type httpCaller struct {
@@ -251,4 +264,27 @@ func envoyVerdict(code rlsv3.RateLimitResponse_Code) (bool, error) {
 		return false, nil
 	}
 	return false, fmt.Errorf("envoy: overall code %s", code)
+}
+
+// message returns w's gRPC request for key with cost.
+func (r *run) message(w *worker, key int, cost int64) proto.Message {
+	cfg := &r.cfg
+	switch {
+	case cfg.Target == TargetEnvoy:
+		return w.envoyRequest(cfg, r.keyNames[key], cost)
+	case cfg.Batch > 1:
+		return w.batchRequest(cfg, r.keyNames[key], cost)
+	}
+	return w.checkRequest(r.resource(key), r.keyNames[key], cost)
+}
+
+// verdict turns a gRPC reply's field 1 into the request's verdict.
+func (r *run) verdict(v uint64, err error) (bool, error) {
+	if err != nil {
+		return false, err
+	}
+	if r.cfg.Target != TargetEnvoy {
+		return v == 1, nil // allowed
+	}
+	return envoyVerdict(rlsv3.RateLimitResponse_Code(v))
 }

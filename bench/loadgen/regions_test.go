@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/bench/loadgen"
 )
 
 // Two servers driven at once on the same keys, 3 to 1: the whole run's

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -92,14 +93,31 @@ const (
 	h2MinMaxFrame    = 16384 // RFC 9113's SETTINGS_MAX_FRAME_SIZE, until the server says more
 )
 
-// dialH2 opens a connection to addr for calls of path, and returns once it
-// has read the server's SETTINGS (the first frame a server sends), so that
-// every request is sent under them.
-func dialH2(ctx context.Context, addr, path string) (*h2Conn, error) {
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, err
+// dialH2 opens a connection to addr for calls of path, over TLS with tc
+// when it is not nil (offering HTTP/2 alone), and returns once it has read
+// the server's SETTINGS (the first frame a server sends), so that every
+// request is sent under them.
+func dialH2(ctx context.Context, addr, path string, tc *tls.Config) (*h2Conn, error) {
+	scheme := "http"
+	var nc net.Conn
+	var err error
+	if tc != nil {
+		scheme = "https"
+		tc = tc.Clone()
+		tc.NextProtos = []string{http2.NextProtoTLS}
+		d := tls.Dialer{Config: tc}
+		if nc, err = d.DialContext(ctx, "tcp", addr); err != nil {
+			return nil, err
+		}
+		if p := nc.(*tls.Conn).ConnectionState().NegotiatedProtocol; p != http2.NextProtoTLS {
+			nc.Close()
+			return nil, fmt.Errorf("http2: the server chose protocol %q over TLS, not h2", p)
+		}
+	} else {
+		var d net.Dialer
+		if nc, err = d.DialContext(ctx, "tcp", addr); err != nil {
+			return nil, err
+		}
 	}
 	c := &h2Conn{nc: nc, streams: map[uint32]*h2Call{}, nextID: 1, sendWin: h2InitialSendWin, peakWin: h2InitialSendWin,
 		streamWin: h2InitialSendWin, maxFrame: h2MinMaxFrame,
@@ -116,7 +134,7 @@ func dialH2(ctx context.Context, addr, path string) (*h2Conn, error) {
 	enc := hpack.NewEncoder(&hb)
 	for i := range 2 {
 		for _, f := range [][2]string{
-			{":method", "POST"}, {":scheme", "http"}, {":path", path}, {":authority", addr},
+			{":method", "POST"}, {":scheme", scheme}, {":path", path}, {":authority", addr},
 			{"content-type", "application/grpc"}, {"te", "trailers"}, {"user-agent", "sluice-load"},
 		} {
 			enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
