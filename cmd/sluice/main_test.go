@@ -119,7 +119,7 @@ func TestVersion(t *testing.T) {
 func TestHelpExitsZero(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"serve", "--help"}, {"serve", "-h"}, {"config", "validate", "--help"},
-		{"check", "--help"}, {"load", "--help"},
+		{"check", "--help"}, {"admin", "--help"}, {"admin", "rules", "get", "--help"}, {"-help"}, {"help", "serve"},
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(args, &out, &errOut, noEnv); code != 0 {
@@ -129,7 +129,7 @@ func TestHelpExitsZero(t *testing.T) {
 			t.Errorf("sluice %s printed no usage", strings.Join(args, " "))
 		}
 	}
-	for _, args := range [][]string{{"serve", "--no-such-flag"}, {"load", "--no-such-flag"}, {"config", "validate", "--no-such-flag"}} {
+	for _, args := range [][]string{{"serve", "--no-such-flag"}, {"check", "--no-such-flag"}, {"config", "validate", "--no-such-flag"}} {
 		var out, errOut bytes.Buffer
 		if code := run(args, &out, &errOut, noEnv); code != 2 {
 			t.Errorf("sluice %s: exit %d, want 2", strings.Join(args, " "), code)
@@ -148,7 +148,7 @@ func TestServeHelpShowsDefaultsNotEnvironment(t *testing.T) {
 	if strings.Contains(help, "s3cret") || strings.Contains(help, "redis.internal") {
 		t.Errorf("serve -h prints the environment's store URL:\n%s", help)
 	}
-	for _, want := range []string{`(default "` + daemon.DefaultStoreURL + `")`, `(default "info")`,
+	for _, want := range []string{`--store="` + daemon.DefaultStoreURL + `"`, `--log-level="info"`,
 		"SLUICE_STORE", "SLUICE_CONFIG", "SLUICE_GC_PERCENT", "SLUICE_SHUTDOWN_TIMEOUT", "SLUICE_STORE_DEADLINE", "SLUICE_REDIS_DIAL_TIMEOUT",
 		"SLUICE_GRPC_READ_TIMEOUT", "SLUICE_GRPC_MAX_CONNS", "SLUICE_GRPC_KEEPALIVE",
 		"SLUICE_GRPC_MAX_CONNECTION_AGE", "SLUICE_EXIT_ON_UNAVAILABLE_STORE", "SLUICE_SHUTDOWN_DELAY"} {
@@ -166,21 +166,22 @@ func TestServeFlagsFromEnvironment(t *testing.T) {
 		env  map[string]string
 		want string // in the error
 	}{
-		// The environment is read before the arguments are checked, so
-		// the extra argument stops a serve that ignores it.
-		{[]string{"extra"}, map[string]string{"SLUICE_GC_PERCENT": "lots"}, "SLUICE_GC_PERCENT"},
-		{[]string{"extra"}, map[string]string{"SLUICE_SHUTDOWN_TIMEOUT": "soon"}, "SLUICE_SHUTDOWN_TIMEOUT"},
-		{[]string{"extra"}, map[string]string{"SLUICE_STORE_DEADLINE": "soon"}, "SLUICE_STORE_DEADLINE"},
-		{[]string{"extra"}, map[string]string{"SLUICE_GRPC_READ_TIMEOUT": "soon"}, "SLUICE_GRPC_READ_TIMEOUT"},
-		{[]string{"extra"}, map[string]string{"SLUICE_GRPC_MAX_CONNS": "many"}, "SLUICE_GRPC_MAX_CONNS"},
+		// The environment is read before the flags' values are checked,
+		// so the bad ratio stops a serve that ignores the variable.
+		{[]string{"--trace-sample-ratio=2"}, map[string]string{"SLUICE_GC_PERCENT": "lots"}, "SLUICE_GC_PERCENT"},
+		{[]string{"--trace-sample-ratio=2"}, map[string]string{"SLUICE_SHUTDOWN_TIMEOUT": "soon"}, "SLUICE_SHUTDOWN_TIMEOUT"},
+		{[]string{"--trace-sample-ratio=2"}, map[string]string{"SLUICE_STORE_DEADLINE": "soon"}, "SLUICE_STORE_DEADLINE"},
+		{[]string{"--trace-sample-ratio=2"}, map[string]string{"SLUICE_GRPC_READ_TIMEOUT": "soon"}, "SLUICE_GRPC_READ_TIMEOUT"},
+		{[]string{"--trace-sample-ratio=2"}, map[string]string{"SLUICE_GRPC_MAX_CONNS": "many"}, "SLUICE_GRPC_MAX_CONNS"},
+		{[]string{"extra"}, nil, "unexpected argument extra"},
 		{nil, map[string]string{"SLUICE_LOG_LEVEL": "loud"}, "--log-format/--log-level"},
 		{[]string{"--trace-sample-ratio", "2"}, nil, "--trace-sample-ratio 2: want 0 to 1"},
 		{nil, map[string]string{"SLUICE_TRACE_SAMPLE_RATIO": "NaN"}, "--trace-sample-ratio NaN"},
 		{[]string{"--trace-sample-ratio", "-0.1"}, nil, "--trace-sample-ratio"},
 		// Given on the command line, the flags do not read the
-		// environment: the next error is the extra argument.
-		{[]string{"--gc-percent", "100", "--shutdown-timeout", "1s", "--log-level", "info", "extra"},
-			map[string]string{"SLUICE_GC_PERCENT": "lots", "SLUICE_SHUTDOWN_TIMEOUT": "soon", "SLUICE_LOG_LEVEL": "loud"}, "unexpected arguments"},
+		// environment: the next error is the ratio's.
+		{[]string{"--gc-percent", "100", "--shutdown-timeout", "1s", "--log-level", "info", "--trace-sample-ratio=2"},
+			map[string]string{"SLUICE_GC_PERCENT": "lots", "SLUICE_SHUTDOWN_TIMEOUT": "soon", "SLUICE_LOG_LEVEL": "loud"}, "--trace-sample-ratio 2: want 0 to 1"},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(append([]string{"serve"}, tc.args...), &out, &errOut, func(k string) string { return tc.env[k] })
