@@ -19,7 +19,7 @@ type checkCmd struct {
 	Addr           string        `name:"addr" default:"http://127.0.0.1:8080" env:"SLUICE_ADDR" help:"server's HTTP address, http:// or https://"`
 	GRPCAddr       string        `name:"grpc-addr" default:"127.0.0.1:8081" env:"SLUICE_CHECK_GRPC_ADDR" help:"server's gRPC address host:port, of --target envoy"`
 	Domain         string        `name:"domain" env:"SLUICE_CHECK_DOMAIN" help:"Envoy domain (--target envoy)"`
-	Descriptors    descriptors   `name:"descriptor" env:"SLUICE_CHECK_DESCRIPTOR" help:"Envoy descriptor key=value[,key=value...] (--target envoy; repeat it for several descriptors)"`
+	Descriptors    descriptors   `name:"descriptor" placeholder:"KEY=VALUE,..." env:"SLUICE_CHECK_DESCRIPTOR" help:"Envoy descriptor key=value[,key=value...] (--target envoy; repeat it for several descriptors)"`
 	ClientID       string        `name:"client-id" env:"SLUICE_CHECK_CLIENT_ID" help:"client id (required by --target http)"`
 	Resource       string        `name:"resource" env:"SLUICE_CHECK_RESOURCE" help:"resource or endpoint, such as /api/v1/orders"`
 	Operation      string        `name:"operation" env:"SLUICE_CHECK_OPERATION" help:"operation: read, write, delete, ..."`
