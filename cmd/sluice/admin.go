@@ -24,7 +24,7 @@ import (
 type adminCmd struct {
 	Addr  string         `name:"addr" default:"http://127.0.0.1:8080" env:"SLUICE_ADDR" help:"server's HTTP address (of --admin-addr when set), http:// or https://"`
 	Token string         `name:"token" env:"SLUICE_TOKEN" help:"admin token"`
-	TLS   clientTLSFlags `embed:""`
+	TLS   clientTLSFlags `embed:"" group:"TLS to the server"`
 
 	Rules    adminRules    `cmd:"" help:"List, get, put or delete rules."`
 	Limits   adminLimits   `cmd:"" help:"Effective limits, tier and overrides of an identity."`

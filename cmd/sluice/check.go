@@ -35,7 +35,7 @@ type checkCmd struct {
 	JSON           bool          `name:"json" env:"SLUICE_CHECK_JSON" help:"print the server's JSON body (Envoy's answer in JSON)"`
 
 	TLSOn bool           `name:"tls" env:"SLUICE_CHECK_TLS" help:"speak TLS to --grpc-addr (--target envoy), as to a server run with --tls-cert; on by itself with --tls-ca, --tls-client-cert or --insecure-skip-verify (--target http speaks it to an https:// --addr)"`
-	TLS   clientTLSFlags `embed:""`
+	TLS   clientTLSFlags `embed:"" group:"TLS to the server"`
 }
 
 func (checkCmd) Help() string {

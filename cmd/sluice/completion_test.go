@@ -42,7 +42,7 @@ func TestCompletionBash(t *testing.T) {
 	}
 	help.Reset()
 	run([]string{"serve", "--help"}, &help, &errOut, noEnv)
-	flags := regexp.MustCompile(`(?m)^  (?:-\w, |    )--([a-z][a-z0-9-]*)`).FindAllStringSubmatch(help.String(), -1)
+	flags := regexp.MustCompile(`(?m)^  (?:-\w, |    )?--([a-z][a-z0-9-]*)`).FindAllStringSubmatch(help.String(), -1)
 	if len(flags) < 50 {
 		t.Fatalf("%d flags read from serve --help:\n%s", len(flags), help.String())
 	}

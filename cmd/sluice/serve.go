@@ -79,11 +79,11 @@ type serveCmd struct {
 	OTLPEndpoint      string        `name:"otlp-endpoint" env:"SLUICE_OTLP_ENDPOINT" help:"host:port of an OpenTelemetry collector receiving the checks' spans over OTLP/gRPC (plain TCP), such as localhost:4317; empty: no tracing"`
 	TraceSampleRatio  float64       `name:"trace-sample-ratio" default:"0.01" env:"SLUICE_TRACE_SAMPLE_RATIO" help:"share of checks traced, 0 to 1, among those whose caller sent no W3C traceparent; a caller's trace is followed, sampled or not (with --otlp-endpoint)"`
 
-	Guard     guardFlags     `embed:""`
-	Redis     redisFlags     `embed:""`
-	Control   controlFlags   `embed:""`
-	Analytics analyticsFlags `embed:""`
-	TLS       serveTLSFlags  `embed:""`
+	Guard     guardFlags     `embed:"" group:"Redis store: deadlines, breaker, caches"`
+	Redis     redisFlags     `embed:"" group:"Redis connections"`
+	Control   controlFlags   `embed:"" group:"Control plane, admin API, regions"`
+	Analytics analyticsFlags `embed:"" group:"Analytics"`
+	TLS       serveTLSFlags  `embed:"" group:"TLS"`
 }
 
 func (serveCmd) Help() string {
