@@ -23,7 +23,7 @@ import (
 // taken by every subcommand below them.
 type adminCmd struct {
 	Addr  string         `name:"addr" default:"http://127.0.0.1:8080" env:"SLUICE_ADDR" help:"server's HTTP address (of --admin-addr when set), http:// or https://"`
-	Token string         `name:"token" env:"SLUICE_TOKEN" help:"admin token"`
+	Token string         `name:"token" placeholder:"TOKEN" env:"SLUICE_TOKEN" help:"admin token"`
 	TLS   clientTLSFlags `embed:"" group:"TLS to the server"`
 
 	Rules    adminRules    `cmd:"" help:"List, get, put or delete rules."`

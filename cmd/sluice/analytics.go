@@ -11,7 +11,7 @@ import (
 
 // analyticsFlags are serve's flags of the analytics.
 type analyticsFlags struct {
-	URL           string        `name:"analytics" env:"SLUICE_ANALYTICS" help:"PostgreSQL for the analytics, postgres://user:password@host:5432/db: migrated at start, written every flush interval, answered from at GET /api/v1/analytics; empty: the in-process store of the last 24 hours only"`
+	URL           string        `name:"analytics" placeholder:"URL" env:"SLUICE_ANALYTICS" help:"PostgreSQL for the analytics, postgres://user:password@host:5432/db: migrated at start, written every flush interval, answered from at GET /api/v1/analytics; empty: the in-process store of the last 24 hours only"`
 	Retention     time.Duration `name:"analytics-retention" default:"${analytics_retention}" env:"SLUICE_ANALYTICS_RETENTION" help:"how long PostgreSQL keeps the analytics (whole days are dropped, hourly)"`
 	FlushInterval time.Duration `name:"analytics-flush-interval" default:"10s" env:"SLUICE_ANALYTICS_FLUSH_INTERVAL" help:"how often the analytics are written to PostgreSQL"`
 	Off           bool          `name:"no-analytics" env:"SLUICE_NO_ANALYTICS" help:"record no analytics (GET /api/v1/analytics and include_history answer 404 and 400)"`
@@ -25,7 +25,7 @@ func (f *analyticsFlags) fill(cfg *daemon.Config) {
 // migrateCmd brings the analytics schema of a PostgreSQL to this build's
 // version, as serve does at start, and prints the versions applied.
 type migrateCmd struct {
-	Analytics string        `name:"analytics" required:"" env:"SLUICE_ANALYTICS" help:"the PostgreSQL to migrate, postgres://user:password@host:5432/db"`
+	Analytics string        `name:"analytics" placeholder:"URL" required:"" env:"SLUICE_ANALYTICS" help:"the PostgreSQL to migrate, postgres://user:password@host:5432/db"`
 	Timeout   time.Duration `name:"timeout" default:"1m0s" env:"SLUICE_MIGRATE_TIMEOUT" help:"how long the migration may take"`
 }
 

@@ -18,9 +18,9 @@ type checkCmd struct {
 	Target         string        `name:"target" default:"http" env:"SLUICE_CHECK_TARGET" help:"API to ask: http (Sluice's JSON API at --addr) or envoy (Envoy's ShouldRateLimit at --grpc-addr)"`
 	Addr           string        `name:"addr" default:"http://127.0.0.1:8080" env:"SLUICE_ADDR" help:"server's HTTP address, http:// or https://"`
 	GRPCAddr       string        `name:"grpc-addr" default:"127.0.0.1:8081" env:"SLUICE_CHECK_GRPC_ADDR" help:"server's gRPC address host:port, of --target envoy"`
-	Domain         string        `name:"domain" env:"SLUICE_CHECK_DOMAIN" help:"Envoy domain (--target envoy)"`
+	Domain         string        `name:"domain" placeholder:"DOMAIN" env:"SLUICE_CHECK_DOMAIN" help:"Envoy domain (--target envoy)"`
 	Descriptors    descriptors   `name:"descriptor" placeholder:"KEY=VALUE,..." env:"SLUICE_CHECK_DESCRIPTOR" help:"Envoy descriptor key=value[,key=value...] (--target envoy; repeat it for several descriptors)"`
-	ClientID       string        `name:"client-id" env:"SLUICE_CHECK_CLIENT_ID" help:"client id (required by --target http)"`
+	ClientID       string        `name:"client-id" placeholder:"ID" env:"SLUICE_CHECK_CLIENT_ID" help:"client id (required by --target http)"`
 	Resource       string        `name:"resource" env:"SLUICE_CHECK_RESOURCE" help:"resource or endpoint, such as /api/v1/orders"`
 	Operation      string        `name:"operation" env:"SLUICE_CHECK_OPERATION" help:"operation: read, write, delete, ..."`
 	Cost           int64         `name:"cost" default:"1" env:"SLUICE_CHECK_COST" help:"cost; 0 reads without consuming (Envoy's hits_addend, where 0 means 1)"`
@@ -31,7 +31,7 @@ type checkCmd struct {
 	APIKey         string        `name:"api-key" env:"SLUICE_CHECK_API_KEY" help:"API key"`
 	Method         string        `name:"method" env:"SLUICE_CHECK_METHOD" help:"HTTP method"`
 	Timeout        time.Duration `name:"timeout" default:"2s" env:"SLUICE_CHECK_TIMEOUT" help:"how long to wait for the answer"`
-	Token          string        `name:"token" env:"SLUICE_TOKEN" help:"token sent as \"Authorization: Bearer TOKEN\", for a server run with --require-check-token"`
+	Token          string        `name:"token" placeholder:"TOKEN" env:"SLUICE_TOKEN" help:"token sent as \"Authorization: Bearer TOKEN\", for a server run with --require-check-token"`
 	JSON           bool          `name:"json" env:"SLUICE_CHECK_JSON" help:"print the server's JSON body (Envoy's answer in JSON)"`
 
 	TLSOn bool           `name:"tls" env:"SLUICE_CHECK_TLS" help:"speak TLS to --grpc-addr (--target envoy), as to a server run with --tls-cert; on by itself with --tls-ca, --tls-client-cert or --insecure-skip-verify (--target http speaks it to an https:// --addr)"`

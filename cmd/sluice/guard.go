@@ -16,9 +16,9 @@ type redisFlags struct {
 	WriteTimeout  time.Duration `name:"redis-write-timeout" default:"${redis_write_timeout}" env:"SLUICE_REDIS_WRITE_TIMEOUT" help:"how long a Redis connection may stay unable to write or answer before it is closed"`
 	KeepAlive     time.Duration `name:"redis-keepalive" default:"${redis_keepalive}" env:"SLUICE_REDIS_KEEPALIVE" help:"period of TCP keep-alive probes on Redis connections; negative turns them off"`
 	ConnsPerNode  int           `name:"redis-conns-per-node" default:"0" env:"SLUICE_REDIS_CONNS_PER_NODE" help:"connections to each Redis node, over which concurrent calls are pipelined (1 to 256, rounded up to a power of two); 0 is the client's default"`
-	TLSCAFile     string        `name:"redis-tls-ca-file" env:"SLUICE_REDIS_TLS_CA_FILE" help:"PEM file of the CA certificates that a rediss:// store's server certificate must chain to, in place of the system's"`
-	TLSCertFile   string        `name:"redis-tls-cert-file" env:"SLUICE_REDIS_TLS_CERT_FILE" help:"PEM file of the client certificate (and its intermediates) presented to a rediss:// store for mutual TLS; needs --redis-tls-key-file"`
-	TLSKeyFile    string        `name:"redis-tls-key-file" env:"SLUICE_REDIS_TLS_KEY_FILE" help:"PEM file of the private key of --redis-tls-cert-file"`
+	TLSCAFile     string        `name:"redis-tls-ca-file" placeholder:"FILE" env:"SLUICE_REDIS_TLS_CA_FILE" help:"PEM file of the CA certificates that a rediss:// store's server certificate must chain to, in place of the system's"`
+	TLSCertFile   string        `name:"redis-tls-cert-file" placeholder:"FILE" env:"SLUICE_REDIS_TLS_CERT_FILE" help:"PEM file of the client certificate (and its intermediates) presented to a rediss:// store for mutual TLS; needs --redis-tls-key-file"`
+	TLSKeyFile    string        `name:"redis-tls-key-file" placeholder:"FILE" env:"SLUICE_REDIS_TLS_KEY_FILE" help:"PEM file of the private key of --redis-tls-cert-file"`
 	TLSServerName string        `name:"redis-tls-server-name" env:"SLUICE_REDIS_TLS_SERVER_NAME" help:"name a rediss:// store's server certificate must hold; empty: the host of each address dialed"`
 }
 

@@ -55,7 +55,7 @@ func defaults() kong.Vars {
 
 // serveCmd is `sluice serve`: its flags fill a daemon.Config.
 type serveCmd struct {
-	Config            string        `name:"config" env:"SLUICE_CONFIG" help:"policy file, Sluice's YAML or envoyproxy/ratelimit's, or a directory of envoyproxy/ratelimit files (*.yaml, *.yml), one domain each; empty serves the built-in example policy"`
+	Config            string        `name:"config" placeholder:"PATH" env:"SLUICE_CONFIG" help:"policy file, Sluice's YAML or envoyproxy/ratelimit's, or a directory of envoyproxy/ratelimit files (*.yaml, *.yml), one domain each; empty serves the built-in example policy"`
 	MergeDomainConfig bool          `name:"merge-domain-config" env:"SLUICE_MERGE_DOMAIN_CONFIG" help:"let several files of a --config directory hold one Envoy domain and merge their descriptors, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG; without it such a configuration is rejected"`
 	Store             string        `name:"store" default:"${store}" env:"SLUICE_STORE" help:"store: memory://, redis://host:port[/db], redis-cluster://host:port,host:port,... (rediss:// and rediss-cluster:// for TLS) or redis-sentinel://host:26379,.../master[/db]"`
 	HTTPAddr          string        `name:"http-addr" default:"${http_addr}" env:"SLUICE_HTTP_ADDR" help:"listen address of the HTTP JSON API"`
@@ -70,13 +70,13 @@ type serveCmd struct {
 	EnvoyPreciseReset bool          `name:"envoy-precise-reset" env:"SLUICE_ENVOY_PRECISE_RESET" help:"report Envoy's duration_until_reset to the microsecond instead of in whole seconds (envoyproxy/ratelimit's)"`
 	LogFormat         string        `name:"log-format" default:"text" env:"SLUICE_LOG_FORMAT" help:"log format: text or json"`
 	LogLevel          string        `name:"log-level" default:"info" env:"SLUICE_LOG_LEVEL" help:"log level: debug, info, warn or error"`
-	DebugAddr         string        `name:"debug-addr" env:"SLUICE_DEBUG_ADDR" help:"listen address of the debug listener (pprof, /metrics); empty: none; loopback only unless --debug-allow-remote"`
+	DebugAddr         string        `name:"debug-addr" placeholder:"HOST:PORT" env:"SLUICE_DEBUG_ADDR" help:"listen address of the debug listener (pprof, /metrics); empty: none; loopback only unless --debug-allow-remote"`
 	DebugAllowRemote  bool          `name:"debug-allow-remote" env:"SLUICE_DEBUG_ALLOW_REMOTE" help:"let --debug-addr listen on a non-loopback address"`
 	GCPercent         int           `name:"gc-percent" default:"400" env:"SLUICE_GC_PERCENT" help:"Go garbage collector target percentage when GOGC is not set (0 or less: Go's default, 100): higher trades memory for less CPU per check (see docs/operations.md)"`
 	ExitOnUnavailable bool          `name:"exit-on-unavailable-store" env:"SLUICE_EXIT_ON_UNAVAILABLE_STORE" help:"exit at start when the Redis store does not answer; by default the server starts, decides checks by the rules' failure modes, reports not ready on /readyz and gRPC health, and connects when Redis comes up"`
 	ShutdownDelay     time.Duration `name:"shutdown-delay" default:"0s" env:"SLUICE_SHUTDOWN_DELAY" help:"on SIGINT or SIGTERM, how long to keep serving while not ready (/readyz 503, gRPC health NOT_SERVING) before closing the listeners, for load balancers to stop sending checks first (a few seconds under Kubernetes); 0: none"`
 	ShutdownTimeout   time.Duration `name:"shutdown-timeout" default:"15s" env:"SLUICE_SHUTDOWN_TIMEOUT" help:"how long a graceful shutdown waits for checks in flight"`
-	OTLPEndpoint      string        `name:"otlp-endpoint" env:"SLUICE_OTLP_ENDPOINT" help:"host:port of an OpenTelemetry collector receiving the checks' spans over OTLP/gRPC (plain TCP), such as localhost:4317; empty: no tracing"`
+	OTLPEndpoint      string        `name:"otlp-endpoint" placeholder:"HOST:PORT" env:"SLUICE_OTLP_ENDPOINT" help:"host:port of an OpenTelemetry collector receiving the checks' spans over OTLP/gRPC (plain TCP), such as localhost:4317; empty: no tracing"`
 	TraceSampleRatio  float64       `name:"trace-sample-ratio" default:"0.01" env:"SLUICE_TRACE_SAMPLE_RATIO" help:"share of checks traced, 0 to 1, among those whose caller sent no W3C traceparent; a caller's trace is followed, sampled or not (with --otlp-endpoint)"`
 
 	Guard     guardFlags     `embed:"" group:"Redis store: deadlines, breaker, caches"`

@@ -24,12 +24,12 @@ var tlsFlags = map[string]string{
 // serveTLSFlags are serve's flags of TLS on the listeners and to NATS, and
 // of the operators' headers.
 type serveTLSFlags struct {
-	Cert              string `name:"tls-cert" env:"SLUICE_TLS_CERT" help:"PEM file of the certificate (and its intermediates) every listener serves TLS 1.2+ with: HTTP API, gRPC and Envoy APIs, admin and debug listeners; read again when it changes; empty: plain TCP"`
-	Key               string `name:"tls-key" env:"SLUICE_TLS_KEY" help:"PEM file of the private key of --tls-cert"`
-	ClientCA          string `name:"tls-client-ca" env:"SLUICE_TLS_CLIENT_CA" help:"PEM file of the CAs of client certificates: every listener then requires a client certificate they sign (mutual TLS); needs --tls-cert"`
-	SyncCA            string `name:"sync-ca" env:"SLUICE_SYNC_CA" help:"PEM file of the CAs that sign the NATS servers' certificates of --sync, trusted instead of the system's roots; speaks TLS to NATS (tls://host:4222 alone uses the system's roots)"`
-	SyncCert          string `name:"sync-cert" env:"SLUICE_SYNC_CERT" help:"PEM file of a client certificate for NATS servers that verify clients (with --sync-key)"`
-	SyncKey           string `name:"sync-key" env:"SLUICE_SYNC_KEY" help:"PEM file of the key of --sync-cert"`
+	Cert              string `name:"tls-cert" placeholder:"FILE" env:"SLUICE_TLS_CERT" help:"PEM file of the certificate (and its intermediates) every listener serves TLS 1.2+ with: HTTP API, gRPC and Envoy APIs, admin and debug listeners; read again when it changes; empty: plain TCP"`
+	Key               string `name:"tls-key" placeholder:"FILE" env:"SLUICE_TLS_KEY" help:"PEM file of the private key of --tls-cert"`
+	ClientCA          string `name:"tls-client-ca" placeholder:"FILE" env:"SLUICE_TLS_CLIENT_CA" help:"PEM file of the CAs of client certificates: every listener then requires a client certificate they sign (mutual TLS); needs --tls-cert"`
+	SyncCA            string `name:"sync-ca" placeholder:"FILE" env:"SLUICE_SYNC_CA" help:"PEM file of the CAs that sign the NATS servers' certificates of --sync, trusted instead of the system's roots; speaks TLS to NATS (tls://host:4222 alone uses the system's roots)"`
+	SyncCert          string `name:"sync-cert" placeholder:"FILE" env:"SLUICE_SYNC_CERT" help:"PEM file of a client certificate for NATS servers that verify clients (with --sync-key)"`
+	SyncKey           string `name:"sync-key" placeholder:"FILE" env:"SLUICE_SYNC_KEY" help:"PEM file of the key of --sync-cert"`
 	NoOperatorHeaders bool   `name:"no-operator-headers" env:"SLUICE_NO_OPERATOR_HEADERS" help:"leave out of HTTP check answers the headers meant for operators (decision source and latency, rule and tier names, throttle, shadow), for end-user-facing deployments; the standard RateLimit, X-RateLimit-Limit/-Remaining/-Reset and Retry-After headers stay"`
 }
 
