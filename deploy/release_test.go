@@ -247,6 +247,7 @@ type goreleaserConfig struct {
 	Version int `yaml:"version"`
 	Builds  []struct {
 		ID      string   `yaml:"id"`
+		Dir     string   `yaml:"dir"`
 		Main    string   `yaml:"main"`
 		Binary  string   `yaml:"binary"`
 		Env     []string `yaml:"env"`
@@ -277,25 +278,28 @@ func TestGoreleaser(t *testing.T) {
 	if err := yaml.Unmarshal(data, &c); err != nil {
 		t.Fatalf("%s: %v", goreleaserPath, err)
 	}
-	if c.Version != 2 || len(c.Builds) != 1 {
-		t.Fatalf("%s: version %d, %d builds: want version 2 and the one build of sluice", goreleaserPath, c.Version, len(c.Builds))
+	// Two builds: sluice, and the load generator from the bench module.
+	if c.Version != 2 || len(c.Builds) != 2 {
+		t.Fatalf("%s: version %d, %d builds: want version 2 and the builds of sluice and sluice-load", goreleaserPath, c.Version, len(c.Builds))
 	}
-	b := c.Builds[0]
-	if _, err := os.Stat(filepath.Join("..", b.Main)); err != nil || b.Binary != "sluice" {
-		t.Errorf("build main %q binary %q: want ./cmd/sluice as sluice (%v)", b.Main, b.Binary, err)
-	}
-	for _, want := range []string{"linux", "darwin"} {
-		if !slices.Contains(b.GOOS, want) {
-			t.Errorf("goos %q: no %s", b.GOOS, want)
+	for i, want := range []struct{ dir, main, binary string }{{"", "./cmd/sluice", "sluice"}, {"bench", "./cmd/sluice-load", "sluice-load"}} {
+		b := c.Builds[i]
+		if _, err := os.Stat(filepath.Join("..", b.Dir, b.Main)); err != nil || b.Dir != want.dir || b.Main != want.main || b.Binary != want.binary {
+			t.Errorf("build dir %q main %q binary %q: want %s in %q as %s (%v)", b.Dir, b.Main, b.Binary, want.main, want.dir, want.binary, err)
 		}
-	}
-	for _, want := range []string{"amd64", "arm64"} {
-		if !slices.Contains(b.GOARCH, want) {
-			t.Errorf("goarch %q: no %s", b.GOARCH, want)
+		for _, want := range []string{"linux", "darwin"} {
+			if !slices.Contains(b.GOOS, want) {
+				t.Errorf("%s: goos %q: no %s", b.Binary, b.GOOS, want)
+			}
 		}
-	}
-	if !slices.Contains(b.Env, "CGO_ENABLED=0") || !slices.Contains(b.Flags, "-trimpath") {
-		t.Errorf("env %q flags %q: want a static build (CGO_ENABLED=0) with -trimpath", b.Env, b.Flags)
+		for _, want := range []string{"amd64", "arm64"} {
+			if !slices.Contains(b.GOARCH, want) {
+				t.Errorf("%s: goarch %q: no %s", b.Binary, b.GOARCH, want)
+			}
+		}
+		if !slices.Contains(b.Env, "CGO_ENABLED=0") || !slices.Contains(b.Flags, "-trimpath") {
+			t.Errorf("%s: env %q flags %q: want a static build (CGO_ENABLED=0) with -trimpath", b.Binary, b.Env, b.Flags)
+		}
 	}
 	if c.Checksum.NameTemplate == "" {
 		t.Error("no checksum file")

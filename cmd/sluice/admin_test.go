@@ -45,7 +45,8 @@ func adminServer(t *testing.T) string {
 func runAdmin(t *testing.T, stdin string, env map[string]string, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code := admin(args, strings.NewReader(stdin), &out, &errb, func(k string) string { return env[k] })
+	inv := &invocation{stdin: strings.NewReader(stdin), stdout: &out, stderr: &errb, getenv: func(k string) string { return env[k] }}
+	code := inv.run(append([]string{"admin"}, args...))
 	return code, out.String(), errb.String()
 }
 

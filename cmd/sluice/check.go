@@ -4,118 +4,108 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
 	"github.com/sluicehq/sluice/client"
 )
 
-const checkUsage = `Usage: sluice check --client-id ID [flags]
-       sluice check --target envoy --domain D --descriptor key=value[,key=value] [flags]
-
-Asks a running server for one decision and prints it. Exits 0 when
-allowed, 1 when denied, 2 on usage errors and 3 when the server cannot
-answer.
-
-Flags:
-`
-
-// check asks a running server for one decision and prints it. It exits 0
-// when allowed, 1 when denied, 2 on usage errors and 3 when the server
+// checkCmd asks a running server for one decision and prints it. It exits
+// 0 when allowed, 1 when denied, 2 on usage errors and 3 when the server
 // cannot answer.
-func check(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	fs := flag.NewFlagSet("check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), checkUsage)
-		fs.PrintDefaults()
-	}
-	target := fs.String("target", "http", "API to ask: http (Sluice's JSON API at --addr) or envoy (Envoy's ShouldRateLimit at --grpc-addr)")
-	addr := fs.String("addr", "http://127.0.0.1:8080", "server's HTTP address")
-	grpcAddr := fs.String("grpc-addr", "127.0.0.1:8081", "server's gRPC address host:port, of --target envoy")
-	domain := fs.String("domain", "", "Envoy domain (--target envoy)")
-	var descs descriptors
-	fs.Var(&descs, "descriptor", "Envoy descriptor key=value[,key=value...] (--target envoy; repeat it for several descriptors)")
-	var req client.CheckRequest
-	fs.StringVar(&req.ClientID, "client-id", "", "client id (required by --target http)")
-	fs.StringVar(&req.Resource, "resource", "", "resource or endpoint, such as /api/v1/orders")
-	fs.StringVar(&req.Operation, "operation", "", "operation: read, write, delete, ...")
-	cost := fs.Int64("cost", 1, "cost; 0 reads without consuming (Envoy's hits_addend, where 0 means 1)")
-	fs.StringVar(&req.Priority, "priority", "", "priority: high, normal or low")
-	fs.StringVar(&req.IdempotencyKey, "idempotency-key", "", "idempotency key")
-	fs.StringVar(&req.User, "user", "", "user")
-	fs.StringVar(&req.IP, "ip", "", "client IP address")
-	fs.StringVar(&req.APIKey, "api-key", "", "API key")
-	fs.StringVar(&req.Method, "method", "", "HTTP method")
-	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the answer")
-	token := fs.String("token", "", "token sent as \"Authorization: Bearer TOKEN\", for a server run with --require-check-token")
-	asJSON := fs.Bool("json", false, "print the server's JSON body (Envoy's answer in JSON)")
-	fromEnv := envFlags(fs, commandEnv(fs, "check", map[string]string{"addr": "SLUICE_ADDR", "token": "SLUICE_TOKEN"}))
-	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
-		return code
-	}
-	if err := fromEnv(getenv); err != nil {
-		fmt.Fprintf(stderr, "sluice check: %v\n", err)
+type checkCmd struct {
+	Target         string        `name:"target" default:"http" env:"SLUICE_CHECK_TARGET" help:"API to ask: http (Sluice's JSON API at --addr) or envoy (Envoy's ShouldRateLimit at --grpc-addr)"`
+	Addr           string        `name:"addr" default:"http://127.0.0.1:8080" env:"SLUICE_ADDR" help:"server's HTTP address, http:// or https://"`
+	GRPCAddr       string        `name:"grpc-addr" default:"127.0.0.1:8081" env:"SLUICE_CHECK_GRPC_ADDR" help:"server's gRPC address host:port, of --target envoy"`
+	Domain         string        `name:"domain" placeholder:"DOMAIN" env:"SLUICE_CHECK_DOMAIN" help:"Envoy domain (--target envoy)"`
+	Descriptors    descriptors   `name:"descriptor" placeholder:"KEY=VALUE,..." env:"SLUICE_CHECK_DESCRIPTOR" help:"Envoy descriptor key=value[,key=value...] (--target envoy; repeat it for several descriptors)"`
+	ClientID       string        `name:"client-id" placeholder:"ID" env:"SLUICE_CHECK_CLIENT_ID" help:"client id (required by --target http)"`
+	Resource       string        `name:"resource" env:"SLUICE_CHECK_RESOURCE" help:"resource or endpoint, such as /api/v1/orders"`
+	Operation      string        `name:"operation" env:"SLUICE_CHECK_OPERATION" help:"operation: read, write, delete, ..."`
+	Cost           int64         `name:"cost" default:"1" env:"SLUICE_CHECK_COST" help:"cost; 0 reads without consuming (Envoy's hits_addend, where 0 means 1)"`
+	Priority       string        `name:"priority" env:"SLUICE_CHECK_PRIORITY" help:"priority: high, normal or low"`
+	IdempotencyKey string        `name:"idempotency-key" env:"SLUICE_CHECK_IDEMPOTENCY_KEY" help:"idempotency key"`
+	User           string        `name:"user" env:"SLUICE_CHECK_USER" help:"user"`
+	IP             string        `name:"ip" env:"SLUICE_CHECK_IP" help:"client IP address"`
+	APIKey         string        `name:"api-key" env:"SLUICE_CHECK_API_KEY" help:"API key"`
+	Method         string        `name:"method" env:"SLUICE_CHECK_METHOD" help:"HTTP method"`
+	Timeout        time.Duration `name:"timeout" default:"2s" env:"SLUICE_CHECK_TIMEOUT" help:"how long to wait for the answer"`
+	Token          string        `name:"token" placeholder:"TOKEN" env:"SLUICE_TOKEN" help:"token sent as \"Authorization: Bearer TOKEN\", for a server run with --require-check-token"`
+	JSON           bool          `name:"json" env:"SLUICE_CHECK_JSON" help:"print the server's JSON body (Envoy's answer in JSON)"`
+
+	TLSOn bool           `name:"tls" env:"SLUICE_CHECK_TLS" help:"speak TLS to --grpc-addr (--target envoy), as to a server run with --tls-cert; on by itself with --tls-ca, --tls-client-cert or --insecure-skip-verify (--target http speaks it to an https:// --addr)"`
+	TLS   clientTLSFlags `embed:"" group:"TLS to the server"`
+}
+
+func (checkCmd) Help() string {
+	return `Asks a running server for one decision and prints it:
+
+  sluice check --client-id ID [flags]
+  sluice check --target envoy --domain D --descriptor key=value[,key=value] [flags]
+
+Exits 0 when allowed, 1 when denied, 2 on usage errors and 3 when the server cannot answer.`
+}
+
+func (c *checkCmd) run(inv *invocation) int {
+	if c.Timeout <= 0 {
+		fmt.Fprintf(inv.stderr, "sluice check: --timeout %s: want more than 0\n", c.Timeout)
 		return 2
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "sluice check: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
-	if *timeout <= 0 {
-		fmt.Fprintf(stderr, "sluice check: --timeout %s: want more than 0\n", *timeout)
-		return 2
-	}
-	switch *target {
+	switch c.Target {
 	case "envoy":
-		return checkEnvoy(*grpcAddr, *domain, descs, *cost, *timeout, *token, *asJSON, stdout, stderr)
+		return c.envoy(inv)
 	case "http":
 	default:
-		fmt.Fprintf(stderr, "sluice check: --target %q: want http or envoy\n", *target)
+		fmt.Fprintf(inv.stderr, "sluice check: --target %q: want http or envoy\n", c.Target)
 		return 2
 	}
-	if req.ClientID == "" {
-		fmt.Fprintln(stderr, "sluice check: --client-id is required")
+	if c.ClientID == "" {
+		fmt.Fprintln(inv.stderr, "sluice check: --client-id is required")
 		return 2
 	}
-	req.Cost = cost
-	var hc *http.Client
-	if *token != "" {
-		hc = &http.Client{Transport: bearer{token: *token, next: http.DefaultTransport}}
-	}
-	c, err := client.New(client.Config{BaseURL: *addr, Timeout: *timeout, HTTPClient: hc})
+	tc, err := c.TLS.config()
 	if err != nil {
-		fmt.Fprintf(stderr, "sluice check: --addr %q: want http://host:port or https://host:port\n", *addr)
+		fmt.Fprintf(inv.stderr, "sluice check: %v\n", err)
 		return 2
 	}
-	d, err := c.Check(context.Background(), req)
+	var rt http.RoundTripper = &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: tc, ForceAttemptHTTP2: true}
+	if c.Token != "" {
+		rt = bearer{token: c.Token, next: rt}
+	}
+	cl, err := client.New(client.Config{BaseURL: c.Addr, Timeout: c.Timeout, HTTPClient: &http.Client{Transport: rt}})
 	if err != nil {
-		fmt.Fprintf(stderr, "sluice check: %v\n", err)
+		fmt.Fprintf(inv.stderr, "sluice check: --addr %q: want http://host:port or https://host:port\n", c.Addr)
+		return 2
+	}
+	cost := c.Cost
+	req := client.CheckRequest{ClientID: c.ClientID, Resource: c.Resource, Operation: c.Operation, Cost: &cost,
+		Priority: c.Priority, IdempotencyKey: c.IdempotencyKey, User: c.User, IP: c.IP, APIKey: c.APIKey, Method: c.Method}
+	d, err := cl.Check(context.Background(), req)
+	if err != nil {
+		fmt.Fprintf(inv.stderr, "sluice check: %v\n", err)
 		if errors.Is(err, client.ErrInvalidRequest) {
 			return 2
 		}
 		return 3
 	}
-	if *asJSON {
+	if c.JSON {
 		var v any
 		if json.Unmarshal(d.Body, &v) == nil {
 			out, _ := json.MarshalIndent(v, "", "  ")
-			fmt.Fprintln(stdout, string(out))
+			fmt.Fprintln(inv.stdout, string(out))
 		}
 	} else {
 		verdict := "allowed"
 		if !d.Allowed {
 			verdict = "denied"
 		}
-		fmt.Fprintf(stdout, "%s (HTTP %d): rule %q, tier %q, limit %d, remaining %d, resets at %s, source %s",
+		fmt.Fprintf(inv.stdout, "%s (HTTP %d): rule %q, tier %q, limit %d, remaining %d, resets at %s, source %s",
 			verdict, d.Status, d.Rule, d.Tier, d.Limit, d.Remaining, time.Unix(d.ResetAt, 0).UTC().Format(time.RFC3339), d.Source)
 		if !d.Allowed && d.RetryAfterMS > 0 {
-			fmt.Fprintf(stdout, ", retry after %s", d.RetryAfter())
+			fmt.Fprintf(inv.stdout, ", retry after %s", d.RetryAfter())
 		}
-		fmt.Fprintln(stdout)
+		fmt.Fprintln(inv.stdout)
 	}
 	if !d.Allowed {
 		return 1

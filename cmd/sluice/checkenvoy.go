@@ -9,12 +9,13 @@ import (
 	"io"
 	"math"
 	"strings"
-	"time"
 
+	"github.com/alecthomas/kong"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -45,7 +46,7 @@ func (d *descriptors) Set(s string) error {
 	for _, kv := range strings.Split(s, ",") {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return fmt.Errorf("%q: want key=value[,key=value...], such as client_id=alice,path=/orders", s)
+			return &valueError{fmt.Sprintf("%q: want key=value[,key=value...], such as client_id=alice,path=/orders", s)}
 		}
 		desc.Entries = append(desc.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: k, Value: v})
 	}
@@ -53,10 +54,22 @@ func (d *descriptors) Set(s string) error {
 	return nil
 }
 
-// checkEnvoy sends one ShouldRateLimit of domain with descs and hits to
-// the gRPC address addr, with token as its "authorization" when not
-// empty, and prints the answer; it returns check's exit code.
-func checkEnvoy(addr, domain string, descs descriptors, hits int64, timeout time.Duration, token string, asJSON bool, stdout, stderr io.Writer) int {
+// Decode reads the value of one --descriptor, for kong.
+func (d *descriptors) Decode(ctx *kong.DecodeContext) error {
+	var s string
+	if err := ctx.Scan.PopValueInto("descriptor", &s); err != nil {
+		return err
+	}
+	return d.Set(s)
+}
+
+// envoy sends one ShouldRateLimit of the domain and descriptors of c, with
+// its cost as hits_addend, to the gRPC address, with the token as its
+// "authorization" when there is one, and prints the answer; it returns
+// check's exit code.
+func (c *checkCmd) envoy(inv *invocation) int {
+	stdout, stderr := inv.stdout, inv.stderr
+	domain, descs, hits, token := c.Domain, c.Descriptors, c.Cost, c.Token
 	if domain == "" || len(descs) == 0 {
 		fmt.Fprintln(stderr, "sluice check: --target envoy needs --domain and at least one --descriptor key=value[,key=value...]")
 		return 2
@@ -65,13 +78,22 @@ func checkEnvoy(addr, domain string, descs descriptors, hits int64, timeout time
 		fmt.Fprintf(stderr, "sluice check: --cost %d: want 0 to %d for Envoy's hits_addend\n", hits, uint32(math.MaxUint32))
 		return 2
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if c.TLSOn || c.TLS.any() {
+		tc, err := c.TLS.config()
+		if err != nil {
+			fmt.Fprintf(stderr, "sluice check: %v\n", err)
+			return 2
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(c.GRPCAddr, grpc.WithTransportCredentials(creds))
 	if err != nil {
-		fmt.Fprintf(stderr, "sluice check: --grpc-addr %q: %v\n", addr, err)
+		fmt.Fprintf(stderr, "sluice check: --grpc-addr %q: %v\n", c.GRPCAddr, err)
 		return 2
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 	defer cancel()
 	if token != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
@@ -86,7 +108,7 @@ func checkEnvoy(addr, domain string, descs descriptors, hits int64, timeout time
 		}
 		return 3
 	}
-	if asJSON {
+	if c.JSON {
 		// protojson varies its spacing from build to build on purpose:
 		// indented again, the output is the same every time.
 		data, err := protojson.Marshal(resp)

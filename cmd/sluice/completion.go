@@ -1,12 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"io"
-	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/alecthomas/kong"
 )
 
 // cmdNode is a command of the completion tree: its words, its flags and
@@ -18,99 +18,80 @@ type cmdNode struct {
 	flags []string
 }
 
-// completionTree lists sluice's commands and subcommands. Their flags are
-// read from each command's own --help, so that the completion says what
-// the flag sets define.
-var completionTree = []struct {
-	path string // the command's words
-	subs string // its subcommands, space-separated
-}{
-	{"serve", ""},
-	{"config", "validate"},
-	{"config validate", ""},
-	{"check", ""},
-	{"admin", "rules limits tier override throttle audit status token"},
-	{"admin rules", "list get put delete"},
-	{"admin limits", ""},
-	{"admin tier", "set"},
-	{"admin override", "list add rm"},
-	{"admin throttle", "list lift"},
-	{"admin audit", ""},
-	{"admin status", ""},
-	{"admin token", "hash new list rm"},
-	{"migrate", ""},
-	{"version", ""},
-	{"completion", "bash zsh fish"},
-	{"help", ""},
-}
-
-// helpFlag is a flag's line in the flag package's usage.
-var helpFlag = regexp.MustCompile(`(?m)^  -([a-zA-Z0-9][a-zA-Z0-9-]*)`)
-
-// commandFlags returns the flags of the command of words, read from its
-// --help.
-func commandFlags(words []string) []string {
-	if words[0] == "version" || words[0] == "help" || words[0] == "completion" || (words[0] == "config" && len(words) == 1) {
-		return nil
+// completionCommands returns the commands of the command line, each with
+// its subcommands and the flags it takes (its parents' included), and the
+// top-level commands.
+func completionCommands() (nodes []*cmdNode, top []string, err error) {
+	k, err := newParser(&cli{}, io.Discard, io.Discard, func(string) string { return "" }, func(int) {})
+	if err != nil {
+		return nil, nil, err
 	}
-	var out bytes.Buffer
-	run(append(slices.Clone(words), "--help"), &out, io.Discard, func(string) string { return "" })
-	var flags []string
-	for _, m := range helpFlag.FindAllStringSubmatch(out.String(), -1) {
-		flags = append(flags, m[1])
-	}
-	return flags
-}
-
-// completionCommands returns the commands of the completion tree with
-// their flags, and the top-level commands.
-func completionCommands() (nodes []*cmdNode, top []string) {
-	for _, c := range completionTree {
-		words := strings.Fields(c.path)
-		n := &cmdNode{name: c.path, flags: commandFlags(words)}
-		for _, s := range strings.Fields(c.subs) {
-			n.subs = append(n.subs, &cmdNode{name: s})
+	var walk func(n *kong.Node, path string, flags []string)
+	walk = func(n *kong.Node, path string, flags []string) {
+		for _, f := range n.Flags {
+			if !f.Hidden && f.Name != "help" {
+				flags = append(slices.Clip(flags), f.Name)
+			}
 		}
-		if len(words) == 1 {
-			top = append(top, c.path)
+		if path != "" {
+			node := &cmdNode{name: path, flags: flags}
+			for _, c := range n.Children {
+				if !c.Hidden {
+					node.subs = append(node.subs, &cmdNode{name: c.Name})
+				}
+			}
+			for _, p := range n.Positional { // the words an argument takes
+				for _, e := range strings.Split(p.Enum, ",") {
+					if e = strings.TrimSpace(e); e != "" {
+						node.subs = append(node.subs, &cmdNode{name: e})
+					}
+				}
+			}
+			nodes = append(nodes, node)
 		}
-		nodes = append(nodes, n)
+		for _, c := range n.Children {
+			if c.Hidden {
+				continue
+			}
+			if path == "" {
+				top = append(top, c.Name)
+			}
+			walk(c, strings.TrimSpace(path+" "+c.Name), flags)
+		}
 	}
-	return nodes, top
+	walk(k.Model.Node, "", nil)
+	top = append(top, "help")
+	nodes = append(nodes, &cmdNode{name: "help"})
+	return nodes, top, nil
 }
 
-const completionUsage = `Usage: sluice completion bash|zsh|fish
+// completionCmd prints the completion script of a shell.
+type completionCmd struct {
+	Shell string `arg:"" enum:"bash,zsh,fish" help:"bash, zsh or fish"`
+}
 
-Prints a shell completion script of sluice's commands, subcommands and
-flags. Load it with, for example:
+func (completionCmd) Help() string {
+	return `Prints a shell completion script of sluice's commands, subcommands and flags. Load it with, for example:
 
   bash:  source <(sluice completion bash)   (or save it in /etc/bash_completion.d/sluice)
   zsh:   source <(sluice completion zsh)
-  fish:  sluice completion fish > ~/.config/fish/completions/sluice.fish
-`
+  fish:  sluice completion fish > ~/.config/fish/completions/sluice.fish`
+}
 
-// completion prints the completion script of a shell.
-func completion(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 1 && isHelp(args[0]) {
-		fmt.Fprint(stdout, completionUsage)
-		return 0
+func (c *completionCmd) run(inv *invocation) int {
+	nodes, top, err := completionCommands()
+	if err != nil {
+		fmt.Fprintf(inv.stderr, "sluice completion: %v\n", err)
+		return 1
 	}
-	if len(args) != 1 {
-		fmt.Fprint(stderr, completionUsage)
-		return 2
-	}
-	nodes, top := completionCommands()
-	switch args[0] {
+	switch c.Shell {
 	case "bash":
-		bashCompletion(stdout, nodes, top)
+		bashCompletion(inv.stdout, nodes, top)
 	case "zsh":
-		fmt.Fprint(stdout, "#compdef sluice\n# sluice's completion for zsh, through bash's.\nautoload -U +X bashcompinit && bashcompinit\n")
-		bashCompletion(stdout, nodes, top)
+		fmt.Fprint(inv.stdout, "#compdef sluice\n# sluice's completion for zsh, through bash's.\nautoload -U +X bashcompinit && bashcompinit\n")
+		bashCompletion(inv.stdout, nodes, top)
 	case "fish":
-		fishCompletion(stdout, nodes, top)
-	default:
-		fmt.Fprintf(stderr, "sluice completion: unknown shell %q\n\n%s", args[0], completionUsage)
-		return 2
+		fishCompletion(inv.stdout, nodes, top)
 	}
 	return 0
 }

@@ -2,104 +2,175 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/alecthomas/kong"
 )
 
-// parseFlags parses args with fs and returns -1 to go on, else the exit
-// code: 0 when args ask for help (the usage then goes to stdout), 2 for a
-// flag fs does not know or a value its flag cannot take (the error, saying
-// what the flag wants, and the usage go to stderr). The flag package's own
-// message is replaced, so fs prints nothing itself.
-func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) int {
-	fs.SetOutput(io.Discard)
-	err := fs.Parse(args)
-	switch {
-	case err == nil:
-		fs.SetOutput(stderr)
-		return -1
-	case errors.Is(err, flag.ErrHelp):
-		fs.SetOutput(stdout)
-		fs.Usage()
-		return 0
-	}
-	fs.SetOutput(stderr)
-	err, unknown := explainParseError(fs, err)
-	if unknown {
-		// The usage, then the error, which a long usage would scroll away.
-		fs.Usage()
-		fmt.Fprintln(stderr)
-	}
-	fmt.Fprintf(stderr, "sluice %s: %v\n", fs.Name(), err)
-	if !unknown {
-		fmt.Fprintf(stderr, "Run \"sluice %s --help\" for the flags.\n", fs.Name())
-	}
-	return 2
+// The command line is parsed by kong from the structs of the commands:
+// each flag's name, default, help and SLUICE_* variable are in its tags.
+// This file holds what Sluice adds to kong: the variables read through a
+// getenv of the caller's (an empty variable counts as unset), errors that
+// say what a flag wants, and the exit codes.
+
+// newParser returns the parser of the command line into c, writing help to
+// stdout. A flag's variable is read through getenv when the flag is not on
+// the command line. exit is called with 0 after --help was printed.
+func newParser(c *cli, stdout, stderr io.Writer, getenv func(string) string, exit func(int)) (*kong.Kong, error) {
+	return kong.New(c,
+		kong.Name("sluice"),
+		kong.Description(rootHelp),
+		kong.Writers(stdout, stderr),
+		kong.Exit(exit),
+		// As with the flag package, a flag's value may start with a
+		// dash: --grpc-keepalive -1s.
+		kong.WithHyphenPrefixedParameters(true),
+		kong.Vars(defaults()),
+		kong.ConfigureHelp(kong.HelpOptions{NoExpandSubcommands: true}),
+		kong.ValueFormatter(helpValue),
+		kong.PostBuild(ownEnv),
+		kong.Resolvers(envResolver(getenv)),
+		hintMappers(),
+	)
 }
 
-// The flag package's errors, which parseFlags rewrites.
-var (
-	badValue    = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-(\S+): `)
-	unknownFlag = regexp.MustCompile(`^flag provided but not defined: -+(\S+)`)
-	missingArg  = regexp.MustCompile(`^flag needs an argument: -+(\S+)`)
-)
-
-// explainParseError returns the error of fs.Parse told in terms of the
-// flag: a value it cannot take with the form it wants; unknown reports a
-// flag that fs does not have.
-func explainParseError(fs *flag.FlagSet, err error) (_ error, unknown bool) {
-	msg := err.Error()
-	if m := badValue.FindStringSubmatch(msg); m != nil {
-		if f := fs.Lookup(m[2]); f != nil {
-			if s, err := strconv.Unquote(`"` + m[1] + `"`); err == nil {
-				m[1] = s
-			}
-			return explainValue(f, m[1], errors.New(msg[len(m[0]):])), false
+// ownEnv leaves the environment to envResolver: kong would read the
+// variables named by the env tags itself, from the process's environment,
+// and take an empty one as a value. The tags stay, read by envResolver and
+// helpValue.
+func ownEnv(k *kong.Kong) error {
+	return kong.Visit(k.Model, func(node kong.Visitable, next kong.Next) error {
+		if f, ok := node.(*kong.Flag); ok {
+			f.Envs, f.Tag.Envs = nil, nil
 		}
-	}
-	if m := unknownFlag.FindStringSubmatch(msg); m != nil {
-		return fmt.Errorf("unknown flag --%s", m[1]), true
-	}
-	if m := missingArg.FindStringSubmatch(msg); m != nil {
-		return fmt.Errorf("--%s needs a value", m[1]), false
-	}
-	return err, false
+		return next(nil)
+	})
 }
 
-// explainValue returns the error of value given to flag f, saying what f
-// wants: `--store-deadline: "5" is not a duration; use 5ms or 5s`. A
-// flag of a type of its own says so in its error, cause.
-func explainValue(f *flag.Flag, value string, cause error) error {
-	var want string
-	g, _ := f.Value.(flag.Getter)
-	var v any
-	if g != nil {
-		v = g.Get()
+// envName returns the environment variable of flag f, or "".
+func envName(f *kong.Value) string {
+	if f.Tag == nil {
+		return ""
 	}
-	switch v.(type) {
+	return f.Tag.Get("env")
+}
+
+// envResolver sets each flag not given on the command line from its
+// variable, when that is set and not empty. A value the flag cannot take is
+// an envError naming the variable.
+func envResolver(getenv func(string) string) kong.Resolver {
+	return kong.ResolverFunc(func(_ *kong.Context, _ *kong.Path, f *kong.Flag) (any, error) {
+		name := envName(f.Value)
+		if name == "" {
+			return nil, nil
+		}
+		v := getenv(name)
+		if v == "" {
+			return nil, nil
+		}
+		// Decoded aside first, so that an error names the variable.
+		scratch := reflect.New(f.Target.Type()).Elem()
+		scan := kong.ScanFromTokens(kong.Token{Type: kong.FlagValueToken, Value: v})
+		if err := f.Mapper.Decode(&kong.DecodeContext{Value: f.Value, Scan: scan}, scratch); err != nil {
+			return nil, &envError{env: name, flag: f.Name, err: err}
+		}
+		return v, nil
+	})
+}
+
+// envError is a value of a flag's variable that the flag cannot take.
+type envError struct {
+	env, flag string
+	err       error
+}
+
+func (e *envError) Error() string { return fmt.Sprintf("%s: --%s: %v", e.env, e.flag, e.err) }
+func (e *envError) Unwrap() error { return e.err }
+
+// valueError is a value that a flag cannot take, with what it wants.
+type valueError struct{ msg string }
+
+func (e *valueError) Error() string { return e.msg }
+
+// helpValue is a flag's help: its text, "(default true)" for a boolean on
+// by default (whose default shows nowhere else), and its variable.
+func helpValue(v *kong.Value) string {
+	help := v.Help
+	if v.Target.Kind() == reflect.Bool && v.Default == "true" {
+		help += " (default true)"
+	}
+	if env := envName(v); env != "" {
+		help += " ($" + env + ")"
+	}
+	return help
+}
+
+// hintMappers decodes the numbers, durations and booleans of the flags as
+// kong does, and says what a flag wants when a value will not do:
+// `"5" is not a duration; use 5ms or 5s (a number and a unit)`.
+func hintMappers() kong.Option {
+	reg := kong.NewRegistry().RegisterDefaults()
+	var opts []kong.Option
+	for _, v := range []any{time.Duration(0), false, int(0), int64(0), uint(0), float64(0)} {
+		t := reflect.TypeOf(v)
+		opts = append(opts, kong.TypeMapper(t, hintMapper{next: reg.ForType(t), bool: t.Kind() == reflect.Bool}))
+	}
+	return kong.OptionFunc(func(k *kong.Kong) error {
+		for _, o := range opts {
+			if err := o.Apply(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// hintMapper is kong's mapper of a type, whose errors say what the flag
+// wants.
+type hintMapper struct {
+	next kong.Mapper
+	bool bool
+}
+
+func (m hintMapper) IsBool() bool { return m.bool }
+
+func (m hintMapper) Decode(ctx *kong.DecodeContext, target reflect.Value) error {
+	tok := ctx.Scan.Peek()
+	err := m.next.Decode(ctx, target)
+	if err == nil {
+		return nil
+	}
+	if tok.IsEOL() {
+		return &valueError{"needs a value"}
+	}
+	value := fmt.Sprint(tok.Value)
+	def := ctx.Value.Default
+	var want string
+	switch target.Interface().(type) {
 	case time.Duration:
-		want = "is not a duration; use " + durationHint(value, f.DefValue)
+		want = "is not a duration; use " + durationHint(value, def)
 	case bool:
 		want = "is not a boolean; use true or false"
 	case int, int64:
-		want = "is not a whole number; use one such as " + numberHint(f.DefValue, "10")
+		want = "is not a whole number; use one such as " + numberHint(def, "10")
 		if isRangeError(strconv.ParseInt(value, 0, 64)) {
 			want = "is out of range"
 		}
-	case uint, uint64:
-		want = "is not a whole number of 0 or more; use one such as " + numberHint(f.DefValue, "10")
+	case uint:
+		want = "is not a whole number of 0 or more; use one such as " + numberHint(def, "10")
 	case float64:
-		want = "is not a number; use one such as " + numberHint(f.DefValue, "0.5")
+		want = "is not a number; use one such as " + numberHint(def, "0.5")
 	default:
-		return fmt.Errorf("--%s: %v", f.Name, cause)
+		return err
 	}
-	return fmt.Errorf("--%s: %q %s", f.Name, value, want)
+	return &valueError{fmt.Sprintf("%q %s", value, want)}
 }
 
 // durationHint returns a duration for value: a bare number with a unit,
@@ -109,7 +180,7 @@ func durationHint(value, def string) string {
 		n := strings.TrimSpace(value)
 		return n + "ms or " + n + "s (a number and a unit)"
 	}
-	if def == "" || def == "0s" {
+	if def == "" || def == "0s" || def == "0" {
 		return "a number and a unit, such as 500ms, 10s or 1m"
 	}
 	return "a number and a unit, such as " + def
@@ -128,61 +199,23 @@ func isRangeError(_ int64, err error) bool {
 	return errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange)
 }
 
-// sluiceEnv returns the environment variable of every flag of fs: SLUICE_
-// and the flag's name in upper case, with '_' for '-'.
-func sluiceEnv(fs *flag.FlagSet) map[string]string {
-	return commandEnv(fs, "", nil)
+// longDashes returns args with a flag written with one dash, as the flag
+// package took them (-store memory://), written with two (--store). A
+// single letter after one dash stays a short flag (-h, -f).
+func longDashes(args []string) []string {
+	out := slices.Clone(args)
+	for i, a := range out {
+		if a == "--" {
+			break
+		}
+		if singleDashFlag.MatchString(a) {
+			out[i] = "-" + a
+		}
+	}
+	return out
 }
 
-// commandEnv returns the environment variable of every flag of fs:
-// SLUICE_, the command's name (cmd, empty for serve's), and the flag's, in
-// upper case with '_' for '-' and ' '; shared names the variables of the
-// flags that several commands read alike (--addr: SLUICE_ADDR).
-func commandEnv(fs *flag.FlagSet, cmd string, shared map[string]string) map[string]string {
-	prefix := "SLUICE_"
-	if cmd != "" {
-		prefix += cmd + "_"
-	}
-	vars := map[string]string{}
-	fs.VisitAll(func(f *flag.Flag) {
-		if v, ok := shared[f.Name]; ok {
-			vars[f.Name] = v
-			return
-		}
-		vars[f.Name] = strings.NewReplacer("-", "_", " ", "_").Replace(strings.ToUpper(prefix + f.Name))
-	})
-	return vars
-}
-
-// envFlags names in the usage of each flag of vars (flag name to variable
-// name) its environment variable, and returns the function that, once fs
-// is parsed, sets each of those flags not given on the command line from
-// its variable, when that is set. The flags keep their own defaults, so
-// the usage never prints a variable's value (a store URL's password).
-func envFlags(fs *flag.FlagSet, vars map[string]string) func(getenv func(string) string) error {
-	fs.VisitAll(func(f *flag.Flag) {
-		if env, ok := vars[f.Name]; ok {
-			f.Usage += " (env " + env + ")"
-		}
-	})
-	return func(getenv func(string) string) error {
-		given := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-		var err error
-		fs.VisitAll(func(f *flag.Flag) {
-			env, ok := vars[f.Name]
-			if !ok || given[f.Name] || err != nil {
-				return
-			}
-			if v := getenv(env); v != "" {
-				if e := fs.Set(f.Name, v); e != nil {
-					err = fmt.Errorf("%s: %w", env, explainValue(f, v, e))
-				}
-			}
-		})
-		return err
-	}
-}
+var singleDashFlag = regexp.MustCompile(`^-[a-z][a-z0-9-]+(=|$)`)
 
 // urlFlags are the flags whose values are URLs: the schemes each takes
 // and the form told when a value has none of them. An empty value is the
@@ -191,39 +224,46 @@ var urlFlags = map[string]struct {
 	schemes []string
 	want    string
 }{
-	"store":        {[]string{"memory", "redis", "rediss", "redis-cluster", "rediss-cluster"}, "memory://, redis://host:6379[/db] or redis-cluster://host:7000,host:7000 (rediss:// for TLS)"},
+	"store":        {[]string{"memory", "redis", "rediss", "redis-cluster", "rediss-cluster", "redis-sentinel"}, "memory://, redis://host:6379[/db], redis-cluster://host:7000,host:7000 (rediss:// for TLS) or redis-sentinel://host:26379/master"},
 	"analytics":    {[]string{"postgres", "postgresql"}, "postgres://user:password@host:5432/db"},
 	"config-store": {[]string{"etcd", "etcds"}, "etcd://host:2379[,host:2379...][/prefix] (etcds:// for TLS)"},
 	"addr":         {[]string{"http", "https"}, "http://host:port or https://host:port"},
 }
 
-// checkURLFlags returns the error of the first URL flag of fs (see
-// urlFlags) whose value is no URL of a scheme it takes, saying the form it
-// wants. A password in the value is not repeated.
-func checkURLFlags(fs *flag.FlagSet) error {
-	var err error
-	fs.VisitAll(func(f *flag.Flag) {
+// checkURLFlags returns the error of the first URL flag of the command
+// (see urlFlags) whose value is no URL of a scheme it takes, saying the
+// form it wants. A password in the value is not repeated.
+func checkURLFlags(ctx *kong.Context) error {
+	for _, f := range ctx.Flags() {
 		u, ok := urlFlags[f.Name]
-		v := f.Value.String()
-		if !ok || err != nil || v == "" {
-			return
+		if !ok || f.Target.Kind() != reflect.String {
+			continue
 		}
-		if f.Name == "analytics" && strings.Contains(v, "=") {
-			return // PostgreSQL's keyword=value form
+		if err := checkURL(f.Name, f.Target.String(), u.schemes, u.want); err != nil {
+			return err
 		}
-		scheme, rest, found := strings.Cut(v, "://")
-		shown := v
-		if at := strings.LastIndex(rest, "@"); found && at >= 0 {
-			shown = scheme + "://…" + rest[at:]
-		} else if at := strings.LastIndex(v, "@"); !found && at >= 0 {
-			shown = "…" + v[at:]
-		}
-		switch {
-		case !found:
-			err = fmt.Errorf("--%s: %q is not a URL; use %s", f.Name, shown, u.want)
-		case !slices.Contains(u.schemes, scheme):
-			err = fmt.Errorf("--%s: %q: scheme %q is not one of %s; use %s", f.Name, shown, scheme, strings.Join(u.schemes, ", "), u.want)
-		}
-	})
-	return err
+	}
+	return nil
+}
+
+// checkURL returns the error of a value v of flag name that is not a URL
+// of one of schemes.
+func checkURL(name, v string, schemes []string, want string) error {
+	if v == "" || (name == "analytics" && strings.Contains(v, "=")) { // PostgreSQL's keyword=value form
+		return nil
+	}
+	scheme, rest, found := strings.Cut(v, "://")
+	shown := v
+	if at := strings.LastIndex(rest, "@"); found && at >= 0 {
+		shown = scheme + "://…" + rest[at:]
+	} else if at := strings.LastIndex(v, "@"); !found && at >= 0 {
+		shown = "…" + v[at:]
+	}
+	switch {
+	case !found:
+		return fmt.Errorf("--%s: %q is not a URL; use %s", name, shown, want)
+	case !slices.Contains(schemes, scheme):
+		return fmt.Errorf("--%s: %q: scheme %q is not one of %s; use %s", name, shown, scheme, strings.Join(schemes, ", "), want)
+	}
+	return nil
 }

@@ -3,29 +3,29 @@ package main
 import (
 	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/guard"
-	"github.com/sluicehq/sluice/store/redis"
 )
 
-// redisFlags defines the connection flags of a Redis store and returns
-// the function that builds its options once they are parsed.
-func redisFlags(fs *flag.FlagSet) func() daemon.RedisOptions {
-	dial := fs.Duration("redis-dial-timeout", redis.DefaultDialTimeout, "bound on opening a connection to Redis")
-	write := fs.Duration("redis-write-timeout", redis.DefaultWriteTimeout, "how long a Redis connection may stay unable to write or answer before it is closed")
-	keepAlive := fs.Duration("redis-keepalive", redis.DefaultKeepAlive, "period of TCP keep-alive probes on Redis connections; negative turns them off")
-	conns := fs.Int("redis-conns-per-node", 0, "connections to each Redis node, over which concurrent calls are pipelined (1 to 256, rounded up to a power of two); 0 is the client's default")
-	ca := fs.String(redisTLSFlags["TLSCAFile"], "", "PEM file of the CA certificates that a rediss:// store's server certificate must chain to, in place of the system's")
-	cert := fs.String(redisTLSFlags["TLSCertFile"], "", "PEM file of the client certificate (and its intermediates) presented to a rediss:// store for mutual TLS; needs --redis-tls-key-file")
-	key := fs.String(redisTLSFlags["TLSKeyFile"], "", "PEM file of the private key of --redis-tls-cert-file")
-	serverName := fs.String(redisTLSFlags["TLSServerName"], "", "name a rediss:// store's server certificate must hold; empty: the host of each address dialed")
-	return func() daemon.RedisOptions {
-		return daemon.RedisOptions{DialTimeout: *dial, WriteTimeout: *write, KeepAlive: *keepAlive, ConnsPerNode: *conns,
-			TLSCAFile: *ca, TLSCertFile: *cert, TLSKeyFile: *key, TLSServerName: *serverName}
-	}
+// redisFlags are serve's flags of the connections to a Redis store.
+type redisFlags struct {
+	DialTimeout   time.Duration `name:"redis-dial-timeout" default:"${redis_dial_timeout}" env:"SLUICE_REDIS_DIAL_TIMEOUT" help:"bound on opening a connection to Redis"`
+	WriteTimeout  time.Duration `name:"redis-write-timeout" default:"${redis_write_timeout}" env:"SLUICE_REDIS_WRITE_TIMEOUT" help:"how long a Redis connection may stay unable to write or answer before it is closed"`
+	KeepAlive     time.Duration `name:"redis-keepalive" default:"${redis_keepalive}" env:"SLUICE_REDIS_KEEPALIVE" help:"period of TCP keep-alive probes on Redis connections; negative turns them off"`
+	ConnsPerNode  int           `name:"redis-conns-per-node" default:"0" env:"SLUICE_REDIS_CONNS_PER_NODE" help:"connections to each Redis node, over which concurrent calls are pipelined (1 to 256, rounded up to a power of two); 0 is the client's default"`
+	TLSCAFile     string        `name:"redis-tls-ca-file" placeholder:"FILE" env:"SLUICE_REDIS_TLS_CA_FILE" help:"PEM file of the CA certificates that a rediss:// store's server certificate must chain to, in place of the system's"`
+	TLSCertFile   string        `name:"redis-tls-cert-file" placeholder:"FILE" env:"SLUICE_REDIS_TLS_CERT_FILE" help:"PEM file of the client certificate (and its intermediates) presented to a rediss:// store for mutual TLS; needs --redis-tls-key-file"`
+	TLSKeyFile    string        `name:"redis-tls-key-file" placeholder:"FILE" env:"SLUICE_REDIS_TLS_KEY_FILE" help:"PEM file of the private key of --redis-tls-cert-file"`
+	TLSServerName string        `name:"redis-tls-server-name" env:"SLUICE_REDIS_TLS_SERVER_NAME" help:"name a rediss:// store's server certificate must hold; empty: the host of each address dialed"`
+}
+
+// options returns the Redis options of the flags.
+func (f *redisFlags) options() daemon.RedisOptions {
+	return daemon.RedisOptions{DialTimeout: f.DialTimeout, WriteTimeout: f.WriteTimeout, KeepAlive: f.KeepAlive, ConnsPerNode: f.ConnsPerNode,
+		TLSCAFile: f.TLSCAFile, TLSCertFile: f.TLSCertFile, TLSKeyFile: f.TLSKeyFile, TLSServerName: f.TLSServerName}
 }
 
 // redisTLSFlags names the flag of each TLS option of daemon.RedisOptions.
@@ -61,39 +61,42 @@ func flagError(err error) error {
 	return fmt.Errorf("--%s: %w", name, te.Err)
 }
 
-// guardFlags defines the flags of the guard around a Redis store and
-// returns the function that builds its configuration once they are
-// parsed.
-func guardFlags(fs *flag.FlagSet) func() guard.Config {
-	deadline := fs.Duration("store-deadline", guard.DefaultDeadline, "deadline of every Redis call of a check, Redis answering slowly included; a client's shorter deadline wins")
-	stall := fs.Duration("store-stall-timeout", 0, "a Redis call gives up when Redis has answered no call at all for this long (paused, cut off); 0 learns it from Redis' latency (4x the slowest recent answer, at least "+guard.DefaultStallFloor.String()+"); negative: off")
-	inflight := fs.Int("store-max-in-flight", guard.DefaultMaxInFlight, "Redis calls in flight at most, those whose checks already gave up at the deadline included")
-	gatherers := fs.Int("store-gatherers", guard.DefaultGatherers, "Redis calls of gathered checks in flight at once: checks that arrive meanwhile wait and go in the next call together; negative: a call per check")
-	breaker := fs.Bool("breaker", true, "circuit breaker around the Redis store")
-	bWindow := fs.Duration("breaker-window", guard.DefaultBreakerWindow, "rolling window over which the breaker measures the failure ratio")
-	bMin := fs.Uint("breaker-min-requests", guard.DefaultBreakerMinRequests, "calls the window must hold before the breaker may open")
-	bRatio := fs.Float64("breaker-failure-ratio", guard.DefaultBreakerFailureRatio, "failure ratio in the window at or above which the breaker opens")
-	bOpen := fs.Duration("breaker-open-timeout", guard.DefaultBreakerOpenTimeout, "how long the breaker stays open before it lets probes through")
-	bProbes := fs.Uint("breaker-probes", guard.DefaultBreakerProbes, "probe calls let through half-open, and consecutive successes that close the breaker")
-	bSustain := fs.Duration("breaker-sustain", guard.DefaultBreakerSustain, "how long the failure ratio must hold before the breaker opens (a stall of the server itself must not open it); negative: at once")
-	olc := fs.Bool("over-limit-cache", true, "answer keys denied until a known instant in process until then")
-	olcKeys := fs.Int("over-limit-cache-keys", guard.DefaultOverLimitMaxKeys, "keys the over-limit cache remembers at most")
-	hot := fs.Bool("hot-keys", false, "decide hot keys in process from leases synced with Redis")
-	hotRate := fs.Float64("hot-key-threshold", guard.DefaultHotThreshold, "checks per second of one key from which it is hot")
-	hotSync := fs.Duration("hot-key-sync-interval", guard.DefaultHotSyncInterval, "how often hot keys' leases are synced with Redis (10ms to 100ms is sensible)")
-	hotWindow := fs.Duration("hot-key-window", guard.DefaultHotWindow, "hot-key detection window")
-	hotMax := fs.Int("hot-key-max", guard.DefaultHotMaxKeys, "hot keys at most")
-	return func() guard.Config {
-		return guard.Config{
-			Deadline:     *deadline,
-			StallTimeout: *stall,
-			MaxInFlight:  *inflight,
-			Gatherers:    *gatherers,
-			Breaker: guard.BreakerConfig{Disabled: !*breaker, Window: *bWindow, MinRequests: uint32(min(*bMin, 1<<31)),
-				FailureRatio: *bRatio, OpenTimeout: *bOpen, Probes: uint32(min(*bProbes, 1<<31)), Sustain: *bSustain},
-			OverLimit: guard.OverLimitConfig{Disabled: !*olc, MaxKeys: *olcKeys},
-			HotKeys: guard.HotKeyConfig{Enabled: *hot, Threshold: *hotRate, SyncInterval: *hotSync,
-				Window: *hotWindow, MaxKeys: *hotMax},
-		}
+// guardFlags are serve's flags of the guard around a Redis store.
+type guardFlags struct {
+	Deadline     time.Duration `name:"store-deadline" default:"${store_deadline}" env:"SLUICE_STORE_DEADLINE" help:"deadline of every Redis call of a check, Redis answering slowly included; a client's shorter deadline wins"`
+	StallTimeout time.Duration `name:"store-stall-timeout" default:"0s" env:"SLUICE_STORE_STALL_TIMEOUT" help:"a Redis call gives up when Redis has answered no call at all for this long (paused, cut off); 0 learns it from Redis' latency (4x the slowest recent answer, at least ${stall_floor}); negative: off"`
+	MaxInFlight  int           `name:"store-max-in-flight" default:"${store_max_in_flight}" env:"SLUICE_STORE_MAX_IN_FLIGHT" help:"Redis calls in flight at most, those whose checks already gave up at the deadline included"`
+	Gatherers    int           `name:"store-gatherers" default:"${store_gatherers}" env:"SLUICE_STORE_GATHERERS" help:"Redis calls of gathered checks in flight at once: checks that arrive meanwhile wait and go in the next call together; negative: a call per check"`
+
+	Breaker             bool          `name:"breaker" default:"true" env:"SLUICE_BREAKER" help:"circuit breaker around the Redis store"`
+	BreakerWindow       time.Duration `name:"breaker-window" default:"${breaker_window}" env:"SLUICE_BREAKER_WINDOW" help:"rolling window over which the breaker measures the failure ratio"`
+	BreakerMinRequests  uint          `name:"breaker-min-requests" default:"${breaker_min_requests}" env:"SLUICE_BREAKER_MIN_REQUESTS" help:"calls the window must hold before the breaker may open"`
+	BreakerFailureRatio float64       `name:"breaker-failure-ratio" default:"${breaker_failure_ratio}" env:"SLUICE_BREAKER_FAILURE_RATIO" help:"failure ratio in the window at or above which the breaker opens"`
+	BreakerOpenTimeout  time.Duration `name:"breaker-open-timeout" default:"${breaker_open_timeout}" env:"SLUICE_BREAKER_OPEN_TIMEOUT" help:"how long the breaker stays open before it lets probes through"`
+	BreakerProbes       uint          `name:"breaker-probes" default:"${breaker_probes}" env:"SLUICE_BREAKER_PROBES" help:"probe calls let through half-open, and consecutive successes that close the breaker"`
+	BreakerSustain      time.Duration `name:"breaker-sustain" default:"${breaker_sustain}" env:"SLUICE_BREAKER_SUSTAIN" help:"how long the failure ratio must hold before the breaker opens (a stall of the server itself must not open it); negative: at once"`
+
+	OverLimitCache     bool `name:"over-limit-cache" default:"true" env:"SLUICE_OVER_LIMIT_CACHE" help:"answer keys denied until a known instant in process until then"`
+	OverLimitCacheKeys int  `name:"over-limit-cache-keys" default:"${over_limit_cache_keys}" env:"SLUICE_OVER_LIMIT_CACHE_KEYS" help:"keys the over-limit cache remembers at most"`
+
+	HotKeys            bool          `name:"hot-keys" env:"SLUICE_HOT_KEYS" help:"decide hot keys in process from leases synced with Redis"`
+	HotKeyThreshold    float64       `name:"hot-key-threshold" default:"${hot_key_threshold}" env:"SLUICE_HOT_KEY_THRESHOLD" help:"checks per second of one key from which it is hot"`
+	HotKeySyncInterval time.Duration `name:"hot-key-sync-interval" default:"${hot_key_sync_interval}" env:"SLUICE_HOT_KEY_SYNC_INTERVAL" help:"how often hot keys' leases are synced with Redis (10ms to 100ms is sensible)"`
+	HotKeyWindow       time.Duration `name:"hot-key-window" default:"${hot_key_window}" env:"SLUICE_HOT_KEY_WINDOW" help:"hot-key detection window"`
+	HotKeyMax          int           `name:"hot-key-max" default:"${hot_key_max}" env:"SLUICE_HOT_KEY_MAX" help:"hot keys at most"`
+}
+
+// config returns the guard's configuration of the flags.
+func (f *guardFlags) config() guard.Config {
+	return guard.Config{
+		Deadline:     f.Deadline,
+		StallTimeout: f.StallTimeout,
+		MaxInFlight:  f.MaxInFlight,
+		Gatherers:    f.Gatherers,
+		Breaker: guard.BreakerConfig{Disabled: !f.Breaker, Window: f.BreakerWindow, MinRequests: uint32(min(f.BreakerMinRequests, 1<<31)),
+			FailureRatio: f.BreakerFailureRatio, OpenTimeout: f.BreakerOpenTimeout, Probes: uint32(min(f.BreakerProbes, 1<<31)), Sustain: f.BreakerSustain},
+		OverLimit: guard.OverLimitConfig{Disabled: !f.OverLimitCache, MaxKeys: f.OverLimitCacheKeys},
+		HotKeys: guard.HotKeyConfig{Enabled: f.HotKeys, Threshold: f.HotKeyThreshold, SyncInterval: f.HotKeySyncInterval,
+			Window: f.HotKeyWindow, MaxKeys: f.HotKeyMax},
 	}
 }

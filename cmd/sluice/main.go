@@ -5,275 +5,189 @@
 //	sluice check [flags]            ask a running server for one decision
 //	sluice admin COMMAND [flags]    use the admin API of a running server
 //	sluice migrate --analytics URL  migrate the analytics' PostgreSQL
+//	sluice load [flags]             run the load generator, sluice-load
 //	sluice version                  print the build's version and commit
 //	sluice completion SHELL         print a completion script (bash, zsh, fish)
 //
 // Every flag has a matching SLUICE_* environment variable (the flag wins):
 // SLUICE_FLAG for serve's, SLUICE_COMMAND_FLAG for the other commands'.
-// Run `sluice help` or `sluice COMMAND -h` for the flags.
+// Run `sluice --help` or `sluice COMMAND --help` for the flags.
 package main
 
 import (
-	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"runtime/debug"
 	"strings"
-	"syscall"
-	"time"
+
+	"github.com/alecthomas/kong"
 
 	"github.com/sluicehq/sluice/internal/buildinfo"
-	"github.com/sluicehq/sluice/internal/daemon"
-	"github.com/sluicehq/sluice/internal/logging"
 	"github.com/sluicehq/sluice/internal/policy"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+	inv := &invocation{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	os.Exit(inv.run(os.Args[1:]))
 }
 
-const usage = `Usage:
-  sluice serve [flags]              serve the HTTP, gRPC and Envoy rate limit APIs
-  sluice config validate PATH...    check configuration files or directories; exit 1 on the first error
-  sluice check [flags]              ask a running server for one decision (HTTP or Envoy's API)
-  sluice admin COMMAND [flags]      change rules, tiers, overrides, throttles and tokens through the admin API
-  sluice migrate --analytics URL    bring the analytics schema of a PostgreSQL to this build's version
-  sluice version                    print the version, commit, build date and Go version
-  sluice completion bash|zsh|fish   print a shell completion script
+// cli is sluice's command line: a field per command.
+type cli struct {
+	Serve      serveCmd      `cmd:"" help:"Serve the HTTP, gRPC and Envoy rate limit APIs."`
+	Config     configCmd     `cmd:"" help:"Check configuration files or directories."`
+	Check      checkCmd      `cmd:"" help:"Ask a running server for one decision (HTTP or Envoy's API)."`
+	Admin      adminCmd      `cmd:"" help:"Change rules, tiers, overrides, throttles and tokens through the admin API."`
+	Migrate    migrateCmd    `cmd:"" help:"Bring the analytics schema of a PostgreSQL to this build's version."`
+	Load       loadCmd       `cmd:"" passthrough:"" help:"Drive a running server with checks (runs sluice-load, a binary of its own)."`
+	Version    versionCmd    `cmd:"" help:"Print the version, commit, build date and Go version (also --version)."`
+	Completion completionCmd `cmd:"" help:"Print a shell completion script (bash, zsh or fish)."`
+}
 
-Run "sluice COMMAND -h" for a command's flags.
-`
+const rootHelp = `Sluice, a rate limiter. Every flag has a SLUICE_* environment variable,
+read when the flag is not given: SLUICE_FLAG for serve's flags,
+SLUICE_COMMAND_FLAG for the other commands'. Run "sluice COMMAND --help"
+for a command's flags, "sluice --version" for the build.`
 
-// run runs the command line args and returns the exit code.
+// invocation is one run of the command line: its input and outputs, its
+// environment and, once parsed, the command line itself.
+type invocation struct {
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	getenv func(string) string
+	cli    *cli
+	ctx    *kong.Context
+}
+
+// command is a command that runs: it returns the exit code.
+type command interface {
+	run(inv *invocation) int
+}
+
+// run runs the command line args and returns the exit code: 0 after --help
+// or --version, 2 for a command line that does not parse or a value a flag
+// cannot take, else the command's.
 func run(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+	inv := &invocation{stdin: os.Stdin, stdout: stdout, stderr: stderr, getenv: getenv}
+	return inv.run(args)
+}
+
+func (inv *invocation) run(args []string) int {
+	args = longDashes(args)
+	switch {
+	case len(args) > 0 && args[0] == "help":
+		args = append(args[1:], "--help")
+	case len(args) == 1 && args[0] == "--version":
+		args = []string{"version"}
+	}
+	exit := -1
+	inv.cli = &cli{}
+	k, err := newParser(inv.cli, inv.stdout, inv.stderr, inv.getenv, func(code int) {
+		if exit < 0 {
+			exit = code
+		}
+	})
+	if err != nil {
+		fmt.Fprintf(inv.stderr, "sluice: %v\n", err)
 		return 2
 	}
-	switch args[0] {
-	case "serve":
-		return serve(args[1:], stdout, stderr, getenv)
-	case "config":
-		if len(args) == 2 && isHelp(args[1]) {
-			fmt.Fprint(stdout, configUsage)
-			return 0
-		}
-		if len(args) < 2 || args[1] != "validate" {
-			fmt.Fprint(stderr, configUsage)
-			return 2
-		}
-		return validate(args[2:], stdout, stderr, getenv)
-	case "check":
-		return check(args[1:], stdout, stderr, getenv)
-	case "load":
-		// The load generator is a binary of its own.
-		fmt.Fprintln(stderr, "sluice: the load generator is now the sluice-load binary: run \"sluice-load\" with the same flags (make build puts it in bin/)")
-		return 2
-	case "admin":
-		return admin(args[1:], os.Stdin, stdout, stderr, getenv)
-	case "migrate":
-		return migrate(args[1:], stdout, stderr, getenv)
-	case "completion":
-		return completion(args[1:], stdout, stderr)
-	case "version", "--version", "-version":
-		fmt.Fprintln(stdout, buildinfo.Read())
-		return 0
-	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, usage)
-		return 0
+	inv.ctx, err = k.Parse(args)
+	if exit >= 0 { // --help was printed; what follows it does not matter
+		return exit
 	}
-	fmt.Fprintf(stderr, "sluice: unknown command %q\n\n%s", args[0], usage)
+	if err != nil {
+		return inv.parseError(k, err)
+	}
+	if err := checkURLFlags(inv.ctx); err != nil {
+		fmt.Fprintf(inv.stderr, "%s: %v\n", inv.name(), err)
+		return 2
+	}
+	cmd, ok := inv.ctx.Selected().Target.Addr().Interface().(command)
+	if !ok {
+		fmt.Fprintf(inv.stderr, "%s: not a command\n", inv.name())
+		return 2
+	}
+	return cmd.run(inv)
+}
+
+// parseError prints err, an error of parsing the command line, and returns
+// 2. A value a flag cannot take is told with what the flag wants; other
+// errors (an unknown flag or command, a missing argument) come after the
+// command's usage.
+func (inv *invocation) parseError(k *kong.Kong, err error) int {
+	var pe *kong.ParseError
+	if errors.As(err, &pe) {
+		inv.ctx = pe.Context
+	}
+	name := inv.name()
+	var ee *envError
+	var ve *valueError
+	switch {
+	case errors.As(err, &ee):
+		fmt.Fprintf(inv.stderr, "%s: %v\n", name, ee)
+	case errors.As(err, &ve):
+		fmt.Fprintf(inv.stderr, "%s: %v\nRun \"%s --help\" for the flags.\n", name, err, name)
+	default:
+		if inv.ctx != nil {
+			k.Stdout = inv.stderr
+			_ = inv.ctx.PrintUsage(false)
+			fmt.Fprintln(inv.stderr)
+		}
+		fmt.Fprintf(inv.stderr, "%s: %v\n", name, err)
+	}
 	return 2
 }
 
-// isHelp reports whether arg asks for help.
-func isHelp(arg string) bool {
-	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
+// name returns the words of the command being run: "sluice admin rules".
+func (inv *invocation) name() string {
+	if inv.ctx == nil || inv.ctx.Selected() == nil {
+		return "sluice"
+	}
+	return inv.ctx.Selected().FullPath()
 }
 
-func serve(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), "Usage: sluice serve [flags]\n\nServes the HTTP, gRPC and Envoy rate limit APIs. Every flag has an environment\nvariable (env), read when the flag is not given.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	configPath := fs.String("config", "", "policy file, Sluice's YAML or envoyproxy/ratelimit's, or a directory of envoyproxy/ratelimit files (*.yaml, *.yml), one domain each; empty serves the built-in example policy")
-	mergeDomains := fs.Bool("merge-domain-config", false, "let several files of a --config directory hold one Envoy domain and merge their descriptors, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG; without it such a configuration is rejected")
-	storeURL := fs.String("store", daemon.DefaultStoreURL, "store: memory://, redis://host:port[/db], redis-cluster://host:port,host:port,... (rediss:// and rediss-cluster:// for TLS) or redis-sentinel://host:26379,.../master[/db]")
-	httpAddr := fs.String("http-addr", daemon.DefaultHTTPAddr, "listen address of the HTTP JSON API")
-	grpcAddr := fs.String("grpc-addr", daemon.DefaultGRPCAddr, "listen address of the gRPC and Envoy APIs")
-	grpcReadTimeout := fs.Duration("grpc-read-timeout", 0, "how long a unary gRPC call may take to send its request (message and half-close) after its headers; it then ends with DeadlineExceeded; 0 or negative: no bound (costs each call about 5% more CPU; for clients you do not trust)")
-	grpcKeepalive := fs.Duration("grpc-keepalive", daemon.DefaultGRPCKeepalive, "how long a gRPC connection may receive nothing before the server pings the client, closing the connection when the ping is not answered within 20s (or this, when shorter); negative: no pings")
-	grpcMaxAge := fs.Duration("grpc-max-connection-age", daemon.DefaultGRPCMaxConnectionAge, "how long a gRPC connection may live (spread by +/-10%): then the server asks the client to reconnect, lets its calls finish (10s at most) and closes it, so that Envoys spread their checks over instances added by a scale-up; negative: no maximum")
-	grpcMaxConns := fs.Int("grpc-max-conns", daemon.DefaultGRPCMaxConns, "gRPC connections open at once at most; at the bound the one idle the longest (no call for 1s) is closed, and when none is idle new ones wait; negative: no bound")
-	grpcReflection := fs.Bool("grpc-reflection", false, "serve gRPC server reflection on the gRPC address, for tools such as grpcurl (it lists every service and message to whoever reaches the address)")
-	envoyCompat := fs.Bool("envoy-compat", false, "answer Envoy's rate limit API as envoyproxy/ratelimit does where Sluice differs: descriptors decided each on its own, refused hits counted (fixed windows), limit_remaining 0 when over the limit, a descriptor with no entries not limited (docs/api.md); set it alike on every instance sharing a store")
-	noReservations := fs.Bool("no-reservations", false, "do not serve reservations of capacity (/api/v1/reserve and the reservation_id of checks; on a Redis store their pools live in Redis, shared by every instance)")
-	envoyPreciseReset := fs.Bool("envoy-precise-reset", false, "report Envoy's duration_until_reset to the microsecond instead of in whole seconds (envoyproxy/ratelimit's)")
-	logFormat := fs.String("log-format", "text", "log format: text or json")
-	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	debugAddr := fs.String("debug-addr", "", "listen address of the debug listener (pprof, /metrics); empty: none; loopback only unless --debug-allow-remote")
-	debugRemote := fs.Bool("debug-allow-remote", false, "let --debug-addr listen on a non-loopback address")
-	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target percentage when GOGC is not set (0 or less: Go's default, 100): higher trades memory for less CPU per check (see docs/operations.md)")
-	exitOnUnavailable := fs.Bool("exit-on-unavailable-store", false, "exit at start when the Redis store does not answer; by default the server starts, decides checks by the rules' failure modes, reports not ready on /readyz and gRPC health, and connects when Redis comes up")
-	shutdownDelay := fs.Duration("shutdown-delay", 0, "on SIGINT or SIGTERM, how long to keep serving while not ready (/readyz 503, gRPC health NOT_SERVING) before closing the listeners, for load balancers to stop sending checks first (a few seconds under Kubernetes); 0: none")
-	shutdownTimeout := fs.Duration("shutdown-timeout", 15*time.Second, "how long a graceful shutdown waits for checks in flight")
-	otlpEndpoint := fs.String("otlp-endpoint", "", "host:port of an OpenTelemetry collector receiving the checks' spans over OTLP/gRPC (plain TCP), such as localhost:4317; empty: no tracing")
-	traceRatio := fs.Float64("trace-sample-ratio", 0.01, "share of checks traced, 0 to 1, among those whose caller sent no W3C traceparent; a caller's trace is followed, sampled or not (with --otlp-endpoint)")
-	guardCfg := guardFlags(fs)
-	redisOpts := redisFlags(fs)
-	controlOpts := controlFlags(fs)
-	analyticsOpts := analyticsFlags(fs)
-	tlsOpts := serveTLSFlags(fs)
-	fromEnv := envFlags(fs, sluiceEnv(fs))
-	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
-		return code
-	}
-	if err := fromEnv(getenv); err != nil {
-		fmt.Fprintf(stderr, "sluice serve: %v\n", err)
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "sluice serve: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
-	if err := checkURLFlags(fs); err != nil {
-		fmt.Fprintf(stderr, "sluice serve: %v\n", err)
-		return 2
-	}
-	if *shutdownTimeout < 0 {
-		fmt.Fprintf(stderr, "sluice serve: --shutdown-timeout %s: want 0 or more\n", *shutdownTimeout)
-		return 2
-	}
-	if r := *traceRatio; !(r >= 0 && r <= 1) {
-		fmt.Fprintf(stderr, "sluice serve: --trace-sample-ratio %v: want 0 to 1\n", r)
-		return 2
-	}
-	if *shutdownDelay < 0 {
-		fmt.Fprintf(stderr, "sluice serve: --shutdown-delay %s: want 0 or more\n", *shutdownDelay)
-		return 2
-	}
-	logger, err := logging.New(stderr, *logFormat, *logLevel)
-	if err != nil {
-		fmt.Fprintf(stderr, "sluice serve: --log-format/--log-level: %v\n", err)
-		return 2
-	}
-	if getenv("GOGC") == "" && *gcPercent > 0 {
-		debug.SetGCPercent(*gcPercent)
-	}
+// usageError prints msg about the command line and the command's usage,
+// and returns 2.
+func (inv *invocation) usageError(format string, args ...any) int {
+	fmt.Fprintf(inv.stderr, "%s: %s\n", inv.name(), fmt.Sprintf(format, args...))
+	fmt.Fprintf(inv.stderr, "Run \"%s --help\" for the usage.\n", inv.name())
+	return 2
+}
 
-	// Signals are subscribed before the listeners open, so that none is
-	// missed once the daemon serves.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
+type versionCmd struct{}
 
-	cfg := daemon.Config{
-		HTTPAddr:     *httpAddr,
-		GRPCAddr:     *grpcAddr,
-		ConfigPath:   *configPath,
-		MergeDomains: *mergeDomains,
-		StoreURL:     *storeURL,
-		Logger:       logger,
-		Guard:        guardCfg(),
-		Redis:        redisOpts(),
-
-		GRPCReadTimeout:      *grpcReadTimeout,
-		GRPCMaxConns:         *grpcMaxConns,
-		GRPCKeepalive:        *grpcKeepalive,
-		GRPCMaxConnectionAge: *grpcMaxAge,
-		GRPCReflection:       *grpcReflection,
-
-		EnvoyCompat:       *envoyCompat,
-		EnvoyPreciseReset: *envoyPreciseReset,
-		NoReservations:    *noReservations,
-
-		ExitOnUnavailableStore: *exitOnUnavailable,
-		ShutdownDelay:          *shutdownDelay,
-
-		DebugAddr:        *debugAddr,
-		DebugAllowRemote: *debugRemote,
-
-		OTLPEndpoint:     *otlpEndpoint,
-		TraceSampleRatio: *traceRatio,
-	}
-	analyticsOpts(&cfg)
-	tlsOpts(&cfg)
-	if err := controlOpts(&cfg, stderr); err != nil {
-		fmt.Fprintf(stderr, "sluice serve: %v\n", err)
-		return 1
-	}
-	startCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	d, err := daemon.Start(startCtx, cfg)
-	cancel()
-	if err != nil {
-		logger.Error("cannot start", "err", flagError(err))
-		return 1
-	}
-	for sig := range sigs {
-		if sig == syscall.SIGHUP {
-			logger.Info("SIGHUP: reloading the configuration")
-			d.Reload() // logs its own errors
-			continue
-		}
-		logger.Info("shutting down", "signal", sig.String())
-		ctx, cancel := context.WithTimeout(context.Background(), *shutdownDelay+*shutdownTimeout)
-		err := d.Shutdown(ctx)
-		cancel()
-		if err != nil {
-			logger.Error("shutdown", "err", err)
-			return 1
-		}
-		return 0
-	}
+func (versionCmd) run(inv *invocation) int {
+	fmt.Fprintln(inv.stdout, buildinfo.Read())
 	return 0
 }
 
-const (
-	configUsage   = "Usage: sluice config validate [--merge-domain-config] PATH...\n"
-	validateUsage = configUsage + `
-Checks configuration files or directories and exits 1 at the first invalid
-one, naming the file and the field.
+type configCmd struct {
+	Validate validateCmd `cmd:"" help:"Check configuration files or directories; exit 1 at the first invalid one."`
+}
 
-Flags:
-`
-)
+type validateCmd struct {
+	MergeDomainConfig bool     `name:"merge-domain-config" env:"SLUICE_MERGE_DOMAIN_CONFIG" help:"let several files of a directory hold one Envoy domain, merged (as serve's flag)"`
+	Paths             []string `arg:"" name:"path" sep:"none" help:"a configuration file, or a directory of envoyproxy/ratelimit files"`
+}
 
-func validate(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	fs := flag.NewFlagSet("config validate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), validateUsage); fs.PrintDefaults() }
-	merge := fs.Bool("merge-domain-config", false, "let several files of a directory hold one Envoy domain, merged (as serve's flag)")
-	fromEnv := envFlags(fs, sluiceEnv(fs))
-	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
-		return code
-	}
-	if err := fromEnv(getenv); err != nil {
-		fmt.Fprintf(stderr, "sluice config validate: %v\n", err)
-		return 2
-	}
-	files := fs.Args()
-	if len(files) == 0 {
-		fmt.Fprint(stderr, configUsage)
-		return 2
-	}
-	for _, f := range files {
-		p, err := policy.LoadWith(f, policy.Options{MergeDomains: *merge})
+func (validateCmd) Help() string {
+	return "Checks configuration files or directories and exits 1 at the first invalid one, naming the file and the field."
+}
+
+func (c *validateCmd) run(inv *invocation) int {
+	for _, f := range c.Paths {
+		p, err := policy.LoadWith(f, policy.Options{MergeDomains: c.MergeDomainConfig})
 		if err != nil {
 			var ce *policy.ConfigError
 			if errors.As(err, &ce) || strings.HasPrefix(err.Error(), f) {
-				fmt.Fprintln(stderr, err)
+				fmt.Fprintln(inv.stderr, err)
 			} else {
-				fmt.Fprintf(stderr, "%s: %v\n", f, err)
+				fmt.Fprintf(inv.stderr, "%s: %v\n", f, err)
 			}
 			return 1
 		}
-		fmt.Fprintf(stdout, "%s: valid (version %s)\n", f, p.Version)
+		fmt.Fprintf(inv.stdout, "%s: valid (version %s)\n", f, p.Version)
 	}
 	return 0
 }
