@@ -312,7 +312,9 @@ func (s *Server) waitPing(timeout time.Duration) error {
 // reply as text: a simple or bulk string as is, an integer in decimal, an
 // array as its elements one per line. A Redis error reply is returned as an
 // error. It is meant for test set-up and inspection (INFO, CONFIG
-// RESETSTAT, DEBUG), not for speed.
+// RESETSTAT, DEBUG), not for speed. Each call is a connection of its own,
+// so a command that concerns its connection's earlier writes (WAIT) or
+// state (MULTI, SELECT) has nothing to act on.
 func (s *Server) Do(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

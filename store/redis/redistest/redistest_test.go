@@ -2,7 +2,9 @@ package redistest
 
 import (
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestStart(t *testing.T) {
@@ -86,5 +88,45 @@ func TestStartSentinel(t *testing.T) {
 	}
 	if u := s.URL(); !strings.HasPrefix(u, "redis-sentinel://127.0.0.1:") || !strings.HasSuffix(u, "/"+MasterName) || strings.Count(u, ",") != 2 {
 		t.Errorf("URL() = %q", u)
+	}
+}
+
+// TestSentinelWaitReplicated: WaitReplicated returns only once the replica
+// has applied the primary's writes.
+func TestSentinelWaitReplicated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three processes")
+	}
+	s := StartSentinel(t, SentinelOptions{})
+	// A stopped replica keeps its connection, but applies nothing.
+	if err := s.Replica.Process().Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			s.Replica.Process().Signal(syscall.SIGCONT)
+		}
+	}
+	defer resume()
+	if _, err := s.Primary.Do("SET", "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Primary.Do("WAIT", "1", "100")
+	t.Logf("WAIT 1 on a connection of its own, with the replica stopped: %q, %v", n, err)
+	done := make(chan error, 1)
+	go func() { done <- s.WaitReplicated(10 * time.Second) }()
+	select {
+	case err := <-done:
+		t.Fatalf("WaitReplicated returned while the replica was stopped: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	resume()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.Replica.Do("GET", "k"); err != nil || v != "v" {
+		t.Errorf("replica after WaitReplicated: GET k = %q, %v; want v", v, err)
 	}
 }

@@ -38,10 +38,11 @@ type SentinelOptions struct {
 
 // StartSentinel starts a primary, a replica of it and the Sentinels opts
 // asks for, every one on a free port, and returns them once the replica
-// is in sync and every Sentinel knows the replica. A single Sentinel is
-// enough to declare the primary down (quorum 1); failover-timeout is short
-// (two seconds), so that a failover that stalls is tried again soon. They
-// are stopped when the test ends.
+// applies the primary's writes as they come and every Sentinel knows the
+// replica. A single Sentinel is enough to declare the primary down (quorum
+// 1); failover-timeout is short (two seconds), so that a failover that
+// stalls is tried again soon. They are stopped when the test ends; when
+// it failed, the ends of their logs are logged first.
 func StartSentinel(t testing.TB, opts SentinelOptions) *Sentinel {
 	t.Helper()
 	if opts.Sentinels == 0 {
@@ -64,6 +65,16 @@ func StartSentinel(t testing.TB, opts SentinelOptions) *Sentinel {
 		t.Fatalf("redistest: replica of %s: %v", primary.Addr, err)
 	}
 	s := &Sentinel{Primary: primary, Replica: replica}
+	// After the first sync the primary holds its writes until the
+	// replica's next acknowledgement, which may come a second later: send
+	// one (a PUBLISH is replicated and leaves no key) and wait until the
+	// replica applies it.
+	if _, err := primary.Do("PUBLISH", "redistest", "sync"); err != nil {
+		t.Fatalf("redistest: primary %s: %v", primary.Addr, err)
+	}
+	if err := s.WaitReplicated(startTimeout); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
 	for range opts.Sentinels {
 		s.Sentinels = append(s.Sentinels, startSentinel(t, primary.Port, opts.DownAfter))
 	}
@@ -78,7 +89,59 @@ func StartSentinel(t testing.TB, opts SentinelOptions) *Sentinel {
 			t.Fatalf("redistest: sentinel %s: %v (log: %s)", sn.Addr, err, tail(filepath.Join(sn.Dir, "redis.log")))
 		}
 	}
+	// Runs before the servers stop and their directories go.
+	t.Cleanup(func() {
+		if t.Failed() {
+			s.logTails(t)
+		}
+	})
 	return s
+}
+
+// WaitReplicated waits until the replica has applied every write the
+// primary had made when it was called: until the replica, following the
+// primary's replication stream, reports an offset at least the primary's.
+// A test calls it before killing the primary to know which writes the
+// failover must keep.
+//
+// The command WAIT cannot tell this here: it waits only for the writes
+// made on its own connection, and Server.Do opens a new one, so WAIT
+// there returns at once with every connected replica counted.
+func (s *Sentinel) WaitReplicated(timeout time.Duration) error {
+	p, err := s.Primary.Info("replication")
+	if err != nil {
+		return fmt.Errorf("redistest: primary %s: %w", s.Primary.Addr, err)
+	}
+	want, err := strconv.ParseInt(p["master_repl_offset"], 10, 64)
+	if err != nil {
+		return fmt.Errorf("redistest: primary %s: master_repl_offset %q", s.Primary.Addr, p["master_repl_offset"])
+	}
+	return waitFor(timeout, func() error {
+		r, err := s.Replica.Info("replication")
+		if err != nil {
+			return fmt.Errorf("redistest: replica %s: %w", s.Replica.Addr, err)
+		}
+		got, _ := strconv.ParseInt(r["slave_repl_offset"], 10, 64)
+		if r["role"] != "slave" || r["master_replid"] != p["master_replid"] || got < want {
+			return fmt.Errorf("redistest: replica %s: role %s, replication %s at offset %d; primary %s at %d",
+				s.Replica.Addr, r["role"], r["master_replid"], got, p["master_replid"], want)
+		}
+		return nil
+	})
+}
+
+// logTails logs the end of the log of every server of the set-up, for a
+// test that failed.
+func (s *Sentinel) logTails(t testing.TB) {
+	t.Helper()
+	logTail := func(name string, srv *Server) {
+		t.Logf("redistest: log of the %s %s:\n%s", name, srv.Addr, tail(filepath.Join(srv.Dir, "redis.log")))
+	}
+	logTail("primary", s.Primary)
+	logTail("replica", s.Replica)
+	for _, sn := range s.Sentinels {
+		logTail("sentinel", sn)
+	}
 }
 
 // startSentinel starts one Sentinel monitoring the primary on port.
