@@ -39,6 +39,7 @@ import (
 	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/analytics"
 	"github.com/sluicehq/sluice/internal/events"
+	"github.com/sluicehq/sluice/internal/keyspace"
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/store"
@@ -92,7 +93,7 @@ const (
 	// MaxEntryLen bounds the key and the value of an Envoy descriptor
 	// entry, in bytes: 64 KiB, above Envoy's default limit on request
 	// headers (60 KiB), which a descriptor's value may come from. Store
-	// keys longer than policy.MaxKeyBytes are shortened.
+	// keys longer than keyspace.MaxKeyBytes are shortened.
 	MaxEntryLen = 64 << 10
 	// MaxCost bounds the cost of a check before multipliers.
 	MaxCost = 1 << 30
@@ -308,7 +309,7 @@ func (e *Engine) Policy() *policy.Policy { return e.policy.Load() }
 // write (Redis out of memory under noeviction, a read-only replica) fails
 // every check that counts.
 func (e *Engine) Ready(ctx context.Context) error {
-	reqs := [1]store.Request{{Key: "rl:_ready", Params: &readyParams, Cost: 1}}
+	reqs := [1]store.Request{{Key: keyspace.ReadyKey, Params: &readyParams, Cost: 1}}
 	var out [1]sluice.Decision
 	return e.store.Do(ctx, &store.Batch{Reqs: reqs[:], Out: out[:]})
 }
@@ -375,11 +376,7 @@ func (e *Engine) check(ctx context.Context, p *policy.Policy, c *Check) (Result,
 				return e.decideItems(ctx, s, c), nil
 			})
 		}
-		var hex [16]byte
-		for i := range hex {
-			hex[i] = "0123456789abcdef"[h>>(60-4*i)&15]
-		}
-		s.idemKey = "rl:idem:{" + escape(c.ClientID) + "}:" + escape(c.IdempotencyKey) + ":" + string(hex[:])
+		s.idemKey = keyspace.Idempotency(c.ClientID, c.IdempotencyKey, h)
 	}
 	return e.decideItems(ctx, s, c), nil
 }

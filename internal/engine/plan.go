@@ -156,26 +156,6 @@ func counters(items []item) uint64 {
 	return h
 }
 
-// escape writes ':', '{', '}' and '%' of s as %XX, as store keys do.
-func escape(s string) string {
-	for i := 0; i < len(s); i++ {
-		switch s[i] {
-		case ':', '{', '}', '%':
-			var b []byte
-			for j := 0; j < len(s); j++ {
-				switch c := s[j]; c {
-				case ':', '{', '}', '%':
-					b = append(b, '%', "0123456789ABCDEF"[c>>4], "0123456789ABCDEF"[c&15])
-				default:
-					b = append(b, c)
-				}
-			}
-			return string(b)
-		}
-	}
-	return s
-}
-
 // plan appends to s.items the rules of p that apply to c, with their keys
 // written into s.keys (see finishKeys).
 func (e *Engine) plan(s *scratch, p *policy.Policy, c *Check, q *policy.Request, check int, prefix string) error {
