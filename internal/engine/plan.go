@@ -5,10 +5,8 @@
 package engine
 
 import (
-	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
@@ -81,46 +79,6 @@ func (e *Engine) putScratch(s *scratch) {
 	clear(s.items[:cap(s.items)])
 	clear(s.reqs[:cap(s.reqs)])
 	e.pool.Put(s)
-}
-
-// validate checks the fields of c; field names are prefixed with prefix.
-func validate(c *Check, prefix string) error {
-	bad := func(field, reason string) error {
-		return &FieldError{Field: prefix + field, Reason: reason}
-	}
-	if c.ClientID == "" {
-		return bad("client_id", "is required")
-	}
-	for _, f := range [...]struct {
-		name, v string
-		max     int
-	}{
-		{"client_id", c.ClientID, MaxIdentifierLen},
-		{"user", c.User, MaxIdentifierLen},
-		{"ip", c.IP, MaxIdentifierLen},
-		{"api_key", c.APIKey, MaxIdentifierLen},
-		{"resource", c.Resource, MaxResourceLen},
-		{"method", c.Method, MaxIdentifierLen},
-		{"operation", c.Operation, MaxIdentifierLen},
-		{"idempotency_key", c.IdempotencyKey, MaxIdentifierLen},
-	} {
-		if len(f.v) > f.max {
-			return bad(f.name, "longer than "+strconv.Itoa(f.max)+" bytes")
-		}
-		if !utf8.ValidString(f.v) {
-			return bad(f.name, "is not valid UTF-8")
-		}
-	}
-	if c.Cost < 0 {
-		return bad("cost", "must not be negative")
-	}
-	if c.Cost > MaxCost {
-		return bad("cost", "must be at most "+strconv.Itoa(MaxCost))
-	}
-	if c.Priority > PriorityLow {
-		return bad("priority", "unknown priority")
-	}
-	return nil
 }
 
 func request(c *Check) policy.Request {

@@ -110,7 +110,7 @@ func (h *Handler) handleCheck(w http.ResponseWriter, r *http.Request) {
 	}
 	if c.IdempotencyKey == "" {
 		if k := r.Header.Get("X-Idempotency-Key"); k != "" {
-			if err := checkIdent("idempotency_key", k); err != nil {
+			if err := engine.ValidateField("idempotency_key", k); err != nil {
 				h.writeError(w, r, err)
 				return
 			}
@@ -213,6 +213,10 @@ func (h *Handler) handleStatus(w http.ResponseWriter, r *http.Request) {
 	cr.Cost = &zero
 	var c engine.Check
 	if err := cr.toCheck(&c); err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	if err := c.Validate(); err != nil {
 		h.writeError(w, r, err)
 		return
 	}
