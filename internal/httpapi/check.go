@@ -212,11 +212,7 @@ func (h *Handler) handleStatus(w http.ResponseWriter, r *http.Request) {
 	zero := int64(0)
 	cr.Cost = &zero
 	var c engine.Check
-	if err := cr.toCheck(&c); err != nil {
-		h.writeError(w, r, err)
-		return
-	}
-	if err := c.Validate(); err != nil {
+	if err := cr.validCheck(&c); err != nil {
 		h.writeError(w, r, err)
 		return
 	}

@@ -288,6 +288,14 @@ func (cr *checkRequest) toCheck(c *engine.Check) error {
 	return nil
 }
 
+// validCheck fills c from cr (see toCheck) and validates it.
+func (cr *checkRequest) validCheck(c *engine.Check) error {
+	if err := cr.toCheck(c); err != nil {
+		return err
+	}
+	return c.Validate()
+}
+
 // parseStatusQuery fills cr from the query of GET /api/v1/status/{client_id},
 // and reports whether it asks for the client's history.
 // Unlike url.ParseQuery, which drops what it cannot read, it refuses a
@@ -382,10 +390,7 @@ func decodeCheck(data []byte, c *engine.Check) (reservationID string, err error)
 	if err := engine.ValidateField("reservation_id", cr.ReservationID); err != nil {
 		return "", err
 	}
-	if err := cr.toCheck(c); err != nil {
-		return "", err
-	}
-	return cr.ReservationID, c.Validate()
+	return cr.ReservationID, cr.validCheck(c)
 }
 
 // decodeBatch decodes and validates the body of POST /api/v1/batch-check.
