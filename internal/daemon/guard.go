@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"strconv"
 	"sync"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/internal/guard"
+	"github.com/sluicehq/sluice/internal/keyspace"
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/store"
 )
@@ -87,7 +87,7 @@ func (d *Daemon) breakerState() func() string {
 func warmUp(ctx context.Context, st engine.Store) error {
 	reqs := make([]store.Request, 32)
 	for i := range reqs {
-		reqs[i] = store.Request{Key: "rl:_warm:{" + strconv.Itoa(i) + "}", Params: &warmParams}
+		reqs[i] = store.Request{Key: keyspace.WarmKey(i), Params: &warmParams}
 	}
 	if err := st.Do(ctx, &store.Batch{Reqs: reqs, Out: make([]sluice.Decision, len(reqs))}); err != nil {
 		return err

@@ -39,6 +39,7 @@ import (
 	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/analytics"
 	"github.com/sluicehq/sluice/internal/events"
+	"github.com/sluicehq/sluice/internal/keyspace"
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/store"
@@ -82,20 +83,13 @@ func InBatch(i int, err error) error {
 	return &FieldError{Field: "checks[" + strconv.Itoa(i) + "]." + fe.Field, Reason: fe.Reason}
 }
 
-// Bounds on the fields of a check.
+// Bounds on Envoy descriptors and batches (see check.go for a check's).
 const (
-	// MaxIdentifierLen bounds client_id, user, ip, api_key, method,
-	// operation and idempotency_key, in bytes.
-	MaxIdentifierLen = 256
-	// MaxResourceLen bounds resource, in bytes.
-	MaxResourceLen = 2048
 	// MaxEntryLen bounds the key and the value of an Envoy descriptor
 	// entry, in bytes: 64 KiB, above Envoy's default limit on request
 	// headers (60 KiB), which a descriptor's value may come from. Store
-	// keys longer than policy.MaxKeyBytes are shortened.
+	// keys longer than keyspace.MaxKeyBytes are shortened.
 	MaxEntryLen = 64 << 10
-	// MaxCost bounds the cost of a check before multipliers.
-	MaxCost = 1 << 30
 	// MaxBatch bounds the checks of one batch.
 	MaxBatch = 1000
 )
@@ -308,7 +302,7 @@ func (e *Engine) Policy() *policy.Policy { return e.policy.Load() }
 // write (Redis out of memory under noeviction, a read-only replica) fails
 // every check that counts.
 func (e *Engine) Ready(ctx context.Context) error {
-	reqs := [1]store.Request{{Key: "rl:_ready", Params: &readyParams, Cost: 1}}
+	reqs := [1]store.Request{{Key: keyspace.ReadyKey, Params: &readyParams, Cost: 1}}
 	var out [1]sluice.Decision
 	return e.store.Do(ctx, &store.Batch{Reqs: reqs[:], Out: out[:]})
 }
@@ -346,7 +340,7 @@ func (e *Engine) observedCheck(ctx context.Context, c *Check) (Result, error) {
 
 // decide is Check, unobserved.
 func (e *Engine) decide(ctx context.Context, c *Check) (Result, error) {
-	if err := validate(c, ""); err != nil {
+	if err := c.Validate(); err != nil {
 		return Result{}, err
 	}
 	return e.check(ctx, e.policy.Load(), c)
@@ -375,11 +369,7 @@ func (e *Engine) check(ctx context.Context, p *policy.Policy, c *Check) (Result,
 				return e.decideItems(ctx, s, c), nil
 			})
 		}
-		var hex [16]byte
-		for i := range hex {
-			hex[i] = "0123456789abcdef"[h>>(60-4*i)&15]
-		}
-		s.idemKey = "rl:idem:{" + escape(c.ClientID) + "}:" + escape(c.IdempotencyKey) + ":" + string(hex[:])
+		s.idemKey = keyspace.Idempotency(c.ClientID, c.IdempotencyKey, h)
 	}
 	return e.decideItems(ctx, s, c), nil
 }
@@ -419,24 +409,37 @@ func (e *Engine) observedBatch(ctx context.Context, checks []Check, mode BatchMo
 	return out, err
 }
 
-// batch is BatchCheck, unobserved.
-func (e *Engine) batch(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
-	if len(checks) == 0 {
-		return nil, &FieldError{Field: "checks", Reason: "must not be empty"}
-	}
-	if len(checks) > MaxBatch {
-		return nil, &FieldError{Field: "checks", Reason: "more than " + strconv.Itoa(MaxBatch) + " checks"}
+// ValidateBatch reports the first problem of a batch as a *FieldError: no
+// checks, more than MaxBatch, a bad check (Check.Validate, the field named
+// as "checks[2].cost") or an unknown mode.
+func ValidateBatch(checks []Check, mode BatchMode) error {
+	switch {
+	case len(checks) == 0:
+		return &FieldError{Field: "checks", Reason: "required: at least one check"}
+	case len(checks) > MaxBatch:
+		return &FieldError{Field: "checks", Reason: strconv.Itoa(len(checks)) + " checks, the limit is " + strconv.Itoa(MaxBatch)}
 	}
 	for i := range checks {
-		if err := validate(&checks[i], "checks["+strconv.Itoa(i)+"]."); err != nil {
-			return nil, err
+		if err := checks[i].Validate(); err != nil {
+			return InBatch(i, err)
 		}
+	}
+	if mode != BestEffort && mode != AllOrNothing {
+		return &FieldError{Field: "mode", Reason: "unknown batch mode"}
+	}
+	return nil
+}
+
+// batch is BatchCheck, unobserved.
+func (e *Engine) batch(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
+	if err := ValidateBatch(checks, mode); err != nil {
+		return nil, err
 	}
 	switch mode {
 	case BestEffort:
 		out := make([]Result, len(checks))
 		for i := range checks {
-			r, err := e.decide(ctx, &checks[i])
+			r, err := e.check(ctx, e.policy.Load(), &checks[i])
 			if err != nil {
 				var fe *FieldError
 				if errors.As(err, &fe) {

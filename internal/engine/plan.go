@@ -5,10 +5,8 @@
 package engine
 
 import (
-	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
@@ -83,46 +81,6 @@ func (e *Engine) putScratch(s *scratch) {
 	e.pool.Put(s)
 }
 
-// validate checks the fields of c; field names are prefixed with prefix.
-func validate(c *Check, prefix string) error {
-	bad := func(field, reason string) error {
-		return &FieldError{Field: prefix + field, Reason: reason}
-	}
-	if c.ClientID == "" {
-		return bad("client_id", "is required")
-	}
-	for _, f := range [...]struct {
-		name, v string
-		max     int
-	}{
-		{"client_id", c.ClientID, MaxIdentifierLen},
-		{"user", c.User, MaxIdentifierLen},
-		{"ip", c.IP, MaxIdentifierLen},
-		{"api_key", c.APIKey, MaxIdentifierLen},
-		{"resource", c.Resource, MaxResourceLen},
-		{"method", c.Method, MaxIdentifierLen},
-		{"operation", c.Operation, MaxIdentifierLen},
-		{"idempotency_key", c.IdempotencyKey, MaxIdentifierLen},
-	} {
-		if len(f.v) > f.max {
-			return bad(f.name, "longer than "+strconv.Itoa(f.max)+" bytes")
-		}
-		if !utf8.ValidString(f.v) {
-			return bad(f.name, "is not valid UTF-8")
-		}
-	}
-	if c.Cost < 0 {
-		return bad("cost", "must not be negative")
-	}
-	if c.Cost > MaxCost {
-		return bad("cost", "must be at most "+strconv.Itoa(MaxCost))
-	}
-	if c.Priority > PriorityLow {
-		return bad("priority", "unknown priority")
-	}
-	return nil
-}
-
 func request(c *Check) policy.Request {
 	return policy.Request{ClientID: c.ClientID, User: c.User, IP: c.IP, APIKey: c.APIKey,
 		Resource: c.Resource, Method: c.Method, Operation: strings.ToLower(c.Operation)}
@@ -154,26 +112,6 @@ func counters(items []item) uint64 {
 		h = (h ^ sep) * prime
 	}
 	return h
-}
-
-// escape writes ':', '{', '}' and '%' of s as %XX, as store keys do.
-func escape(s string) string {
-	for i := 0; i < len(s); i++ {
-		switch s[i] {
-		case ':', '{', '}', '%':
-			var b []byte
-			for j := 0; j < len(s); j++ {
-				switch c := s[j]; c {
-				case ':', '{', '}', '%':
-					b = append(b, '%', "0123456789ABCDEF"[c>>4], "0123456789ABCDEF"[c&15])
-				default:
-					b = append(b, c)
-				}
-			}
-			return string(b)
-		}
-	}
-	return s
 }
 
 // plan appends to s.items the rules of p that apply to c, with their keys

@@ -12,7 +12,7 @@ import (
 // Status returns, for every rule that applies to c, its limit and remaining
 // quota, consuming nothing (c.Cost is ignored).
 func (e *Engine) Status(ctx context.Context, c *Check) ([]RuleResult, error) {
-	if err := validate(c, ""); err != nil {
+	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	p := e.policy.Load()
@@ -63,7 +63,7 @@ func (e *Engine) Status(ctx context.Context, c *Check) ([]RuleResult, error) {
 // leaves the counts of global limits, which every region holds: this
 // region forgetting its own would not reach the others' view of it.
 func (e *Engine) Reset(ctx context.Context, c *Check) error {
-	if err := validate(c, ""); err != nil {
+	if err := c.Validate(); err != nil {
 		return err
 	}
 	p := e.policy.Load()

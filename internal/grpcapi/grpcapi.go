@@ -11,9 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -156,25 +154,6 @@ func fieldErr(field, format string, args ...any) error {
 	return &engine.FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
-func checkIdent(field, s string) error {
-	limit := MaxIdentifierBytes
-	if strings.HasSuffix(field, "resource") {
-		limit = MaxResourceBytes
-	}
-	if len(s) > limit {
-		return fieldErr(field, "%d bytes long, the limit is %d", len(s), limit)
-	}
-	if !utf8.ValidString(s) {
-		return fieldErr(field, "invalid UTF-8")
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] == 0x7f {
-			return fieldErr(field, "holds a control character")
-		}
-	}
-	return nil
-}
-
 func priority(field string, p sluicev1.Priority) (engine.Priority, error) {
 	switch p {
 	case sluicev1.Priority_PRIORITY_UNSPECIFIED, sluicev1.Priority_PRIORITY_NORMAL:
@@ -192,44 +171,27 @@ type identity struct {
 	clientID, resource, operation, user, ip, apiKey, method string
 }
 
+// check fills c with id and validates it.
 func (id *identity) check(c *engine.Check) error {
-	for _, f := range [...]struct{ name, val string }{
-		{"client_id", id.clientID}, {"resource", id.resource}, {"operation", id.operation},
-		{"user", id.user}, {"ip", id.ip}, {"api_key", id.apiKey}, {"method", id.method},
-	} {
-		if err := checkIdent(f.name, f.val); err != nil {
-			return err
-		}
-	}
-	if id.clientID == "" {
-		return fieldErr("client_id", "required")
-	}
 	*c = engine.Check{
 		ClientID: id.clientID, Resource: id.resource, Operation: id.operation,
 		User: id.user, IP: id.ip, APIKey: id.apiKey, Method: id.method,
 	}
-	return nil
+	return c.Validate()
 }
 
-// toCheck validates r and fills c. Its errors name the fields of r alone;
-// a batch adds the check's index with engine.InBatch.
+// toCheck fills c from r: the cost (1 when absent) and the priority read,
+// the other fields as they are, unvalidated (see engine.Check.Validate).
+// Its errors name the fields of r alone; a batch adds the check's index
+// with engine.InBatch.
 func toCheck(r *sluicev1.CheckRequest, c *engine.Check) error {
-	id := identity{r.GetClientId(), r.GetResource(), r.GetOperation(), r.GetUser(), r.GetIp(), r.GetApiKey(), r.GetMethod()}
-	if err := id.check(c); err != nil {
-		return err
-	}
-	if err := checkIdent("idempotency_key", r.GetIdempotencyKey()); err != nil {
-		return err
+	*c = engine.Check{
+		ClientID: r.GetClientId(), Resource: r.GetResource(), Operation: r.GetOperation(),
+		User: r.GetUser(), IP: r.GetIp(), APIKey: r.GetApiKey(), Method: r.GetMethod(),
 	}
 	cost := int64(1)
 	if r.Cost != nil {
 		cost = r.GetCost()
-	}
-	switch {
-	case cost < 0:
-		return fieldErr("cost", "must not be negative, got %d", cost)
-	case cost > MaxCost:
-		return fieldErr("cost", "%d is above the maximum %d", cost, MaxCost)
 	}
 	p, err := priority("priority", r.GetPriority())
 	if err != nil {
@@ -248,8 +210,11 @@ func (s *Server) CheckRateLimit(ctx context.Context, req *sluicev1.CheckRequest)
 	if err := toCheck(req, &c); err != nil {
 		return nil, toStatus(err)
 	}
+	if err := c.Validate(); err != nil {
+		return nil, toStatus(err)
+	}
 	if id := req.GetReservationId(); id != "" {
-		if err := checkIdent("reservation_id", id); err != nil {
+		if err := engine.ValidateField("reservation_id", id); err != nil {
 			return nil, toStatus(err)
 		}
 		resp, err := s.checkReserved(&c, id)
@@ -293,18 +258,11 @@ func (s *Server) BatchCheck(ctx context.Context, req *sluicev1.BatchCheckRequest
 	for _, f := range [...]struct{ name, val string }{
 		{"client_id", req.GetClientId()}, {"user", req.GetUser()}, {"ip", req.GetIp()}, {"api_key", req.GetApiKey()},
 	} {
-		if err := checkIdent(f.name, f.val); err != nil {
+		if err := engine.ValidateField(f.name, f.val); err != nil {
 			return nil, toStatus(err)
 		}
 	}
-	n := len(req.GetChecks())
-	switch {
-	case n == 0:
-		return nil, toStatus(fieldErr("checks", "required: at least one check"))
-	case n > MaxBatch:
-		return nil, toStatus(fieldErr("checks", "%d checks, the limit is %d", n, MaxBatch))
-	}
-	checks := make([]engine.Check, n)
+	checks := make([]engine.Check, len(req.GetChecks()))
 	for i, item := range req.GetChecks() {
 		if item.GetReservationId() != "" {
 			return nil, toStatus(engine.InBatch(i, fieldErr("reservation_id", "not accepted in a batch; use CheckRateLimit")))
@@ -322,6 +280,9 @@ func (s *Server) BatchCheck(ctx context.Context, req *sluicev1.BatchCheckRequest
 		if err := toCheck(r, &checks[i]); err != nil {
 			return nil, toStatus(engine.InBatch(i, err))
 		}
+	}
+	if err := engine.ValidateBatch(checks, mode); err != nil {
+		return nil, toStatus(err)
 	}
 	results, err := s.eng.BatchCheck(ctx, checks, mode)
 	if err != nil {

@@ -38,7 +38,7 @@ const MaxReserveSeconds = reservation.MaxDuration / 1_000_000
 // tokens_needed fits the pool is the Keeper's to say.
 func toAsk(r *sluicev1.ReserveRequest) (reserve.Ask, error) {
 	for _, f := range [...]struct{ name, val string }{{"client_id", r.GetClientId()}, {"resource", r.GetResource()}} {
-		if err := checkIdent(f.name, f.val); err != nil {
+		if err := engine.ValidateField(f.name, f.val); err != nil {
 			return reserve.Ask{}, err
 		}
 	}
@@ -81,10 +81,10 @@ func reservationRef(id, client string) error {
 	if id == "" {
 		return fieldErr("reservation_id", "required")
 	}
-	if err := checkIdent("reservation_id", id); err != nil {
+	if err := engine.ValidateField("reservation_id", id); err != nil {
 		return err
 	}
-	return checkIdent("client_id", client)
+	return engine.ValidateField("client_id", client)
 }
 
 func stamp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }

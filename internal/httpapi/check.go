@@ -110,7 +110,7 @@ func (h *Handler) handleCheck(w http.ResponseWriter, r *http.Request) {
 	}
 	if c.IdempotencyKey == "" {
 		if k := r.Header.Get("X-Idempotency-Key"); k != "" {
-			if err := checkIdent("idempotency_key", k); err != nil {
+			if err := engine.ValidateField("idempotency_key", k); err != nil {
 				h.writeError(w, r, err)
 				return
 			}
@@ -212,7 +212,7 @@ func (h *Handler) handleStatus(w http.ResponseWriter, r *http.Request) {
 	zero := int64(0)
 	cr.Cost = &zero
 	var c engine.Check
-	if err := cr.toCheck(&c); err != nil {
+	if err := cr.validCheck(&c); err != nil {
 		h.writeError(w, r, err)
 		return
 	}

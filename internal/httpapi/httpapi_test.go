@@ -747,56 +747,6 @@ func (e benchEngine) Status(ctx context.Context, c *engine.Check) ([]engine.Rule
 }
 func (e benchEngine) Ready(ctx context.Context) error { return nil }
 
-// FuzzDecodeCheckFast holds the reflection-free decoder of check bodies to
-// encoding/json: whatever it accepts, encoding/json decodes to the same
-// request.
-func FuzzDecodeCheckFast(f *testing.F) {
-	for _, s := range []string{
-		`{"client_id":"c","resource":"/a","cost":3,"priority":"low"}`,
-		` { "client_id" : "c" , "cost" : 0 , "idempotency_key":"k" } `,
-		`{"client_id":"c","user":"u","ip":"1.2.3.4","api_key":"k","method":"GET","operation":"read"}`,
-		`{}`, `{"client_id":"a","client_id":"b"}`, `{"Client_ID":"a"}`, `{"cost":01}`, `{"cost":1.5}`,
-		`{"cost":-1}`, `{"client_id":"\u00e9"}`, `{"client_id":null}`, `{"client_id":"a"}x`, `{"client_id":"a",}`,
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		var fast checkRequest
-		if !decodeCheckFast(data, &fast) {
-			return
-		}
-		var want checkRequest
-		dec := json.NewDecoder(bytes.NewReader(data))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&want); err != nil {
-			t.Fatalf("fast path accepted %q, which encoding/json refuses: %v", data, err)
-		}
-		if _, err := dec.Token(); err != io.EOF {
-			t.Fatalf("fast path accepted %q, which has data after the object", data)
-		}
-		if (fast.Cost == nil) != (want.Cost == nil) || (fast.Cost != nil && *fast.Cost != *want.Cost) {
-			t.Fatalf("%q: cost %v, encoding/json %v", data, fast.Cost, want.Cost)
-		}
-		fast.Cost, want.Cost = nil, nil
-		if fast != want {
-			t.Fatalf("%q: fast path %+v, encoding/json %+v", data, fast, want)
-		}
-	})
-}
-
-func TestDecodeCheckFastAccepts(t *testing.T) {
-	var cr checkRequest
-	if !decodeCheckFast([]byte(`{"client_id":"alice","resource":"/api/v1/demo","cost":2}`), &cr) ||
-		cr.ClientID != "alice" || cr.Resource != "/api/v1/demo" || cr.Cost == nil || *cr.Cost != 2 {
-		t.Errorf("the common body: %v %+v", cr.Cost, cr)
-	}
-	for _, s := range []string{`{"client_id":"a","client_id":"b"}`, `{"Client_ID":"a"}`, `{"cost":01}`, `{"client_id":"\u0041"}`} {
-		if decodeCheckFast([]byte(s), &checkRequest{}) {
-			t.Errorf("fast path took %s, which it must leave to encoding/json", s)
-		}
-	}
-}
-
 // TestDeniedWithBatch: a denied check whose own rules all admitted it, or
 // to which no rule applies, was denied by another check of its
 // all_or_nothing batch.

@@ -80,7 +80,7 @@ func decodeReserve(data []byte) (reserve.Ask, error) {
 		return reserve.Ask{}, err
 	}
 	for _, id := range [...]struct{ name, val string }{{"client_id", rr.ClientID}, {"resource", rr.Resource}} {
-		if err := checkIdent(id.name, id.val); err != nil {
+		if err := engine.ValidateField(id.name, id.val); err != nil {
 			return reserve.Ask{}, err
 		}
 	}
@@ -185,7 +185,7 @@ func reserveClient(r *http.Request) (string, error) {
 		}
 	}
 	c := q.Get("client_id")
-	return c, checkIdent("client_id", c)
+	return c, engine.ValidateField("client_id", c)
 }
 
 func (h *Handler) handleReserveGet(w http.ResponseWriter, r *http.Request) {

@@ -3,13 +3,13 @@ package policy
 import (
 	"fmt"
 	"math"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/keyspace"
 )
 
 // DescriptorEntry is one key/value pair of an Envoy rate-limit descriptor.
@@ -62,8 +62,8 @@ type EnvoyLimit struct {
 	// window of the unit; nil when not set (see Rule.Global).
 	Global *algorithm.Params
 
-	keyPrefix    string // "rl:envoy:" + escaped domain + ":" + tag + ":"
-	globalPrefix string // "rl:envoy:" + escaped domain + ":@g:", with Global
+	keyPrefix    string // keyspace.EnvoyPrefix(domain, tag)
+	globalPrefix string // keyspace.EnvoyPrefix(domain, keyspace.GlobalTag), with Global
 	// shared holds, by descriptor entry, the wildcard whose
 	// share_threshold makes all the values it matches share one counter,
 	// or ""; nil when no entry's does.
@@ -255,7 +255,7 @@ func (dom *envoyDomain) compileOverride(k envoyOverride) (*EnvoyLimit, error) {
 	lim.Tag = layoutTag(sluice.FixedWindow, &params)
 	return &EnvoyLimit{Domain: dom.name, FullKey: dom.name + ".limit_override", Unit: k.window,
 		RequestsPerUnit: k.requests, Limit: lim, FailureMode: DefaultFailureMode,
-		keyPrefix: "rl:envoy:" + string(appendEscaped(nil, dom.name)) + ":override." + lim.Tag + ":"}, nil
+		keyPrefix: keyspace.EnvoyOverridePrefix(dom.name, lim.Tag)}, nil
 }
 
 // limits appends the compiled limits under n to out.
@@ -299,30 +299,14 @@ func (l *EnvoyLimit) AppendGlobalKey(dst []byte, entries []DescriptorEntry) []by
 func (l *EnvoyLimit) appendKey(dst []byte, prefix string, entries []DescriptorEntry) []byte {
 	start := len(dst)
 	dst = append(dst, prefix...)
-	dst = append(dst, '{')
 	for i, e := range entries {
-		if i > 0 {
-			dst = append(dst, ':')
-		}
-		// A '=' in the key would make {a=b=c} the key of both
-		// {a: "b=c"} and {"a=b": "c"}: it is written %3D.
-		k := e.Key
-		for {
-			before, after, found := strings.Cut(k, "=")
-			dst = appendEscaped(dst, before)
-			if !found {
-				break
-			}
-			dst, k = append(dst, "%3D"...), after
-		}
-		dst = append(dst, '=')
 		v := e.Value
 		if i < len(l.shared) && l.shared[i] != "" {
 			v = l.shared[i]
 		}
-		dst = appendEscaped(dst, v)
+		dst = keyspace.AppendEnvoyEntry(dst, i, e.Key, v)
 	}
-	return shorten(append(dst, '}'), start)
+	return keyspace.Shorten(keyspace.CloseHashTag(dst), start)
 }
 
 // ValidateDescriptor reports a problem with Envoy descriptor entries that

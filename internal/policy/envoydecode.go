@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/keyspace"
 )
 
 // MaxEnvoyDepth bounds the nesting of Envoy descriptors.
@@ -305,7 +306,7 @@ func (d *decoder) envoyLimit(n *yaml.Node, dom *envoyDomain, full string, st *se
 			return nil
 		}
 		l.Global = &p
-		l.globalPrefix = "rl:envoy:" + string(appendEscaped(nil, dom.name)) + ":" + globalTag + ":"
+		l.globalPrefix = keyspace.EnvoyPrefix(dom.name, keyspace.GlobalTag)
 		if !hasRPU {
 			// The global limit is the descriptor's only one, and the
 			// one its status reports.
@@ -331,7 +332,7 @@ func (d *decoder) envoyOwnLimit(n *yaml.Node, l *EnvoyLimit, dom *envoyDomain, s
 			}
 			lim.Params[pr] = p
 		}
-		lim.Tag = algorithmAbbrev[alg] + "." + l.Unit.String()
+		lim.Tag = keyspace.LayoutTag(alg, l.Unit.String(), 1)
 		l.Limit = lim
 	} else {
 		l.Limit = d.compile(spec, st, DefaultFailureMode, 1, "rate_limit", 1)
@@ -339,6 +340,6 @@ func (d *decoder) envoyOwnLimit(n *yaml.Node, l *EnvoyLimit, dom *envoyDomain, s
 			return false
 		}
 	}
-	l.keyPrefix = "rl:envoy:" + string(appendEscaped(nil, dom.name)) + ":" + l.Limit.Tag + ":"
+	l.keyPrefix = keyspace.EnvoyPrefix(dom.name, l.Limit.Tag)
 	return true
 }

@@ -5,7 +5,6 @@
 package policy
 
 import (
-	"fmt"
 	"math"
 	"time"
 
@@ -13,16 +12,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/keyspace"
 )
-
-var algorithmAbbrev = map[sluice.Algorithm]string{
-	sluice.TokenBucket:          "tb",
-	sluice.LeakyBucket:          "lb",
-	sluice.FixedWindow:          "fw",
-	sluice.SlidingWindowLog:     "swl",
-	sluice.SlidingWindowCounter: "swc",
-	sluice.GCRA:                 "gcra",
-}
 
 // limitSpec is a possibly partial limit as written in the file.
 type limitSpec struct {
@@ -280,14 +271,10 @@ func (d *decoder) shareQuanta(st *settings, p *Policy) {
 	}
 }
 
-// layoutTag returns the tag of store keys for state of algorithm alg
-// counted as p says (see key.go).
+// layoutTag returns the layout tag of store keys for state of algorithm
+// alg counted as p says.
 func layoutTag(alg sluice.Algorithm, p *algorithm.Params) string {
-	tag := algorithmAbbrev[alg] + "." + p.WindowDuration().String()
-	if p.Quantum != 1 {
-		tag += fmt.Sprintf(".q%d", p.Quantum)
-	}
-	return tag
+	return keyspace.LayoutTag(alg, p.WindowDuration().String(), p.Quantum)
 }
 
 // scale multiplies the limit and burst of l by m, rounding down, at least 1.

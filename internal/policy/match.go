@@ -342,6 +342,8 @@ func normalizeEscapes(s string) string {
 	return string(b)
 }
 
+const hexDigits = "0123456789ABCDEF"
+
 func unhex(c byte) int {
 	switch {
 	case c >= '0' && c <= '9':

@@ -245,7 +245,7 @@ type Rule struct {
 	Reservations *Reservations
 
 	byTier    map[string]*Limit // effective limit per tier name
-	keyPrefix string            // "rl:" + escaped id + ":"
+	keyPrefix string            // keyspace.RulePrefix(ID)
 }
 
 // GlobalOnly reports whether the rule's one limit is its global limit: a

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/keyslot"
+	"github.com/sluicehq/sluice/internal/keyspace"
 )
 
 func mustParse(t testing.TB, src string) *Policy {
@@ -1239,7 +1239,7 @@ rules:
 	} {
 		q := &Request{ClientID: "c", IP: tt.ip}
 		got, ok := r.AppendKey(nil, r.Base, q)
-		if want := "rl:per-ip:swc.1s:{ip=" + string(appendEscaped(nil, tt.want)) + "}"; !ok || string(got) != want {
+		if want := "rl:per-ip:swc.1s:{ip=" + string(keyspace.AppendEscaped(nil, tt.want)) + "}"; !ok || string(got) != want {
 			t.Errorf("AppendKey(ip %q) = %q, %v; want %q", tt.ip, got, ok, want)
 		}
 	}
@@ -1348,11 +1348,11 @@ rules:
 		t.Errorf("two long keys share the form %q", long)
 	}
 	short := key(perUser, &Request{User: "u1"})
-	if keyslot.Of(long) != keyslot.Of(short) {
+	if keyspace.Slot(long) != keyspace.Slot(short) {
 		t.Errorf("keys of user u1 on two slots: %q and %q", long, short)
 	}
 
-	// A user id whose escaped form is over maxTagBytes: its own key is
+	// A user id whose escaped form is over 64 bytes: its own key is
 	// written in full, its long keys carry the short tag of its slot.
 	user := strings.Repeat("{", 200) // escaped: 600 bytes
 	short = key(perUser, &Request{User: user})
@@ -1360,9 +1360,9 @@ rules:
 	if len(short) > MaxKeyBytes || !strings.Contains(short, strings.Repeat("%7B", 200)) {
 		t.Errorf("key of a long user id = %q, want it in full", short)
 	}
-	if len(long) > len(prefix)+131 || keyslot.Of(long) != keyslot.Of(short) {
+	if len(long) > len(prefix)+131 || keyspace.Slot(long) != keyspace.Slot(short) {
 		t.Errorf("long key %q (%d bytes, slot %d) of a long user id: want at most %d bytes on the slot %d of %q",
-			long, len(long), keyslot.Of(long), len(prefix)+131, keyslot.Of(short), short)
+			long, len(long), keyspace.Slot(long), len(prefix)+131, keyspace.Slot(short), short)
 	}
 
 	// An Envoy descriptor of 32 entries of 512-byte keys and values.
@@ -1389,7 +1389,7 @@ descriptors:
 	if len(k1) > len("rl:envoy:d:fw.1s:")+131 || !strings.HasPrefix(k1, "rl:envoy:d:fw.1s:{") {
 		t.Errorf("long Envoy key %q (%d bytes), want at most %d", k1, len(k1), len("rl:envoy:d:fw.1s:")+131)
 	}
-	if keyslot.Of(k1) != keyslot.TagSlot(strings.Join(tag, ":")) {
+	if keyspace.Slot(k1) != keyspace.TagSlot(strings.Join(tag, ":")) {
 		t.Errorf("long Envoy key %q left the slot of its descriptor", k1)
 	}
 	entries[31].Value = strings.Repeat(":", 511) + "x"

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/keyspace"
 )
 
 // validID reports whether s is usable as a rule id or tier name.
@@ -115,7 +116,7 @@ func (d *decoder) rules(n *yaml.Node, st *settings, p *Policy) {
 		if !dimSet {
 			r.Dimension, r.DimensionName = []Dimension{DimClient}, "client"
 		}
-		r.keyPrefix = "rl:" + r.ID + ":"
+		r.keyPrefix = keyspace.RulePrefix(r.ID)
 		base := d.limitSpec(item, what, limitFields)
 		base.node = item
 		globalOnly := globalNode != nil && !base.hasLim && !r.Tiered

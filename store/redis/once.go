@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/rueidis"
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/keyslot"
+	"github.com/sluicehq/sluice/internal/keyspace"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -43,8 +43,7 @@ func (s *Store) CheckAllOnce(ctx context.Context, key string, ttl time.Duration,
 	groups := s.split(reqs, modeOnce, ttlMS)
 	if len(groups) == 1 {
 		g := groups[0]
-		tag := keyslot.Tag(slotOf(g.keys[0]))
-		g.keys = append(g.keys, redisKey(s.prefix, "{"+tag+"}:"+key, s.maxKey))
+		g.keys = append(g.keys, redisKey(s.prefix, keyspace.OnSlot(slotOf(g.keys[0]), key), s.maxKey))
 		return s.once(ctx, reqs, out, groups)
 	}
 	return s.onceAcross(ctx, redisKey(s.prefix, key, s.maxKey), ttlMS, reqs, out)

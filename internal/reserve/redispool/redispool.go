@@ -66,6 +66,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/events"
+	"github.com/sluicehq/sluice/internal/keyspace"
 	"github.com/sluicehq/sluice/internal/reserve"
 	"github.com/sluicehq/sluice/reservation"
 )
@@ -135,17 +136,14 @@ func New(cfg Config) (*Pools, error) {
 	return &Pools{
 		client:     cfg.Client,
 		prefix:     cfg.Prefix,
-		registry:   cfg.Prefix + "rsv:pools",
+		registry:   keyspace.PoolRegistry(cfg.Prefix),
 		registered: make(map[string]time.Time),
 		queues:     make(map[string]int64),
 	}, nil
 }
 
 // keys returns the keys of the pool of handle, in pool.lua's order.
-func (p *Pools) keys(handle string) []string {
-	base := p.prefix + "rsv:{" + handle + "}:"
-	return []string{base + "p", base + "g", base + "x"}
-}
+func (p *Pools) keys(handle string) []string { return keyspace.PoolKeys(p.prefix, handle) }
 
 // instant is the scripts' argument for now: -1 for the server's clock.
 func instant(now int64) string {

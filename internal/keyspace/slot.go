@@ -1,8 +1,7 @@
-// Package keyslot computes Redis Cluster hash slots and hash tags, for the
-// code that must keep keys of one identity on one slot: the Redis store,
-// and the policy package when it shortens long keys. It has no state but a
-// table built on first use, and is safe for concurrent use.
-package keyslot
+// Redis Cluster hash slots and hash tags: what keeps the keys of one
+// identity on one slot.
+
+package keyspace
 
 import (
 	"strconv"
@@ -37,8 +36,8 @@ func indexByte[S ~string | ~[]byte](s S, c byte) int {
 	return -1
 }
 
-// Of returns the Redis Cluster slot of key.
-func Of(key string) uint16 {
+// Slot returns the Redis Cluster slot of key.
+func Slot(key string) uint16 {
 	if tag, ok := HashTag(key); ok {
 		return TagSlot(tag)
 	}
@@ -68,11 +67,11 @@ func crc16[S ~string | ~[]byte](s S) uint16 {
 	return crc
 }
 
-// Tag returns a short string (the decimal digits of the smallest number on
-// the slot) whose hash tag lands on slot, so that a key can be placed on
-// the slot of other keys: "{" + Tag(s) + "}" is on slot s. slot must be
+// SlotTag returns a short string (the decimal digits of the smallest number
+// on the slot) whose hash tag lands on slot, so that a key can be placed on
+// the slot of other keys: "{" + SlotTag(s) + "}" is on slot s. slot must be
 // below Slots. The table is built on the first call.
-func Tag(slot uint16) string { return tags()[slot] }
+func SlotTag(slot uint16) string { return tags()[slot] }
 
 var tags = sync.OnceValue(func() []string {
 	t := make([]string, Slots)

@@ -1,13 +1,13 @@
-package keyslot
+package keyspace
 
 import "testing"
 
-func TestOf(t *testing.T) {
+func TestSlot(t *testing.T) {
 	// Known slots (from CLUSTER KEYSLOT).
 	for k, want := range map[string]uint16{"foo": 12182, "{user1000}.following": 3443, "bar": 5061,
 		"{}foo": 9500, "foo{}{bar}": 8363, "foo{{bar}}zap": 4015, "foo{bar}{zap}": 5061} {
-		if got := Of(k); got != want {
-			t.Errorf("Of(%q) = %d, want %d", k, got, want)
+		if got := Slot(k); got != want {
+			t.Errorf("Slot(%q) = %d, want %d", k, got, want)
 		}
 	}
 }
@@ -35,11 +35,11 @@ func TestHashTag(t *testing.T) {
 	}
 }
 
-func TestTag(t *testing.T) {
+func TestSlotTag(t *testing.T) {
 	for sl := range uint16(Slots) {
-		tag := Tag(sl)
-		if Of("{"+tag+"}") != sl || len(tag) > 6 {
-			t.Fatalf("Tag(%d) = %q, which is on slot %d", sl, tag, Of("{"+tag+"}"))
+		tag := SlotTag(sl)
+		if Slot("{"+tag+"}") != sl || len(tag) > 6 {
+			t.Fatalf("SlotTag(%d) = %q, which is on slot %d", sl, tag, Slot("{"+tag+"}"))
 		}
 	}
 }

@@ -1,0 +1,142 @@
+package engine
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/store"
+)
+
+// keyLog is a store that records every key it is asked about, and the key
+// of every idempotency record.
+type keyLog struct {
+	Store
+	mu   sync.Mutex
+	keys []string
+}
+
+func (l *keyLog) Do(ctx context.Context, b *store.Batch) error {
+	l.mu.Lock()
+	for _, r := range b.Reqs {
+		l.keys = append(l.keys, r.Key)
+	}
+	if b.Once != nil {
+		l.keys = append(l.keys, "once "+b.Once.Key)
+	}
+	l.mu.Unlock()
+	return l.Store.Do(ctx, b)
+}
+
+func (l *keyLog) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := l.keys
+	l.keys = nil
+	return k
+}
+
+const keysPolicy = `
+version: 1
+tiers:
+  free: {limit: 10, window: 1m, algorithm: token_bucket}
+  big: {limit: 1000000, window: 24h, algorithm: token_bucket}
+rules:
+  - {id: per-client, match: {resource: "/c/*"}, limit: 5, window: 1m, algorithm: fixed_window}
+  - {id: orders, match: {resource: "/orders/*"}, dimension: user+endpoint, limit: 5, window: 1s, algorithm: token_bucket}
+  - {id: by-ip, match: {resource: "/ip"}, dimension: ip+method, limit: 5, window: 10s, algorithm: sliding_window_counter}
+  - {id: everyone, match: {resource: "/all"}, dimension: global, limit: 5, window: 1s, algorithm: gcra}
+  - {id: plans, match: {resource: "/plan"}, tiered: true}
+  - {id: log, match: {resource: "/log"}, dimension: api_key, limit: 5, window: 1h, algorithm: sliding_window_log}
+  - {id: leaky, match: {resource: "/leak"}, limit: 5, window: 1m, algorithm: leaky_bucket}
+  - {id: world, match: {resource: "/world"}, limit: 100, window: 1m, global_limit: 50}
+assignments:
+  - {client: acme, tier: free}
+  - {client: huge, tier: big}
+envoy:
+  - domain: "edge:1"
+    descriptors:
+      - key: remote_address
+        rate_limit: {unit: minute, requests_per_unit: 3}
+      - key: path
+        value: "/api/*"
+        share_threshold: true
+        rate_limit: {unit: second, requests_per_unit: 3}
+      - key: "a=b"
+        rate_limit: {unit: hour, requests_per_unit: 3, global_requests_per_unit: 2}
+`
+
+// TestStoreKeysPinned pins the store keys the engine writes for
+// representative rules and descriptors, byte for byte: state kept in Redis
+// by one version must be found by the next, so these strings never change
+// unless the layout's documentation says why.
+func TestStoreKeysPinned(t *testing.T) {
+	p, err := policy.Parse("keys.yaml", []byte(keysPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &keyLog{Store: &onceStore{Store: newStore(t), records: map[string]onceRecord{}}}
+	e, err := New(Config{Store: log, Local: newStore(t), Policy: p, Now: func() time.Time { return t0 }, Global: &view{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	long := "/orders/" + strings.Repeat("%", 400)
+	for _, tt := range []struct {
+		check Check
+		want  []string
+	}{
+		{Check{ClientID: "acme", Resource: "/c/x", Cost: 1}, []string{"rl:per-client:fw.1m0s:{client=acme}"}},
+		{Check{ClientID: "a:b{c}%", Resource: "/c/x", Cost: 1}, []string{"rl:per-client:fw.1m0s:{client=a%3Ab%7Bc%7D%25}"}},
+		{Check{ClientID: "acme", User: "u:1", Resource: "/orders//42/?x=1", Cost: 1}, []string{"rl:orders:tb.1s:{user=u%3A1}:endpoint=/orders/42"}},
+		{Check{ClientID: "acme", IP: "2001:DB8::1%eth0", Method: "post", Resource: "/ip", Cost: 1}, []string{"rl:by-ip:swc.10s:{ip=2001%3Adb8%3A%3A1}:method=POST"}},
+		{Check{ClientID: "acme", IP: "::ffff:10.0.0.1", Method: "GET", Resource: "/ip", Cost: 1}, []string{"rl:by-ip:swc.10s:{ip=10.0.0.1}:method=GET"}},
+		{Check{ClientID: "acme", Resource: "/all", Cost: 1}, []string{"rl:everyone:gcra.1s:{global}"}},
+		{Check{ClientID: "acme", Resource: "/plan", Cost: 1}, []string{"rl:plans:tb.1m0s:{client=acme}"}},
+		{Check{ClientID: "huge", Resource: "/plan", Cost: 1}, []string{"rl:plans:tb.24h0m0s.q100:{client=huge}"}},
+		{Check{ClientID: "acme", APIKey: "k1", Resource: "/log", Cost: 1}, []string{"rl:log:swl.1h0m0s:{api_key=k1}"}},
+		{Check{ClientID: "acme", Resource: "/leak", Cost: 1}, []string{"rl:leaky:lb.1m0s:{client=acme}"}},
+		{Check{ClientID: "acme", Resource: "/world", Cost: 1}, []string{"rl:world:swc.1m0s:{client=acme}", "rl:world:@g:{client=acme}"}},
+		{Check{ClientID: "acme", Resource: "/c/x", Cost: 1, IdempotencyKey: "order:7"}, []string{
+			"rl:per-client:fw.1m0s:{client=acme}", "once rl:idem:{acme}:order%3A7:d699d71d90216394"}},
+		{Check{ClientID: "acme", User: "u", Resource: long, Cost: 1}, []string{"rl:orders:tb.1s:{user=u}#31b8ff8c8221012a4e5481168f5973b0fbb009ab1c958cc1de74d415045bc2c4"}},
+	} {
+		if _, err := e.Check(ctx, &tt.check); err != nil {
+			t.Fatalf("Check(%+v): %v", tt.check, err)
+		}
+		if got := log.take(); !slices.Equal(got, tt.want) {
+			t.Errorf("Check(%+v) keys:\n got %q\nwant %q", tt.check, got, tt.want)
+		}
+	}
+
+	for _, tt := range []struct {
+		desc Descriptor
+		want []string
+	}{
+		{desc("remote_address", "10.0.0.1"), []string{"rl:envoy:edge%3A1:fw.1m0s:{remote_address=10.0.0.1}"}},
+		{desc("path", "/api/v1"), []string{"rl:envoy:edge%3A1:fw.1s:{path=/api/*}"}},
+		{desc("a=b", "c:d"), []string{"rl:envoy:edge%3A1:fw.1h0m0s:{a%3Db=c%3Ad}", "rl:envoy:edge%3A1:@g:{a%3Db=c%3Ad}"}},
+		{Descriptor{Entries: desc("remote_address", "10.0.0.1").Entries, Limit: LimitOverride{RequestsPerUnit: 7, Unit: time.Minute}},
+			[]string{"rl:envoy:edge%3A1:override.fw.1m0s.q1000:{remote_address=10.0.0.1}"}},
+		{desc("remote_address", strings.Repeat("{", 400)), []string{
+			"rl:envoy:edge%3A1:fw.1m0s:{9253}#6d2f5ff86017b3a18fc5b7befadd6c48da0146135174aa104a885669b589c2fb"}},
+	} {
+		if _, _, err := e.ShouldRateLimit(ctx, "edge:1", []Descriptor{tt.desc}, 1); err != nil {
+			t.Fatalf("ShouldRateLimit(%+v): %v", tt.desc, err)
+		}
+		if got := log.take(); !slices.Equal(got, tt.want) {
+			t.Errorf("ShouldRateLimit(%+v) keys:\n got %q\nwant %q", tt.desc, got, tt.want)
+		}
+	}
+
+	if err := e.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := log.take(), []string{"rl:_ready"}; !slices.Equal(got, want) {
+		t.Errorf("Ready keys: got %q, want %q", got, want)
+	}
+}
