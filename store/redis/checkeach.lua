@@ -51,7 +51,7 @@
 local max = math.max
 local call, pcall_ = redis.call, redis.pcall
 local pack, unpack_, match = struct.pack, struct.unpack, string.match
-local LIMIT, EXACT = 9007199254740992, 2251799813685248 -- 2^53, 2^51
+local LIMIT, EXACT, INT = 9007199254740992, 2251799813685248, 4503599627370496 -- 2^53, 2^51, 2^52
 
 -- idiv returns floor(a / b) exactly for integers |a| < 2^53 and b > 0.
 -- (In Redis every call of a C function, math.floor's as string.byte's,
@@ -115,7 +115,14 @@ local function decide(key, ps, cost, now)
     end
     now = clock
   end
-  local t = idiv(now, Q)
+  -- t, and the window's start below, are kept in ps for the next check
+  -- at the same instant: a Lua function call (idiv) costs Redis as much
+  -- as a few dozen operators.
+  local t = ps[10]
+  if ps[9] ~= now then
+    t = idiv(now, Q)
+    ps[9], ps[10] = now, t
+  end
 
   -- The state: absent, valid (either layout), or corrupt (reset).
   local a, b, c = 0, 0, 0
@@ -140,8 +147,12 @@ local function decide(key, ps, cost, now)
       if alg == 1 or alg == 2 then
         at, count = b, a
       end
-      ok = a >= 0 and b >= 0 and c >= 0 and a % 1 == 0 and b % 1 == 0 and c % 1 == 0
-        and at < LIMIT and count <= EXACT and c <= EXACT and (c == 0 or alg == 5)
+      -- x is an integer when x >= 2^52 (every double there is) or
+      -- x + 2^52 - 2^52 == x (the sum rounds to an integer): operators,
+      -- where x % 1 calls C
+      ok = a >= 0 and b >= 0 and c >= 0 and at < LIMIT and count <= EXACT and c <= EXACT
+        and (a >= INT or a + INT - INT == a) and (b >= INT or b + INT - INT == b) and c + INT - INT == c
+        and (c == 0 or alg == 5)
     end
     if not ok then
       call('DEL', key)
@@ -157,7 +168,11 @@ local function decide(key, ps, cost, now)
   local keep = false
   local refused -- a refusal counted all the same: its reason (1 or 2)
   if alg == 3 then
-    local start = idiv(t, W) * W
+    local start = ps[12]
+    if ps[11] ~= t then
+      start = idiv(t, W) * W
+      ps[11], ps[12] = t, start
+    end
     local count = b
     if a ~= start then
       count = 0
@@ -264,7 +279,11 @@ local function decide(key, ps, cost, now)
     end
   elseif alg == 5 then
     local w = W
-    local start = idiv(t, w) * w
+    local start = ps[12]
+    if ps[11] ~= t then
+      start = idiv(t, w) * w
+      ps[11], ps[12] = t, start
+    end
     local cur, prev = b, c
     if a == start then
       -- the current window
@@ -337,8 +356,10 @@ local function decide(key, ps, cost, now)
   if all == 1 then
     held[nheld + 1], held[nheld + 2], held[nheld + 3], held[nheld + 4], held[nheld + 5] = key, px, na, nb, nc
     nheld = nheld + 5
+  elseif px then
+    call('SET', key, pack('<Bddd', 2, na, nb, nc), 'PX', px)
   else
-    write(key, px, na, nb, nc)
+    call('SETRANGE', key, '9', pack('<d', nb)) -- as write does
   end
   if refused then
     if refused == 1 then
@@ -356,7 +377,9 @@ for k = 1, nsets do
   if E == 0 then
     E = N
   end
-  sets[k] = { alg, N, K, W, Q, deny == 1, E, deny == 2 }
+  -- 9 to 12: the last instant decided and its t, the last t and its
+  -- window's start (see decide)
+  sets[k] = { alg, N, K, W, Q, deny == 1, E, deny == 2, -1, 0, -1, 0 }
 end
 local reply, n = { 0 }, 1
 local denied = false
