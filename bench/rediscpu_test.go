@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -146,13 +147,14 @@ func (h captureHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) gored
 
 // redisCPU makes b.N checks, n per call of call, from cpuCallers
 // goroutines, each call on n distinct keys drawn at random from
-// redisKeyNames, and reports the Redis server's CPU per check and the
-// checks per second.
+// redisKeyNames, and reports the Redis server's CPU per check, the Redis
+// commands per check (the script calls and the commands the scripts make,
+// from INFO commandstats) and the checks per second.
 func redisCPU(b *testing.B, srv *redistest.Server, n int, call func(ctx context.Context, keys []string) error) {
 	ctx := context.Background()
 	calls := (b.N + n - 1) / n
 	var next atomic.Int64
-	cpu0 := redisCPUTime(b, srv)
+	cpu0, cmds0 := redisCPUTime(b, srv), redisCommands(b, srv)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for g := range cpuCallers {
@@ -176,8 +178,10 @@ func redisCPU(b *testing.B, srv *redistest.Server, n int, call func(ctx context.
 	wg.Wait()
 	elapsed := time.Since(start)
 	cpu := redisCPUTime(b, srv) - cpu0
+	cmds := redisCommands(b, srv) - cmds0
 	checks := float64(calls * n)
 	b.ReportMetric(cpu.Seconds()*1e6/checks, "redis-cpu-µs/check")
+	b.ReportMetric(float64(cmds)/checks, "redis-cmds/check")
 	b.ReportMetric(checks/elapsed.Seconds(), "checks/s")
 	b.ReportMetric(0, "ns/op")
 }
@@ -198,4 +202,27 @@ func redisCPUTime(b *testing.B, srv *redistest.Server) time.Duration {
 		total += v
 	}
 	return time.Duration(total * float64(time.Second))
+}
+
+// redisCommands returns the commands the Redis server has run (INFO
+// commandstats: the calls of every command, those made by scripts
+// included, but INFO's and CONFIG's).
+func redisCommands(b *testing.B, srv *redistest.Server) int64 {
+	info, err := srv.Info("commandstats")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for name, v := range info {
+		if !strings.HasPrefix(name, "cmdstat_") || strings.HasPrefix(name, "cmdstat_info") || strings.HasPrefix(name, "cmdstat_config") {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
+		n, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			b.Fatalf("INFO commandstats %s: %q", name, v)
+		}
+		total += n
+	}
+	return total
 }

@@ -15,7 +15,11 @@
 # (default: all six), DURATION (10s), CONCURRENCY (64), KEYS (10000),
 # ROUNDS (1), PORT (base port, default 18280: sluice on PORT and PORT+1,
 # Redis on PORT+20). Loopback only. Prints one line per run: the binary,
-# the algorithm, checks/s, Redis CPU µs per check, Redis calls per check.
+# the algorithm, checks/s, Redis CPU µs per check and the share of it in
+# the kernel (network), script calls per check, Redis commands per check
+# (the script calls and the commands they make: GET, the write, TIME),
+# and reads of a connection per script call (INFO stats
+# total_reads_processed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -37,8 +41,17 @@ RP=$!
 SP=""
 trap 'kill $SP $RP 2>/dev/null; wait $SP $RP 2>/dev/null; rm -rf "$out"' EXIT
 for _ in $(seq 50); do redis-cli -p $RPORT ping >/dev/null 2>&1 && break; sleep 0.1; done
-cpu() { redis-cli -p $RPORT info cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
-calls() { redis-cli -p $RPORT info commandstats | awk -F'[:=,]' '/^cmdstat_(evalsha|eval|fcall):/ {n += $3} END {print n+0}'; }
+# stats prints Redis' user and system CPU seconds, its script calls, its
+# commands (scripts' and their own, INFO and CONFIG left out) and its reads
+# of client connections.
+stats() {
+  { redis-cli -p $RPORT info cpu; redis-cli -p $RPORT info commandstats; redis-cli -p $RPORT info stats; } | tr -d '\r' |
+    awk -F'[:=,]' '/^used_cpu_user:/ {u = $2} /^used_cpu_sys:/ {s = $2}
+      /^cmdstat_(evalsha|eval|fcall):/ {k += $3}
+      /^cmdstat_/ && !/^cmdstat_(info|config)/ {c += $3}
+      /^total_reads_processed:/ {r = $2}
+      END {printf "%.6f %.6f %d %d %d", u, s, k, c, r}'
+}
 echo "Redis $(redis-server --version | awk '{print $3}'), $CONCURRENCY callers, $KEYS keys, $DURATION per run; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq "$ROUNDS"); do
   for alg in $ALGS; do
@@ -50,19 +63,20 @@ for round in $(seq "$ROUNDS"); do
         --http-addr 127.0.0.1:$PORT --grpc-addr 127.0.0.1:$((PORT+1)) 2>"$out/serve.log" &
       SP=$!
       for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$((PORT+1))) 2>/dev/null && break; sleep 0.1; done
-      c0=$(cpu); k0=$(calls)
+      s0=$(stats)
       bin/sluice-load --target envoy --addr 127.0.0.1:$((PORT+1)) --duration "$DURATION" --concurrency "$CONCURRENCY" \
         --keys "$KEYS" --domain load --json >"$out/load.json" || true
-      c1=$(cpu); k1=$(calls)
+      s1=$(stats)
       kill $SP; wait $SP 2>/dev/null || true; SP=""
-      python3 - "$out/load.json" "$bin" "$alg" "$c0" "$c1" "$k0" "$k1" <<'PY'
+      python3 - "$out/load.json" "$bin" "$alg" "$s0" "$s1" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 checks = max(r["checks"], 1)
-cpu = (float(sys.argv[5]) - float(sys.argv[4])) * 1e6 / checks
-calls = (int(sys.argv[7]) - int(sys.argv[6])) / checks
-print("%-28s %-24s %8.0f checks/s  redis cpu %5.2f us/check  %.3f script calls/check  allowed %d denied %d errors %d"
-      % (sys.argv[2][-28:], sys.argv[3], r["check_throughput"], cpu, calls, r["allowed"], r["denied"], r["errors"]))
+user, sys_, calls, cmds, reads = (float(b) - float(a) for a, b in zip(sys.argv[4].split(), sys.argv[5].split()))
+cpu = (user + sys_) * 1e6 / checks
+print("%-28s %-24s %8.0f checks/s  redis cpu %5.2f us/check (%2.0f%% sys)  %.3f script calls/check  %.2f commands/check  %.2f reads/call  allowed %d denied %d errors %d"
+      % (sys.argv[2][-28:], sys.argv[3], r["check_throughput"], cpu, 100 * sys_ / max(user + sys_, 1e-9), calls / checks,
+         cmds / checks, reads / max(calls, 1), r["allowed"], r["denied"], r["errors"]))
 PY
     done
   done

@@ -51,7 +51,7 @@
 local max = math.max
 local call, pcall_ = redis.call, redis.pcall
 local pack, unpack_, match = struct.pack, struct.unpack, string.match
-local LIMIT, EXACT = 9007199254740992, 2251799813685248 -- 2^53, 2^51
+local LIMIT, EXACT, INT = 9007199254740992, 2251799813685248, 4503599627370496 -- 2^53, 2^51, 2^52
 
 -- idiv returns floor(a / b) exactly for integers |a| < 2^53 and b > 0.
 -- (In Redis every call of a C function, math.floor's as string.byte's,
@@ -95,8 +95,9 @@ end
 -- decide decides one check of key with the parameter set ps, writes the
 -- key when it is admitted with a positive cost (or refused and counted, in
 -- a fixed window counting refused requests), and returns the check's
--- reason, remaining, reset after and retry after.
-local function decide(key, ps, cost, now)
+-- reason, remaining, reset after and retry after. v, when not nil, is
+-- what a GET of key answered already (pcall: false, a string or an error).
+local function decide(key, ps, cost, now, v)
   local alg, N, K, W, Q = ps[1], ps[2], ps[3], ps[4], ps[5]
   if ps[6] then
     return 3, 0, 0, 0
@@ -119,12 +120,21 @@ local function decide(key, ps, cost, now)
     base = clock
     now = clock - 1 - now
   end
-  local t = idiv(now, Q)
+  -- t, and the window's start below, are kept in ps for the next check
+  -- at the same instant: a Lua function call (idiv) costs Redis as much
+  -- as a few dozen operators.
+  local t = ps[10]
+  if ps[9] ~= now then
+    t = idiv(now, Q)
+    ps[9], ps[10] = now, t
+  end
 
   -- The state: absent, valid (either layout), or corrupt (reset).
   local a, b, c = 0, 0, 0
   local bin = false -- the state is in the 25-byte layout
-  local v = pcall_('GET', key)
+  if v == nil then
+    v = pcall_('GET', key)
+  end
   if v then
     -- v is a string, or a table for an error (another type), whose
     -- length is 0
@@ -144,8 +154,12 @@ local function decide(key, ps, cost, now)
       if alg == 1 or alg == 2 then
         at, count = b, a
       end
-      ok = a >= 0 and b >= 0 and c >= 0 and a % 1 == 0 and b % 1 == 0 and c % 1 == 0
-        and at < LIMIT and count <= EXACT and c <= EXACT and (c == 0 or alg == 5)
+      -- x is an integer when x >= 2^52 (every double there is) or
+      -- x + 2^52 - 2^52 == x (the sum rounds to an integer): operators,
+      -- where x % 1 calls C
+      ok = a >= 0 and b >= 0 and c >= 0 and at < LIMIT and count <= EXACT and c <= EXACT
+        and (a >= INT or a + INT - INT == a) and (b >= INT or b + INT - INT == b) and c + INT - INT == c
+        and (c == 0 or alg == 5)
     end
     if not ok then
       call('DEL', key)
@@ -161,7 +175,11 @@ local function decide(key, ps, cost, now)
   local keep = false
   local refused -- a refusal counted all the same: its reason (1 or 2)
   if alg == 3 then
-    local start = idiv(t, W) * W
+    local start = ps[12]
+    if ps[11] ~= t then
+      start = idiv(t, W) * W
+      ps[11], ps[12] = t, start
+    end
     local count = b
     if a ~= start then
       count = 0
@@ -268,7 +286,11 @@ local function decide(key, ps, cost, now)
     end
   elseif alg == 5 then
     local w = W
-    local start = idiv(t, w) * w
+    local start = ps[12]
+    if ps[11] ~= t then
+      start = idiv(t, w) * w
+      ps[11], ps[12] = t, start
+    end
     local cur, prev = b, c
     if a == start then
       -- the current window
@@ -341,8 +363,10 @@ local function decide(key, ps, cost, now)
   if all == 1 then
     held[nheld + 1], held[nheld + 2], held[nheld + 3], held[nheld + 4], held[nheld + 5] = key, px, na, nb, nc
     nheld = nheld + 5
+  elseif px then
+    call('SET', key, pack('<Bddd', 2, na, nb, nc), 'PX', px)
   else
-    write(key, px, na, nb, nc)
+    call('SETRANGE', key, '9', pack('<d', nb)) -- as write does
   end
   if refused then
     if refused == 1 then
@@ -360,17 +384,77 @@ for k = 1, nsets do
   if E == 0 then
     E = N
   end
-  sets[k] = { alg, N, K, W, Q, deny == 1, E, deny == 2 }
+  -- 9 to 12: the last instant decided and its t, the last t and its
+  -- window's start (see decide)
+  sets[k] = { alg, N, K, W, Q, deny == 1, E, deny == 2, -1, 0, -1, 0 }
 end
 local reply, n = { 0 }, 1
 local denied = false
 local first = pos -- the checks, when U is 0
+
+-- The most common checks: a fixed window or a sliding window counter,
+-- every check of the call at one parameter set, one cost within the
+-- capacity and Redis' clock, on a key holding counts of the current window
+-- that leave room for the cost. Such a check is counted in place here,
+-- without decide's general path, which every other check (a new window, a
+-- refusal, an absent or corrupt key) takes with the value read. fast holds
+-- the set; fs the window's start, fe the quanta elapsed since and ft the
+-- instant, in quanta.
+local fast, fs, fe, ft = false, 0, 0, 0
+if U ~= 0 and all ~= 1 then
+  local ps = sets[U]
+  if (ps[1] == 3 or ps[1] == 5) and not ps[6] and not ps[8] and C > 0 and C <= ps[3] then
+    local tm = call('TIME')
+    clock = tm[1] * 1000000 + tm[2]
+    ft = idiv(clock, ps[5])
+    fs = idiv(ft, ps[4]) * ps[4]
+    fast, fe = ps, ft - fs
+  end
+end
+local fN, fW, fwin = 0, 0, false
+if fast then
+  fN, fW, fwin = fast[2], fast[4], fast[1] == 3
+end
+
 for i = 1, #KEYS do
   local k, cost, now = U, C, -1
   if U == 0 then
     k, cost, now, pos = unpack_('<Hdd', args, pos)
   end
-  local reason, rem, reset, retry = decide(KEYS[i], sets[k], cost, now)
+  local key = KEYS[i]
+  local reason, rem, reset, retry
+  if fast then
+    -- In place when the state is valid as decide would find it (A is fs,
+    -- an integer in range; B a positive integer count; C 0 in a fixed
+    -- window, the previous window's count in a counter) and leaves room
+    -- for the cost. Inline: a Lua function call costs Redis much.
+    local v = pcall_('GET', key)
+    local tag, a, b, c
+    if v and #v == 25 then
+      tag, a, b, c = unpack_('<Bddd', v)
+    end
+    if tag == 2 and a == fs and a < LIMIT and b > 0 and b <= EXACT and b + INT - INT == b then
+      if fwin then
+        if c == 0 and b + cost <= fN then
+          rem, reset = fN - b - cost, fW - fe
+        end
+      elseif c >= 0 and c <= EXACT and c + INT - INT == c and (b + cost) * fW <= fN * fW - c * (fW - fe) then
+        local room = fN * fW - (c * (fW - fe) + b * fW) - cost * fW
+        rem, reset = 0, 2 * fW - fe
+        if room > 0 then
+          rem = idiv(room, fW)
+        end
+      end
+    end
+    if rem then
+      call('SETRANGE', key, '9', pack('<d', b + cost)) -- as write does
+      reason, retry = 0, 0
+    else
+      reason, rem, reset, retry = decide(key, fast, cost, now, v)
+    end
+  else
+    reason, rem, reset, retry = decide(key, sets[k], cost, now)
+  end
   reply[n + 1], reply[n + 2] = rem * 4 + reason, reset
   n = n + 2
   if reason ~= 0 then

@@ -1640,3 +1640,65 @@ func checkVia(t *testing.T, s *Store, via string, reqs []store.Request) []sluice
 	}
 	return out
 }
+
+// TestWindowsInPlace checks the common call of a fixed window or a sliding
+// window counter, every check at one set, one cost and Redis' clock, which
+// checkeach.lua counts in place for a key of the current window with room
+// left and decides in full otherwise: a key named several times sees its
+// earlier checks, refusals, and keys absent, of another type, in the text
+// layout or with a count that is not an integer all decide as single
+// checks would.
+func TestWindowsInPlace(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	ctx := context.Background()
+	for n, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter} {
+		p := compile(t, sluice.Limit{Algorithm: a, Limit: 3, Window: time.Hour})
+		pre := a.String() + ":"
+		if _, err := srv.Do("RPUSH", pre+"list", "x"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := srv.Do("SET", pre+"text", "1:0:1:0"); err != nil {
+			t.Fatal(err)
+		}
+		// the binary layout with a count of 1.5
+		if _, err := srv.Do("SET", pre+"half", "\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xf8\x3f\x00\x00\x00\x00\x00\x00\x00\x00"); err != nil {
+			t.Fatal(err)
+		}
+		keys := []string{"a", "b", "a", "list", "a", "text", "half", "a"}
+		want := [][]int64{ // remaining per check, -1 for a refusal
+			{2, 2, 1, 2, 0, 2, 2, -1},
+			{-1, 1, -1, 1, -1, 1, 1, -1},
+			{-1, 0, -1, 0, -1, 0, 0, -1},
+			{-1, -1, -1, -1, -1, -1, -1, -1},
+		}
+		for round, w := range want {
+			reqs := make([]store.Request, len(keys))
+			for i, k := range keys {
+				reqs[i] = store.Request{Key: pre + k, Params: p, Cost: 1}
+			}
+			out := make([]sluice.Decision, len(reqs))
+			if err := s.Check(ctx, reqs, out); err != nil {
+				t.Fatal(err)
+			}
+			for i, d := range out {
+				got := d.Remaining
+				if !d.Allowed {
+					got = -1
+					if d.Reason != sluice.ReasonLimited || d.RetryAfter <= 0 {
+						t.Errorf("%s round %d, check %d (%s): refused %+v, want ReasonLimited and a retry after", a, round, i, keys[i], d)
+					}
+				}
+				if got != w[i] {
+					t.Errorf("%s round %d, check %d (%s): remaining %d, want %d (%+v)", a, round, i, keys[i], got, w[i], d)
+				}
+				if d.ResetAfter != out[0].ResetAfter || d.ResetAfter <= 0 || d.ResetAfter > 2*time.Hour {
+					t.Errorf("%s round %d, check %d (%s): reset after %v, want %v as the first check's, within two hours", a, round, i, keys[i], d.ResetAfter, out[0].ResetAfter)
+				}
+			}
+		}
+		if got, want := s.CorruptResets(), uint64(2*(n+1)); got != want {
+			t.Errorf("%s: CorruptResets = %d, want %d (a list and a count of 1.5 each)", a, got, want)
+		}
+	}
+}
