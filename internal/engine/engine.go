@@ -41,6 +41,7 @@ import (
 	"github.com/sluicehq/sluice/internal/events"
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/internal/share"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memory"
 )
@@ -178,6 +179,18 @@ type Config struct {
 	// ParentBased(TraceIDRatioBased) samples. Zero traces only the
 	// checks of sampled callers.
 	TraceSampleRatio float64
+	// BulkShare is the share of the time, above 0 and at most 1, that
+	// requests of more than BulkChecks checks (batches, Envoy calls) may
+	// take while they contend with smaller ones: while smaller ones are
+	// in progress and goroutines wait for a CPU, they wait between slices
+	// of their work, so that one client's large batches do not slow every
+	// other client's checks (see package share). They are never refused,
+	// their decisions never change, and they never wait past half of the
+	// time their context had left. Zero means 0.25; 1 turns the bound off.
+	BulkShare float64
+	// BulkChecks is the most checks (or Envoy descriptors) of a request
+	// that BulkShare leaves alone; zero means 16.
+	BulkChecks int
 }
 
 // Analytics is what the engine needs of an analytics recorder.
@@ -212,6 +225,8 @@ type Engine struct {
 
 	tracer trace.Tracer // nil: no tracing
 	ratio  float64      // of the checks without a caller's span traced
+
+	share *share.Gate // nil: requests of many checks not held back
 }
 
 // New returns an engine for cfg.
@@ -228,6 +243,10 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{store: observeStore(traceStore(cfg.Store, cfg.Tracer), cfg.Metrics), shared: cfg.Store.Info().SharedRecords,
 		now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat, global: cfg.Global,
 		analytics: cfg.Analytics, region: cfg.Region, tracer: cfg.Tracer, ratio: cfg.TraceSampleRatio}
+	if cfg.BulkShare < 0 || cfg.BulkChecks < 0 {
+		return nil, fmt.Errorf("engine: config: bulk share and checks must not be negative, got %g and %d", cfg.BulkShare, cfg.BulkChecks)
+	}
+	e.share = share.New(share.Config{Share: cfg.BulkShare, BulkChecks: cfg.BulkChecks, Now: cfg.Now})
 	if e.region == "" {
 		e.region = "local"
 	}
@@ -326,11 +345,15 @@ var readyParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWind
 // (another resource, another user) is another request: it is decided and
 // charged, and the first one's record stays. Concurrent checks with one
 // key wait for the first.
-func (e *Engine) Check(ctx context.Context, c *Check) (Result, error) {
+func (e *Engine) Check(ctx context.Context, c *Check) (res Result, err error) {
+	small := e.share.StartSmall()
 	if e.tracer != nil && e.sampled(ctx) {
-		return e.tracedCheck(ctx, c)
+		res, err = e.tracedCheck(ctx, c)
+	} else {
+		res, err = e.observedCheck(ctx, c)
 	}
-	return e.observedCheck(ctx, c)
+	e.share.EndSmall(small)
+	return res, err
 }
 
 // observedCheck is Check, untraced.
@@ -419,8 +442,22 @@ func (e *Engine) observedBatch(ctx context.Context, checks []Check, mode BatchMo
 	return out, err
 }
 
-// batch is BatchCheck, unobserved.
+// batch is BatchCheck, unobserved. A batch of many checks takes its
+// share of the time (see Config.BulkShare), a smaller one counts as a
+// small request.
 func (e *Engine) batch(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
+	if !e.share.Bulk(len(checks)) {
+		small := e.share.StartSmall()
+		defer e.share.EndSmall(small)
+		return e.batchTurn(ctx, checks, mode, nil)
+	}
+	turn := e.share.StartBulk(ctx)
+	defer turn.End()
+	return e.batchTurn(ctx, checks, mode, &turn)
+}
+
+// batchTurn is batch; turn, nil for a small batch, paces its work.
+func (e *Engine) batchTurn(ctx context.Context, checks []Check, mode BatchMode, turn *share.Turn) ([]Result, error) {
 	if len(checks) == 0 {
 		return nil, &FieldError{Field: "checks", Reason: "must not be empty"}
 	}
@@ -428,14 +465,20 @@ func (e *Engine) batch(ctx context.Context, checks []Check, mode BatchMode) ([]R
 		return nil, &FieldError{Field: "checks", Reason: "more than " + strconv.Itoa(MaxBatch) + " checks"}
 	}
 	for i := range checks {
-		if err := validate(&checks[i], "checks["+strconv.Itoa(i)+"]."); err != nil {
-			return nil, err
+		if i%planSlice == planSlice-1 {
+			turn.Next(ctx)
+		}
+		if err := validate(&checks[i], ""); err != nil {
+			return nil, InBatch(i, err)
 		}
 	}
 	switch mode {
 	case BestEffort:
 		out := make([]Result, len(checks))
 		for i := range checks {
+			if i%bestEffortSlice == bestEffortSlice-1 {
+				turn.Next(ctx)
+			}
 			r, err := e.decide(ctx, &checks[i])
 			if err != nil {
 				var fe *FieldError
@@ -448,12 +491,20 @@ func (e *Engine) batch(ctx context.Context, checks []Check, mode BatchMode) ([]R
 		}
 		return out, nil
 	case AllOrNothing:
-		return e.batchAll(ctx, checks)
+		return e.batchAll(ctx, checks, turn)
 	}
 	return nil, &FieldError{Field: "mode", Reason: "unknown batch mode"}
 }
 
-func (e *Engine) batchAll(ctx context.Context, checks []Check) ([]Result, error) {
+// Slices of a bulk request's work, in checks: a bulk batch waits its turn
+// (share.Turn.Next) between them. Each check of a best-effort batch is a
+// store call of its own.
+const (
+	planSlice       = 64
+	bestEffortSlice = 8
+)
+
+func (e *Engine) batchAll(ctx context.Context, checks []Check, turn *share.Turn) ([]Result, error) {
 	p := e.policy.Load()
 	out := make([]Result, len(checks))
 	decided := make([]bool, len(checks))
@@ -462,6 +513,9 @@ func (e *Engine) batchAll(ctx context.Context, checks []Check) ([]Result, error)
 	defer e.putScratch(s)
 	var now time.Time
 	for i := range checks {
+		if i%planSlice == planSlice-1 {
+			turn.Next(ctx)
+		}
 		c := &checks[i]
 		if now.IsZero() {
 			now = c.Now
@@ -474,8 +528,8 @@ func (e *Engine) batchAll(ctx context.Context, checks []Check) ([]Result, error)
 			}
 			continue
 		}
-		if err := e.plan(s, p, c, &q, i, "checks["+strconv.Itoa(i)+"]."); err != nil {
-			return nil, err
+		if err := e.plan(s, p, c, &q, i, ""); err != nil {
+			return nil, InBatch(i, err)
 		}
 	}
 	if denied {
@@ -491,10 +545,14 @@ func (e *Engine) batchAll(ctx context.Context, checks []Check) ([]Result, error)
 	allowed := true
 	if len(s.items) > 0 {
 		e.finishKeys(s)
+		turn.Next(ctx)
 		allowed = e.run(ctx, s, now, true)
 	}
 	start := 0
 	for i := range checks {
+		if i%planSlice == planSlice-1 {
+			turn.Next(ctx)
+		}
 		if decided[i] {
 			continue
 		}

@@ -9,3 +9,8 @@ import "time"
 // other packages' tests a call through it misses 5ms more often than not:
 // the breaker then never closes. The tests' bounds are derived from it.
 const faultDeadline = 15 * time.Millisecond
+
+// attackerP99Ratio bounds the other clients' p99 with the batch attacker
+// over their p99 without it. The race detector slows the attacker's
+// planning several times, and its slices with it.
+const attackerP99Ratio = 3.0

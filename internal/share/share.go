@@ -1,0 +1,275 @@
+// Package share keeps requests of many checks from crowding out the small
+// ones. A batch of 1,000 checks, or an Envoy call of 64 descriptors, makes
+// the server plan, send and answer that many checks at once; sent back to
+// back by one client, such requests would hold the CPU (and the store) the
+// single checks of every other client wait for.
+//
+// A Gate splits requests in two: bulk ones (more checks than a threshold)
+// and small ones. While they contend, bulk work may take at most a share
+// of the time: a bulk request does its work in slices, and before each
+// slice it waits while bulk work has taken more than its share lately.
+// They contend while small requests are in progress and goroutines wait
+// for a CPU (the Go scheduler's runnable goroutines). Otherwise bulk work
+// runs at once, however much of the time it takes: the gate only ever
+// makes bulk requests wait for small ones that need the CPU.
+//
+// Time is counted on the wall clock, whatever the number of bulk requests
+// at work at once: bulk time is the time during which at least one bulk
+// slice runs. A slice that waits on the store is counted too, so that the
+// share bounds the store's time spent on bulk requests as well as the
+// CPU's.
+//
+// A gate never refuses a request and never changes a decision: it only
+// delays bulk requests, and never past half of the time their context
+// left them when they began, so that a delay cannot make a check miss its
+// deadline.
+package share
+
+import (
+	"context"
+	"runtime/metrics"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of Config.
+const (
+	// DefaultShare is the share of the time bulk work may take while it
+	// contends with small requests.
+	DefaultShare = 0.25
+	// DefaultBulkChecks is the most checks of a small request.
+	DefaultBulkChecks = 16
+)
+
+// burst is the bulk time a gate lends ahead: a bulk slice may start when
+// bulk work has taken its share lately, give or take this much.
+const burst = time.Millisecond
+
+// recheck is how often a waiting bulk request looks again whether it
+// still contends with small ones.
+const recheck = time.Millisecond
+
+// maxDebt bounds the bulk time a gate remembers beyond the share, so that
+// a long slice (a store call of a second) is not paid for by pauses of
+// many seconds.
+const maxDebt = time.Second
+
+// Config holds a gate's knobs. The zero value is usable: bulk requests are
+// those of more than 16 checks, and they may take a quarter of the time
+// while they contend with small ones.
+type Config struct {
+	// Share is the share of the time, above 0 and at most 1, that bulk
+	// work may take while it contends with small requests. Zero means
+	// DefaultShare; 1 (or more) turns the gate off: New then returns nil.
+	Share float64
+	// BulkChecks is the most checks of a small request; requests of more
+	// are bulk. Zero means DefaultBulkChecks.
+	BulkChecks int
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Busy reports whether goroutines wait for a CPU; nil means the
+	// runtime's count of runnable goroutines is above 0. It is called
+	// twice per slice of bulk work, and only while both kinds of request
+	// are in progress.
+	Busy func() bool
+}
+
+// Gate shares the time between bulk and small requests. A nil *Gate lets
+// every request through at once. A Gate is safe for concurrent use.
+type Gate struct {
+	share      float64
+	bulkChecks int
+	now        func() time.Time
+	busy       func() bool
+
+	// bulk counts the bulk requests in progress, waiting ones included;
+	// small ones count themselves in small only while it is above 0, so
+	// that with no bulk request about a small one costs one atomic load.
+	bulk  atomic.Int64
+	small atomic.Int64
+
+	mu sync.Mutex
+	// running counts the bulk slices running.
+	running int
+	// last is when budget was brought up to date.
+	last time.Time
+	// budget is the bulk time that may still be taken ahead of the
+	// share: it grows by share of the time elapsed, up to burst, and
+	// shrinks by the time bulk slices run while they contend with small
+	// requests, down to -maxDebt.
+	budget time.Duration
+}
+
+// New returns a gate for cfg, or nil (no gate) when cfg.Share is 1 or
+// more.
+func New(cfg Config) *Gate {
+	if cfg.Share >= 1 {
+		return nil
+	}
+	g := &Gate{share: cfg.Share, bulkChecks: cfg.BulkChecks, now: cfg.Now, busy: cfg.Busy, budget: burst}
+	if g.share <= 0 {
+		g.share = DefaultShare
+	}
+	if g.bulkChecks <= 0 {
+		g.bulkChecks = DefaultBulkChecks
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	if g.busy == nil {
+		g.busy = runnable
+	}
+	g.last = g.now()
+	return g
+}
+
+// runnable reports whether the Go scheduler holds goroutines ready to
+// run but waiting for a CPU. It reads the runtime's metric (about half a
+// microsecond, no allocation).
+func runnable() bool {
+	s := [1]metrics.Sample{{Name: "/sched/goroutines/runnable:goroutines"}}
+	metrics.Read(s[:])
+	return s[0].Value.Kind() == metrics.KindUint64 && s[0].Value.Uint64() > 0
+}
+
+// contended reports whether small requests are in progress and
+// goroutines wait for a CPU.
+func (g *Gate) contended() bool { return g.small.Load() > 0 && g.busy() }
+
+// Bulk reports whether a request of n checks is bulk.
+func (g *Gate) Bulk(n int) bool { return g != nil && n > g.bulkChecks }
+
+// StartSmall marks a small request in progress; EndSmall(counted), with
+// what it returned, marks its end.
+func (g *Gate) StartSmall() (counted bool) {
+	if g == nil || g.bulk.Load() == 0 {
+		return false
+	}
+	g.small.Add(1)
+	return true
+}
+
+// EndSmall marks the end of a small request; counted is what its
+// StartSmall returned.
+func (g *Gate) EndSmall(counted bool) {
+	if counted {
+		g.small.Add(-1)
+	}
+}
+
+// Turn is one bulk request's passage through a gate: its zero value, or
+// one from a nil gate, never waits.
+type Turn struct {
+	g *Gate
+	// until is when the request stops waiting, whatever the share: half
+	// of the time its context had left when it began; zero for a context
+	// without a deadline.
+	until time.Time
+	// free is set past until: the request's slices run at once.
+	free bool
+}
+
+// StartBulk starts a bulk request: it waits for its first slice (see
+// Next), and returns the Turn whose Next starts the others and whose End
+// ends the request.
+func (g *Gate) StartBulk(ctx context.Context) Turn {
+	if g == nil {
+		return Turn{}
+	}
+	t := Turn{g: g}
+	if d, ok := ctx.Deadline(); ok {
+		now := g.now()
+		t.until = now.Add(d.Sub(now) / 2)
+	}
+	g.bulk.Add(1)
+	t.begin(ctx)
+	return t
+}
+
+// Next ends the request's slice of work and starts the next one, after
+// waiting while bulk work has taken more than its share (and small
+// requests are in progress). Call it every few dozen checks. A nil Turn
+// never waits.
+func (t *Turn) Next(ctx context.Context) {
+	if t == nil || t.g == nil {
+		return
+	}
+	t.g.leave()
+	t.begin(ctx)
+}
+
+// End ends the request's last slice, and the request.
+func (t *Turn) End() {
+	if t.g == nil {
+		return
+	}
+	t.g.leave()
+	t.g.bulk.Add(-1)
+	t.g = nil
+}
+
+// begin waits for a slice's turn, then counts it running. It stops
+// waiting at t.until and when ctx is done: the slice then runs anyway.
+func (t *Turn) begin(ctx context.Context) {
+	g := t.g
+	var timer *time.Timer
+	for {
+		contended := g.contended()
+		g.mu.Lock()
+		now := g.now()
+		g.update(now, contended)
+		if !t.until.IsZero() && !now.Before(t.until) {
+			t.free = true
+		}
+		if t.free || g.budget >= 0 || !contended || ctx.Err() != nil {
+			g.running++
+			g.mu.Unlock()
+			break
+		}
+		// Wait until the debt is repaid, looking again every
+		// millisecond whether the CPU is still wanted.
+		wait := min(time.Duration(float64(-g.budget)/g.share), recheck)
+		g.mu.Unlock()
+		if !t.until.IsZero() {
+			wait = min(wait, t.until.Sub(now))
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+	}
+	if timer != nil {
+		timer.Stop()
+	}
+}
+
+// leave counts a slice no longer running.
+func (g *Gate) leave() {
+	contended := g.contended()
+	g.mu.Lock()
+	g.update(g.now(), contended)
+	g.running--
+	g.mu.Unlock()
+}
+
+// update brings the budget up to now: it grows by the share of the time
+// elapsed, and shrinks by the time bulk slices ran meanwhile, if bulk and
+// small requests contend now. Requires mu held.
+func (g *Gate) update(now time.Time, contended bool) {
+	d := now.Sub(g.last)
+	if d <= 0 {
+		return
+	}
+	g.last = now
+	g.budget += time.Duration(float64(d) * g.share)
+	if g.running > 0 && contended {
+		g.budget -= d
+	}
+	g.budget = min(max(g.budget, -maxDebt), burst)
+}
