@@ -31,6 +31,7 @@ import (
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/logging"
 	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/internal/share"
 )
 
 func main() {
@@ -113,6 +114,8 @@ func serve(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 	grpcMaxConns := fs.Int("grpc-max-conns", daemon.DefaultGRPCMaxConns, "gRPC connections open at once at most; at the bound the one idle the longest (no call for 1s) is closed, and when none is idle new ones wait; negative: no bound")
 	grpcReflection := fs.Bool("grpc-reflection", false, "serve gRPC server reflection on the gRPC address, for tools such as grpcurl (it lists every service and message to whoever reaches the address)")
 	envoyCompat := fs.Bool("envoy-compat", false, "answer Envoy's rate limit API as envoyproxy/ratelimit does where Sluice differs: descriptors decided each on its own, refused hits counted (fixed windows), limit_remaining 0 when over the limit, a descriptor with no entries not limited (docs/api.md); set it alike on every instance sharing a store")
+	bulkShare := fs.Float64("bulk-share", share.DefaultShare, "share of the time that requests of more than --bulk-checks checks (batches, Envoy calls) may take while smaller ones are in progress and the CPU is busy: they then wait between slices of their work, never past half of their deadline, so that one client's large batches do not slow the others' checks; 1: no bound")
+	bulkChecks := fs.Int("bulk-checks", share.DefaultBulkChecks, "most checks (or Envoy descriptors) of a request that --bulk-share leaves alone")
 	noReservations := fs.Bool("no-reservations", false, "do not serve reservations of capacity (/api/v1/reserve and the reservation_id of checks; on a Redis store their pools live in Redis, shared by every instance)")
 	envoyPreciseReset := fs.Bool("envoy-precise-reset", false, "report Envoy's duration_until_reset to the microsecond instead of in whole seconds (envoyproxy/ratelimit's)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
@@ -192,6 +195,8 @@ func serve(args []string, stdout, stderr io.Writer, getenv func(string) string) 
 		EnvoyCompat:       *envoyCompat,
 		EnvoyPreciseReset: *envoyPreciseReset,
 		NoReservations:    *noReservations,
+		BulkShare:         *bulkShare,
+		BulkChecks:        *bulkChecks,
 
 		ExitOnUnavailableStore: *exitOnUnavailable,
 		ShutdownDelay:          *shutdownDelay,
