@@ -246,7 +246,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.BulkShare < 0 || cfg.BulkChecks < 0 {
 		return nil, fmt.Errorf("engine: config: bulk share and checks must not be negative, got %g and %d", cfg.BulkShare, cfg.BulkChecks)
 	}
-	e.share = share.New(share.Config{Share: cfg.BulkShare, BulkChecks: cfg.BulkChecks, Now: cfg.Now})
+	e.share = share.New(share.Config{Share: cfg.BulkShare, BulkChecks: cfg.BulkChecks})
 	if e.region == "" {
 		e.region = "local"
 	}

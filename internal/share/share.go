@@ -89,6 +89,10 @@ type Gate struct {
 	bulk  atomic.Int64
 	small atomic.Int64
 
+	// waits and waited count the waits of bulk slices and their time.
+	waits  atomic.Int64
+	waited atomic.Int64
+
 	mu sync.Mutex
 	// running counts the bulk slices running.
 	running int
@@ -136,6 +140,22 @@ func runnable() bool {
 // contended reports whether small requests are in progress and
 // goroutines wait for a CPU.
 func (g *Gate) contended() bool { return g.small.Load() > 0 && g.busy() }
+
+// Stats counts what a gate did.
+type Stats struct {
+	// Waits counts the waits of bulk requests (a long one counts once
+	// per millisecond), and Waited their time.
+	Waits  int64
+	Waited time.Duration
+}
+
+// Stats returns the gate's counts so far; zero for a nil gate.
+func (g *Gate) Stats() Stats {
+	if g == nil {
+		return Stats{}
+	}
+	return Stats{Waits: g.waits.Load(), Waited: time.Duration(g.waited.Load())}
+}
 
 // Bulk reports whether a request of n checks is bulk.
 func (g *Gate) Bulk(n int) bool { return g != nil && n > g.bulkChecks }
@@ -239,6 +259,8 @@ func (t *Turn) begin(ctx context.Context) {
 		} else {
 			timer.Reset(wait)
 		}
+		g.waits.Add(1)
+		g.waited.Add(int64(wait))
 		select {
 		case <-timer.C:
 		case <-ctx.Done():
