@@ -189,8 +189,8 @@ type Config struct {
 	// limit, a descriptor with no entries not limited. Every instance
 	// sharing a store should set it alike.
 	EnvoyCompat bool
-	// BulkShare is the share of the time, above 0 and at most 1, that
-	// requests of more than BulkChecks checks (batches, Envoy calls) may
+	// BulkShare is the share of the time and of the CPUs, above 0 and at
+	// most 1, that requests of more than BulkChecks checks (batches, Envoy calls) may
 	// take while they contend with smaller ones (engine.Config.BulkShare).
 	// Zero means 0.25; 1 turns the bound off.
 	BulkShare float64

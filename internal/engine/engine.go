@@ -179,12 +179,12 @@ type Config struct {
 	// ParentBased(TraceIDRatioBased) samples. Zero traces only the
 	// checks of sampled callers.
 	TraceSampleRatio float64
-	// BulkShare is the share of the time, above 0 and at most 1, that
-	// requests of more than BulkChecks checks (batches, Envoy calls) may
-	// take while they contend with smaller ones: while smaller ones are
-	// in progress and goroutines wait for a CPU, they wait between slices
-	// of their work, so that one client's large batches do not slow every
-	// other client's checks (see package share). They are never refused,
+	// BulkShare is the share of the time and of the CPUs, above 0 and at
+	// most 1, that requests of more than BulkChecks checks (batches,
+	// Envoy calls) may take while they contend with smaller ones: while
+	// smaller ones are in progress and goroutines wait for a CPU, they
+	// wait between slices of their work, so that one client's large
+	// batches do not slow every other client's checks (see package share). They are never refused,
 	// their decisions never change, and they never wait past half of the
 	// time their context had left. Zero means 0.25; 1 turns the bound off.
 	BulkShare float64

@@ -38,7 +38,7 @@ envoy:
 // for well under a millisecond each.
 //
 // The other clients' p99 with the attacker stays within twice (under
-// -race, three times) their p99 without it, plus a millisecond: the
+// -race, four times) their p99 without it, plus a millisecond: the
 // attacker runs in the same process, and its planning of 1,000 checks a
 // batch would take the CPU the others' checks need, but the engine's bulk
 // share holds its batches back while the others check. Windows with and

@@ -6,12 +6,14 @@
 //
 // A Gate splits requests in two: bulk ones (more checks than a threshold)
 // and small ones. While they contend, bulk work may take at most a share
-// of the time: a bulk request does its work in slices, and before each
-// slice it waits while bulk work has taken more than its share lately.
-// They contend while small requests are in progress and goroutines wait
-// for a CPU (the Go scheduler's runnable goroutines). Otherwise bulk work
-// runs at once, however much of the time it takes: the gate only ever
-// makes bulk requests wait for small ones that need the CPU.
+// of the time and of the CPUs: a bulk request does its work in slices,
+// and before each slice it waits while bulk work has taken more than its
+// share of the time lately, or while as many bulk slices run as the share
+// of GOMAXPROCS (one at least). They contend while small requests are in
+// progress and goroutines wait for a CPU (the Go scheduler's runnable
+// goroutines). Otherwise bulk work runs at once, however much of the time
+// and of the CPUs it takes: the gate only ever makes bulk requests wait
+// for small ones that need the CPU.
 //
 // Time is counted on the wall clock, whatever the number of bulk requests
 // at work at once: bulk time is the time during which at least one bulk
@@ -27,6 +29,7 @@ package share
 
 import (
 	"context"
+	"runtime"
 	"runtime/metrics"
 	"sync"
 	"sync/atomic"
@@ -45,6 +48,11 @@ const (
 // burst is the bulk time a gate lends ahead: a bulk slice may start when
 // bulk work has taken its share lately, give or take this much.
 const burst = time.Millisecond
+
+// busyFor is how long a reading of Config.Busy is used again: the
+// runtime's count takes the scheduler's lock, which bulk requests by the
+// thousand a second should not take as often.
+const busyFor = 100 * time.Microsecond
 
 // recheck is how often a waiting bulk request looks again whether it
 // still contends with small ones.
@@ -66,12 +74,15 @@ type Config struct {
 	// BulkChecks is the most checks of a small request; requests of more
 	// are bulk. Zero means DefaultBulkChecks.
 	BulkChecks int
+	// CPUs is the number of CPUs the share is of; zero means
+	// runtime.GOMAXPROCS(0) when New is called.
+	CPUs int
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Busy reports whether goroutines wait for a CPU; nil means the
 	// runtime's count of runnable goroutines is above 0. It is called
-	// twice per slice of bulk work, and only while both kinds of request
-	// are in progress.
+	// only while both kinds of request are in progress, at most once
+	// every 100 microseconds.
 	Busy func() bool
 }
 
@@ -80,6 +91,7 @@ type Config struct {
 type Gate struct {
 	share      float64
 	bulkChecks int
+	lanes      int // bulk slices that may run at once while contended
 	now        func() time.Time
 	busy       func() bool
 
@@ -88,6 +100,10 @@ type Gate struct {
 	// that with no bulk request about a small one costs one atomic load.
 	bulk  atomic.Int64
 	small atomic.Int64
+
+	// busyWas is what busy last returned, at busyAt (Unix nanoseconds).
+	busyWas atomic.Bool
+	busyAt  atomic.Int64
 
 	// waits and waited count the waits of bulk slices and their time.
 	waits  atomic.Int64
@@ -124,6 +140,11 @@ func New(cfg Config) *Gate {
 	if g.busy == nil {
 		g.busy = runnable
 	}
+	cpus := cfg.CPUs
+	if cpus <= 0 {
+		cpus = runtime.GOMAXPROCS(0)
+	}
+	g.lanes = max(1, int(g.share*float64(cpus)+0.5))
 	g.last = g.now()
 	return g
 }
@@ -139,7 +160,19 @@ func runnable() bool {
 
 // contended reports whether small requests are in progress and
 // goroutines wait for a CPU.
-func (g *Gate) contended() bool { return g.small.Load() > 0 && g.busy() }
+func (g *Gate) contended() bool {
+	if g.small.Load() == 0 {
+		return false
+	}
+	now := g.now().UnixNano()
+	if at := g.busyAt.Load(); now >= at && now-at < int64(busyFor) {
+		return g.busyWas.Load()
+	}
+	b := g.busy()
+	g.busyWas.Store(b)
+	g.busyAt.Store(now)
+	return b
+}
 
 // Stats counts what a gate did.
 type Stats struct {
@@ -208,9 +241,10 @@ func (g *Gate) StartBulk(ctx context.Context) Turn {
 }
 
 // Next ends the request's slice of work and starts the next one, after
-// waiting while bulk work has taken more than its share (and small
-// requests are in progress). Call it every few dozen checks. A nil Turn
-// never waits.
+// waiting while bulk work has taken more than its share, or the other
+// bulk slices running fill its share of the CPUs (and it contends with
+// small requests). Call it every few dozen checks. A nil Turn never
+// waits.
 func (t *Turn) Next(ctx context.Context) {
 	if t == nil || t.g == nil {
 		return
@@ -233,6 +267,12 @@ func (t *Turn) End() {
 // waiting at t.until and when ctx is done: the slice then runs anyway.
 func (t *Turn) begin(ctx context.Context) {
 	g := t.g
+	if g.small.Load() > 0 {
+		// Let the goroutines of small requests ready to run go first:
+		// the scheduler would otherwise let a bulk request that never
+		// blocks run on for up to 10ms before it.
+		runtime.Gosched()
+	}
 	var timer *time.Timer
 	for {
 		contended := g.contended()
@@ -242,14 +282,17 @@ func (t *Turn) begin(ctx context.Context) {
 		if !t.until.IsZero() && !now.Before(t.until) {
 			t.free = true
 		}
-		if t.free || g.budget >= 0 || !contended || ctx.Err() != nil {
+		if t.free || !contended || ctx.Err() != nil || g.budget >= 0 && g.running < g.lanes {
 			g.running++
 			g.mu.Unlock()
 			break
 		}
-		// Wait until the debt is repaid, looking again every
-		// millisecond whether the CPU is still wanted.
-		wait := min(time.Duration(float64(-g.budget)/g.share), recheck)
+		// Wait until the debt is repaid, or for a lane, looking again
+		// every millisecond whether the CPU is still wanted.
+		wait := recheck
+		if g.budget < 0 {
+			wait = min(time.Duration(float64(-g.budget)/g.share), recheck)
+		}
 		g.mu.Unlock()
 		if !t.until.IsZero() {
 			wait = min(wait, t.until.Sub(now))
@@ -259,12 +302,12 @@ func (t *Turn) begin(ctx context.Context) {
 		} else {
 			timer.Reset(wait)
 		}
-		g.waits.Add(1)
-		g.waited.Add(int64(wait))
 		select {
 		case <-timer.C:
 		case <-ctx.Done():
 		}
+		g.waits.Add(1)
+		g.waited.Add(int64(g.now().Sub(now)))
 	}
 	if timer != nil {
 		timer.Stop()

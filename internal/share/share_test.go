@@ -155,6 +155,38 @@ func TestShareOverlap(t *testing.T) {
 	})
 }
 
+// TestShareLanes: while bulk and small requests contend, bulk slices run
+// at most as many at once as the share of the CPUs (one at least); when
+// they do not, as many as come.
+func TestShareLanes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		g := New(Config{Share: 0.25, CPUs: 8, Busy: always})
+		var turns []Turn
+		for range 2 {
+			turns = append(turns, g.StartBulk(ctx))
+		}
+		small := g.StartSmall()
+		start := time.Now()
+		started := make(chan time.Duration, 1)
+		go func() {
+			t := g.StartBulk(ctx)
+			started <- time.Since(start)
+			t.End()
+		}()
+		time.Sleep(100 * time.Microsecond)
+		turns[0].End()
+		if third, want := <-started, time.Millisecond; third != want {
+			t.Errorf("a third bulk slice on 2 lanes started after %s, want %s (the next look once one ended)", third, want)
+		}
+		g.EndSmall(small)
+		turns = append(turns, g.StartBulk(ctx), g.StartBulk(ctx))
+		for _, turn := range turns[1:] {
+			turn.End()
+		}
+	})
+}
+
 // BenchmarkSmall is the cost of a gate on a small request: with no bulk
 // request in progress, one atomic load.
 func BenchmarkSmall(b *testing.B) {
