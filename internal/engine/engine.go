@@ -182,9 +182,9 @@ type Config struct {
 	// BulkShare is the share of the time and of the CPUs, above 0 and at
 	// most 1, that requests of more than BulkChecks checks (batches,
 	// Envoy calls) may take while they contend with smaller ones: while
-	// smaller ones are in progress and goroutines wait for a CPU, they
-	// wait between slices of their work, so that one client's large
-	// batches do not slow every other client's checks (see package share). They are never refused,
+	// smaller ones are in progress (or were in the last 10ms), they wait
+	// between slices of their work, so that one client's large batches do
+	// not slow every other client's checks (see package share). They are never refused,
 	// their decisions never change, and they never wait past half of the
 	// time their context had left. Zero means 0.25; 1 turns the bound off.
 	BulkShare float64
@@ -545,8 +545,9 @@ func (e *Engine) batchAll(ctx context.Context, checks []Check, turn *share.Turn)
 	allowed := true
 	if len(s.items) > 0 {
 		e.finishKeys(s)
-		turn.Next(ctx)
+		turn.Pause() // waiting on the store holds no CPU
 		allowed = e.run(ctx, s, now, true)
+		turn.Resume(ctx)
 	}
 	start := 0
 	for i := range checks {

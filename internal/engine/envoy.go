@@ -270,10 +270,11 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		return statuses, false, nil
 	}
 	e.resolveGlobal(s)
-	turn.Next(ctx)
+	turn.Pause() // waiting on the store holds no CPU
 	// With EnvoyCompat each descriptor is decided on its own, so that a
 	// request over one limit counts on the others too.
 	e.run(ctx, s, time.Time{}, !e.envoyCompat)
+	turn.Resume(ctx)
 	quotas, quotasOver := 0, 0
 	for _, r := range refs {
 		it := &s.items[r.item]

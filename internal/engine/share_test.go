@@ -16,15 +16,15 @@ rules:
   - {id: small, match: {resource: /small}, dimension: client, limit: 1000000000, window: 1h}
 `
 
-// TestBulkShareSameDecisions: batches held back by the bulk share (the CPU
-// always reported busy, small checks in progress throughout, a share of
-// a tenth) are decided as without it, all or nothing and best effort.
+// TestBulkShareSameDecisions: batches held back by the bulk share (small
+// checks in progress throughout, a share of a tenth) are decided as
+// without it, all or nothing and best effort.
 func TestBulkShareSameDecisions(t *testing.T) {
 	if !algorithmsReady() {
 		t.Skip("package algorithm cannot decide yet")
 	}
 	held, _ := newEngine(t, sharePolicy)
-	held.share = share.New(share.Config{Share: 0.1, Busy: func() bool { return true }})
+	held.share = share.New(share.Config{Share: 0.1})
 	free, _ := newEngine(t, sharePolicy)
 	free.share = nil
 	batch := func(n int, res string) []Check {

@@ -1,25 +1,23 @@
 // Package share keeps requests of many checks from crowding out the small
 // ones. A batch of 1,000 checks, or an Envoy call of 64 descriptors, makes
-// the server plan, send and answer that many checks at once; sent back to
-// back by one client, such requests would hold the CPU (and the store) the
+// the server validate, plan and answer that many checks at once; sent
+// back to back by one client, such requests would hold the CPU that the
 // single checks of every other client wait for.
 //
 // A Gate splits requests in two: bulk ones (more checks than a threshold)
-// and small ones. While they contend, bulk work may take at most a share
-// of the time and of the CPUs: a bulk request does its work in slices,
-// and before each slice it waits while bulk work has taken more than its
-// share of the time lately, or while as many bulk slices run as the share
-// of GOMAXPROCS (one at least). They contend while small requests are in
-// progress and goroutines wait for a CPU (the Go scheduler's runnable
-// goroutines). Otherwise bulk work runs at once, however much of the time
-// and of the CPUs it takes: the gate only ever makes bulk requests wait
-// for small ones that need the CPU.
+// and small ones. While they contend, that is while small requests are in
+// progress or were within the last 10ms, bulk work may take at most a
+// share of the time and of the CPUs. A bulk request does its work in
+// slices; before each it lets the small requests ready to run go first,
+// then waits while bulk work has taken more than its share of the time
+// lately, or while as many bulk slices run as its share of GOMAXPROCS
+// (one at least). When no small request is about, bulk work runs at
+// once, however much of the time and of the CPUs it takes.
 //
 // Time is counted on the wall clock, whatever the number of bulk requests
 // at work at once: bulk time is the time during which at least one bulk
-// slice runs. A slice that waits on the store is counted too, so that the
-// share bounds the store's time spent on bulk requests as well as the
-// CPU's.
+// slice runs. A bulk request's store calls are not slices (it pauses its
+// turn around them): waiting on the store holds neither a CPU nor a share.
 //
 // A gate never refuses a request and never changes a decision: it only
 // delays bulk requests, and never past half of the time their context
@@ -30,7 +28,6 @@ package share
 import (
 	"context"
 	"runtime"
-	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,8 +35,8 @@ import (
 
 // Defaults of Config.
 const (
-	// DefaultShare is the share of the time bulk work may take while it
-	// contends with small requests.
+	// DefaultShare is the share of the time and of the CPUs that bulk
+	// work may take while it contends with small requests.
 	DefaultShare = 0.25
 	// DefaultBulkChecks is the most checks of a small request.
 	DefaultBulkChecks = 16
@@ -49,27 +46,27 @@ const (
 // bulk work has taken its share lately, give or take this much.
 const burst = time.Millisecond
 
-// busyFor is how long a reading of Config.Busy is used again: the
-// runtime's count takes the scheduler's lock, which bulk requests by the
-// thousand a second should not take as often.
-const busyFor = 100 * time.Microsecond
+// recent is how long after a small request ends bulk work still contends
+// with small ones: a client pacing its checks is between two of them
+// most of the time, and wants the CPU when the next one comes.
+const recent = 10 * time.Millisecond
 
 // recheck is how often a waiting bulk request looks again whether it
 // still contends with small ones.
 const recheck = time.Millisecond
 
 // maxDebt bounds the bulk time a gate remembers beyond the share, so that
-// a long slice (a store call of a second) is not paid for by pauses of
-// many seconds.
+// a long slice is not paid for by pauses of many seconds.
 const maxDebt = time.Second
 
 // Config holds a gate's knobs. The zero value is usable: bulk requests are
 // those of more than 16 checks, and they may take a quarter of the time
-// while they contend with small ones.
+// and of the CPUs while they contend with small ones.
 type Config struct {
-	// Share is the share of the time, above 0 and at most 1, that bulk
-	// work may take while it contends with small requests. Zero means
-	// DefaultShare; 1 (or more) turns the gate off: New then returns nil.
+	// Share is the share of the time and of the CPUs, above 0 and at most
+	// 1, that bulk work may take while it contends with small requests.
+	// Zero means DefaultShare; 1 (or more) turns the gate off: New then
+	// returns nil.
 	Share float64
 	// BulkChecks is the most checks of a small request; requests of more
 	// are bulk. Zero means DefaultBulkChecks.
@@ -79,11 +76,6 @@ type Config struct {
 	CPUs int
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
-	// Busy reports whether goroutines wait for a CPU; nil means the
-	// runtime's count of runnable goroutines is above 0. It is called
-	// only while both kinds of request are in progress, at most once
-	// every 100 microseconds.
-	Busy func() bool
 }
 
 // Gate shares the time between bulk and small requests. A nil *Gate lets
@@ -93,17 +85,14 @@ type Gate struct {
 	bulkChecks int
 	lanes      int // bulk slices that may run at once while contended
 	now        func() time.Time
-	busy       func() bool
 
 	// bulk counts the bulk requests in progress, waiting ones included;
-	// small ones count themselves in small only while it is above 0, so
-	// that with no bulk request about a small one costs one atomic load.
-	bulk  atomic.Int64
-	small atomic.Int64
-
-	// busyWas is what busy last returned, at busyAt (Unix nanoseconds).
-	busyWas atomic.Bool
-	busyAt  atomic.Int64
+	// small ones count themselves in small, and note their end in
+	// smallEnd (Unix nanoseconds), only while it is above 0, so that with
+	// no bulk request about a small one costs one atomic load.
+	bulk     atomic.Int64
+	small    atomic.Int64
+	smallEnd atomic.Int64
 
 	// waits and waited count the waits of bulk slices and their time.
 	waits  atomic.Int64
@@ -127,7 +116,7 @@ func New(cfg Config) *Gate {
 	if cfg.Share >= 1 {
 		return nil
 	}
-	g := &Gate{share: cfg.Share, bulkChecks: cfg.BulkChecks, now: cfg.Now, busy: cfg.Busy, budget: burst}
+	g := &Gate{share: cfg.Share, bulkChecks: cfg.BulkChecks, now: cfg.Now, budget: burst}
 	if g.share <= 0 {
 		g.share = DefaultShare
 	}
@@ -137,9 +126,6 @@ func New(cfg Config) *Gate {
 	if g.now == nil {
 		g.now = time.Now
 	}
-	if g.busy == nil {
-		g.busy = runnable
-	}
 	cpus := cfg.CPUs
 	if cpus <= 0 {
 		cpus = runtime.GOMAXPROCS(0)
@@ -147,31 +133,6 @@ func New(cfg Config) *Gate {
 	g.lanes = max(1, int(g.share*float64(cpus)+0.5))
 	g.last = g.now()
 	return g
-}
-
-// runnable reports whether the Go scheduler holds goroutines ready to
-// run but waiting for a CPU. It reads the runtime's metric (about half a
-// microsecond, no allocation).
-func runnable() bool {
-	s := [1]metrics.Sample{{Name: "/sched/goroutines/runnable:goroutines"}}
-	metrics.Read(s[:])
-	return s[0].Value.Kind() == metrics.KindUint64 && s[0].Value.Uint64() > 0
-}
-
-// contended reports whether small requests are in progress and
-// goroutines wait for a CPU.
-func (g *Gate) contended() bool {
-	if g.small.Load() == 0 {
-		return false
-	}
-	now := g.now().UnixNano()
-	if at := g.busyAt.Load(); now >= at && now-at < int64(busyFor) {
-		return g.busyWas.Load()
-	}
-	b := g.busy()
-	g.busyWas.Store(b)
-	g.busyAt.Store(now)
-	return b
 }
 
 // Stats counts what a gate did.
@@ -207,14 +168,27 @@ func (g *Gate) StartSmall() (counted bool) {
 // StartSmall returned.
 func (g *Gate) EndSmall(counted bool) {
 	if counted {
+		g.smallEnd.Store(g.now().UnixNano())
 		g.small.Add(-1)
 	}
+}
+
+// contended reports whether small requests are in progress, or were
+// recently.
+func (g *Gate) contended(now time.Time) bool {
+	if g.small.Load() > 0 {
+		return true
+	}
+	d := now.UnixNano() - g.smallEnd.Load()
+	return d >= 0 && d < int64(recent)
 }
 
 // Turn is one bulk request's passage through a gate: its zero value, or
 // one from a nil gate, never waits.
 type Turn struct {
 	g *Gate
+	// running is set while the request's slice runs (not paused).
+	running bool
 	// until is when the request stops waiting, whatever the share: half
 	// of the time its context had left when it began; zero for a context
 	// without a deadline.
@@ -241,15 +215,33 @@ func (g *Gate) StartBulk(ctx context.Context) Turn {
 }
 
 // Next ends the request's slice of work and starts the next one, after
-// waiting while bulk work has taken more than its share, or the other
-// bulk slices running fill its share of the CPUs (and it contends with
-// small requests). Call it every few dozen checks. A nil Turn never
-// waits.
+// waiting while bulk work has taken more than its share of the time, or
+// the other bulk slices running fill its share of the CPUs (and it
+// contends with small requests). Call it every few dozen checks. A nil
+// Turn never waits.
 func (t *Turn) Next(ctx context.Context) {
 	if t == nil || t.g == nil {
 		return
 	}
+	t.Pause()
+	t.begin(ctx)
+}
+
+// Pause ends the request's slice of work, before a wait that holds no
+// CPU (a store call); Next (or Resume) starts the next one.
+func (t *Turn) Pause() {
+	if t == nil || t.g == nil || !t.running {
+		return
+	}
+	t.running = false
 	t.g.leave()
+}
+
+// Resume starts the next slice of a paused request, as Next does.
+func (t *Turn) Resume(ctx context.Context) {
+	if t == nil || t.g == nil || t.running {
+		return
+	}
 	t.begin(ctx)
 }
 
@@ -258,7 +250,7 @@ func (t *Turn) End() {
 	if t.g == nil {
 		return
 	}
-	t.g.leave()
+	t.Pause()
 	t.g.bulk.Add(-1)
 	t.g = nil
 }
@@ -270,14 +262,14 @@ func (t *Turn) begin(ctx context.Context) {
 	if g.small.Load() > 0 {
 		// Let the goroutines of small requests ready to run go first:
 		// the scheduler would otherwise let a bulk request that never
-		// blocks run on for up to 10ms before it.
+		// blocks run on for up to 10ms before them.
 		runtime.Gosched()
 	}
 	var timer *time.Timer
 	for {
-		contended := g.contended()
-		g.mu.Lock()
 		now := g.now()
+		contended := g.contended(now)
+		g.mu.Lock()
 		g.update(now, contended)
 		if !t.until.IsZero() && !now.Before(t.until) {
 			t.free = true
@@ -288,7 +280,7 @@ func (t *Turn) begin(ctx context.Context) {
 			break
 		}
 		// Wait until the debt is repaid, or for a lane, looking again
-		// every millisecond whether the CPU is still wanted.
+		// every millisecond whether small requests are still about.
 		wait := recheck
 		if g.budget < 0 {
 			wait = min(time.Duration(float64(-g.budget)/g.share), recheck)
@@ -312,13 +304,15 @@ func (t *Turn) begin(ctx context.Context) {
 	if timer != nil {
 		timer.Stop()
 	}
+	t.running = true
 }
 
 // leave counts a slice no longer running.
 func (g *Gate) leave() {
-	contended := g.contended()
+	now := g.now()
+	contended := g.contended(now)
 	g.mu.Lock()
-	g.update(g.now(), contended)
+	g.update(now, contended)
 	g.running--
 	g.mu.Unlock()
 }

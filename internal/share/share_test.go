@@ -7,8 +7,6 @@ import (
 	"time"
 )
 
-func always() bool { return true }
-
 // waited returns how long next took, on the bubble's clock.
 func waited(next func()) time.Duration {
 	start := time.Now()
@@ -49,13 +47,12 @@ func TestBulk(t *testing.T) {
 	}
 }
 
-// TestShare: while a small request is in progress and goroutines wait
-// for a CPU, a bulk request that ran 10ms waits until bulk work has had
+// TestShare: while a small request is in progress, a bulk request that ran 10ms waits until bulk work has had
 // its share of the time (half, give or take the 1ms lent ahead).
 func TestShare(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		g := New(Config{Share: 0.5, Busy: always})
+		g := New(Config{Share: 0.5})
 		turn := g.StartBulk(ctx)
 		small := g.StartSmall()
 		if !small {
@@ -75,7 +72,7 @@ func TestShare(t *testing.T) {
 		g.EndSmall(small)
 		time.Sleep(10 * time.Millisecond)
 		if got := waited(func() { turn.Next(ctx) }); got != 0 {
-			t.Errorf("waited %s with no small request in progress, want 0", got)
+			t.Errorf("waited %s 10ms after the last small request, want 0", got)
 		}
 		turn.End()
 		if got := g.StartSmall(); got {
@@ -84,19 +81,42 @@ func TestShare(t *testing.T) {
 	})
 }
 
-// TestShareIdleCPU: with no goroutine waiting for a CPU, bulk work runs at
-// once, small requests or not.
-func TestShareIdleCPU(t *testing.T) {
+// TestShareNoSmall: 10ms after the last small request ended, bulk work
+// runs at once.
+func TestShareNoSmall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		g := New(Config{Share: 0.5, Busy: func() bool { return false }})
+		g := New(Config{Share: 0.5})
 		turn := g.StartBulk(ctx)
 		defer turn.End()
-		defer g.EndSmall(g.StartSmall())
+		g.EndSmall(g.StartSmall())
+		time.Sleep(5 * time.Millisecond)
+		if got := waited(func() { turn.Next(ctx) }); got == 0 {
+			t.Error("did not wait 5ms after a small request ended")
+		}
 		time.Sleep(10 * time.Millisecond)
 		if got := waited(func() { turn.Next(ctx) }); got != 0 {
-			t.Errorf("waited %s with the CPU idle, want 0", got)
+			t.Errorf("waited %s 10ms after the last small request ended, want 0", got)
 		}
+	})
+}
+
+// TestSharePause: a paused request holds no lane and takes no time.
+func TestSharePause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		g := New(Config{Share: 0.5, CPUs: 1})
+		a := g.StartBulk(ctx)
+		defer g.EndSmall(g.StartSmall())
+		a.Pause()
+		time.Sleep(50 * time.Millisecond)
+		if got := waited(func() { b := g.StartBulk(ctx); b.End() }); got != 0 {
+			t.Errorf("another request waited %s beside a paused one, want 0", got)
+		}
+		if got := waited(func() { a.Resume(ctx) }); got != 0 {
+			t.Errorf("resuming after a 50ms pause waited %s, want 0", got)
+		}
+		a.End()
 	})
 }
 
@@ -106,7 +126,7 @@ func TestShareDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
-		g := New(Config{Share: 0.5, Busy: always})
+		g := New(Config{Share: 0.5})
 		turn := g.StartBulk(ctx)
 		defer turn.End()
 		defer g.EndSmall(g.StartSmall())
@@ -126,7 +146,7 @@ func TestShareDeadline(t *testing.T) {
 func TestShareCanceled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
-		g := New(Config{Share: 0.5, Busy: always})
+		g := New(Config{Share: 0.5})
 		turn := g.StartBulk(ctx)
 		defer turn.End()
 		defer g.EndSmall(g.StartSmall())
@@ -143,7 +163,7 @@ func TestShareCanceled(t *testing.T) {
 func TestShareOverlap(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		g := New(Config{Share: 0.5, Busy: always})
+		g := New(Config{Share: 0.5})
 		a, b := g.StartBulk(ctx), g.StartBulk(ctx)
 		defer g.EndSmall(g.StartSmall())
 		time.Sleep(10 * time.Millisecond)
@@ -161,7 +181,7 @@ func TestShareOverlap(t *testing.T) {
 func TestShareLanes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		g := New(Config{Share: 0.25, CPUs: 8, Busy: always})
+		g := New(Config{Share: 0.25, CPUs: 8})
 		var turns []Turn
 		for range 2 {
 			turns = append(turns, g.StartBulk(ctx))
