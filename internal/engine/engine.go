@@ -184,9 +184,10 @@ type Config struct {
 	// Envoy calls) may take while they contend with smaller ones: while
 	// smaller ones are in progress (or were in the last 10ms), they wait
 	// between slices of their work, so that one client's large batches do
-	// not slow every other client's checks (see package share). They are never refused,
-	// their decisions never change, and they never wait past half of the
-	// time their context had left. Zero means 0.25; 1 turns the bound off.
+	// not slow every other client's checks (see package share). They are
+	// never refused, their decisions never change, and they never wait
+	// past half of the time their context had left. Zero means 0.25; 1
+	// turns the bound off.
 	BulkShare float64
 	// BulkChecks is the most checks (or Envoy descriptors) of a request
 	// that BulkShare leaves alone; zero means 16.
