@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/internal/daemon"
 	"github.com/sluicehq/sluice/internal/guard"
 	"github.com/sluicehq/sluice/internal/logging"
+	"github.com/sluicehq/sluice/internal/share"
 	"github.com/sluicehq/sluice/store/redis"
 )
 
@@ -31,6 +32,8 @@ func defaults() kong.Vars {
 		"grpc_keepalive":          d(daemon.DefaultGRPCKeepalive),
 		"grpc_max_connection_age": d(daemon.DefaultGRPCMaxConnectionAge),
 		"grpc_max_conns":          n(daemon.DefaultGRPCMaxConns),
+		"bulk_share":              f(share.DefaultShare),
+		"bulk_checks":             n(share.DefaultBulkChecks),
 		"analytics_retention":     d(daemon.DefaultAnalyticsRetention),
 		"redis_dial_timeout":      d(redis.DefaultDialTimeout),
 		"redis_write_timeout":     d(redis.DefaultWriteTimeout),
@@ -66,6 +69,8 @@ type serveCmd struct {
 	GRPCMaxConns      int           `name:"grpc-max-conns" default:"${grpc_max_conns}" env:"SLUICE_GRPC_MAX_CONNS" help:"gRPC connections open at once at most; at the bound the one idle the longest (no call for 1s) is closed, and when none is idle new ones wait; negative: no bound"`
 	GRPCReflection    bool          `name:"grpc-reflection" env:"SLUICE_GRPC_REFLECTION" help:"serve gRPC server reflection on the gRPC address, for tools such as grpcurl (it lists every service and message to whoever reaches the address)"`
 	EnvoyCompat       bool          `name:"envoy-compat" env:"SLUICE_ENVOY_COMPAT" help:"answer Envoy's rate limit API as envoyproxy/ratelimit does where Sluice differs: descriptors decided each on its own, refused hits counted (fixed windows), limit_remaining 0 when over the limit, a descriptor with no entries not limited (docs/api.md); set it alike on every instance sharing a store"`
+	BulkShare         float64       `name:"bulk-share" default:"${bulk_share}" env:"SLUICE_BULK_SHARE" help:"share of the time and of the CPUs that requests of more than --bulk-checks checks (batches, Envoy calls) may take while smaller ones are in progress (or were in the last 10ms): they then wait between slices of their work, never past half of their deadline, so that one client's large batches do not slow the others' checks; 1: no bound"`
+	BulkChecks        int           `name:"bulk-checks" default:"${bulk_checks}" env:"SLUICE_BULK_CHECKS" help:"most checks (or Envoy descriptors) of a request that --bulk-share leaves alone"`
 	NoReservations    bool          `name:"no-reservations" env:"SLUICE_NO_RESERVATIONS" help:"do not serve reservations of capacity (/api/v1/reserve and the reservation_id of checks; on a Redis store their pools live in Redis, shared by every instance)"`
 	EnvoyPreciseReset bool          `name:"envoy-precise-reset" env:"SLUICE_ENVOY_PRECISE_RESET" help:"report Envoy's duration_until_reset to the microsecond instead of in whole seconds (envoyproxy/ratelimit's)"`
 	LogFormat         string        `name:"log-format" default:"text" env:"SLUICE_LOG_FORMAT" help:"log format: text or json"`
@@ -123,6 +128,8 @@ func (c *serveCmd) config() daemon.Config {
 		EnvoyCompat:       c.EnvoyCompat,
 		EnvoyPreciseReset: c.EnvoyPreciseReset,
 		NoReservations:    c.NoReservations,
+		BulkShare:         c.BulkShare,
+		BulkChecks:        c.BulkChecks,
 
 		ExitOnUnavailableStore: c.ExitOnUnavailable,
 		ShutdownDelay:          c.ShutdownDelay,

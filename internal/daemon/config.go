@@ -189,6 +189,14 @@ type Config struct {
 	// limit, a descriptor with no entries not limited. Every instance
 	// sharing a store should set it alike.
 	EnvoyCompat bool
+	// BulkShare is the share of the time and of the CPUs, above 0 and at
+	// most 1, that requests of more than BulkChecks checks (batches, Envoy calls) may
+	// take while they contend with smaller ones (engine.Config.BulkShare).
+	// Zero means 0.25; 1 turns the bound off.
+	BulkShare float64
+	// BulkChecks is the most checks (or Envoy descriptors) of a request
+	// that BulkShare leaves alone; zero means 16.
+	BulkChecks int
 	// EnvoyPreciseReset reports Envoy's duration_until_reset to the
 	// microsecond instead of in whole seconds.
 	EnvoyPreciseReset bool

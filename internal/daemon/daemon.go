@@ -229,7 +229,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	applyStart := time.Now()
 	d.eng, err = engine.New(engine.Config{Store: st, Policy: pol, Now: cfg.Now, Metrics: d.metrics, Events: d.events,
 		EnvoyCompat: cfg.EnvoyCompat, Global: global, Analytics: rec, Region: cfg.Region,
-		Tracer: tracer, TraceSampleRatio: cfg.TraceSampleRatio})
+		Tracer: tracer, TraceSampleRatio: cfg.TraceSampleRatio, BulkShare: cfg.BulkShare, BulkChecks: cfg.BulkChecks})
 	if err != nil {
 		return fail(fmt.Errorf("daemon: %w", err))
 	}

@@ -42,6 +42,7 @@ import (
 	"github.com/sluicehq/sluice/internal/keyspace"
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/internal/share"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memory"
 )
@@ -172,6 +173,19 @@ type Config struct {
 	// ParentBased(TraceIDRatioBased) samples. Zero traces only the
 	// checks of sampled callers.
 	TraceSampleRatio float64
+	// BulkShare is the share of the time and of the CPUs, above 0 and at
+	// most 1, that requests of more than BulkChecks checks (batches,
+	// Envoy calls) may take while they contend with smaller ones: while
+	// smaller ones are in progress (or were in the last 10ms), they wait
+	// between slices of their work, so that one client's large batches do
+	// not slow every other client's checks (see package share). They are
+	// never refused, their decisions never change, and they never wait
+	// past half of the time their context had left. Zero means 0.25; 1
+	// turns the bound off.
+	BulkShare float64
+	// BulkChecks is the most checks (or Envoy descriptors) of a request
+	// that BulkShare leaves alone; zero means 16.
+	BulkChecks int
 }
 
 // Analytics is what the engine needs of an analytics recorder.
@@ -206,6 +220,8 @@ type Engine struct {
 
 	tracer trace.Tracer // nil: no tracing
 	ratio  float64      // of the checks without a caller's span traced
+
+	share *share.Gate // nil: requests of many checks not held back
 }
 
 // New returns an engine for cfg.
@@ -222,6 +238,10 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{store: observeStore(traceStore(cfg.Store, cfg.Tracer), cfg.Metrics), shared: cfg.Store.Info().SharedRecords,
 		now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat, global: cfg.Global,
 		analytics: cfg.Analytics, region: cfg.Region, tracer: cfg.Tracer, ratio: cfg.TraceSampleRatio}
+	if cfg.BulkShare < 0 || cfg.BulkChecks < 0 {
+		return nil, fmt.Errorf("engine: config: bulk share and checks must not be negative, got %g and %d", cfg.BulkShare, cfg.BulkChecks)
+	}
+	e.share = share.New(share.Config{Share: cfg.BulkShare, BulkChecks: cfg.BulkChecks})
 	if e.region == "" {
 		e.region = "local"
 	}
@@ -320,11 +340,15 @@ var readyParams = algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWind
 // (another resource, another user) is another request: it is decided and
 // charged, and the first one's record stays. Concurrent checks with one
 // key wait for the first.
-func (e *Engine) Check(ctx context.Context, c *Check) (Result, error) {
+func (e *Engine) Check(ctx context.Context, c *Check) (res Result, err error) {
+	small := e.share.StartSmall()
 	if e.tracer != nil && e.sampled(ctx) {
-		return e.tracedCheck(ctx, c)
+		res, err = e.tracedCheck(ctx, c)
+	} else {
+		res, err = e.observedCheck(ctx, c)
 	}
-	return e.observedCheck(ctx, c)
+	e.share.EndSmall(small)
+	return res, err
 }
 
 // observedCheck is Check, untraced.
@@ -430,8 +454,22 @@ func ValidateBatch(checks []Check, mode BatchMode) error {
 	return nil
 }
 
-// batch is BatchCheck, unobserved.
+// batch is BatchCheck, unobserved. A batch of many checks takes its
+// share of the time (see Config.BulkShare), a smaller one counts as a
+// small request.
 func (e *Engine) batch(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
+	if !e.share.Bulk(len(checks)) {
+		small := e.share.StartSmall()
+		defer e.share.EndSmall(small)
+		return e.batchTurn(ctx, checks, mode, nil)
+	}
+	turn := e.share.StartBulk(ctx)
+	defer turn.End()
+	return e.batchTurn(ctx, checks, mode, &turn)
+}
+
+// batchTurn is batch; turn, nil for a small batch, paces its work.
+func (e *Engine) batchTurn(ctx context.Context, checks []Check, mode BatchMode, turn *share.Turn) ([]Result, error) {
 	if err := ValidateBatch(checks, mode); err != nil {
 		return nil, err
 	}
@@ -439,6 +477,9 @@ func (e *Engine) batch(ctx context.Context, checks []Check, mode BatchMode) ([]R
 	case BestEffort:
 		out := make([]Result, len(checks))
 		for i := range checks {
+			if i%bestEffortSlice == bestEffortSlice-1 {
+				turn.Next(ctx)
+			}
 			r, err := e.check(ctx, e.policy.Load(), &checks[i])
 			if err != nil {
 				var fe *FieldError
@@ -451,12 +492,20 @@ func (e *Engine) batch(ctx context.Context, checks []Check, mode BatchMode) ([]R
 		}
 		return out, nil
 	case AllOrNothing:
-		return e.batchAll(ctx, checks)
+		return e.batchAll(ctx, checks, turn)
 	}
 	return nil, &FieldError{Field: "mode", Reason: "unknown batch mode"}
 }
 
-func (e *Engine) batchAll(ctx context.Context, checks []Check) ([]Result, error) {
+// Slices of a bulk request's work, in checks: a bulk batch waits its turn
+// (share.Turn.Next) between them. Each check of a best-effort batch is a
+// store call of its own.
+const (
+	planSlice       = 64
+	bestEffortSlice = 8
+)
+
+func (e *Engine) batchAll(ctx context.Context, checks []Check, turn *share.Turn) ([]Result, error) {
 	p := e.policy.Load()
 	out := make([]Result, len(checks))
 	decided := make([]bool, len(checks))
@@ -465,6 +514,9 @@ func (e *Engine) batchAll(ctx context.Context, checks []Check) ([]Result, error)
 	defer e.putScratch(s)
 	var now time.Time
 	for i := range checks {
+		if i%planSlice == planSlice-1 {
+			turn.Next(ctx)
+		}
 		c := &checks[i]
 		if now.IsZero() {
 			now = c.Now
@@ -477,8 +529,8 @@ func (e *Engine) batchAll(ctx context.Context, checks []Check) ([]Result, error)
 			}
 			continue
 		}
-		if err := e.plan(s, p, c, &q, i, "checks["+strconv.Itoa(i)+"]."); err != nil {
-			return nil, err
+		if err := e.plan(s, p, c, &q, i, ""); err != nil {
+			return nil, InBatch(i, err)
 		}
 	}
 	if denied {
@@ -494,10 +546,15 @@ func (e *Engine) batchAll(ctx context.Context, checks []Check) ([]Result, error)
 	allowed := true
 	if len(s.items) > 0 {
 		e.finishKeys(s)
+		turn.Pause() // waiting on the store holds no CPU
 		allowed = e.run(ctx, s, now, true)
+		turn.Resume(ctx)
 	}
 	start := 0
 	for i := range checks {
+		if i%planSlice == planSlice-1 {
+			turn.Next(ctx)
+		}
 		if decided[i] {
 			continue
 		}

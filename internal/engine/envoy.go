@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/internal/share"
 )
 
 // compatParams holds, for the policy pol, the Params of its Envoy limits
@@ -178,11 +179,25 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 			}
 		}
 	}
+	// A call of many descriptors takes its share of the time (see
+	// Config.BulkShare); a smaller one counts as a small request.
+	var turn *share.Turn
+	if e.share.Bulk(len(descs)) {
+		t := e.share.StartBulk(ctx)
+		defer t.End()
+		turn = &t
+	} else {
+		small := e.share.StartSmall()
+		defer e.share.EndSmall(small)
+	}
 	p := e.policy.Load()
 	var lbuf [4]*policy.EnvoyLimit // the common case, without an allocation
 	limits := lbuf[:0]
 	var replaced map[string]bool
 	for i := range descs {
+		if i%planSlice == planSlice-1 {
+			turn.Next(ctx)
+		}
 		if o := descs[i].Limit; o.Unit != 0 {
 			l, err := p.EnvoyOverride(domain, o.RequestsPerUnit, o.Unit)
 			if err != nil {
@@ -255,9 +270,11 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		return statuses, false, nil
 	}
 	e.resolveGlobal(s)
+	turn.Pause() // waiting on the store holds no CPU
 	// With EnvoyCompat each descriptor is decided on its own, so that a
 	// request over one limit counts on the others too.
 	e.run(ctx, s, time.Time{}, !e.envoyCompat)
+	turn.Resume(ctx)
 	quotas, quotasOver := 0, 0
 	for _, r := range refs {
 		it := &s.items[r.item]

@@ -192,6 +192,11 @@ type load struct {
 }
 
 func startLoad(eng *engine.Engine, workers int, pace time.Duration, next func(worker, i int) engine.Check) *load {
+	return startLoadOn(func() *engine.Engine { return eng }, workers, pace, next)
+}
+
+// startLoadOn is startLoad, each check on the engine eng returns then.
+func startLoadOn(eng func() *engine.Engine, workers int, pace time.Duration, next func(worker, i int) engine.Check) *load {
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &load{cancel: cancel, start: time.Now()}
 	for w := range workers {
@@ -202,7 +207,7 @@ func startLoad(eng *engine.Engine, workers int, pace time.Duration, next func(wo
 			for i := 0; ctx.Err() == nil; i++ {
 				c := next(w, i)
 				start := time.Now()
-				res, err := eng.Check(context.Background(), &c)
+				res, err := eng().Check(context.Background(), &c)
 				local = append(local, sample{at: start, lat: time.Since(start), late: late, resource: c.Resource, client: c.ClientID,
 					res: outcome{res.Allowed, res.Unavailable, res.Source, res.Fallback}, err: err})
 				late = -1

@@ -1,0 +1,114 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/share"
+)
+
+const sharePolicy = `
+version: 1
+rules:
+  - {id: bulk, match: {resource: /bulk}, dimension: client, algorithm: fixed_window, limit: 150, window: 1h}
+  - {id: small, match: {resource: /small}, dimension: client, limit: 1000000000, window: 1h}
+`
+
+// TestBulkShareSameDecisions: batches held back by the bulk share (small
+// checks in progress throughout, a share of a tenth) are decided as
+// without it, all or nothing and best effort.
+func TestBulkShareSameDecisions(t *testing.T) {
+	if !algorithmsReady() {
+		t.Skip("package algorithm cannot decide yet")
+	}
+	held, _ := newEngine(t, sharePolicy)
+	held.share = share.New(share.Config{Share: 0.1})
+	free, _ := newEngine(t, sharePolicy)
+	free.share = nil
+	batch := func(n int, res string) []Check {
+		cs := make([]Check, n)
+		for i := range cs {
+			cs[i] = Check{ClientID: "bulk", Resource: res, Cost: 1, Now: t0}
+		}
+		return cs
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for _, e := range []*Engine{held, free} {
+		wg.Go(func() {
+			for !stop.Load() {
+				mustCheck(t, e, Check{ClientID: "small", Resource: "/small", Cost: 1})
+			}
+		})
+	}
+	defer func() { stop.Store(true); wg.Wait() }()
+	for _, step := range []struct {
+		mode BatchMode
+		n    int
+	}{{AllOrNothing, 100}, {AllOrNothing, 100}, {BestEffort, 100}, {AllOrNothing, 1000}, {BestEffort, 1000}, {AllOrNothing, 1000}} {
+		var got [2][]Result
+		for j, e := range []*Engine{held, free} {
+			out, err := e.BatchCheck(context.Background(), batch(step.n, "/bulk"), step.mode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[j] = out
+		}
+		for i := range got[0] {
+			h, f := got[0][i], got[1][i]
+			if h.Allowed != f.Allowed || h.Deciding.Remaining != f.Deciding.Remaining || h.Source != f.Source {
+				t.Fatalf("mode %d, %d checks: check %d held back %+v, free %+v; want the same", step.mode, step.n, i, h, f)
+			}
+		}
+	}
+	if st := held.share.Stats(); st.Waits == 0 {
+		t.Error("the batches never waited: the test shows nothing")
+	} else {
+		t.Logf("the batches waited %d times, %s", st.Waits, st.Waited)
+	}
+}
+
+// BenchmarkCheckBulkShare is the cost of the bulk share on a single
+// check, in process on the memory store: off, on with no large request
+// in progress (one atomic load), and on while one is (the check counts
+// itself); and the same from every CPU at once.
+func BenchmarkCheckBulkShare(b *testing.B) {
+	if !algorithmsReady() {
+		b.Skip("package algorithm cannot decide yet")
+	}
+	c := Check{ClientID: "bench", User: "u1", Resource: "/api/v1/orders", Method: "GET", Cost: 1}
+	for _, name := range []string{"off", "on", "on-bulk-in-progress"} {
+		e := newBenchEngine(b)
+		if name == "off" {
+			e.share = nil
+		} else if e.share == nil {
+			b.Fatal("the bulk share is off by default")
+		}
+		if name == "on-bulk-in-progress" {
+			turn := e.share.StartBulk(context.Background())
+			b.Cleanup(turn.End)
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				c := c
+				if _, err := e.Check(context.Background(), &c); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(name+"-parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					c := c
+					if _, err := e.Check(context.Background(), &c); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}
