@@ -30,14 +30,16 @@ type configuration struct {
 
 // Apply puts p in force as the configuration file's policy, whole or not
 // at all. The control plane's layer in force, if any, is applied over p,
-// and the store must accept every limit of the result (see accept); when
-// either fails, nothing changes: the configuration in force stays, and the
-// error is logged, returned and shown in the configuration status (GET
-// /api/v1/config/status, the sluice_config_last_reload_successful metric,
-// a rate_limit_config_rejected event). Checks already running finish on
-// the policy they started with. Applies are serialized.
+// and the store must accept every limit of the result (see
+// engine.Engine.Accepts); when either fails, nothing changes: the
+// configuration in force stays, and the error is logged, returned and
+// shown in the configuration status (GET /api/v1/config/status, the
+// sluice_config_last_reload_successful metric, a rate_limit_config_rejected
+// event). Checks already running finish on the policy they started with.
+// Applies are serialized.
 //
-// Reload reads the configuration file and applies what it reads.
+// Reload reads the configuration file and applies what it reads; a later
+// change of the file, seen by the watcher or by Reload, replaces p.
 func (d *Daemon) Apply(p *policy.Policy) error {
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
