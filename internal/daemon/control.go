@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/adminapi"
 	"github.com/sluicehq/sluice/internal/auth"
 	"github.com/sluicehq/sluice/internal/control"
@@ -134,70 +135,31 @@ func (d *Daemon) closeControl() error {
 	return err
 }
 
-// validateLayer reports whether l applies over the file's policy in force.
-// A layer that does not is bad input, a *control.FieldError (400) naming
+// validateLayer reports whether l would apply over the file's policy in
+// force, as applyLayer would apply it, without putting anything in force.
+// A layer that would not is bad input, a *control.FieldError (400) naming
 // the field of the object at fault as its JSON body does
 // ("reservations.quotas[0].weight", "limits.api.window"), or "body".
 func (d *Daemon) validateLayer(l *policy.Layer) error {
-	d.mu.Lock()
-	base, cur := d.base, d.applied
-	d.mu.Unlock()
-	_, err := base.WithLayer(l, cur)
+	c, err := d.compose(d.config.Load().file, l)
+	if err == nil {
+		err = d.accept(c)
+	}
 	var le *policy.LayerError
 	switch {
 	case errors.As(err, &le):
 		field := cmp.Or(le.Field, "body")
 		return &control.FieldError{Field: field, Msg: fmt.Sprintf("%s (%s %q)", le.Msg, le.Object, le.ID)}
-	case errors.Is(err, policy.ErrInvalidConfig):
+	case errors.Is(err, policy.ErrInvalidConfig), errors.Is(err, sluice.ErrInvalidLimit):
 		return &control.FieldError{Field: "body", Msg: err.Error()}
 	}
 	return err
 }
 
-// applyLayer applies l over the file's policy; when it does not apply, the
-// policy in force stays and the error is shown in the configuration status.
-func (d *Daemon) applyLayer(l *policy.Layer) error {
-	d.reloadMu.Lock()
-	defer d.reloadMu.Unlock()
-	start := time.Now()
-	d.mu.Lock()
-	base, cur := d.base, d.applied
-	d.mu.Unlock()
-	p, err := base.WithLayer(l, cur)
-	if err != nil {
-		err = fmt.Errorf("daemon: control plane revision %d: %w", l.Revision, err)
-		d.log.Error("control plane change not applied; the policy in force stays", "err", err)
-		d.setFailed(err)
-		return err
-	}
-	d.mu.Lock()
-	d.layer = l
-	d.mu.Unlock()
-	d.eng.ApplyPolicy(p)
-	d.setApplied(p, time.Since(start))
-	d.log.Debug("control plane change applied", "revision", l.Revision, "version", p.Version)
-	return nil
-}
-
-// layered returns the file's policy base with the layer in force applied,
-// or base when there is none (nor a control plane). It requires reloadMu
-// held.
-func (d *Daemon) layered(base *policy.Policy) (*policy.Policy, error) {
-	d.mu.Lock()
-	l := d.layer
-	d.mu.Unlock()
-	if l == nil {
-		return base, nil
-	}
-	return base.WithLayer(l, nil)
-}
-
 // effectiveLimits answers the limits part of GET /api/v1/{kind}/{id}/limits.
 func (d *Daemon) effectiveLimits(kind, value string) any {
 	dim := map[string]policy.Dimension{"user": policy.DimUser, "client": policy.DimClient, "api_key": policy.DimAPIKey}[kind]
-	d.mu.Lock()
-	p := d.applied
-	d.mu.Unlock()
+	p := d.config.Load().policy
 	now := time.Now
 	if d.cfg.Now != nil {
 		now = d.cfg.Now
@@ -289,9 +251,9 @@ func checkTokenUnary(a *auth.Authenticator) grpc.UnaryServerInterceptor {
 	}
 }
 
-// serveAdminAddr serves the admin API on its own listener when AdminAddr
-// asks for one.
-func (d *Daemon) serveAdminAddr(ctx context.Context) error {
+// openAdmin opens the admin API's own listener, and builds its server,
+// when AdminAddr asks for one.
+func (d *Daemon) openAdmin(ctx context.Context) error {
 	if d.cfg.AdminAddr == "" {
 		return nil
 	}
@@ -310,12 +272,21 @@ func (d *Daemon) serveAdminAddr(ctx context.Context) error {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn), // TLS handshakes refused, among others
 	}
+	return nil
+}
+
+// serveAdminAddr serves the admin API's own listener, if any, until
+// Shutdown.
+func (d *Daemon) serveAdminAddr() {
+	if d.adminLn == nil {
+		return
+	}
+	ln := d.adminLn
 	d.wg.Go(func() {
 		if err := d.serveHTTP(d.adminSrv, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.log.Error("admin server stopped", "err", err)
 		}
 	})
-	return nil
 }
 
 // AdminAddr returns the address of the admin API's own listener, or the

@@ -140,10 +140,8 @@ func (d *Daemon) handlePolicy(w http.ResponseWriter, r *http.Request) {
 	if d.cfg.Now != nil {
 		now = d.cfg.Now()
 	}
-	d.mu.Lock()
-	p, base, layer := d.applied, d.base, d.layer
-	d.mu.Unlock()
-	writeJSON(w, http.StatusOK, summarize(p, base, layer, now, d.plane != nil))
+	c := d.config.Load() // one configuration, whole
+	writeJSON(w, http.StatusOK, summarize(c.policy, c.file, c.layer, now, d.plane != nil))
 }
 
 // summarize builds the summary of p, the policy in force, from base (the

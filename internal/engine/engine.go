@@ -282,9 +282,18 @@ func New(cfg Config) (*Engine, error) {
 // local failure mode, can decide every limit of p (see store.Info.Accepts):
 // nil when they can. Call it before ApplyPolicy to refuse a policy the
 // store would fail on at every check.
+//
+// The policy package compiles every limit and keeps sliding window logs
+// within policy.MaxLogLimit, so a store whose bound is that or more
+// decides them all, and is not asked limit by limit: walking the limits of
+// a policy of 100,000 overrides would cost more than applying one change
+// to it.
 func (e *Engine) Accepts(p *policy.Policy) error {
 	for _, st := range []Store{e.store, e.local} {
 		info := st.Info()
+		if info.MaxLogEntries <= 0 || info.MaxLogEntries >= policy.MaxLogLimit {
+			continue
+		}
 		for _, l := range p.Limits() {
 			for i := range l.Params {
 				if err := info.Accepts(&l.Params[i]); err != nil {
