@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis"
@@ -129,6 +130,71 @@ rules:
 		}
 		if a1+a2+a3 != 100 {
 			t.Errorf("%s: %d checks admitted, want the limit, 100", res, a1+a2+a3)
+		}
+	}
+}
+
+// TestAllOrNothingRedisCost logs the Redis time of the all-or-nothing
+// calls merging does not shorten, for docs/api.md: 1,000 checks (MaxBatch)
+// of distinct keys, and of one key of the algorithms not merged. Nothing
+// is asserted beyond their being decided: the figures depend on the
+// machine.
+func TestAllOrNothingRedisCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("figures only")
+	}
+	srv := redistest.Start(t)
+	st, err := redis.New(redis.Config{Addrs: []string{srv.Addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	usec := func() int64 {
+		info, err := srv.Info("commandstats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var total int64
+		for name, v := range info {
+			if strings.HasPrefix(name, "cmdstat_eval") {
+				for _, f := range strings.Split(v, ",") {
+					if n, ok := strings.CutPrefix(f, "usec="); ok {
+						x, _ := strconv.ParseInt(n, 10, 64)
+						total += x
+					}
+				}
+			}
+		}
+		return total
+	}
+	ctx := context.Background()
+	for _, a := range sluice.Algorithms {
+		p := algorithm.MustCompile(sluice.Limit{Algorithm: a, Limit: 100, Window: time.Hour})
+		for _, distinct := range []bool{true, false} {
+			if !distinct && mergeable(&p) {
+				continue // measured merged by TestRepeatedKeyBatchRedisTime
+			}
+			reqs := make([]store.Request, MaxBatch)
+			for i := range reqs {
+				reqs[i] = store.Request{Key: "cost:" + a.String() + ":" + strconv.FormatBool(distinct), Params: &p, Cost: 1}
+				if distinct {
+					reqs[i].Key += ":" + strconv.Itoa(i)
+				}
+			}
+			// The first call loads the scripts; the second is measured.
+			var per [2]time.Duration
+			for k := range per {
+				u := usec()
+				if err := st.Do(ctx, &store.Batch{Reqs: reqs, Out: make([]sluice.Decision, len(reqs)), All: true}); err != nil {
+					t.Fatal(err)
+				}
+				per[k] = time.Duration(usec()-u) * time.Microsecond
+			}
+			what := "one key"
+			if distinct {
+				what = "distinct keys"
+			}
+			t.Logf("%s: all or nothing, %d checks of %s: %s of Redis time", a, MaxBatch, what, per[1])
 		}
 	}
 }
