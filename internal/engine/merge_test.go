@@ -115,3 +115,50 @@ func costs(reqs []store.Request) []int64 {
 	}
 	return c
 }
+
+// TestPlanMerge checks which requests an all-or-nothing call sends: a key
+// repeated 1,000 times is three requests (a read and two parts), in the
+// place of its first check; keys of other algorithms, keys repeated under
+// other params or instants, and keys that do not repeat go as they are,
+// in order.
+func TestPlanMerge(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	log := algorithm.MustCompile(sluice.Limit{Algorithm: sluice.SlidingWindowLog, Limit: 100, Window: time.Hour})
+	fixed := algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 100, Window: time.Hour})
+	high := algorithm.MustCompile(sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 120, Window: time.Hour})
+	bucket := algorithm.MustCompile(sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 100, Window: time.Hour})
+	var reqs []store.Request
+	add := func(key string, p *algorithm.Params, n int, now time.Time) {
+		for range n {
+			reqs = append(reqs, store.Request{Key: key, Params: p, Cost: 1, Now: now})
+		}
+	}
+	add("alone", &fixed, 1, time.Time{})
+	add("log", &log, 1000, time.Time{})
+	add("bucket", &bucket, 3, time.Time{})
+	add("variants", &fixed, 2, time.Time{})
+	add("variants", &high, 1, time.Time{})
+	add("instants", &fixed, 1, time.Time{})
+	add("instants", &fixed, 1, t0)
+	add("log", &log, 10, time.Time{})
+	add("fixed", &fixed, 5, time.Time{})
+	p := mergeAll(store.Batch{Reqs: reqs, All: true})
+	if p == nil {
+		t.Fatal("not merged")
+	}
+	var got []string
+	for _, r := range p.reqs {
+		got = append(got, fmt.Sprintf("%s/%d", r.Key, r.Cost))
+	}
+	want := []string{"alone/1", "log/0", "log/100", "log/100", "bucket/1", "bucket/1", "bucket/1",
+		"variants/1", "variants/1", "variants/1", "instants/1", "instants/1", "fixed/0", "fixed/5"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("requests sent:\n got %v\nwant %v", got, want)
+	}
+	if p := mergeAll(store.Batch{Reqs: reqs[:1]}); p != nil {
+		t.Errorf("a call that is not all or nothing merged")
+	}
+	if p := mergeAll(store.Batch{Reqs: reqs[1001:1009], All: true}); p != nil {
+		t.Errorf("a call without a repeated key of a merged algorithm merged: %v", p.reqs)
+	}
+}
