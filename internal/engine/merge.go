@@ -35,19 +35,20 @@ import (
 //     or the instant the log's entries leave the window.
 //
 // The one figure the three requests cannot give is the retry-after of a
-// log check denied while older entries it must wait for are in the log:
-// it is the retry-after of the request that was denied (the one of the
-// summed cost), which is exact when the check's cost added to what the
-// checks before it took equals that request's, or exceeds the limit (the
-// case of a key used for the first time in the window); otherwise it is the
-// instant a larger or smaller share of the log leaves the window.
+// log check denied while entries older than the batch stand in its way:
+// it is reported as the retry-after of the part the key denied, which is
+// exact when the check's cost and what the checks before it took add up to
+// that part's total, or to more than the limit (then only entries of this
+// instant stand in the way, as on a key not used earlier in the window);
+// otherwise it is the instant a larger or smaller share of the log leaves
+// the window.
 //
 // The bucket algorithms and GCRA report a reset that depends on the debt
 // below one unit, the sliding window counter a reset and retry-after that
 // depend on the previous window's weight: neither follows from the merged
-// decisions, so their checks are not merged (one check of a repeated key
-// costs Redis a few microseconds for them, against a sliding window log's
-// round of sorted-set commands per check).
+// decisions, so their checks are not merged (a check of a repeated key
+// costs Redis some microseconds for them, against a sliding window log's
+// sorted-set commands per check and per entry of the batch).
 
 // mergeable reports whether checks under p may be merged: a fixed window or
 // sliding window log with a positive capacity, which neither refuses
@@ -170,29 +171,41 @@ func repeats(reqs []store.Request) bool {
 }
 
 // appendParts appends the requests of the merged checks idx of reqs: a read,
-// then their summed cost S in parts of at most the capacity K: min(S, K),
-// and min(S-K, K) when S is above K. Parts of at most K are never refused
-// as above the capacity, so a denied part reports the window's end; and
-// when S is above K the second part is always denied, as the checks are.
+// then the parts of their summed cost (see parts).
 func appendParts(sent, reqs []store.Request, idx []int) []store.Request {
 	r := reqs[idx[0]]
-	var sum int64
-	for _, i := range idx {
-		sum = min(sum+reqs[i].Cost, algorithm.MaxExact)
-	}
-	k := r.Params.Burst
 	r.Cost = 0
 	sent = append(sent, r)
-	if sum == 0 {
-		return sent
-	}
-	r.Cost = min(sum, k)
-	sent = append(sent, r)
-	if sum > k {
-		r.Cost = min(sum-k, k)
-		sent = append(sent, r)
+	for _, c := range parts(sumCost(reqs, idx), r.Params.Burst) {
+		if c > 0 {
+			r.Cost = c
+			sent = append(sent, r)
+		}
 	}
 	return sent
+}
+
+// parts splits the summed cost sum of merged checks under capacity k into
+// at most two parts of at most k: min(sum, k), then min(sum-k, k) when sum
+// is above k (0 when there is no such part). A part of at most k is never
+// refused as above the capacity, so a denied part reports the window's end;
+// and when sum is above k the second part is always denied, as the checks
+// are.
+func parts(sum, k int64) [2]int64 {
+	if sum <= k {
+		return [2]int64{sum, 0}
+	}
+	return [2]int64{k, min(sum-k, k)}
+}
+
+// sumCost returns the summed cost of the requests idx of reqs (at most
+// MaxBatch times the largest cost of a check: no overflow).
+func sumCost(reqs []store.Request, idx []int) int64 {
+	var sum int64
+	for _, i := range idx {
+		sum += reqs[i].Cost
+	}
+	return sum
 }
 
 // doMerged is Store.Do of the all-or-nothing batch b, with its repeated keys
@@ -243,17 +256,20 @@ func spread(reqs []store.Request, out []sluice.Decision, idx []int, got []sluice
 				out[i] = read
 				continue
 			}
-			out[i] = sluice.Decision{Allowed: true, Limit: p.Limit, Remaining: read.Remaining - sum, ResetAfter: got[1].ResetAfter}
+			out[i] = sluice.Decision{Allowed: true, Limit: p.Limit, Remaining: max(read.Remaining-sum, 0), ResetAfter: got[1].ResetAfter}
 		}
 		return
 	}
-	// The part the key denied, if any, and the cost the parts before it
-	// took: with it, the total the part stood for.
+	// The part the key denied, if any, and the total cost it stood for
+	// (the parts before it included).
 	deny, total := -1, int64(0)
-	for j := 1; j < len(got); j++ {
-		total += partCost(reqs, idx, p.Burst, j)
-		if blocking(got[j]) {
-			deny = j
+	for j, c := range parts(sumCost(reqs, idx), p.Burst) {
+		if j+1 >= len(got) {
+			break
+		}
+		total += c
+		if blocking(got[j+1]) {
+			deny = j + 1
 			break
 		}
 	}
@@ -282,19 +298,6 @@ func spread(reqs []store.Request, out []sluice.Decision, idx []int, got []sluice
 		}
 		out[i] = d
 	}
-}
-
-// partCost returns the cost of the j-th part (1 or 2) of the merged checks
-// idx of reqs under capacity k, as appendParts made it.
-func partCost(reqs []store.Request, idx []int, k int64, j int) int64 {
-	var sum int64
-	for _, i := range idx {
-		sum = min(sum+reqs[i].Cost, algorithm.MaxExact)
-	}
-	if j == 1 {
-		return min(sum, k)
-	}
-	return min(sum-k, k)
 }
 
 // stateReset returns the reset of the key once taken units are counted on
