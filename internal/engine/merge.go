@@ -20,7 +20,8 @@ import (
 // each check's own decision: its remaining units, reset and retry-after.
 // For the fixed window and the sliding window log these follow from three
 // requests (a read of the key, then its checks' summed cost in at most two
-// parts of at most the capacity each), which is what merge sends:
+// parts of at most the capacity each; see parts), which is what merge
+// sends:
 //
 //   - admitted: check j leaves Remaining R0 - P (R0 the read's remaining, P
 //     the costs up to and including j), and, once anything is counted, the
@@ -41,7 +42,8 @@ import (
 // that part's total, or to more than the limit (then only entries of this
 // instant stand in the way, as on a key not used earlier in the window);
 // otherwise it is the instant a larger or smaller share of the log leaves
-// the window.
+// the window. The first part is the first check's cost, so that on a key
+// with no room left for it, and checks of one cost, it is exact.
 //
 // The bucket algorithms and GCRA report a reset that depends on the debt
 // below one unit, the sliding window counter a reset and retry-after that
@@ -176,7 +178,7 @@ func appendParts(sent, reqs []store.Request, idx []int) []store.Request {
 	r := reqs[idx[0]]
 	r.Cost = 0
 	sent = append(sent, r)
-	for _, c := range parts(sumCost(reqs, idx), r.Params.Burst) {
+	for _, c := range parts(reqs, idx) {
 		if c > 0 {
 			r.Cost = c
 			sent = append(sent, r)
@@ -185,27 +187,26 @@ func appendParts(sent, reqs []store.Request, idx []int) []store.Request {
 	return sent
 }
 
-// parts splits the summed cost sum of merged checks under capacity k into
-// at most two parts of at most k: min(sum, k), then min(sum-k, k) when sum
-// is above k (0 when there is no such part). A part of at most k is never
-// refused as above the capacity, so a denied part reports the window's end;
-// and when sum is above k the second part is always denied, as the checks
-// are.
-func parts(sum, k int64) [2]int64 {
-	if sum <= k {
-		return [2]int64{sum, 0}
-	}
-	return [2]int64{k, min(sum-k, k)}
-}
-
-// sumCost returns the summed cost of the requests idx of reqs (at most
-// MaxBatch times the largest cost of a check: no overflow).
-func sumCost(reqs []store.Request, idx []int) int64 {
-	var sum int64
+// parts splits the summed cost S of the merged checks idx of reqs, under
+// their capacity K, into at most two parts of at most K: the cost of the
+// first check that has one (at most K), then the rest of S up to K (0 when
+// nothing is left). Their total is S when S is at most K; otherwise it is
+// above K, so a part is always denied, as the checks are. A part of at most
+// K is never refused as above the capacity, so a denied part reports the
+// window's end. A first part of one check's cost makes the log's
+// retry-after exact on a key with no room for it (see above).
+func parts(reqs []store.Request, idx []int) [2]int64 {
+	k := reqs[idx[0]].Params.Burst
+	var sum, first int64
 	for _, i := range idx {
-		sum += reqs[i].Cost
+		c := reqs[i].Cost
+		if first == 0 {
+			first = c
+		}
+		sum += c
 	}
-	return sum
+	first = min(first, k)
+	return [2]int64{first, min(sum-first, k)}
 }
 
 // doMerged is Store.Do of the all-or-nothing batch b, with its repeated keys
@@ -263,15 +264,17 @@ func spread(reqs []store.Request, out []sluice.Decision, idx []int, got []sluice
 	// The part the key denied, if any, and the total cost it stood for
 	// (the parts before it included).
 	deny, total := -1, int64(0)
-	for j, c := range parts(sumCost(reqs, idx), p.Burst) {
-		if j+1 >= len(got) {
-			break
+	j := 1
+	for _, c := range parts(reqs, idx) {
+		if c == 0 || j >= len(got) {
+			continue
 		}
 		total += c
-		if blocking(got[j+1]) {
-			deny = j + 1
+		if blocking(got[j]) {
+			deny = j
 			break
 		}
+		j++
 	}
 	if deny < 0 {
 		// The key admitted the sum: another key denied the call, and
