@@ -18,24 +18,25 @@ import (
 // each admits a cost c exactly when c fits in the room the key has left (in
 // whole units), and admitting c takes exactly c from it. What differs is
 // each check's own decision: its remaining units, reset and retry-after.
-// For the fixed window and the sliding window log these follow from three
-// requests (a read of the key, then its checks' summed cost in at most two
-// parts of at most the capacity each; see parts), which is what merge
-// sends:
+// For the fixed window and the sliding window log these follow from at
+// most three requests, which is what the engine sends: the checks' summed
+// cost in two parts of at most the capacity each (see parts), and a read of
+// the key before them when the first check only reads. The first part
+// tells the key's room R0, and its reset:
 //
-//   - admitted: check j leaves Remaining R0 - P (R0 the read's remaining, P
-//     the costs up to and including j), and, once anything is counted, the
-//     reset of the summed request (the end of the window; the newest entry
-//     of the log, which every admission writes at the same instant);
+//   - admitted: check j leaves Remaining R0 - P (P the costs up to and
+//     including j), and, once anything is counted, the reset of the first
+//     part (the end of the window; the newest entry of the log, which
+//     every admission writes at the same instant);
 //   - denied with the key admitting the sum: every check reports the key as
-//     it stands, as the read does;
+//     it stands, as a read does;
 //   - denied by the key: the checks are replayed in order against R0, as
 //     the store would decide them one by one, the ones that fit taking
 //     their cost; one that does not fit reports R0 - A (A the cost taken
 //     before it), the window's end as reset and retry-after (fixed window),
 //     or the instant the log's entries leave the window.
 //
-// The one figure the three requests cannot give is the retry-after of a
+// The one figure these requests cannot give is the retry-after of a
 // log check denied while entries older than the batch stand in its way:
 // it is reported as the retry-after of the part the key denied, which is
 // exact when the check's cost and what the checks before it took add up to
@@ -172,12 +173,15 @@ func repeats(reqs []store.Request) bool {
 	return false
 }
 
-// appendParts appends the requests of the merged checks idx of reqs: a read,
-// then the parts of their summed cost (see parts).
+// appendParts appends the requests of the merged checks idx of reqs: a
+// read when the first check reads (its decision, and that of the reads that
+// follow it, is the read's), then the parts of their summed cost (see
+// parts).
 func appendParts(sent, reqs []store.Request, idx []int) []store.Request {
 	r := reqs[idx[0]]
-	r.Cost = 0
-	sent = append(sent, r)
+	if r.Cost == 0 {
+		sent = append(sent, r)
+	}
 	for _, c := range parts(reqs, idx) {
 		if c > 0 {
 			r.Cost = c
@@ -244,56 +248,70 @@ func doMerged(ctx context.Context, st store.Store, b *store.Batch, p *mergePlan)
 }
 
 // spread writes to out the decision of each merged check idx of reqs, from
-// the decisions got of the requests sent for them (a read, then one or two
-// parts; see appendParts); admitted is the verdict of the whole call.
+// the decisions got of the requests sent for them (see appendParts);
+// admitted is the verdict of the whole call.
 func spread(reqs []store.Request, out []sluice.Decision, idx []int, got []sluice.Decision, admitted bool) {
-	read := got[0]
 	p := reqs[idx[0]].Params
-	if admitted {
-		var sum int64
+	var read *sluice.Decision
+	if reqs[idx[0]].Cost == 0 {
+		read, got = &got[0], got[1:]
+	}
+	if len(got) == 0 {
 		for _, i := range idx {
-			sum += reqs[i].Cost
-			if sum == 0 {
-				out[i] = read
-				continue
-			}
-			out[i] = sluice.Decision{Allowed: true, Limit: p.Limit, Remaining: max(read.Remaining-sum, 0), ResetAfter: got[1].ResetAfter}
+			out[i] = *read // reads only
 		}
 		return
 	}
-	// The part the key denied, if any, and the total cost it stood for
-	// (the parts before it included).
-	deny, total := -1, int64(0)
-	j := 1
-	for _, c := range parts(reqs, idx) {
-		if c == 0 || j >= len(got) {
-			continue
+	q := parts(reqs, idx)
+	if admitted {
+		// The first part took q[0] units of the key's room.
+		room, sum := got[0].Remaining+q[0], int64(0)
+		for _, i := range idx {
+			sum += reqs[i].Cost
+			if sum == 0 {
+				out[i] = *read
+				continue
+			}
+			out[i] = sluice.Decision{Allowed: true, Limit: p.Limit, Remaining: max(room-sum, 0), ResetAfter: got[0].ResetAfter}
 		}
-		total += c
+		return
+	}
+	// Denied, the first part reports the key as it stands: as a read
+	// does when the key alone would have admitted it; with the window's
+	// end or the log's newest entry, which a read reports too, when the
+	// key denied it (a fixed window with no room for it has counted some).
+	asRead := sluice.Decision{Limit: p.Limit, Reason: sluice.ReasonLimited, Remaining: got[0].Remaining, ResetAfter: got[0].ResetAfter}
+	if read != nil {
+		asRead = *read
+	}
+	// The part the key denied, if any, and the total cost it stood for
+	// (the part before it included).
+	deny, total := -1, int64(0)
+	for j := range got {
+		total += q[j]
 		if blocking(got[j]) {
 			deny = j
 			break
 		}
-		j++
 	}
 	if deny < 0 {
 		// The key admitted the sum: another key denied the call, and
 		// every check reports the key as it stands.
 		for _, i := range idx {
-			out[i] = read
+			out[i] = asRead
 		}
 		return
 	}
-	room, taken := read.Remaining, int64(0)
+	room, taken := asRead.Remaining, int64(0)
 	for _, i := range idx {
 		c := reqs[i].Cost
 		if c == 0 || c <= p.Burst && taken+c <= room {
-			out[i] = read
+			out[i] = asRead
 			taken += c
 			continue
 		}
 		d := sluice.Decision{Limit: p.Limit, Remaining: room - taken, Reason: sluice.ReasonLimited}
-		d.ResetAfter = stateReset(p, read, got[deny], taken)
+		d.ResetAfter = stateReset(p, asRead, got[deny], taken)
 		if c > p.Burst {
 			d.Reason = sluice.ReasonCostExceedsCapacity
 		} else {

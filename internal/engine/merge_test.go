@@ -117,8 +117,9 @@ func costs(reqs []store.Request) []int64 {
 }
 
 // TestPlanMerge checks which requests an all-or-nothing call sends: a key
-// repeated 1,000 times is three requests (a read, the first check's cost
-// and the rest up to the capacity), in the
+// repeated 1,000 times is two requests (the first check's cost and the
+// rest up to the capacity), and a read before them when the first check
+// reads, in the
 // place of its first check; keys of other algorithms, keys repeated under
 // other params or instants, and keys that do not repeat go as they are,
 // in order.
@@ -143,6 +144,8 @@ func TestPlanMerge(t *testing.T) {
 	add("instants", &fixed, 1, t0)
 	add("log", &log, 10, time.Time{})
 	add("fixed", &fixed, 5, time.Time{})
+	reqs = append(reqs, store.Request{Key: "reads", Params: &log})
+	add("reads", &log, 2, time.Time{})
 	p := mergeAll(store.Batch{Reqs: reqs, All: true})
 	if p == nil {
 		t.Fatal("not merged")
@@ -151,8 +154,9 @@ func TestPlanMerge(t *testing.T) {
 	for _, r := range p.reqs {
 		got = append(got, fmt.Sprintf("%s/%d", r.Key, r.Cost))
 	}
-	want := []string{"alone/1", "log/0", "log/1", "log/100", "bucket/1", "bucket/1", "bucket/1",
-		"variants/1", "variants/1", "variants/1", "instants/1", "instants/1", "fixed/0", "fixed/1", "fixed/4"}
+	want := []string{"alone/1", "log/1", "log/100", "bucket/1", "bucket/1", "bucket/1",
+		"variants/1", "variants/1", "variants/1", "instants/1", "instants/1", "fixed/1", "fixed/4",
+		"reads/0", "reads/1", "reads/1"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("requests sent:\n got %v\nwant %v", got, want)
 	}
