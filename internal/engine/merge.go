@@ -64,8 +64,8 @@ func mergeable(p *algorithm.Params) bool {
 // mergeGroup is the checks of one key that go to the store merged.
 type mergeGroup struct {
 	idx  []int // the checks, indexes into the caller's requests, in order
-	at   int   // the index of the read among the requests sent
-	sent int   // the requests sent: the read and one or two parts
+	at   int   // the index of its first request among the requests sent
+	sent int   // its requests sent: a read and two parts at most
 }
 
 // mergePlan is an all-or-nothing call with its repeated keys merged.
