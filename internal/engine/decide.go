@@ -218,7 +218,8 @@ func (e *Engine) storeCheck(ctx context.Context, all bool, reqs []store.Request,
 // that answers in process). Resilience (per-call deadline, circuit
 // breaker, over-limit cache, hot keys) lives in a store decorator,
 // internal/guard; an error means the store did not decide and the failure
-// modes apply.
+// modes apply. The repeated keys of an all-or-nothing call go to the store
+// merged (see merge.go).
 func (e *Engine) call(ctx context.Context, c *storeCall, all bool, reqs []store.Request, out []sluice.Decision, src []Source) error {
 	// One request decides alike either way, and a batch that is not All
 	// has the stores' single-check path (on Redis the leanest call).
@@ -227,7 +228,12 @@ func (e *Engine) call(ctx context.Context, c *storeCall, all bool, reqs []store.
 		c.src = growStoreSource(c.src, len(src))
 		c.b.Sources = c.src
 	}
-	err := e.store.Do(ctx, &c.b)
+	var err error
+	if mp := mergeAll(c.b); mp != nil {
+		err = doMerged(ctx, e.store, &c.b, mp)
+	} else {
+		err = e.store.Do(ctx, &c.b)
+	}
 	for i := range src {
 		src[i] = sourceOf(c.src[i])
 	}

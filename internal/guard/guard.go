@@ -548,10 +548,12 @@ func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out 
 }
 
 // keyBefore reports whether the key of reqs[i] is the key of an earlier
-// request of reqs.
+// request of reqs that may have changed its state: one of positive cost (a
+// read, such as the engine sends before the merged checks of a key, leaves
+// the state as it was).
 func keyBefore(reqs []store.Request, i int) bool {
 	for j := range i {
-		if reqs[j].Key == reqs[i].Key {
+		if reqs[j].Key == reqs[i].Key && reqs[j].Cost > 0 {
 			return true
 		}
 	}

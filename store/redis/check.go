@@ -26,6 +26,7 @@ type group struct {
 	idx    []int // indexes into the batch
 	keys   []string
 	args   []string
+	work   int // of split's calls in modeEach (see callWork)
 }
 
 // Check decides each request on its own, in order, and writes its decision

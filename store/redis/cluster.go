@@ -11,35 +11,77 @@ import (
 )
 
 // split groups reqs into script calls: one on a standalone server, one
-// per slot on a cluster, in the order of first appearance.
+// per slot on a cluster, in the order of first appearance. In modeEach a
+// call takes at most maxCallWork of work (see callWork): the requests
+// beyond go in further calls, sent after it on the same connection, so
+// still in order.
 func (s *Store) split(reqs []store.Request, mode, ttlMS string) []*group {
 	head := []string{mode, s.marginMS, ttlMS}
-	if !s.cluster {
-		g := &group{script: checkScript, idx: make([]int, len(reqs)), keys: make([]string, len(reqs)), args: make([]string, 0, 3+9*len(reqs))}
-		g.args = append(g.args, head...)
-		for i := range reqs {
-			g.idx[i] = i
-			g.keys[i] = redisKey(s.prefix, reqs[i].Key, s.maxKey)
-			g.args = appendArgs(g.args, &reqs[i])
-		}
-		return []*group{g}
-	}
+	capped := mode == modeEach
 	var groups []*group
-	bySlot := map[uint16]*group{}
+	var one *group // standalone: the call being filled
+	var bySlot map[uint16]*group
 	for i := range reqs {
-		k := redisKey(s.prefix, reqs[i].Key, s.maxKey)
-		sl := slotOf(k)
-		g := bySlot[sl]
-		if g == nil {
-			g = &group{script: checkScript, args: append([]string(nil), head...)}
-			bySlot[sl] = g
-			groups = append(groups, g)
+		r := &reqs[i]
+		k := redisKey(s.prefix, r.Key, s.maxKey)
+		var sl uint16
+		g := one
+		if s.cluster {
+			if bySlot == nil {
+				bySlot = map[uint16]*group{}
+			}
+			sl = slotOf(k)
+			g = bySlot[sl]
 		}
+		w := callWork(r)
+		if g == nil || capped && g.work > 0 && g.work+w > maxCallWork {
+			n := len(reqs) - i // at most, in this call
+			if capped {
+				n = min(n, maxCallWork)
+			}
+			g = &group{script: checkScript, args: append(make([]string, 0, 3+9*n), head...)}
+			if !s.cluster {
+				g.idx, g.keys = make([]int, 0, n), make([]string, 0, n)
+			}
+			groups = append(groups, g)
+			if s.cluster {
+				bySlot[sl] = g
+			} else {
+				one = g
+			}
+		}
+		g.work += w
 		g.idx = append(g.idx, i)
 		g.keys = append(g.keys, k)
-		g.args = appendArgs(g.args, &reqs[i])
+		g.args = appendArgs(g.args, r)
 	}
 	return groups
+}
+
+// Bounds on the Redis work of one script call of a batch decided request
+// by request (Check, CheckParts): the requests beyond go in further calls,
+// pipelined on the same connection, between which Redis serves its other
+// clients. Work is counted by callWork. An all-or-nothing batch is one
+// call per slot whatever its work: its bound is the batch's size.
+const (
+	// maxCallWork bounds the work of one call: 128 checks of
+	// checkeach.lua, 21 sliding window logs of cost 1, or one of cost
+	// 100 or more; measured on a loaded machine, 0.6-1ms of Redis time
+	// (TestCheckCallWorkBounded).
+	maxCallWork = 128
+	// logWork is the work of a sliding window log request besides the
+	// entries it writes: the sorted-set commands that read the log.
+	logWork = 5
+)
+
+// callWork returns the work of r in a script call: 1 for every algorithm
+// but the sliding window log; for a log, logWork plus the entries it may
+// write (its cost, up to its limit).
+func callWork(r *store.Request) int {
+	if r.Params.Algorithm != sluice.SlidingWindowLog {
+		return 1
+	}
+	return logWork + int(min(r.Cost, r.Params.Limit, maxCallWork))
 }
 
 // maxEachChecks is the most requests of one checkeach.lua call: its
@@ -49,10 +91,11 @@ const maxEachChecks = math.MaxUint16
 // splitEach groups reqs for Check: the requests of every algorithm but the
 // sliding window log go to checkeach.lua, one call for a standalone server
 // and one per slot on a cluster; those of sliding window logs go to
-// check.lua, grouped as split does. exec sends the calls together, so that
-// on one connection they are one write. Within a call Redis decides the
-// requests in the order of reqs, and two requests of one key share an
-// algorithm, so they go the same way and the second sees the first.
+// check.lua, grouped as split does; a call takes at most maxCallWork of
+// work (see callWork). exec sends the calls together, so that on one
+// connection they are one write. Within a call Redis decides the requests
+// in the order of reqs, and two requests of one key share an algorithm, so
+// they go the same way and the second sees the first.
 func (s *Store) splitEach(reqs []store.Request) []*group {
 	var (
 		groups []*group
@@ -79,12 +122,12 @@ func (s *Store) splitEach(reqs []store.Request) []*group {
 				groups = append(groups, g)
 			}
 		} else if g == nil {
-			n := min(len(reqs), maxEachChecks)
+			n := min(len(reqs), maxEachChecks, maxCallWork)
 			g = &group{script: checkEachScript, idx: make([]int, 0, n), keys: make([]string, 0, n)}
 			one = g
 			groups = append(groups, g)
 		}
-		if len(g.idx) == maxEachChecks {
+		if len(g.idx) == min(maxEachChecks, maxCallWork) {
 			// The call is full: the next requests go in another, sent
 			// after it on the same connection, so still in order.
 			g = &group{script: checkEachScript}

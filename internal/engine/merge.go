@@ -1,0 +1,364 @@
+// Repeated keys of an all-or-nothing store call: the checks of one key go to
+// the store as at most three requests, whatever their number, and each check
+// gets back the decision it would have had on its own.
+
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/store"
+)
+
+// A batch of n checks of one key, decided all or nothing, is admitted
+// exactly when one check of their summed cost would be, for every algorithm:
+// each admits a cost c exactly when c fits in the room the key has left (in
+// whole units), and admitting c takes exactly c from it. What differs is
+// each check's own decision: its remaining units, reset and retry-after.
+// For the fixed window and the sliding window log these follow from at
+// most three requests, which is what the engine sends: the checks' summed
+// cost in two parts of at most the capacity each (see parts), and a read of
+// the key before them when the first check only reads. The first part
+// tells the key's room R0, and its reset:
+//
+//   - admitted: check j leaves Remaining R0 - P (P the costs up to and
+//     including j), and, once anything is counted, the reset of the first
+//     part (the end of the window; the newest entry of the log, which
+//     every admission writes at the same instant);
+//   - denied with the key admitting the sum: every check reports the key as
+//     it stands, as a read does;
+//   - denied by the key: the checks are replayed in order against R0, as
+//     the store would decide them one by one, the ones that fit taking
+//     their cost; one that does not fit reports R0 - A (A the cost taken
+//     before it), the window's end as reset and retry-after (fixed window),
+//     or the instant the log's entries leave the window.
+//
+// The one figure these requests cannot give is the retry-after of a
+// log check denied while entries older than the batch stand in its way:
+// it is reported as the retry-after of the part the key denied, which is
+// exact when the check's cost and what the checks before it took add up to
+// that part's total, or to more than the limit (then only entries of this
+// instant stand in the way, as on a key not used earlier in the window);
+// otherwise it is the instant a larger or smaller share of the log leaves
+// the window. The first part is the first check's cost, so that on a key
+// with no room left for it, and checks of one cost, it is exact.
+//
+// The bucket algorithms and GCRA report a reset that depends on the debt
+// below one unit, the sliding window counter a reset and retry-after that
+// depend on the previous window's weight: neither follows from the merged
+// decisions, so their checks are not merged (a check of a repeated key
+// costs Redis some microseconds for them, against a sliding window log's
+// sorted-set commands per check and per entry of the batch).
+
+// mergeable reports whether checks under p may be merged: a fixed window or
+// sliding window log with a positive capacity, which neither refuses
+// everything nor counts refused requests.
+func mergeable(p *algorithm.Params) bool {
+	return (p.Algorithm == sluice.FixedWindow || p.Algorithm == sluice.SlidingWindowLog) &&
+		!p.DenyAll && !p.CountRefused && p.Burst > 0
+}
+
+// mergeGroup is the checks of one key that go to the store merged.
+type mergeGroup struct {
+	idx  []int // the checks, indexes into the caller's requests, in order
+	at   int   // the index of its first request among the requests sent
+	sent int   // its requests sent: a read and two parts at most
+}
+
+// mergePlan is an all-or-nothing call with its repeated keys merged.
+type mergePlan struct {
+	reqs   []store.Request
+	out    []sluice.Decision
+	src    []store.Source
+	groups []mergeGroup
+	// from[i] is the index among the requests sent of the caller's
+	// request i when it is sent as it is, or -1 when it is merged.
+	from []int
+}
+
+// planMerge returns the plan of reqs with their repeated keys merged, or
+// nil when no key repeats with mergeable params (the call then goes as it
+// is).
+func planMerge(reqs []store.Request) *mergePlan {
+	if !repeats(reqs) {
+		return nil
+	}
+	byKey := make(map[string]int, len(reqs)) // the group of a key, or -1
+	var groups []mergeGroup
+	for i := range reqs {
+		r := &reqs[i]
+		g, seen := byKey[r.Key]
+		switch {
+		case !seen:
+			byKey[r.Key] = len(groups)
+			groups = append(groups, mergeGroup{idx: []int{i}})
+		case g >= 0:
+			first := &reqs[groups[g].idx[0]]
+			if !mergeable(r.Params) || *r.Params != *first.Params || !r.Now.Equal(first.Now) || r.After != first.After {
+				byKey[r.Key] = -1 // sent as they are
+				continue
+			}
+			groups[g].idx = append(groups[g].idx, i)
+		}
+	}
+	p := &mergePlan{from: make([]int, len(reqs))}
+	for i := range p.from {
+		p.from[i] = -1
+	}
+	kept := groups[:0]
+	for _, g := range groups {
+		if len(g.idx) < 2 || byKey[reqs[g.idx[0]].Key] < 0 {
+			continue
+		}
+		kept = append(kept, g)
+	}
+	if len(kept) == 0 {
+		return nil
+	}
+	// The requests sent: each unmerged one where it was, each merged key
+	// where it first appeared (keys are independent, so the order of
+	// different keys does not change any decision).
+	merged := make(map[string]*mergeGroup, len(kept))
+	for k := range kept {
+		merged[reqs[kept[k].idx[0]].Key] = &kept[k]
+	}
+	for i := range reqs {
+		g := merged[reqs[i].Key]
+		if g == nil {
+			p.from[i] = len(p.reqs)
+			p.reqs = append(p.reqs, reqs[i])
+			continue
+		}
+		if g.idx[0] != i {
+			continue
+		}
+		g.at = len(p.reqs)
+		p.reqs = appendParts(p.reqs, reqs, g.idx)
+		g.sent = len(p.reqs) - g.at
+	}
+	p.groups = kept
+	p.out = make([]sluice.Decision, len(p.reqs))
+	return p
+}
+
+// repeats reports whether a key appears twice in reqs with params that may
+// be merged.
+func repeats(reqs []store.Request) bool {
+	if len(reqs) <= 16 {
+		for i := range reqs {
+			if !mergeable(reqs[i].Params) {
+				continue
+			}
+			for j := range i {
+				if reqs[j].Key == reqs[i].Key {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	seen := make(map[string]struct{}, len(reqs))
+	for i := range reqs {
+		if !mergeable(reqs[i].Params) {
+			continue
+		}
+		if _, ok := seen[reqs[i].Key]; ok {
+			return true
+		}
+		seen[reqs[i].Key] = struct{}{}
+	}
+	return false
+}
+
+// appendParts appends the requests of the merged checks idx of reqs: a
+// read when the first check reads (its decision, and that of the reads that
+// follow it, is the read's), then the parts of their summed cost (see
+// parts).
+func appendParts(sent, reqs []store.Request, idx []int) []store.Request {
+	r := reqs[idx[0]]
+	if r.Cost == 0 {
+		sent = append(sent, r)
+	}
+	for _, c := range parts(reqs, idx) {
+		if c > 0 {
+			r.Cost = c
+			sent = append(sent, r)
+		}
+	}
+	return sent
+}
+
+// parts splits the summed cost S of the merged checks idx of reqs, under
+// their capacity K, into at most two parts of at most K: the cost of the
+// first check that has one (at most K), then the rest of S up to K (0 when
+// nothing is left). Their total is S when S is at most K; otherwise it is
+// above K, so a part is always denied, as the checks are. A part of at most
+// K is never refused as above the capacity, so a denied part reports the
+// window's end. A first part of one check's cost makes the log's
+// retry-after exact on a key with no room for it (see above).
+func parts(reqs []store.Request, idx []int) [2]int64 {
+	k := reqs[idx[0]].Params.Burst
+	var sum, first int64
+	for _, i := range idx {
+		c := reqs[i].Cost
+		if first == 0 {
+			first = c
+		}
+		sum += c
+	}
+	first = min(first, k)
+	return [2]int64{first, min(sum-first, k)}
+}
+
+// doMerged is Store.Do of the all-or-nothing batch b, with its repeated keys
+// merged as p plans.
+func doMerged(ctx context.Context, st store.Store, b *store.Batch, p *mergePlan) error {
+	mb := store.Batch{Reqs: p.reqs, Out: p.out, All: true}
+	if b.Sources != nil {
+		p.src = make([]store.Source, len(p.reqs))
+		mb.Sources = p.src
+	}
+	if err := st.Do(ctx, &mb); err != nil {
+		return err
+	}
+	admitted := true
+	for i := range p.out {
+		admitted = admitted && p.out[i].Allowed
+	}
+	for i, j := range p.from {
+		if j >= 0 {
+			b.Out[i] = p.out[j]
+			if b.Sources != nil {
+				b.Sources[i] = p.src[j]
+			}
+		}
+	}
+	for _, g := range p.groups {
+		spread(b.Reqs, b.Out, g.idx, p.out[g.at:g.at+g.sent], admitted)
+		if b.Sources != nil {
+			for _, i := range g.idx {
+				b.Sources[i] = p.src[g.at+g.sent-1]
+			}
+		}
+	}
+	return nil
+}
+
+// spread writes to out the decision of each merged check idx of reqs, from
+// the decisions got of the requests sent for them (see appendParts);
+// admitted is the verdict of the whole call.
+func spread(reqs []store.Request, out []sluice.Decision, idx []int, got []sluice.Decision, admitted bool) {
+	p := reqs[idx[0]].Params
+	var read *sluice.Decision
+	if reqs[idx[0]].Cost == 0 {
+		read, got = &got[0], got[1:]
+	}
+	if len(got) == 0 {
+		for _, i := range idx {
+			out[i] = *read // reads only
+		}
+		return
+	}
+	q := parts(reqs, idx)
+	if admitted {
+		// The first part took q[0] units of the key's room.
+		room, sum := got[0].Remaining+q[0], int64(0)
+		for _, i := range idx {
+			sum += reqs[i].Cost
+			if sum == 0 {
+				out[i] = *read
+				continue
+			}
+			out[i] = sluice.Decision{Allowed: true, Limit: p.Limit, Remaining: max(room-sum, 0), ResetAfter: got[0].ResetAfter}
+		}
+		return
+	}
+	// Denied, the first part reports the key as it stands: as a read
+	// does when the key alone would have admitted it; with the window's
+	// end or the log's newest entry, which a read reports too, when the
+	// key denied it (a fixed window with no room for it has counted some).
+	asRead := sluice.Decision{Limit: p.Limit, Reason: sluice.ReasonLimited, Remaining: got[0].Remaining, ResetAfter: got[0].ResetAfter}
+	if read != nil {
+		asRead = *read
+	}
+	// The part the key denied, if any, and the total cost it stood for
+	// (the part before it included).
+	deny, total := -1, int64(0)
+	for j := range got {
+		total += q[j]
+		if blocking(got[j]) {
+			deny = j
+			break
+		}
+	}
+	if deny < 0 {
+		// The key admitted the sum: another key denied the call, and
+		// every check reports the key as it stands.
+		for _, i := range idx {
+			out[i] = asRead
+		}
+		return
+	}
+	room, taken := asRead.Remaining, int64(0)
+	for _, i := range idx {
+		c := reqs[i].Cost
+		if c == 0 || c <= p.Burst && taken+c <= room {
+			out[i] = asRead
+			taken += c
+			continue
+		}
+		d := sluice.Decision{Limit: p.Limit, Remaining: room - taken, Reason: sluice.ReasonLimited}
+		d.ResetAfter = stateReset(p, asRead, got[deny], taken)
+		if c > p.Burst {
+			d.Reason = sluice.ReasonCostExceedsCapacity
+		} else {
+			d.RetryAfter = retryAfter(p, got[deny], total, taken+c, d.ResetAfter)
+		}
+		out[i] = d
+	}
+}
+
+// stateReset returns the reset of the key once taken units are counted on
+// it: the read's when nothing is; for a fixed window, the window's end (the
+// reset of the denied part) once anything is counted; for a log, the
+// newest entry, written now or later, plus the window.
+func stateReset(p *algorithm.Params, read, denied sluice.Decision, taken int64) time.Duration {
+	if p.Algorithm == sluice.FixedWindow {
+		if taken == 0 && read.ResetAfter == 0 {
+			return 0
+		}
+		return denied.ResetAfter
+	}
+	if taken == 0 {
+		return read.ResetAfter
+	}
+	return max(read.ResetAfter, p.WindowDuration())
+}
+
+// retryAfter returns the retry-after of a check denied once taken units are
+// counted, whose cost brings the count to need: for a fixed window, the
+// window's end; for a log, when the entries in the way leave the window,
+// known when need is what the denied part stood for (total), or beyond the
+// limit (only entries written now are in the way), and otherwise taken as
+// the denied part's.
+func retryAfter(p *algorithm.Params, denied sluice.Decision, total, need int64, reset time.Duration) time.Duration {
+	if p.Algorithm == sluice.FixedWindow || need == total {
+		return denied.RetryAfter
+	}
+	if need > p.Limit {
+		return reset
+	}
+	return denied.RetryAfter
+}
+
+// mergeAll returns the merge plan of b, or nil when b goes as it is: it is
+// not all or nothing, or no key repeats.
+func mergeAll(b store.Batch) *mergePlan {
+	if !b.All || b.Once != nil || len(b.Reqs) < 2 {
+		return nil
+	}
+	return planMerge(b.Reqs)
+}

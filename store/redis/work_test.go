@@ -1,0 +1,97 @@
+package redis
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+// maxCallTime bounds the mean Redis time of one script call of a batch
+// decided request by request. A call takes at most maxCallWork of work,
+// measured at 0.1-0.6ms; the bound leaves room for a loaded machine.
+const maxCallTime = 2 * time.Millisecond
+
+// TestCheckCallWorkBounded sends Checks of many requests (2,000 fixed
+// windows, 256 sliding window logs of cost 100, 2,000 logs of cost 1) and
+// checks, from INFO commandstats, that they went as several script calls,
+// each within maxCallTime of Redis time on average, and were decided.
+func TestCheckCallWorkBounded(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	fixed := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 100, Window: time.Hour})
+	log := compile(t, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Limit: 100, Window: time.Hour})
+	// scriptStats returns the Redis time and number of the script calls.
+	scriptStats := func() (usec, calls int64) {
+		info, err := srv.Info("commandstats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, v := range info {
+			if !strings.HasPrefix(name, "cmdstat_eval") {
+				continue
+			}
+			for _, f := range strings.Split(v, ",") {
+				k, n, _ := strings.Cut(f, "=")
+				x, _ := strconv.ParseInt(n, 10, 64)
+				switch k {
+				case "usec":
+					usec += x
+				case "calls":
+					calls += x
+				}
+			}
+		}
+		return usec, calls
+	}
+	ctx := context.Background()
+	// Load the scripts.
+	warm := []store.Request{{Key: "warm:0", Params: fixed, Cost: 1}, {Key: "warm:1", Params: log, Cost: 1}, {Key: "warm:2", Params: fixed, Cost: 1}}
+	if err := s.Check(ctx, warm, make([]sluice.Decision, len(warm))); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		n        int
+		cost     int64
+		minCalls int64
+	}{
+		{"fixed windows", 2000, 1, 2000 / maxCallWork},
+		{"logs of cost 100", 256, 100, 256},
+		{"logs of cost 1", 2000, 1, 2000 / (maxCallWork / (logWork + 1))},
+	} {
+		p := fixed
+		if strings.HasPrefix(tc.name, "logs") {
+			p = log
+		}
+		reqs := make([]store.Request, tc.n)
+		for i := range reqs {
+			reqs[i] = store.Request{Key: "work:" + tc.name + ":" + strconv.Itoa(i), Params: p, Cost: tc.cost}
+		}
+		out := make([]sluice.Decision, len(reqs))
+		usec0, calls0 := scriptStats()
+		if err := s.Check(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		usec, calls := scriptStats()
+		calls -= calls0
+		per := time.Duration(usec-usec0) * time.Microsecond / time.Duration(max(calls, 1))
+		t.Logf("%d %s: %d script calls, %s of Redis time each", tc.n, tc.name, calls, per)
+		if calls < tc.minCalls {
+			t.Errorf("%d %s: %d script calls, want at least %d", tc.n, tc.name, calls, tc.minCalls)
+		}
+		if per > maxCallTime {
+			t.Errorf("%d %s: %s of Redis time per call, want at most %s", tc.n, tc.name, per, maxCallTime)
+		}
+		for i, d := range out {
+			if !d.Allowed || d.Remaining != 100-tc.cost {
+				t.Fatalf("%s request %d: %+v, want allowed with %d remaining", tc.name, i, d, 100-tc.cost)
+			}
+		}
+	}
+}
