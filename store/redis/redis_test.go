@@ -348,6 +348,7 @@ func measure(t *testing.T, srv *redistest.Server, f func()) map[string]int {
 var scriptCommands = map[string]bool{
 	"get": true, "set": true, "setrange": true, "del": true, "time": true, "pexpire": true,
 	"zcard": true, "zcount": true, "zrange": true, "zadd": true, "zremrangebyscore": true,
+	"hincrby": true, "hlen": true, "hdel": true, "hset": true, "hgetall": true,
 }
 
 // TestOneEvalshaPerCheck shows by INFO commandstats that one check is one
