@@ -4,18 +4,20 @@
 -- call, written for the least Redis CPU per check: a script's whole body
 -- runs on every call, so the checks a server gathers share one call (its
 -- cost, the reading of its arguments and of Redis' clock), and each check
--- pays only its GET, its SET and a few conversions. The conformance suite
--- holds both scripts to package algorithm.
+-- pays only its commands (a fixed window's HINCRBY; a GET and a SET) and
+-- a few conversions. The conformance suite holds both scripts to package
+-- algorithm.
 --
 -- Where the Redis CPU goes (docs/redis.md, "Sizing"): per call, the
 -- arguments (each a string made by Redis, and tonumber is strtod) and the
 -- reply (about as much again per integer); per check, its GET and its
 -- write. So the parameters and checks come in one binary argument read
--- with struct.unpack, the reply carries 2 integers per admitted check,
--- and the window algorithms, whose expiry every write of one window
--- shares, overwrite the state in place (SETRANGE, which keeps the time to
--- live) after the first write of a window (SET ... PX, about twice the
--- cost). The conformance suite holds both scripts to package algorithm.
+-- with struct.unpack, the reply carries 2 integers per admitted check, a
+-- fixed window counts with one HINCRBY of its window's field (a command
+-- that both reads and writes), and the sliding window counter, whose
+-- expiry every write of one window shares, overwrites its state in place
+-- (SETRANGE, which keeps the time to live) after the first write of a
+-- window (SET ... PX, about twice the cost).
 --
 -- KEYS[i]  the state key of check i; a key that appears twice sees the
 --          effect of its first check
@@ -45,8 +47,9 @@
 -- goes to check.lua.
 --
 -- State: the 25 bytes struct.pack('<Bddd', 2, A, B, C) (algorithm.State,
--- integers in doubles); the text "1:<A>:<B>:<C>" of earlier versions is
--- read too. The ranges are check.lua's (see its load).
+-- integers in doubles), and for a fixed window the hash {A: B} (decimal);
+-- the text "1:<A>:<B>:<C>" of earlier versions, and the 25 bytes for a
+-- fixed window, are read too. The ranges are check.lua's (see its load).
 
 local max = math.max
 local call, pcall_ = redis.call, redis.pcall
@@ -444,18 +447,18 @@ local reply, n = { 0 }, 1
 local denied = false
 local first = pos -- the checks, when U is 0
 
--- The most common checks: a fixed window or a sliding window counter,
--- every check of the call at one parameter set, one cost within the
--- capacity and Redis' clock, on a key holding counts of the current window
--- that leave room for the cost. Such a check is counted in place here,
--- without decide's general path, which every other check (a new window, a
--- refusal, an absent or corrupt key) takes with the value read. fast holds
--- the set; fs the window's start, fe the quanta elapsed since and ft the
--- instant, in quanta.
+-- The most common checks: a fixed window, a sliding window counter or
+-- GCRA, every check of the call at one parameter set, one cost within the
+-- capacity and Redis' clock. A fixed window's check is one HINCRBY; a
+-- counter's on a key holding counts of the current window that leave room
+-- for the cost is counted in place; a GCRA check on a key absent or valid
+-- that leaves room is decided inline. Every other check takes decide's
+-- general path. fast holds the set; fs the window's start, fe the quanta
+-- elapsed since and ft the instant, in quanta.
 local fast, fs, fe, ft = false, 0, 0, 0
 if U ~= 0 and all ~= 1 then
   local ps = sets[U]
-  if (ps[1] == 3 or ps[1] == 5) and not ps[6] and not ps[8] and C > 0 and C <= ps[3] then
+  if (ps[1] == 3 or ps[1] == 5 or ps[1] == 6) and not ps[6] and not ps[8] and C > 0 and C <= ps[3] then
     local tm = call('TIME')
     clock = tm[1] * 1000000 + tm[2]
     ft = idiv(clock, ps[5])
@@ -463,12 +466,18 @@ if U ~= 0 and all ~= 1 then
     fast, fe = ps, ft - fs
   end
 end
-local fN, fW, fwin = 0, 0, false
+local fN, fW, fwin, fgcra = 0, 0, false, false
+-- for GCRA: the capacity (K x W) and its length in quanta (cap / N)
+local gcap, gfull = 0, 0
 -- for a fixed window: the window's field, the cost as Redis writes it and
 -- the time to live of a new window's count (ms)
 local ffield, fcost, fpx
 if fast then
-  fN, fW, fwin = fast[2], fast[4], fast[1] == 3
+  fN, fW, fwin, fgcra = fast[2], fast[4], fast[1] == 3, fast[1] == 6
+  if fgcra then
+    gcap = fast[3] * fW
+    gfull = idiv(gcap, fN)
+  end
   if fwin then
     ffield, fcost = string.format('%.0f', fs), string.format('%.0f', C)
     fpx = 1
@@ -515,6 +524,54 @@ for i = 1, #KEYS do
     end
     if not reason then
       reason, rem, reset, retry = decide(key, fast, cost, now)
+    end
+  elseif fgcra then
+    -- A valid or absent state whose debt leaves room for the cost, the
+    -- clock not gone back: decide's arithmetic, inline (a Lua function
+    -- call costs Redis much).
+    local v = pcall_('GET', key)
+    local tag, a, b, c = 2, 0, 0, 0
+    if v then
+      tag = nil
+      if #v == 25 then
+        tag, a, b, c = unpack_('<Bddd', v)
+      end
+    end
+    if tag == 2 and c == 0 and a >= 0 and b >= 0 and a <= ft + gfull and b <= EXACT
+      and (a >= INT or a + INT - INT == a) and (b >= INT or b + INT - INT == b) then
+      local debt = 0
+      if a >= ft then
+        debt = (a - ft) * fN + b
+        if b >= fN then
+          debt = (a - ft) * fN + fN
+        end
+      end
+      local nxt = debt + cost * fW
+      if nxt <= gcap then
+        rem = 0
+        if nxt < gcap then
+          rem = idiv(gcap - nxt, fW)
+        end
+        local q = idiv(nxt, fN)
+        local na, nb = ft + q, nxt - q * fN
+        local exp = na
+        if nb > 0 then
+          exp = na + 1
+        end
+        local px = 1
+        if exp * fast[5] > clock then
+          px = idiv(exp * fast[5] - clock + 999, 1000)
+        end
+        px = px + margin
+        if px >= 1e15 then
+          px = string.format('%.0f', px)
+        end
+        call('SET', key, pack('<Bddd', 2, na, nb, 0), 'PX', px)
+        reason, reset, retry = 0, idiv(nxt + fN - 1, fN), 0
+      end
+    end
+    if not reason then
+      reason, rem, reset, retry = decide(key, fast, cost, now, v)
     end
   elseif fast then
     -- In place when the state is valid as decide would find it (A is fs,
