@@ -458,7 +458,7 @@ local first = pos -- the checks, when U is 0
 local fast, fs, fe, ft = false, 0, 0, 0
 if U ~= 0 and all ~= 1 then
   local ps = sets[U]
-  if (ps[1] == 3 or ps[1] == 5 or ps[1] == 6) and not ps[6] and not ps[8] and C > 0 and C <= ps[3] then
+  if ps[1] ~= 4 and not ps[6] and not ps[8] and C > 0 and C <= ps[3] then
     local tm = call('TIME')
     clock = tm[1] * 1000000 + tm[2]
     ft = idiv(clock, ps[5])
@@ -466,16 +466,19 @@ if U ~= 0 and all ~= 1 then
     fast, fe = ps, ft - fs
   end
 end
-local fN, fW, fwin, fgcra = 0, 0, false, false
--- for GCRA: the capacity (K x W) and its length in quanta (cap / N)
-local gcap, gfull = 0, 0
+local fN, fW, fwin, fbucket = 0, 0, false, false
+-- for the buckets and GCRA: the algorithm, the capacity (K x W), its
+-- length in quanta (cap / N, GCRA) and the slowest refill (E, buckets)
+local galg, gcap, gfull, gE = 0, 0, 0, 1
 -- for a fixed window: the window's field, the cost as Redis writes it and
 -- the time to live of a new window's count (ms)
 local ffield, fcost, fpx
 if fast then
-  fN, fW, fwin, fgcra = fast[2], fast[4], fast[1] == 3, fast[1] == 6
-  if fgcra then
-    gcap = fast[3] * fW
+  fN, fW, fwin = fast[2], fast[4], fast[1] == 3
+  galg = fast[1]
+  if galg == 1 or galg == 2 or galg == 6 then
+    fbucket = true
+    gcap, gE = fast[3] * fW, fast[7]
     gfull = idiv(gcap, fN)
   end
   if fwin then
@@ -525,7 +528,7 @@ for i = 1, #KEYS do
     if not reason then
       reason, rem, reset, retry = decide(key, fast, cost, now)
     end
-  elseif fgcra then
+  elseif fbucket then
     -- A valid or absent state whose debt leaves room for the cost, the
     -- clock not gone back: decide's arithmetic, inline (a Lua function
     -- call costs Redis much).
@@ -537,13 +540,26 @@ for i = 1, #KEYS do
         tag, a, b, c = unpack_('<Bddd', v)
       end
     end
-    if tag == 2 and c == 0 and a >= 0 and b >= 0 and a <= ft + gfull and b <= EXACT
+    -- GCRA: a the theoretical arrival time, b its part of a quantum in
+    -- units of 1/N; the buckets: a the debt, b the instant of the last
+    -- update
+    if tag == 2 and c == 0 and a >= 0 and b >= 0
+      and (galg == 6 and a <= ft + gfull and b <= EXACT or galg ~= 6 and b <= ft and a <= EXACT)
       and (a >= INT or a + INT - INT == a) and (b >= INT or b + INT - INT == b) then
       local debt = 0
-      if a >= ft then
-        debt = (a - ft) * fN + b
-        if b >= fN then
-          debt = (a - ft) * fN + fN
+      if galg == 6 then
+        if a >= ft then
+          debt = (a - ft) * fN + b
+          if b >= fN then
+            debt = (a - ft) * fN + fN
+          end
+        end
+      elseif a > 0 then
+        local el = ft - b
+        if el == 0 then
+          debt = a
+        elseif el < idiv(a + fN - 1, fN) then
+          debt = a - el * fN
         end
       end
       local nxt = debt + cost * fW
@@ -552,11 +568,18 @@ for i = 1, #KEYS do
         if nxt < gcap then
           rem = idiv(gcap - nxt, fW)
         end
-        local q = idiv(nxt, fN)
-        local na, nb = ft + q, nxt - q * fN
-        local exp = na
-        if nb > 0 then
-          exp = na + 1
+        local na, nb, exp
+        if galg == 6 then
+          local q = idiv(nxt, fN)
+          na, nb = ft + q, nxt - q * fN
+          exp = na
+          if nb > 0 then
+            exp = na + 1
+          end
+        else
+          -- the state is gone once drained at the slowest refill
+          na, nb = nxt, ft
+          exp = ft + idiv(nxt + gE - 1, gE)
         end
         local px = 1
         if exp * fast[5] > clock then
@@ -566,7 +589,7 @@ for i = 1, #KEYS do
         if px >= 1e15 then
           px = string.format('%.0f', px)
         end
-        call('SET', key, pack('<Bddd', 2, na, nb, 0), 'PX', px)
+        call('SET', key, pack('<Bddd', 2, na, nb, 0), 'PX', px) -- as write does
         reason, reset, retry = 0, idiv(nxt + fN - 1, fN), 0
       end
     end

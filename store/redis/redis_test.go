@@ -1704,20 +1704,31 @@ func TestWindowsInPlace(t *testing.T) {
 	}
 }
 
-// TestGCRAInline checks the common call of GCRA, every check at one set,
-// one cost and Redis' clock, which checkeach.lua decides inline for a key
-// absent or valid with room left, and in full otherwise: a key named
-// several times sees its earlier checks, and refusals and keys of another
-// type or in the text layout decide as single checks would.
-func TestGCRAInline(t *testing.T) {
+// TestBucketsInline checks the common call of the bucket algorithms and
+// GCRA, every check at one set, one cost and Redis' clock, which
+// checkeach.lua decides inline for a key absent or valid with room left,
+// and in full otherwise: a key named several times sees its earlier
+// checks, and refusals and keys of another type or in the text layout
+// decide as single checks would.
+func TestBucketsInline(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newStore(t, Config{Addrs: []string{srv.Addr}})
 	ctx := context.Background()
-	p := compile(t, sluice.Limit{Algorithm: sluice.GCRA, Limit: 3, Window: time.Hour})
-	if _, err := srv.Do("RPUSH", "gcra:list", "x"); err != nil {
+	for n, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
+		bucketsInline(t, ctx, srv, s, a)
+		if got, want := s.CorruptResets(), uint64(n+1); got != want {
+			t.Errorf("%s: CorruptResets = %d, want %d (a list each)", a, got, want)
+		}
+	}
+}
+
+func bucketsInline(t *testing.T, ctx context.Context, srv *redistest.Server, s *Store, a sluice.Algorithm) {
+	p := compile(t, sluice.Limit{Algorithm: a, Limit: 3, Window: time.Hour})
+	pre := a.String() + ":"
+	if _, err := srv.Do("RPUSH", pre+"list", "x"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := srv.Do("SET", "gcra:text", "1:0:0:0"); err != nil {
+	if _, err := srv.Do("SET", pre+"text", "1:0:0:0"); err != nil {
 		t.Fatal(err)
 	}
 	keys := []string{"a", "b", "a", "list", "a", "text", "a"}
@@ -1728,7 +1739,7 @@ func TestGCRAInline(t *testing.T) {
 	for round, w := range want {
 		reqs := make([]store.Request, len(keys))
 		for i, k := range keys {
-			reqs[i] = store.Request{Key: "gcra:" + k, Params: p, Cost: 1}
+			reqs[i] = store.Request{Key: pre + k, Params: p, Cost: 1}
 		}
 		out := make([]sluice.Decision, len(reqs))
 		if err := s.Check(ctx, reqs, out); err != nil {
@@ -1739,18 +1750,15 @@ func TestGCRAInline(t *testing.T) {
 			if !d.Allowed {
 				got = -1
 				if d.Reason != sluice.ReasonLimited || d.RetryAfter <= 0 {
-					t.Errorf("round %d, check %d (%s): refused %+v, want ReasonLimited and a retry after", round, i, keys[i], d)
+					t.Errorf("%s round %d, check %d (%s): refused %+v, want ReasonLimited and a retry after", a, round, i, keys[i], d)
 				}
 			}
 			if got != w[i] {
-				t.Errorf("round %d, check %d (%s): remaining %d, want %d (%+v)", round, i, keys[i], got, w[i], d)
+				t.Errorf("%s round %d, check %d (%s): remaining %d, want %d (%+v)", a, round, i, keys[i], got, w[i], d)
 			}
 			if d.ResetAfter <= 0 || d.ResetAfter > time.Hour {
-				t.Errorf("round %d, check %d (%s): reset after %v, want within the hour", round, i, keys[i], d.ResetAfter)
+				t.Errorf("%s round %d, check %d (%s): reset after %v, want within the hour", a, round, i, keys[i], d.ResetAfter)
 			}
 		}
-	}
-	if got := s.CorruptResets(); got != 1 {
-		t.Errorf("CorruptResets = %d, want 1 (the list)", got)
 	}
 }
