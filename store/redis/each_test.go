@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -219,5 +220,48 @@ func TestAllEachRoute(t *testing.T) {
 	}
 	if one[0].Remaining != 3 {
 		t.Errorf("rl:a after a denied batch: %d remaining, want 3 (nothing consumed)", one[0].Remaining)
+	}
+}
+
+// TestFixedWindowUpgrade checks that the common call of fixed-window
+// checks at Redis' clock, which counts with HINCRBY, reads the 25-byte
+// state an earlier version wrote for the current window: the count goes
+// on, and the key becomes the hash.
+func TestFixedWindowUpgrade(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 5, Window: 1000 * time.Hour})
+	// Redis runs on this machine's clock; a window of 1000 hours makes a
+	// window's end between here and the check all but impossible.
+	q := time.Now().UnixMicro() / p.Quantum
+	start := q - q%p.Window
+	var st []byte
+	st = append(st, 2)
+	for _, x := range []int64{start, 3, 0} {
+		st = binary.LittleEndian.AppendUint64(st, math.Float64bits(float64(x)))
+	}
+	for _, k := range []string{"up:a", "up:b"} {
+		if _, err := srv.Do("SET", k, string(st), "PX", "600000"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reqs := []store.Request{{Key: "up:a", Params: p, Cost: 1}, {Key: "up:b", Params: p, Cost: 1}, {Key: "up:a", Params: p, Cost: 1}}
+	out := make([]sluice.Decision, len(reqs))
+	if err := s.Check(context.Background(), reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int64{1, 1, 0} {
+		if d := out[i]; !d.Allowed || d.Remaining != want {
+			t.Errorf("check %d: %+v, want allowed with %d remaining", i, d, want)
+		}
+	}
+	if v, err := srv.Do("HGET", "up:a", strconv.FormatInt(start, 10)); err != nil || v != "5" {
+		t.Errorf("up:a's window holds %q (%v), want 5", v, err)
+	}
+	if v, err := srv.Do("PTTL", "up:a"); err != nil || v == "-1" || strings.HasPrefix(v, "-") {
+		t.Errorf("up:a's time to live: %q (%v), want one", v, err)
+	}
+	if s.CorruptResets() != 0 {
+		t.Errorf("%d corrupt resets, want 0", s.CorruptResets())
 	}
 }
