@@ -33,7 +33,11 @@
 // window, quantum; see LayoutTag), such as tb.1m0s, fw.1s or
 // swc.24h0m0s.q10, so that a change of algorithm or window in the
 // configuration starts from fresh state, while a change of limit (a new
-// tier, an override, a priority) keeps counting on the same state. A global
+// tier, an override, a priority) keeps counting on the same state. The
+// encoding of the value under a key is not in the tag: a store that
+// changes it (the Redis store's fixed window went from a 25-byte string
+// to a hash of its window's count) reads the earlier encoding too, so
+// that counts survive an upgrade on the same keys. A global
 // limit, shared by every region, has the tag @g (GlobalTag) whatever its
 // window: no layout tag can be it.
 //

@@ -95,7 +95,34 @@ end
 
 -- load returns the State of key for algorithm alg, or the zero state when
 -- the key is absent or corrupt (and then deletes it): see the ranges above.
+-- For a fixed window it returns too what else the key holds, as
+-- checkeach.lua's write takes it: nil nothing, true a string of the
+-- layout of earlier versions, or the field of the window read.
 local function load(key, alg)
+  if alg == FIXED then
+    -- a hash of one field, the window's start, holding its count
+    local ok, h = pcall(redis.call, 'HGETALL', key)
+    if ok then
+      if #h == 0 then
+        return 0, 0, 0
+      end
+      local a, b = tonumber(h[1]), tonumber(h[2])
+      if #h ~= 2 or not a or not b or not (a >= 0 and b >= 0 and a == floor(a) and b == floor(b))
+        or a >= LIMIT or b > EXACT then
+        reset_corrupt(key)
+        return 0, 0, 0
+      end
+      return a, b, 0, h[1]
+    end
+    -- another type: a string of the layout of earlier versions, kept
+    -- until it is written, or corrupt (deleted)
+    local before = corrupt
+    local a, b, c = load(key, 0)
+    if corrupt == before then
+      return a, b, c, true
+    end
+    return 0, 0, 0
+  end
   local ok, v = pcall(redis.call, 'GET', key)
   if not ok then
     reset_corrupt(key)
@@ -450,8 +477,8 @@ local function decide(i)
   end
   local w = work[key]
   if not w or w.log then
-    local a, b, c = load(key, r.alg)
-    w = { a, b, c }
+    local a, b, c, held = load(key, r.alg)
+    w = { a, b, c, held = held }
     work[key] = w
   end
   local a, b, c, ok, reason, rem, reset, retry = apply(r.alg, r.N, r.K, r.W, w[1], w[2], w[3], t, r.cost, r.refused)
@@ -495,7 +522,20 @@ local function commit()
       else
         local r = w.r
         local exp = expires_at(r.alg, r.E, r.W, w[1], w[2], w[3])
-        if exp then
+        if exp and r.alg == FIXED then
+          -- a hash of one field (see load); never deleted before it is
+          -- written but to replace the layout of earlier versions
+          local field = int(w[1])
+          if w.held == true then
+            redis.call('DEL', key)
+          end
+          redis.call('HSET', key, field, int(w[2]))
+          if w.held and w.held ~= true and w.held ~= field then
+            redis.call('HDEL', key, w.held)
+          end
+          w.held = field
+          redis.call('PEXPIRE', key, ttl(exp, r.Q, r.base))
+        elseif exp then
           redis.call('SET', key, struct.pack('<Bddd', 2, w[1], w[2], w[3]), 'PX', ttl(exp, r.Q, r.base))
         else
           redis.call('DEL', key)

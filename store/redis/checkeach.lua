@@ -4,18 +4,20 @@
 -- call, written for the least Redis CPU per check: a script's whole body
 -- runs on every call, so the checks a server gathers share one call (its
 -- cost, the reading of its arguments and of Redis' clock), and each check
--- pays only its GET, its SET and a few conversions. The conformance suite
--- holds both scripts to package algorithm.
+-- pays only its commands (a fixed window's HINCRBY; a GET and a SET) and
+-- a few conversions. The conformance suite holds both scripts to package
+-- algorithm.
 --
 -- Where the Redis CPU goes (docs/redis.md, "Sizing"): per call, the
 -- arguments (each a string made by Redis, and tonumber is strtod) and the
 -- reply (about as much again per integer); per check, its GET and its
 -- write. So the parameters and checks come in one binary argument read
--- with struct.unpack, the reply carries 2 integers per admitted check,
--- and the window algorithms, whose expiry every write of one window
--- shares, overwrite the state in place (SETRANGE, which keeps the time to
--- live) after the first write of a window (SET ... PX, about twice the
--- cost). The conformance suite holds both scripts to package algorithm.
+-- with struct.unpack, the reply carries 2 integers per admitted check, a
+-- fixed window counts with one HINCRBY of its window's field (a command
+-- that both reads and writes), and the sliding window counter, whose
+-- expiry every write of one window shares, overwrites its state in place
+-- (SETRANGE, which keeps the time to live) after the first write of a
+-- window (SET ... PX, about twice the cost).
 --
 -- KEYS[i]  the state key of check i; a key that appears twice sees the
 --          effect of its first check
@@ -45,8 +47,9 @@
 -- goes to check.lua.
 --
 -- State: the 25 bytes struct.pack('<Bddd', 2, A, B, C) (algorithm.State,
--- integers in doubles); the text "1:<A>:<B>:<C>" of earlier versions is
--- read too. The ranges are check.lua's (see its load).
+-- integers in doubles), and for a fixed window the hash {A: B} (decimal);
+-- the text "1:<A>:<B>:<C>" of earlier versions, and the 25 bytes for a
+-- fixed window, are read too. The ranges are check.lua's (see its load).
 
 local max = math.max
 local call, pcall_ = redis.call, redis.pcall
@@ -73,8 +76,8 @@ local args = ARGV[1]
 local margin, nsets, U, all, C, pos = unpack_('<dHHBd', args)
 local corrupt = 0
 local clock -- Redis' TIME in µs, read once
--- all or nothing: the writes held back, 5 values each (key, new state,
--- time to live in ms or false to keep it)
+-- all or nothing: the writes held back, 6 values each (key, new state,
+-- time to live in ms or false to keep it, whether it is a fixed window's)
 local held, nheld
 if all == 1 then
   held, nheld = {}, 0
@@ -82,9 +85,26 @@ end
 
 -- write writes the state (a, b, c) to key with a time to live of px ms,
 -- or, when px is false, overwrites its B in place, keeping its time to
--- live.
-local function write(key, px, a, b, c)
-  if px then
+-- live. A fixed window's state is the hash {A: B}; fw, false for the
+-- other algorithms, says what else the key holds: 1 nothing, true a
+-- string (the layout of earlier versions, deleted first), or the field of
+-- another window, deleted after. (A key is never deleted before it is
+-- written otherwise: in a slot that is moving between Cluster masters, a
+-- script may write only keys that are there.)
+local function write(key, px, a, b, c, fw)
+  if fw then
+    if fw == true then
+      call('DEL', key)
+    end
+    local field = string.format('%.0f', a)
+    call('HSET', key, field, string.format('%.0f', b))
+    if fw ~= 1 and fw ~= true and fw ~= field then
+      call('HDEL', key, fw)
+    end
+    if px then
+      call('PEXPIRE', key, px)
+    end
+  elseif px then
     call('SET', key, pack('<Bddd', 2, a, b, c), 'PX', px)
   else
     -- B alone changes: bytes 9 to 16
@@ -129,22 +149,52 @@ local function decide(key, ps, cost, now, v)
     ps[9], ps[10] = now, t
   end
 
-  -- The state: absent, valid (either layout), or corrupt (reset).
+  -- The state: absent, valid (any layout), or corrupt (reset). A fixed
+  -- window's is a hash of one field, the window's start, holding its
+  -- count; a string there is the layout of earlier versions, read once.
   local a, b, c = 0, 0, 0
-  local bin = false -- the state is in the 25-byte layout
-  if v == nil then
+  local bin = false -- the state is in its current layout
+  local fw = false -- a fixed window: what else its key holds (see write)
+  if alg == 3 then
+    fw = 1
+    local h = pcall_('HGETALL', key)
+    if h.err then
+      v = pcall_('GET', key)
+      if v then
+        fw = true
+      end
+    elseif #h == 2 then
+      a, b, v = tonumber(h[1]), tonumber(h[2]), false
+      if a and b then
+        bin, fw = true, h[1]
+      else
+        v = h
+      end
+    elseif #h > 0 then
+      v = h
+    else
+      v = false
+    end
+  elseif v == nil then
     v = pcall_('GET', key)
   end
-  if v then
+  if bin then
+    if not (a >= 0 and b >= 0 and a < LIMIT and b <= EXACT
+      and (a >= INT or a + INT - INT == a) and (b >= INT or b + INT - INT == b)) then
+      call('DEL', key)
+      corrupt = corrupt + 1
+      a, b, c, bin, fw = 0, 0, 0, false, 1
+    end
+  elseif v then
     -- v is a string, or a table for an error (another type), whose
     -- length is 0
     local ok, len, tag = false, #v, nil
-    if len == 25 then
+    if len == 25 and type(v) == 'string' then
       tag, a, b, c = unpack_('<Bddd', v)
     end
     if tag == 2 then
-      ok, bin = true, true
-    elseif len > 0 then
+      ok, bin = true, not fw
+    elseif len > 0 and type(v) == 'string' then
       local sa, sb, sc = match(v, '^1:(%d+):(%d+):(%d+)$')
       a, b, c = tonumber(sa), tonumber(sb), tonumber(sc)
       ok = a and b and c
@@ -165,6 +215,9 @@ local function decide(key, ps, cost, now, v)
       call('DEL', key)
       corrupt = corrupt + 1
       a, b, c, bin = 0, 0, 0, false
+      if fw then
+        fw = 1
+      end
     end
   end
 
@@ -361,8 +414,10 @@ local function decide(key, ps, cost, now, v)
     end
   end
   if all == 1 then
-    held[nheld + 1], held[nheld + 2], held[nheld + 3], held[nheld + 4], held[nheld + 5] = key, px, na, nb, nc
-    nheld = nheld + 5
+    held[nheld + 1], held[nheld + 2], held[nheld + 3], held[nheld + 4], held[nheld + 5], held[nheld + 6] = key, px, na, nb, nc, fw
+    nheld = nheld + 6
+  elseif fw then
+    write(key, px, na, nb, nc, fw)
   elseif px then
     call('SET', key, pack('<Bddd', 2, na, nb, nc), 'PX', px)
   else
@@ -392,18 +447,18 @@ local reply, n = { 0 }, 1
 local denied = false
 local first = pos -- the checks, when U is 0
 
--- The most common checks: a fixed window or a sliding window counter,
--- every check of the call at one parameter set, one cost within the
--- capacity and Redis' clock, on a key holding counts of the current window
--- that leave room for the cost. Such a check is counted in place here,
--- without decide's general path, which every other check (a new window, a
--- refusal, an absent or corrupt key) takes with the value read. fast holds
--- the set; fs the window's start, fe the quanta elapsed since and ft the
--- instant, in quanta.
+-- The most common checks: a fixed window, a sliding window counter or
+-- GCRA, every check of the call at one parameter set, one cost within the
+-- capacity and Redis' clock. A fixed window's check is one HINCRBY; a
+-- counter's on a key holding counts of the current window that leave room
+-- for the cost is counted in place; a GCRA check on a key absent or valid
+-- that leaves room is decided inline. Every other check takes decide's
+-- general path. fast holds the set; fs the window's start, fe the quanta
+-- elapsed since and ft the instant, in quanta.
 local fast, fs, fe, ft = false, 0, 0, 0
 if U ~= 0 and all ~= 1 then
   local ps = sets[U]
-  if (ps[1] == 3 or ps[1] == 5) and not ps[6] and not ps[8] and C > 0 and C <= ps[3] then
+  if ps[1] ~= 4 and not ps[6] and not ps[8] and C > 0 and C <= ps[3] then
     local tm = call('TIME')
     clock = tm[1] * 1000000 + tm[2]
     ft = idiv(clock, ps[5])
@@ -411,9 +466,32 @@ if U ~= 0 and all ~= 1 then
     fast, fe = ps, ft - fs
   end
 end
-local fN, fW, fwin = 0, 0, false
+local fN, fW, fwin, fbucket = 0, 0, false, false
+-- for the buckets and GCRA: the algorithm, the capacity (K x W), its
+-- length in quanta (cap / N, GCRA) and the slowest refill (E, buckets)
+local galg, gcap, gfull, gE = 0, 0, 0, 1
+-- for a fixed window: the window's field, the cost as Redis writes it and
+-- the time to live of a new window's count (ms)
+local ffield, fcost, fpx
 if fast then
   fN, fW, fwin = fast[2], fast[4], fast[1] == 3
+  galg = fast[1]
+  if galg == 1 or galg == 2 or galg == 6 then
+    fbucket = true
+    gcap, gE = fast[3] * fW, fast[7]
+    gfull = idiv(gcap, fN)
+  end
+  if fwin then
+    ffield, fcost = string.format('%.0f', fs), string.format('%.0f', C)
+    fpx = 1
+    if (fs + fW) * fast[5] > clock then
+      fpx = idiv((fs + fW) * fast[5] - clock + 999, 1000)
+    end
+    fpx = fpx + margin
+    if fpx >= 1e15 then
+      fpx = string.format('%.0f', fpx)
+    end
+  end
 end
 
 for i = 1, #KEYS do
@@ -423,7 +501,102 @@ for i = 1, #KEYS do
   end
   local key = KEYS[i]
   local reason, rem, reset, retry
-  if fast then
+  if fwin then
+    -- A fixed window counts with one HINCRBY of the window's field. A
+    -- count that goes over the limit is taken back (refusals are not
+    -- counted); a field it creates gets the window's expiry, unless the key
+    -- holds another window too, which, with a key of another type or
+    -- layout, decide's general path settles.
+    local v = pcall_('HINCRBY', key, ffield, fcost)
+    if type(v) == 'number' then
+      if v > cost then
+        if v <= fN then
+          reason, rem, reset, retry = 0, fN - v, fW - fe, 0
+        else
+          call('HINCRBY', key, ffield, -cost)
+          reason, rem, reset, retry = 1, max(fN - v + cost, 0), fW - fe, fW - fe
+        end
+      elseif v == cost and v <= fN and call('HLEN', key) == 1 then
+        call('PEXPIRE', key, fpx)
+        reason, rem, reset, retry = 0, fN - v, fW - fe, 0
+      elseif v == cost then
+        call('HDEL', key, ffield)
+      else
+        call('HINCRBY', key, ffield, -cost)
+      end
+    end
+    if not reason then
+      reason, rem, reset, retry = decide(key, fast, cost, now)
+    end
+  elseif fbucket then
+    -- A valid or absent state whose debt leaves room for the cost, the
+    -- clock not gone back: decide's arithmetic, inline (a Lua function
+    -- call costs Redis much).
+    local v = pcall_('GET', key)
+    local tag, a, b, c = 2, 0, 0, 0
+    if v then
+      tag = nil
+      if #v == 25 then
+        tag, a, b, c = unpack_('<Bddd', v)
+      end
+    end
+    -- GCRA: a the theoretical arrival time, b its part of a quantum in
+    -- units of 1/N; the buckets: a the debt, b the instant of the last
+    -- update
+    if tag == 2 and c == 0 and a >= 0 and b >= 0
+      and (galg == 6 and a <= ft + gfull and b <= EXACT or galg ~= 6 and b <= ft and a <= EXACT)
+      and (a >= INT or a + INT - INT == a) and (b >= INT or b + INT - INT == b) then
+      local debt = 0
+      if galg == 6 then
+        if a >= ft then
+          debt = (a - ft) * fN + b
+          if b >= fN then
+            debt = (a - ft) * fN + fN
+          end
+        end
+      elseif a > 0 then
+        local el = ft - b
+        if el == 0 then
+          debt = a
+        elseif el < idiv(a + fN - 1, fN) then
+          debt = a - el * fN
+        end
+      end
+      local nxt = debt + cost * fW
+      if nxt <= gcap then
+        rem = 0
+        if nxt < gcap then
+          rem = idiv(gcap - nxt, fW)
+        end
+        local na, nb, exp
+        if galg == 6 then
+          local q = idiv(nxt, fN)
+          na, nb = ft + q, nxt - q * fN
+          exp = na
+          if nb > 0 then
+            exp = na + 1
+          end
+        else
+          -- the state is gone once drained at the slowest refill
+          na, nb = nxt, ft
+          exp = ft + idiv(nxt + gE - 1, gE)
+        end
+        local px = 1
+        if exp * fast[5] > clock then
+          px = idiv(exp * fast[5] - clock + 999, 1000)
+        end
+        px = px + margin
+        if px >= 1e15 then
+          px = string.format('%.0f', px)
+        end
+        call('SET', key, pack('<Bddd', 2, na, nb, 0), 'PX', px) -- as write does
+        reason, reset, retry = 0, idiv(nxt + fN - 1, fN), 0
+      end
+    end
+    if not reason then
+      reason, rem, reset, retry = decide(key, fast, cost, now, v)
+    end
+  elseif fast then
     -- In place when the state is valid as decide would find it (A is fs,
     -- an integer in range; B a positive integer count; C 0 in a fixed
     -- window, the previous window's count in a counter) and leaves room
@@ -465,8 +638,8 @@ for i = 1, #KEYS do
 end
 if all == 1 then
   if not denied then
-    for j = 1, nheld, 5 do
-      write(held[j], held[j + 1], held[j + 2], held[j + 3], held[j + 4])
+    for j = 1, nheld, 6 do
+      write(held[j], held[j + 1], held[j + 2], held[j + 3], held[j + 4], held[j + 5])
     end
   else
     -- Nothing is written: the reply is made again, each check that was

@@ -2,9 +2,12 @@ package redis
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,10 +43,10 @@ func TestEachReply(t *testing.T) {
 	}
 }
 
-// TestEachStateLayouts checks that both scripts read the state of the
-// three-integer algorithms in its 25-byte layout and in the text layout
-// of earlier versions (a key written before an upgrade keeps its count),
-// that they write the 25-byte layout, and that a call mixing instants and
+// TestEachStateLayouts checks that both scripts read a fixed window's
+// state in the text and 25-byte layouts of earlier versions (a key written
+// before an upgrade keeps its count), that they write it as a hash of
+// the window's start and count, and that a call mixing instants and
 // Redis' clock and one at Redis' clock alone decide alike.
 func TestEachStateLayouts(t *testing.T) {
 	srv := redistest.Start(t)
@@ -60,16 +63,31 @@ func TestEachStateLayouts(t *testing.T) {
 		if d := out[0]; !d.Allowed || d.Remaining != 1 {
 			t.Errorf("%s on the text layout: %+v, want allowed with 1 remaining", via, d)
 		}
-		v, err := srv.Do("GET", key)
+		n, err := srv.Do("HLEN", key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(v) != 25 || v[0] != 2 {
-			t.Errorf("%s wrote %q, want the 25-byte layout", via, v)
+		field := strconv.FormatInt(t0.UnixMicro()/p.Quantum, 10)
+		v, err := srv.Do("HGET", key, field)
+		if err != nil || n != "1" || v != "4" {
+			t.Errorf("%s wrote %s fields, %q in field %s (%v); want the hash {%[4]s: 4}", via, n, v, field, err)
 		}
 		out = checkVia(t, s, via, []store.Request{{Key: key, Params: p, Cost: 2, Now: t0.Add(2 * time.Second)}})
 		if d := out[0]; d.Allowed || d.Remaining != 1 {
-			t.Errorf("%s on the 25-byte layout: %+v, want denied with 1 remaining", via, d)
+			t.Errorf("%s on the hash: %+v, want denied with 1 remaining", via, d)
+		}
+		// The 25-byte layout of the previous version: 3 admitted at t0.
+		var st []byte
+		st = append(st, 2)
+		for _, x := range []int64{t0.UnixMicro() / p.Quantum, 3, 0} {
+			st = binary.LittleEndian.AppendUint64(st, math.Float64bits(float64(x)))
+		}
+		if _, err := srv.Do("SET", key, string(st), "PX", "120000"); err != nil {
+			t.Fatal(err)
+		}
+		out = checkVia(t, s, via, []store.Request{{Key: key, Params: p, Cost: 2, Now: t0.Add(2 * time.Second)}})
+		if d := out[0]; !d.Allowed || d.Remaining != 0 {
+			t.Errorf("%s on the 25-byte layout: %+v, want allowed with 0 remaining", via, d)
 		}
 		if s.CorruptResets() != 0 {
 			t.Errorf("%s: %d corrupt resets, want 0", via, s.CorruptResets())
@@ -202,5 +220,48 @@ func TestAllEachRoute(t *testing.T) {
 	}
 	if one[0].Remaining != 3 {
 		t.Errorf("rl:a after a denied batch: %d remaining, want 3 (nothing consumed)", one[0].Remaining)
+	}
+}
+
+// TestFixedWindowUpgrade checks that the common call of fixed-window
+// checks at Redis' clock, which counts with HINCRBY, reads the 25-byte
+// state an earlier version wrote for the current window: the count goes
+// on, and the key becomes the hash.
+func TestFixedWindowUpgrade(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 5, Window: 1000 * time.Hour})
+	// Redis runs on this machine's clock; a window of 1000 hours makes a
+	// window's end between here and the check all but impossible.
+	q := time.Now().UnixMicro() / p.Quantum
+	start := q - q%p.Window
+	var st []byte
+	st = append(st, 2)
+	for _, x := range []int64{start, 3, 0} {
+		st = binary.LittleEndian.AppendUint64(st, math.Float64bits(float64(x)))
+	}
+	for _, k := range []string{"up:a", "up:b"} {
+		if _, err := srv.Do("SET", k, string(st), "PX", "600000"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reqs := []store.Request{{Key: "up:a", Params: p, Cost: 1}, {Key: "up:b", Params: p, Cost: 1}, {Key: "up:a", Params: p, Cost: 1}}
+	out := make([]sluice.Decision, len(reqs))
+	if err := s.Check(context.Background(), reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int64{1, 1, 0} {
+		if d := out[i]; !d.Allowed || d.Remaining != want {
+			t.Errorf("check %d: %+v, want allowed with %d remaining", i, d, want)
+		}
+	}
+	if v, err := srv.Do("HGET", "up:a", strconv.FormatInt(start, 10)); err != nil || v != "5" {
+		t.Errorf("up:a's window holds %q (%v), want 5", v, err)
+	}
+	if v, err := srv.Do("PTTL", "up:a"); err != nil || v == "-1" || strings.HasPrefix(v, "-") {
+		t.Errorf("up:a's time to live: %q (%v), want one", v, err)
+	}
+	if s.CorruptResets() != 0 {
+		t.Errorf("%d corrupt resets, want 0", s.CorruptResets())
 	}
 }

@@ -30,11 +30,14 @@
 // The Redis key of a request is Config.Prefix followed by its Key; a key
 // longer than Config.MaxKeyLength is replaced by a fixed-length form that
 // keeps its hash tag and ends with the SHA-256 of the whole key (see
-// docs/redis.md). The state of the bucket, window and GCRA algorithms is a
-// string of 25 bytes, a byte 2 and the three integers of algorithm.State as
-// little-endian doubles (the text "1:<A>:<B>:<C>" of earlier versions is
-// read too); the sliding window log is a sorted set with one member per
-// admitted unit. Every written key expires once its state is equivalent to
+// docs/redis.md). The state of a fixed window is a hash of one field, the
+// window's start in quanta, holding the window's count (so that a check
+// is one HINCRBY); that of the bucket algorithms, the sliding window
+// counter and GCRA is a string of 25 bytes, a byte 2 and the three
+// integers of algorithm.State as little-endian doubles (the text
+// "1:<A>:<B>:<C>" of earlier versions, and the 25-byte string for a fixed
+// window, are read too); the sliding window log is a sorted set with one
+// member per admitted unit. Every written key expires once its state is equivalent to
 // no state (algorithm.ExpiresAt, counted from the instant of the request)
 // plus Config.ExpiryMargin. A denied request and a request of cost 0 write
 // nothing.

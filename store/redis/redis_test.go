@@ -348,6 +348,7 @@ func measure(t *testing.T, srv *redistest.Server, f func()) map[string]int {
 var scriptCommands = map[string]bool{
 	"get": true, "set": true, "setrange": true, "del": true, "time": true, "pexpire": true,
 	"zcard": true, "zcount": true, "zrange": true, "zadd": true, "zremrangebyscore": true,
+	"hincrby": true, "hlen": true, "hdel": true, "hset": true, "hgetall": true,
 }
 
 // TestOneEvalshaPerCheck shows by INFO commandstats that one check is one
@@ -1699,6 +1700,65 @@ func TestWindowsInPlace(t *testing.T) {
 		}
 		if got, want := s.CorruptResets(), uint64(2*(n+1)); got != want {
 			t.Errorf("%s: CorruptResets = %d, want %d (a list and a count of 1.5 each)", a, got, want)
+		}
+	}
+}
+
+// TestBucketsInline checks the common call of the bucket algorithms and
+// GCRA, every check at one set, one cost and Redis' clock, which
+// checkeach.lua decides inline for a key absent or valid with room left,
+// and in full otherwise: a key named several times sees its earlier
+// checks, and refusals and keys of another type or in the text layout
+// decide as single checks would.
+func TestBucketsInline(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	ctx := context.Background()
+	for n, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
+		bucketsInline(t, ctx, srv, s, a)
+		if got, want := s.CorruptResets(), uint64(n+1); got != want {
+			t.Errorf("%s: CorruptResets = %d, want %d (a list each)", a, got, want)
+		}
+	}
+}
+
+func bucketsInline(t *testing.T, ctx context.Context, srv *redistest.Server, s *Store, a sluice.Algorithm) {
+	p := compile(t, sluice.Limit{Algorithm: a, Limit: 3, Window: time.Hour})
+	pre := a.String() + ":"
+	if _, err := srv.Do("RPUSH", pre+"list", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Do("SET", pre+"text", "1:0:0:0"); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"a", "b", "a", "list", "a", "text", "a"}
+	want := [][]int64{ // remaining per check, -1 for a refusal
+		{2, 2, 1, 2, 0, 2, -1},
+		{-1, 1, -1, 1, -1, 1, -1},
+	}
+	for round, w := range want {
+		reqs := make([]store.Request, len(keys))
+		for i, k := range keys {
+			reqs[i] = store.Request{Key: pre + k, Params: p, Cost: 1}
+		}
+		out := make([]sluice.Decision, len(reqs))
+		if err := s.Check(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		for i, d := range out {
+			got := d.Remaining
+			if !d.Allowed {
+				got = -1
+				if d.Reason != sluice.ReasonLimited || d.RetryAfter <= 0 {
+					t.Errorf("%s round %d, check %d (%s): refused %+v, want ReasonLimited and a retry after", a, round, i, keys[i], d)
+				}
+			}
+			if got != w[i] {
+				t.Errorf("%s round %d, check %d (%s): remaining %d, want %d (%+v)", a, round, i, keys[i], got, w[i], d)
+			}
+			if d.ResetAfter <= 0 || d.ResetAfter > time.Hour {
+				t.Errorf("%s round %d, check %d (%s): reset after %v, want within the hour", a, round, i, keys[i], d.ResetAfter)
+			}
 		}
 	}
 }
