@@ -29,12 +29,16 @@ const (
 // Status and Reset call it too, for their other callers. Every rule on the
 // fields of a check is here, and nowhere else.
 func (c *Check) Validate() error {
-	for _, f := range [...]struct{ name, v string }{
-		{"client_id", c.ClientID}, {"resource", c.Resource}, {"operation", c.Operation},
-		{"idempotency_key", c.IdempotencyKey}, {"user", c.User}, {"ip", c.IP},
-		{"api_key", c.APIKey}, {"method", c.Method},
+	for _, f := range [...]struct {
+		name, v string
+		limit   int
+	}{
+		{"client_id", c.ClientID, MaxIdentifierLen}, {"resource", c.Resource, MaxResourceLen},
+		{"operation", c.Operation, MaxIdentifierLen}, {"idempotency_key", c.IdempotencyKey, MaxIdentifierLen},
+		{"user", c.User, MaxIdentifierLen}, {"ip", c.IP, MaxIdentifierLen},
+		{"api_key", c.APIKey, MaxIdentifierLen}, {"method", c.Method, MaxIdentifierLen},
 	} {
-		if err := ValidateField(f.name, f.v); err != nil {
+		if err := validateText(f.name, f.v, f.limit); err != nil {
 			return err
 		}
 	}
@@ -61,15 +65,36 @@ func ValidateField(field, v string) error {
 	if isResource(field) {
 		limit = MaxResourceLen
 	}
+	return validateText(field, v, limit)
+}
+
+// validateText is ValidateField with the field's bound given: one pass
+// over the bytes, which falls back to a full UTF-8 check at the first
+// byte that is not ASCII (every check's fields pass it, so it is on the
+// check path).
+func validateText(field, v string, limit int) error {
 	if len(v) > limit {
 		return &FieldError{Field: field, Reason: strconv.Itoa(len(v)) + " bytes long, the limit is " + strconv.Itoa(limit)}
 	}
-	if !utf8.ValidString(v) {
-		return &FieldError{Field: field, Reason: "invalid UTF-8"}
-	}
 	for i := 0; i < len(v); i++ {
-		if v[i] < 0x20 || v[i] == 0x7f {
+		switch b := v[i]; {
+		case b < 0x20 || b == 0x7f:
+			if !utf8.ValidString(v) { // an invalid string is told as such first
+				return &FieldError{Field: field, Reason: "invalid UTF-8"}
+			}
 			return &FieldError{Field: field, Reason: "holds a control character"}
+		case b >= utf8.RuneSelf:
+			if !utf8.ValidString(v[i:]) {
+				return &FieldError{Field: field, Reason: "invalid UTF-8"}
+			}
+			// The bytes of a multi-byte sequence are all above 0x7f:
+			// what is left to find are control characters.
+			for j := i + 1; j < len(v); j++ {
+				if v[j] < 0x20 || v[j] == 0x7f {
+					return &FieldError{Field: field, Reason: "holds a control character"}
+				}
+			}
+			return nil
 		}
 	}
 	return nil
