@@ -143,6 +143,7 @@ type Guard struct {
 	onChange func(from, to BreakerState)
 	obs      Observer
 	pool     sync.Pool // *scratch
+	jobs     sync.Pool // *job
 
 	maxInFlight int64
 	inflight    atomic.Int64 // store calls in flight, abandoned ones included
@@ -219,6 +220,7 @@ func New(inner Store, cfg Config) (*Guard, error) {
 		g.wg.Go(func() { g.syncLoop(ctx) })
 	}
 	g.pool.New = func() any { return new(scratch) }
+	g.jobs.New = newJobValue
 	return g, nil
 }
 
