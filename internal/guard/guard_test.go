@@ -83,6 +83,7 @@ func checkSourced(ctx context.Context, g *Guard, all bool, reqs []store.Request,
 // wins.
 func TestDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
+		settle(t)
 		f := &guardtest.Faulty{Inner: newMemory(t, nil)}
 		f.SetDelay(time.Second)
 		const deadline = 5 * time.Millisecond
@@ -112,7 +113,6 @@ func TestDeadline(t *testing.T) {
 		if took := time.Since(start); took != time.Millisecond {
 			t.Errorf("caller's 1ms deadline: returned after %s", took)
 		}
-		time.Sleep(time.Second) // the gatherers' sweepers see no check left, and end
 	})
 }
 
@@ -125,6 +125,7 @@ func TestBreaker(t *testing.T) {
 }
 
 func testBreaker(t *testing.T) {
+	settle(t)
 	const openTimeout = 100 * time.Millisecond
 	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
 	var mu sync.Mutex
@@ -214,7 +215,6 @@ func testBreaker(t *testing.T) {
 	if obs.breaker[BreakerOpen].Load() != 2 || obs.breaker[BreakerClosed].Load() != 1 || obs.calls.Load() != st.StoreCalls || obs.errs.Load() != st.StoreErrors {
 		t.Errorf("observer: breaker %d open %d closed, %d calls %d errors; stats %+v", obs.breaker[BreakerOpen].Load(), obs.breaker[BreakerClosed].Load(), obs.calls.Load(), obs.errs.Load(), st)
 	}
-	time.Sleep(time.Second) // the gatherer's sweeper sees no check left, and ends
 }
 
 // countObserver counts the events it receives.
@@ -368,71 +368,89 @@ func (b *blockedStore) Do(ctx context.Context, bt *store.Batch) error {
 	return b.Store.Do(ctx, bt)
 }
 
+// TestBreakerIgnoresCallerCancellation runs in a testing/synctest bubble:
+// each caller cancels 1 ms into a call of a store that takes a second.
 func TestBreakerIgnoresCallerCancellation(t *testing.T) {
-	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
-	f.SetDelay(time.Second)
-	g := newGuard(t, f, Config{Deadline: time.Second, Breaker: BreakerConfig{MinRequests: 2}})
-	p := params(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second})
-	for range 10 {
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() { time.Sleep(time.Millisecond); cancel() }()
-		check1(ctx, g, "k", p, 1)
-		cancel()
-	}
-	if got := g.BreakerState(); got != BreakerClosed {
-		t.Errorf("after calls cancelled by their callers: %s, want closed", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		settle(t)
+		f := &guardtest.Faulty{Inner: newMemory(t, nil)}
+		f.SetDelay(time.Second)
+		g := newGuard(t, f, Config{Deadline: time.Second, Breaker: BreakerConfig{MinRequests: 2}})
+		p := params(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second})
+		for range 10 {
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() { time.Sleep(time.Millisecond); cancel() }()
+			if _, _, err := check1(ctx, g, "k", p, 1); !errors.Is(err, context.Canceled) {
+				t.Errorf("cancelled call: err = %v", err)
+			}
+			cancel()
+		}
+		if got := g.BreakerState(); got != BreakerClosed {
+			t.Errorf("after calls cancelled by their callers: %s, want closed", got)
+		}
+	})
 }
 
 // TestBreakerIgnoresCallersShortDeadlines: callers whose own deadline is
 // shorter than the store deadline give up on a store that answers within
 // the store deadline. Their timeouts say nothing of the store: they must
 // not open the breaker for every other caller. A store slower than the
-// store deadline still opens it.
+// store deadline still opens it. It runs in a testing/synctest bubble.
 func TestBreakerIgnoresCallersShortDeadlines(t *testing.T) {
 	for _, gatherers := range []int{0, -1} {
 		t.Run(fmt.Sprintf("gatherers=%d", gatherers), func(t *testing.T) {
-			f := &guardtest.Faulty{Inner: newMemory(t, nil)}
-			g := newGuard(t, f, Config{Deadline: 50 * time.Millisecond, Gatherers: gatherers, OverLimit: OverLimitConfig{Disabled: true},
-				Breaker: BreakerConfig{Window: time.Minute, MinRequests: 10, FailureRatio: 0.5, Sustain: -1}})
-			p := params(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 1 << 30, Window: time.Second})
-			f.SetDelay(10 * time.Millisecond)
-			gaveUp := 0
-			for range 30 {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-				_, _, err := check1(ctx, g, "k", p, 1)
-				cancel()
-				if errors.Is(err, sluice.ErrStoreUnavailable) {
-					gaveUp++
-				}
-			}
-			if gaveUp < 20 { // a loaded machine may wake a caller late
-				t.Fatalf("%d of 30 callers with 1ms deadlines gave up on a 10ms store, want most", gaveUp)
-			}
-			if st := g.BreakerState(); st != BreakerClosed {
-				t.Fatalf("breaker %s after callers with 1ms deadlines gave up on a store answering in 10ms, within the 50ms store deadline; want closed", st)
-			}
-			if _, _, err := check1(context.Background(), g, "k", p, 1); err != nil {
-				t.Fatalf("a caller with no deadline of its own: %v", err)
-			}
-			// The store slower than the store deadline: callers with no
-			// deadline of their own wait for it, and their failures count.
-			f.SetDelay(time.Second)
-			for range 10 {
-				check1(context.Background(), g, "k", p, 1)
-			}
-			if st := g.BreakerState(); st != BreakerOpen {
-				t.Errorf("breaker %s after 10 calls past the store deadline, want open", st)
-			}
+			synctest.Test(t, func(t *testing.T) { testBreakerIgnoresCallersShortDeadlines(t, gatherers) })
 		})
+	}
+}
+
+func testBreakerIgnoresCallersShortDeadlines(t *testing.T, gatherers int) {
+	settle(t)
+	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
+	g := newGuard(t, f, Config{Deadline: 50 * time.Millisecond, Gatherers: gatherers, OverLimit: OverLimitConfig{Disabled: true},
+		Breaker: BreakerConfig{Window: time.Minute, MinRequests: 10, FailureRatio: 0.5, Sustain: -1}})
+	p := params(t, sluice.Limit{Algorithm: sluice.TokenBucket, Limit: 1 << 30, Window: time.Second})
+	f.SetDelay(10 * time.Millisecond)
+	gaveUp := 0
+	for range 30 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		_, _, err := check1(ctx, g, "k", p, 1)
+		cancel()
+		if errors.Is(err, sluice.ErrStoreUnavailable) {
+			gaveUp++
+		}
+	}
+	if gaveUp != 30 {
+		t.Fatalf("%d of 30 callers with 1ms deadlines gave up on a 10ms store, want all", gaveUp)
+	}
+	if st := g.BreakerState(); st != BreakerClosed {
+		t.Fatalf("breaker %s after callers with 1ms deadlines gave up on a store answering in 10ms, within the 50ms store deadline; want closed", st)
+	}
+	if _, _, err := check1(context.Background(), g, "k", p, 1); err != nil {
+		t.Fatalf("a caller with no deadline of its own: %v", err)
+	}
+	// The store slower than the store deadline: callers with no
+	// deadline of their own wait for it, and their failures count.
+	f.SetDelay(time.Second)
+	for range 10 {
+		check1(context.Background(), g, "k", p, 1)
+	}
+	if st := g.BreakerState(); st != BreakerOpen {
+		t.Errorf("breaker %s after 10 calls past the store deadline, want open", st)
 	}
 }
 
 // TestBreakerExcludedCallsDoNotDiluteTheRatio: calls cancelled by their
 // callers are not counted, so they neither lower the failure ratio nor
 // count toward MinRequests. 30 cancelled calls, then 20 failures: the 20
-// counted calls all failed, and the breaker opens.
+// counted calls all failed, and the breaker opens. It runs in a
+// testing/synctest bubble.
 func TestBreakerExcludedCallsDoNotDiluteTheRatio(t *testing.T) {
+	synctest.Test(t, testBreakerExcludedCallsDoNotDiluteTheRatio)
+}
+
+func testBreakerExcludedCallsDoNotDiluteTheRatio(t *testing.T) {
+	settle(t)
 	f := &guardtest.Faulty{Inner: newMemory(t, nil)}
 	g := newGuard(t, f, Config{Deadline: time.Second, OverLimit: OverLimitConfig{Disabled: true},
 		Breaker: BreakerConfig{Window: time.Minute, MinRequests: 20, FailureRatio: 0.5, Sustain: -1}})
@@ -458,6 +476,12 @@ func TestBreakerExcludedCallsDoNotDiluteTheRatio(t *testing.T) {
 		t.Errorf("breaker %s after 30 cancelled calls and 20 failures, want open: the 20 counted calls all failed", st)
 	}
 }
+
+// settle lets the goroutines a guard leaves behind in a testing/synctest
+// bubble (calls past their deadline, the gatherer's sweeper) end before the
+// bubble does, whether the test passes or fails: when the test ends, it
+// sleeps a minute of the bubble's clock.
+func settle(t *testing.T) { t.Cleanup(func() { time.Sleep(time.Minute) }) }
 
 // fakeClock is a clock tests move by hand.
 type fakeClock struct{ ns atomic.Int64 }
@@ -805,6 +829,7 @@ func TestBadConfig(t *testing.T) {
 // time passes only when the test sleeps, so the bounds are exact.
 func TestBreakerSustain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
+		settle(t)
 		const sustain = 150 * time.Millisecond
 		f := &guardtest.Faulty{Inner: newMemory(t, nil)}
 		g := newGuard(t, f, Config{Deadline: time.Second, OverLimit: OverLimitConfig{Disabled: true},
@@ -839,6 +864,5 @@ func TestBreakerSustain(t *testing.T) {
 		if took := time.Since(start); g.BreakerState() != BreakerOpen || took < met+sustain || took > met+sustain+time.Millisecond {
 			t.Errorf("breaker %s %s into the outage, want open %s in", g.BreakerState(), took, met+sustain)
 		}
-		time.Sleep(time.Second) // the gatherer's sweeper sees no check left, and ends
 	})
 }
