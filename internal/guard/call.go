@@ -68,6 +68,8 @@ type job struct {
 	expires time.Time
 	start   time.Time
 	stall   time.Duration
+
+	pool *sync.Pool // the guard's, which recycles it
 }
 
 // The values a job's done channel receives.
@@ -85,11 +87,14 @@ const (
 	jobAbandoned
 )
 
-var jobPool = sync.Pool{New: func() any { return &job{done: make(chan uint8, 1)} }}
+func newJobValue() any { return &job{done: make(chan uint8, 1)} }
 
 // newJob returns a job of op on copies of reqs, with room for n decisions.
+// Jobs are recycled per guard: a job's channel stays with the guard that
+// made it (and so within one testing/synctest bubble).
 func (g *Guard) newJob(op uint8, reqs []store.Request, n int) *job {
-	j := jobPool.Get().(*job)
+	j := g.jobs.Get().(*job)
+	j.pool = &g.jobs
 	j.op = op
 	j.reqs = append(j.reqs[:0], reqs...)
 	j.out = grow(j.out, n)
@@ -108,7 +113,7 @@ func putJob(j *job) {
 	clear(j.reqs[:cap(j.reqs)])
 	clear(j.keys[:cap(j.keys)])
 	j.once, j.b, j.gone = store.Once{}, store.Batch{}, nil
-	jobPool.Put(j)
+	j.pool.Put(j)
 }
 
 // whole returns the error of a store call that failed in part as the

@@ -149,7 +149,7 @@ func newHotTier(c HotKeyConfig) (*hotTier, error) {
 	if promote < 4 {
 		return nil, fmt.Errorf("guard: config: hot-key threshold x window must be at least 4 checks, got %v/s x %s", c.Threshold, c.Window)
 	}
-	t := &hotTier{interval: c.SyncInterval, window: c.Window, promote: promote, maxKeys: c.MaxKeys, kick: make(chan struct{}, 1)}
+	t := &hotTier{interval: c.SyncInterval, window: c.Window, promote: promote, maxKeys: c.MaxKeys, obs: nopObserver{}, kick: make(chan struct{}, 1)}
 	t.sketch.init(c.SketchWidth)
 	return t, nil
 }

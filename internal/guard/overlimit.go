@@ -82,7 +82,7 @@ func newOverLimitCache(c OverLimitConfig) (*overLimitCache, error) {
 	if maxKeys == 0 {
 		maxKeys = DefaultOverLimitMaxKeys
 	}
-	o := &overLimitCache{seed: maphash.MakeSeed()}
+	o := &overLimitCache{obs: nopObserver{}, seed: maphash.MakeSeed()}
 	for i := range o.shards {
 		// Below olcShards keys, some shards hold none: their keys are
 		// not remembered, which only costs store calls.
