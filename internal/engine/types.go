@@ -1,11 +1,10 @@
 package engine
 
 import (
-	"context"
-	"errors"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/store"
 )
 
 // Priority is how urgent a check is. Priorities scale the limit a rule
@@ -65,60 +64,27 @@ func (s Source) String() string {
 }
 
 // Fallback says why a rule was decided without the store (by its failure
-// mode: SourceFailOpen, SourceLocal, SourceFailClosed). The zero value,
-// FallbackNone, is a decision that did not fall back.
-type Fallback uint8
+// mode: SourceFailOpen, SourceLocal, SourceFailClosed); the zero value,
+// FallbackNone, is a decision that did not fall back. The store package
+// defines it, for the store decorators that give up on a call to say why.
+type Fallback = store.Fallback
 
-// The reasons of a fallback. Their String values appear in API
-// responses, the sluice_store_fallbacks_total metric and events.
+// The reasons of a fallback (see store.Fallback).
 const (
-	FallbackNone        Fallback = iota
-	FallbackUnreachable          // the store refused or lost the connection, or failed
-	FallbackStalled              // the store answered no call for the stall timeout
-	FallbackDeadline             // the store answered other calls but not this one by the deadline
-	FallbackBreakerOpen          // the circuit breaker is open: no call was made
-	FallbackOverloaded           // too many store calls in flight: no call was made
+	FallbackNone        = store.FallbackNone
+	FallbackUnreachable = store.FallbackUnreachable
+	FallbackStalled     = store.FallbackStalled
+	FallbackDeadline    = store.FallbackDeadline
+	FallbackBreakerOpen = store.FallbackBreakerOpen
+	FallbackOverloaded  = store.FallbackOverloaded
 )
 
-var fallbackNames = [...]string{
-	FallbackNone:        "",
-	FallbackUnreachable: "unreachable",
-	FallbackStalled:     "stalled",
-	FallbackDeadline:    "deadline",
-	FallbackBreakerOpen: "breaker_open",
-	FallbackOverloaded:  "overloaded",
-}
-
 // Fallbacks lists the reasons of a fallback, FallbackNone left out.
-var Fallbacks = []Fallback{FallbackUnreachable, FallbackStalled, FallbackDeadline, FallbackBreakerOpen, FallbackOverloaded}
+var Fallbacks = store.Fallbacks
 
-// String returns the wire name of f, such as "stalled"; "" for
-// FallbackNone.
-func (f Fallback) String() string {
-	if int(f) < len(fallbackNames) {
-		return fallbackNames[f]
-	}
-	return "unknown"
-}
-
-// FallbackOf returns why a store call that failed with err did not
-// decide: the reason carried by err (an error with a
-// Fallback() Fallback method in its chain, as the guard's are),
-// FallbackDeadline for a context's deadline, FallbackUnreachable
-// otherwise; FallbackNone for a nil err.
-func FallbackOf(err error) Fallback {
-	if err == nil {
-		return FallbackNone
-	}
-	var r interface{ Fallback() Fallback }
-	if errors.As(err, &r) {
-		return r.Fallback()
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return FallbackDeadline
-	}
-	return FallbackUnreachable
-}
+// FallbackOf returns why a store call that failed with err did not decide
+// (see store.FallbackOf).
+func FallbackOf(err error) Fallback { return store.FallbackOf(err) }
 
 // Check is one request to decide: who, what, how much and how urgent.
 // Transports fill it from their wire formats; the engine validates it.

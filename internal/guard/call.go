@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -20,7 +19,7 @@ const DefaultMaxInFlight = 4096
 // ErrTooManyInFlight is wrapped (with sluice.ErrStoreUnavailable) by the
 // error of a call refused because Config.MaxInFlight store calls are
 // already in flight: the store is too slow to keep up.
-var ErrTooManyInFlight error = &fallbackError{"sluice: too many store calls in flight", engine.FallbackOverloaded}
+var ErrTooManyInFlight error = &fallbackError{"sluice: too many store calls in flight", store.FallbackOverloaded}
 
 // The operations a job runs.
 const (

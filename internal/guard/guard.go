@@ -75,14 +75,13 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/store"
 )
 
 // ErrBreakerOpen is wrapped (with sluice.ErrStoreUnavailable) by the error
 // of a call refused because the circuit breaker is open, or half-open with
 // its probes already in flight.
-var ErrBreakerOpen error = &fallbackError{"sluice: circuit breaker open", engine.FallbackBreakerOpen}
+var ErrBreakerOpen error = &fallbackError{"sluice: circuit breaker open", store.FallbackBreakerOpen}
 
 // Store is what the guard wraps, and what it is: the one interface of
 // package store.

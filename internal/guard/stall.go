@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -26,28 +25,28 @@ const (
 )
 
 // fallbackError is an error of the guard that says why a check was not
-// decided by the store: the engine reads the reason (engine.FallbackOf)
+// decided by the store: the engine reads the reason (store.FallbackOf)
 // for its metrics, its answers and its events.
 type fallbackError struct {
 	msg    string
-	reason engine.Fallback
+	reason store.Fallback
 }
 
 func (e *fallbackError) Error() string { return e.msg }
 
 // Fallback returns why the store did not decide.
-func (e *fallbackError) Fallback() engine.Fallback { return e.reason }
+func (e *fallbackError) Fallback() store.Fallback { return e.reason }
 
 // ErrStalled is wrapped (with sluice.ErrStoreUnavailable) by the error of
 // a call given up because the store answered nothing, to any call, for
 // the stall timeout (see Config.StallTimeout).
-var ErrStalled error = &fallbackError{"sluice: store stalled: no answer to any call within the stall timeout", engine.FallbackStalled}
+var ErrStalled error = &fallbackError{"sluice: store stalled: no answer to any call within the stall timeout", store.FallbackStalled}
 
 // ErrDeadline is wrapped (with sluice.ErrStoreUnavailable and
 // context.DeadlineExceeded) by the error of a call given up at the
 // guard's deadline while the store kept answering other calls: the store
 // is busy, not down.
-var ErrDeadline error = &fallbackError{"sluice: store deadline passed", engine.FallbackDeadline}
+var ErrDeadline error = &fallbackError{"sluice: store deadline passed", store.FallbackDeadline}
 
 // stallDetector tells a store that answers slowly (busy) from one that
 // does not answer at all (stalled: paused, a network that drops packets).
