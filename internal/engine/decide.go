@@ -229,7 +229,7 @@ func (e *Engine) call(ctx context.Context, c *storeCall, all bool, reqs []store.
 		c.b.Sources = c.src
 	}
 	var err error
-	if mp := mergeAll(c.b); mp != nil {
+	if mp := mergeAll(&c.b); mp != nil {
 		err = doMerged(ctx, e.store, &c.b, mp)
 	} else {
 		err = e.store.Do(ctx, &c.b)

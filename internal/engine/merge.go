@@ -356,7 +356,7 @@ func retryAfter(p *algorithm.Params, denied sluice.Decision, total, need int64, 
 
 // mergeAll returns the merge plan of b, or nil when b goes as it is: it is
 // not all or nothing, or no key repeats.
-func mergeAll(b store.Batch) *mergePlan {
+func mergeAll(b *store.Batch) *mergePlan {
 	if !b.All || b.Once != nil || len(b.Reqs) < 2 {
 		return nil
 	}
