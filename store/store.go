@@ -134,7 +134,32 @@ type Info struct {
 	// MaxLogEntries is the largest limit of a sliding window log the store
 	// can decide; zero means no bound.
 	MaxLogEntries int64
+	// MaxAtomicWork is the most work (see Work) of an all-or-nothing
+	// Batch that the store decides in about a millisecond; zero means no
+	// bound. A larger one holds the store for longer, and a Redis server
+	// serves no other client meanwhile: callers should refuse such a
+	// batch, or decide its requests each on its own, unless it holds one
+	// request. Do decides it all the same.
+	MaxAtomicWork int
 }
+
+// Work returns the work of r in a store call, in the units of
+// Info.MaxAtomicWork: 1 for every algorithm but the sliding window log;
+// for a log, 5 for the commands that read it plus the entries it may
+// write: its cost, up to its limit and to 128. A unit is a few
+// microseconds of a Redis server's time.
+func Work(r *Request) int {
+	if r.Params.Algorithm != sluice.SlidingWindowLog {
+		return 1
+	}
+	return logReadWork + int(min(r.Cost, r.Params.Limit, maxEntryWork))
+}
+
+// The work of a sliding window log request (see Work).
+const (
+	logReadWork  = 5
+	maxEntryWork = 128
+)
 
 // Accepts reports whether a store of Info i can decide requests with p: nil
 // when it can, an error wrapping sluice.ErrInvalidLimit otherwise (see

@@ -58,31 +58,27 @@ func (s *Store) split(reqs []store.Request, mode, ttlMS string) []*group {
 	return groups
 }
 
-// Bounds on the Redis work of one script call of a batch decided request
-// by request (Check, CheckParts): the requests beyond go in further calls,
-// pipelined on the same connection, between which Redis serves its other
-// clients. Work is counted by callWork. An all-or-nothing batch is one
-// call per slot whatever its work: its bound is the batch's size.
+// Bounds on the Redis work of one script call, counted by store.Work. A
+// batch decided request by request (Check, CheckParts) is split into calls
+// of at most maxCallWork, pipelined on the same connection, between which
+// Redis serves its other clients. An all-or-nothing batch is one call per
+// slot whatever its work: Info reports maxAtomicWork, beyond which the
+// engine refuses it.
 const (
 	// maxCallWork bounds the work of one call: 128 checks of
 	// checkeach.lua, 21 sliding window logs of cost 1, or one of cost
 	// 100 or more; measured on a loaded machine, 0.6-1ms of Redis time
 	// (TestCheckCallWorkBounded).
 	maxCallWork = 128
-	// logWork is the work of a sliding window log request besides the
-	// entries it writes: the sorted-set commands that read the log.
-	logWork = 5
+	// maxAtomicWork is the most work of an all-or-nothing batch (see
+	// store.Info.MaxAtomicWork): 256 checks of most algorithms, 42
+	// sliding window logs of cost 1, two of cost 100 or more; measured
+	// at 0.3-1ms of Redis time (TestAtomicWorkBounded).
+	maxAtomicWork = 2 * maxCallWork
 )
 
-// callWork returns the work of r in a script call: 1 for every algorithm
-// but the sliding window log; for a log, logWork plus the entries it may
-// write (its cost, up to its limit).
-func callWork(r *store.Request) int {
-	if r.Params.Algorithm != sluice.SlidingWindowLog {
-		return 1
-	}
-	return logWork + int(min(r.Cost, r.Params.Limit, maxCallWork))
-}
+// callWork returns the work of r in a script call.
+func callWork(r *store.Request) int { return store.Work(r) }
 
 // maxEachChecks is the most requests of one checkeach.lua call: its
 // binary argument numbers parameter sets in 16 bits.

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -63,7 +64,7 @@ func TestCheckCallWorkBounded(t *testing.T) {
 	}{
 		{"fixed windows", 2000, 1, 2000 / maxCallWork},
 		{"logs of cost 100", 256, 100, 256},
-		{"logs of cost 1", 2000, 1, 2000 / (maxCallWork / (logWork + 1))},
+		{"logs of cost 1", 2000, 1, int64(2000 / (maxCallWork / store.Work(&store.Request{Params: log, Cost: 1})))},
 	} {
 		p := fixed
 		if strings.HasPrefix(tc.name, "logs") {
@@ -91,6 +92,91 @@ func TestCheckCallWorkBounded(t *testing.T) {
 		for i, d := range out {
 			if !d.Allowed || d.Remaining != 100-tc.cost {
 				t.Fatalf("%s request %d: %+v, want allowed with %d remaining", tc.name, i, d, 100-tc.cost)
+			}
+		}
+	}
+}
+
+// TestAtomicWorkBounded sends all-or-nothing batches of distinct keys
+// holding maxAtomicWork of work (Info().MaxAtomicWork), of every algorithm
+// and of sliding window logs of cost 1 and 100, and checks from INFO
+// commandstats that each is one script call within maxCallTime of Redis
+// time, and is decided.
+func TestAtomicWorkBounded(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Config{Addrs: []string{srv.Addr}})
+	if got := s.Info().MaxAtomicWork; got != maxAtomicWork {
+		t.Fatalf("Info().MaxAtomicWork = %d, want %d", got, maxAtomicWork)
+	}
+	scriptTime := func() (usec, calls int64) {
+		info, err := srv.Info("commandstats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, v := range info {
+			if !strings.HasPrefix(name, "cmdstat_eval") {
+				continue
+			}
+			for _, f := range strings.Split(v, ",") {
+				k, n, _ := strings.Cut(f, "=")
+				x, _ := strconv.ParseInt(n, 10, 64)
+				switch k {
+				case "usec":
+					usec += x
+				case "calls":
+					calls += x
+				}
+			}
+		}
+		return usec, calls
+	}
+	ctx := context.Background()
+	type batch struct {
+		name string
+		alg  sluice.Algorithm
+		cost int64
+	}
+	var batches []batch
+	for _, a := range sluice.Algorithms {
+		batches = append(batches, batch{a.String(), a, 1})
+	}
+	batches = append(batches, batch{"sliding_window_log of cost 100", sluice.SlidingWindowLog, 100})
+	for _, b := range batches {
+		p := compile(t, sluice.Limit{Algorithm: b.alg, Limit: 10000, Window: time.Hour})
+		one := store.Work(&store.Request{Params: p, Cost: b.cost})
+		reqs := make([]store.Request, maxAtomicWork/one)
+		for i := range reqs {
+			reqs[i] = store.Request{Key: "atomic:" + b.name + ":" + strconv.Itoa(i), Params: p, Cost: b.cost}
+		}
+		out := make([]sluice.Decision, len(reqs))
+		// The first call loads the scripts; the next 10 are measured.
+		if err := s.CheckAll(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		// The least mean of 3 rounds of 10 calls: Redis counts the time
+		// it was descheduled on a busy machine as the script's.
+		const rounds = 10
+		per := time.Duration(math.MaxInt64)
+		for range 3 {
+			usec0, calls0 := scriptTime()
+			for range rounds {
+				if err := s.CheckAll(ctx, reqs, out); err != nil {
+					t.Fatal(err)
+				}
+			}
+			usec, calls := scriptTime()
+			if calls-calls0 != rounds {
+				t.Errorf("%s: %d script calls for %d batches, want one each", b.name, calls-calls0, rounds)
+			}
+			per = min(per, time.Duration(usec-usec0)*time.Microsecond/rounds)
+		}
+		t.Logf("%d requests of %s (work %d): %s of Redis time per batch", len(reqs), b.name, len(reqs)*one, per)
+		if per > maxCallTime {
+			t.Errorf("%s: %s of Redis time per batch, want at most %s", b.name, per, maxCallTime)
+		}
+		for i, d := range out {
+			if !d.Allowed {
+				t.Fatalf("%s request %d: %+v, want allowed", b.name, i, d)
 			}
 		}
 	}
