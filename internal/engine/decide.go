@@ -113,6 +113,52 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 	return allowed
 }
 
+// fitsAtomic reports whether the enforcing items of s may go to the store
+// in one all-or-nothing call, and returns their work: the store work
+// (store.Work) of the requests call would send, repeated keys merged, is
+// at most the store's bound (Info().MaxAtomicWork), or they are one
+// request, or the merged requests of one key. A larger call would hold a
+// Redis server, which serves no other client meanwhile, for longer than a
+// millisecond: a batch of 1,000 checks of distinct sliding window logs held
+// it for about 100ms. now is as for run.
+func (e *Engine) fitsAtomic(s *scratch, now time.Time) (work int, ok bool) {
+	if e.maxAtomic <= 0 {
+		return 0, true
+	}
+	s.reqs = s.reqs[:0]
+	for i := range s.items {
+		if it := &s.items[i]; !it.shadow {
+			at := now
+			if it.gbase != nil {
+				at = it.at
+			}
+			s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Cost: it.cost, Now: at})
+		}
+	}
+	reqs := s.reqs
+	work = storeWork(reqs)
+	if work > e.maxAtomic {
+		// Merging sends at most as much work, often far less.
+		if mp := planMerge(reqs); mp != nil {
+			reqs = mp.reqs
+			work = storeWork(reqs)
+			if len(mp.groups) == 1 && mp.groups[0].sent == len(reqs) {
+				return work, true // one key, merged: at most three requests
+			}
+		}
+	}
+	return work, work <= e.maxAtomic || len(reqs) <= 1
+}
+
+// storeWork returns the store work of reqs (see store.Work).
+func storeWork(reqs []store.Request) int {
+	w := 0
+	for i := range reqs {
+		w += store.Work(&reqs[i])
+	}
+	return w
+}
+
 // claimShadow claims the idempotency key of a check with no enforcing
 // item in a store that keeps the records, by recording a read of its
 // shadow items, and reports whether the key was already claimed: the check

@@ -222,6 +222,10 @@ type Engine struct {
 	ratio  float64      // of the checks without a caller's span traced
 
 	share *share.Gate // nil: requests of many checks not held back
+
+	// maxAtomic bounds the store work of an all-or-nothing call of
+	// several checks (Info().MaxAtomicWork; 0: no bound); see fitsAtomic.
+	maxAtomic int
 }
 
 // New returns an engine for cfg.
@@ -242,6 +246,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: config: bulk share and checks must not be negative, got %g and %d", cfg.BulkShare, cfg.BulkChecks)
 	}
 	e.share = share.New(share.Config{Share: cfg.BulkShare, BulkChecks: cfg.BulkChecks})
+	e.maxAtomic = cfg.Store.Info().MaxAtomicWork
 	if e.region == "" {
 		e.region = "local"
 	}
@@ -555,6 +560,11 @@ func (e *Engine) batchAll(ctx context.Context, checks []Check, turn *share.Turn)
 	allowed := true
 	if len(s.items) > 0 {
 		e.finishKeys(s)
+		if work, ok := e.fitsAtomic(s, now); !ok && len(checks) > 1 {
+			return nil, &FieldError{Field: "checks", Reason: "an all_or_nothing batch of " + strconv.Itoa(len(checks)) +
+				" checks takes " + strconv.Itoa(work) + " units of store work, the limit is " + strconv.Itoa(e.maxAtomic) +
+				": send fewer checks in one batch, or mode best_effort"}
+		}
 		turn.Pause() // waiting on the store holds no CPU
 		allowed = e.run(ctx, s, now, true)
 		turn.Resume(ctx)

@@ -272,8 +272,14 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 	e.resolveGlobal(s)
 	turn.Pause() // waiting on the store holds no CPU
 	// With EnvoyCompat each descriptor is decided on its own, so that a
-	// request over one limit counts on the others too.
-	e.run(ctx, s, time.Time{}, !e.envoyCompat)
+	// request over one limit counts on the others too; so is each of a
+	// request whose limits take too much store work to be decided in one
+	// atomic call (see fitsAtomic): Envoy could not send it otherwise.
+	all := !e.envoyCompat
+	if all {
+		_, all = e.fitsAtomic(s, time.Time{})
+	}
+	e.run(ctx, s, time.Time{}, all)
 	turn.Resume(ctx)
 	quotas, quotasOver := 0, 0
 	for _, r := range refs {

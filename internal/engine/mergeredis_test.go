@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -136,8 +138,9 @@ rules:
 }
 
 // TestAllOrNothingRedisCost logs the Redis time of the all-or-nothing
-// calls merging does not shorten, for docs/api.md: 1,000 checks (MaxBatch)
-// of distinct keys, and of one key of the algorithms not merged. Nothing
+// calls merging does not shorten, sent straight to the store: 1,000 checks
+// (MaxBatch) of distinct keys, and of one key of the algorithms not
+// merged, which the engine refuses (TestAtomicBatchWorkBounded). Nothing
 // is asserted beyond their being decided: the figures depend on the
 // machine.
 func TestAllOrNothingRedisCost(t *testing.T) {
@@ -197,5 +200,178 @@ func TestAllOrNothingRedisCost(t *testing.T) {
 			}
 			t.Logf("%s: all or nothing, %d checks of %s: %s of Redis time", a, MaxBatch, what, per[1])
 		}
+	}
+}
+
+// TestAtomicBatchWorkBounded: on a real Redis, an all-or-nothing batch
+// whose store work is beyond the store's bound (Info().MaxAtomicWork) is
+// refused as bad input naming "checks", before anything is sent: 1,000
+// checks of distinct sliding window logs (about 100ms of Redis time in one
+// call), one more than the bound of distinct fixed windows or logs. The
+// largest batches within the bound go as one script call of at most
+// maxScriptTime, and 1,000 checks of one key, merged, always go. An Envoy request whose limits are
+// beyond the bound is decided descriptor by descriptor, exactly; on the
+// memory store nothing is bounded.
+func TestAtomicBatchWorkBounded(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := redis.New(redis.Config{Addrs: []string{srv.Addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	max := st.Info().MaxAtomicWork
+	if max <= 0 {
+		t.Fatalf("Info().MaxAtomicWork = %d, want a bound", max)
+	}
+	p, err := policy.Parse("bound.yaml", []byte(`
+version: 1
+rules:
+  - {id: log, match: {resource: /log}, dimension: user, limit: 100, window: 1h, algorithm: sliding_window_log}
+  - {id: fixed, match: {resource: /fixed}, dimension: user, limit: 100, window: 1h, algorithm: fixed_window}
+  - {id: biglog, match: {resource: /biglog}, dimension: user, limit: 1000, window: 1h, algorithm: sliding_window_log}
+envoy:
+  - domain: edge
+    descriptors:
+      - key: tenant
+        rate_limit: { unit: hour, requests_per_unit: 1, algorithm: sliding_window_log }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Config{Store: st, Local: newStore(t), Policy: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scripts := func() (usec, calls int64) {
+		info, err := srv.Info("commandstats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, v := range info {
+			if !strings.HasPrefix(name, "cmdstat_eval") {
+				continue
+			}
+			for _, f := range strings.Split(v, ",") {
+				k, n, _ := strings.Cut(f, "=")
+				x, _ := strconv.ParseInt(n, 10, 64)
+				switch k {
+				case "usec":
+					usec += x
+				case "calls":
+					calls += x
+				}
+			}
+		}
+		return usec, calls
+	}
+	ctx := context.Background()
+	for _, res := range []string{"/log", "/fixed"} {
+		if _, err := e.Check(ctx, &Check{ClientID: "warm-up", User: "w", Resource: res}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logFits := max / store.Work(&store.Request{Params: &p.Rules[0].Base.Params[0], Cost: 1})
+	for _, tc := range []struct {
+		name  string
+		res   string
+		n     int
+		same  bool // one key
+		fits  bool
+		allow bool
+	}{
+		{"1,000 distinct logs", "/log", MaxBatch, false, false, false},
+		{"distinct logs, one too many", "/log", logFits + 1, false, false, false},
+		{"distinct logs within the bound", "/log", logFits, false, true, true},
+		{"distinct fixed windows, one too many", "/fixed", max + 1, false, false, false},
+		{"distinct fixed windows within the bound", "/fixed", max, false, true, true},
+		{"1,000 checks of one log, merged", "/log", MaxBatch, true, true, false},
+		{"1,000 checks of one log of 1,000, merged", "/biglog", MaxBatch, true, true, true},
+	} {
+		// Batches that fit are sent three times, on new keys, and the
+		// least Redis time is kept: Redis counts the time it was
+		// descheduled on a busy machine as the script's.
+		least := time.Duration(math.MaxInt64)
+		for round := range 3 {
+			b := make([]Check, tc.n)
+			for i := range b {
+				b[i] = Check{ClientID: "attacker", User: strconv.Itoa(round) + ":" + strconv.Itoa(i), Resource: tc.res, Cost: 1}
+				if tc.same {
+					b[i].User = "u" + strconv.Itoa(round)
+				}
+			}
+			usec0, calls0 := scripts()
+			out, err := e.BatchCheck(ctx, b, AllOrNothing)
+			usec, calls := scripts()
+			if !tc.fits {
+				var fe *FieldError
+				if !errors.As(err, &fe) || fe.Field != "checks" || !errors.Is(err, ErrInvalidCheck) {
+					t.Errorf("%s: error %v, want a *FieldError naming checks", tc.name, err)
+				}
+				if calls != calls0 {
+					t.Errorf("%s: %d script calls, want none", tc.name, calls-calls0)
+				}
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if calls-calls0 != 1 {
+				t.Errorf("%s: %d script calls, want one", tc.name, calls-calls0)
+			}
+			least = min(least, time.Duration(usec-usec0)*time.Microsecond)
+			for i, r := range out {
+				if r.Allowed != tc.allow || r.Source != SourceStore {
+					t.Fatalf("%s: check %d %+v, want allowed %v by the store", tc.name, i, r, tc.allow)
+				}
+			}
+		}
+		if tc.fits {
+			t.Logf("%s (%d checks): one script call, %s of Redis time", tc.name, tc.n, least)
+			// (A log of 1,000 writes 1,000 entries, as one check of cost
+			// 1,000 does: the time of one request, not bounded.)
+			if least > maxScriptTime && tc.res != "/biglog" {
+				t.Errorf("%s: %s of Redis time, want at most %s", tc.name, least, maxScriptTime)
+			}
+		}
+	}
+
+	// Envoy: 64 descriptors of distinct logs (beyond the bound) are
+	// decided each on its own, in calls the store bounds: each admitted
+	// once an hour, exactly.
+	descs := make([]Descriptor, 64)
+	for i := range descs {
+		descs[i] = Descriptor{Entries: []DescriptorEntry{{Key: "tenant", Value: "t" + strconv.Itoa(i)}}}
+	}
+	for round, want := range []bool{false, true} {
+		_, calls0 := scripts()
+		sts, over, err := e.ShouldRateLimit(ctx, "edge", descs, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, calls := scripts()
+		if over != want || len(sts) != len(descs) {
+			t.Fatalf("Envoy round %d: over limit %v, want %v", round, over, want)
+		}
+		for i, s := range sts {
+			if s.OverLimit != want {
+				t.Fatalf("Envoy round %d: descriptor %d over limit %v, want %v", round, i, s.OverLimit, want)
+			}
+		}
+		if calls-calls0 < 2 {
+			t.Errorf("Envoy round %d: %d script calls, want the descriptors split", round, calls-calls0)
+		}
+	}
+
+	// The memory store bounds nothing.
+	m, err := New(Config{Store: newStore(t), Policy: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]Check, MaxBatch)
+	for i := range b {
+		b[i] = Check{ClientID: "attacker", User: strconv.Itoa(i), Resource: "/log", Cost: 1}
+	}
+	if _, err := m.BatchCheck(ctx, b, AllOrNothing); err != nil {
+		t.Errorf("memory store: %v, want 1,000 distinct logs decided", err)
 	}
 }

@@ -370,7 +370,7 @@ func (s *Store) Cluster() bool { return s.cluster }
 // Info implements store.Store: the store keeps idempotency records shared
 // by every instance, decides in parts (one per master of a cluster, one on
 // a standalone server), bounds sliding window logs to MaxLogEntries, and
-// decides an all-or-nothing batch of 256 units of work (store.Work) in
+// decides an all-or-nothing batch of 128 units of work (store.Work) in
 // about a millisecond of Redis time.
 func (s *Store) Info() store.Info {
 	return store.Info{SharedRecords: true, Cluster: s.cluster, Parts: true, MaxLogEntries: s.maxLog, MaxAtomicWork: maxAtomicWork}
