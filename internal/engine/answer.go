@@ -27,7 +27,13 @@ func listed(p *policy.Policy, q *policy.Request) (r Result, ok bool) {
 // assemble builds the Result of a check from its items; allowed is the
 // verdict of its enforcing rules.
 func assemble(items []item, allowed bool) Result {
-	res := Result{Allowed: allowed, Rules: make([]RuleResult, len(items))}
+	return assembleIn(make([]RuleResult, len(items)), items, allowed)
+}
+
+// assembleIn is assemble writing the rules' results to rules, as long as
+// items: a batch gives each check its part of one slice.
+func assembleIn(rules []RuleResult, items []item, allowed bool) Result {
+	res := Result{Allowed: allowed, Rules: rules}
 	deciding := -1
 	var maxRetry time.Duration
 	never := false // a denying rule can never admit the check

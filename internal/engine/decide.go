@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/policy"
+	"github.com/sluicehq/sluice/internal/share"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -140,6 +141,7 @@ func (e *Engine) fitsAtomic(s *scratch, now time.Time) (work int, ok bool) {
 	if work > e.maxAtomic {
 		// Merging sends at most as much work, often far less.
 		if mp := planMerge(reqs); mp != nil {
+			s.call.merged = mp // for run's call of the same requests
 			reqs = mp.reqs
 			work = storeWork(reqs)
 			if len(mp.groups) == 1 && mp.groups[0].sent == len(reqs) {
@@ -248,6 +250,15 @@ type storeCall struct {
 	b    store.Batch
 	once store.Once
 	src  []store.Source
+	// turn, when set, is the turn of the bulk request making the call
+	// (see share.Gate): it pauses while the call waits on the store, and
+	// only then, so that the work done in process around the store (the
+	// merge of repeated keys, a store decorator answering in process)
+	// takes the request's share like the rest of its work.
+	turn *share.Turn
+	// merged is the merge plan fitsAtomic made of the next all-or-nothing
+	// call's requests, which call then need not make again.
+	merged *mergePlan
 }
 
 // storeCheck is call with buffers of its own, for the paths that hold no
@@ -275,10 +286,17 @@ func (e *Engine) call(ctx context.Context, c *storeCall, all bool, reqs []store.
 		c.b.Sources = c.src
 	}
 	var err error
-	if mp := mergeAll(&c.b); mp != nil {
-		err = doMerged(ctx, e.store, &c.b, mp)
+	mp := c.merged
+	c.merged = nil
+	if !c.b.All || !mp.of(reqs) {
+		mp = mergeAll(&c.b)
+	}
+	if mp != nil {
+		err = doMerged(ctx, e.store, &c.b, mp, c.turn)
 	} else {
+		c.turn.Pause()
 		err = e.store.Do(ctx, &c.b)
+		c.turn.Resume(ctx)
 	}
 	for i := range src {
 		src[i] = sourceOf(c.src[i])
@@ -294,7 +312,9 @@ func (e *Engine) checkOnce(ctx context.Context, s *scratch) (replayed bool, err 
 	c := &s.call
 	c.once = store.Once{Key: s.idemKey, TTL: e.ttl}
 	c.b = store.Batch{Reqs: s.reqs, Out: s.out, All: true, Once: &c.once}
+	c.turn.Pause()
 	err = e.store.Do(ctx, &c.b)
+	c.turn.Resume(ctx)
 	c.b = store.Batch{}
 	return c.once.Replayed, err
 }

@@ -565,11 +565,11 @@ func (e *Engine) batchAll(ctx context.Context, checks []Check, turn *share.Turn)
 				" checks takes " + strconv.Itoa(work) + " units of store work, the limit is " + strconv.Itoa(e.maxAtomic) +
 				": send fewer checks in one batch, or mode best_effort"}
 		}
-		turn.Pause() // waiting on the store holds no CPU
+		s.call.turn = turn // pauses while waiting on the store
 		allowed = e.run(ctx, s, now, true)
-		turn.Resume(ctx)
 	}
 	start := 0
+	rules := make([]RuleResult, len(s.items)) // one allocation for the batch
 	for i := range checks {
 		if i%planSlice == planSlice-1 {
 			turn.Next(ctx)
@@ -584,7 +584,7 @@ func (e *Engine) batchAll(ctx context.Context, checks []Check, turn *share.Turn)
 		if end == start {
 			out[i] = Result{Allowed: true, Source: SourceNoRule, Deciding: RuleResult{Allowed: true, Source: SourceNoRule}}
 		} else {
-			out[i] = assemble(s.items[start:end], allowed)
+			out[i] = assembleIn(rules[start:end:end], s.items[start:end], allowed)
 		}
 		start = end
 	}

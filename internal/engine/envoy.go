@@ -270,7 +270,7 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		return statuses, false, nil
 	}
 	e.resolveGlobal(s)
-	turn.Pause() // waiting on the store holds no CPU
+	s.call.turn = turn // pauses while waiting on the store
 	// With EnvoyCompat each descriptor is decided on its own, so that a
 	// request over one limit counts on the others too; so is each of a
 	// request whose limits take too much store work to be decided in one
@@ -280,7 +280,6 @@ func (e *Engine) ShouldRateLimit(ctx context.Context, domain string, descs []Des
 		_, all = e.fitsAtomic(s, time.Time{})
 	}
 	e.run(ctx, s, time.Time{}, all)
-	turn.Resume(ctx)
 	quotas, quotasOver := 0, 0
 	for _, r := range refs {
 		it := &s.items[r.item]

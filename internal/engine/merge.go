@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
+	"github.com/sluicehq/sluice/internal/share"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -77,6 +78,14 @@ type mergePlan struct {
 	// from[i] is the index among the requests sent of the caller's
 	// request i when it is sent as it is, or -1 when it is merged.
 	from []int
+	// in is the caller's requests the plan was made of.
+	in []store.Request
+}
+
+// of reports whether p is the plan of reqs: made of these very requests
+// (the same slice), which the caller has not changed since.
+func (p *mergePlan) of(reqs []store.Request) bool {
+	return p != nil && len(reqs) > 0 && len(p.in) == len(reqs) && &p.in[0] == &reqs[0]
 }
 
 // planMerge returns the plan of reqs with their repeated keys merged, or
@@ -86,7 +95,8 @@ func planMerge(reqs []store.Request) *mergePlan {
 	if !repeats(reqs) {
 		return nil
 	}
-	byKey := make(map[string]int, len(reqs)) // the group of a key, or -1
+	// Sized as it grows: a batch that repeats keys often has few.
+	byKey := map[string]int{} // the group of a key, or -1
 	var groups []mergeGroup
 	for i := range reqs {
 		r := &reqs[i]
@@ -104,7 +114,7 @@ func planMerge(reqs []store.Request) *mergePlan {
 			groups[g].idx = append(groups[g].idx, i)
 		}
 	}
-	p := &mergePlan{from: make([]int, len(reqs))}
+	p := &mergePlan{from: make([]int, len(reqs)), in: reqs}
 	for i := range p.from {
 		p.from[i] = -1
 	}
@@ -160,7 +170,8 @@ func repeats(reqs []store.Request) bool {
 		}
 		return false
 	}
-	seen := make(map[string]struct{}, len(reqs))
+	// Sized as it grows: a batch that repeats keys finds one early.
+	seen := map[string]struct{}{}
 	for i := range reqs {
 		if !mergeable(reqs[i].Params) {
 			continue
@@ -214,14 +225,17 @@ func parts(reqs []store.Request, idx []int) [2]int64 {
 }
 
 // doMerged is Store.Do of the all-or-nothing batch b, with its repeated keys
-// merged as p plans.
-func doMerged(ctx context.Context, st store.Store, b *store.Batch, p *mergePlan) error {
+// merged as p plans; turn, when not nil, pauses during the store call.
+func doMerged(ctx context.Context, st store.Store, b *store.Batch, p *mergePlan, turn *share.Turn) error {
 	mb := store.Batch{Reqs: p.reqs, Out: p.out, All: true}
 	if b.Sources != nil {
 		p.src = make([]store.Source, len(p.reqs))
 		mb.Sources = p.src
 	}
-	if err := st.Do(ctx, &mb); err != nil {
+	turn.Pause()
+	err := st.Do(ctx, &mb)
+	turn.Resume(ctx)
+	if err != nil {
 		return err
 	}
 	admitted := true

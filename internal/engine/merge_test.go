@@ -72,7 +72,7 @@ func TestMergedMatchesUnmerged(t *testing.T) {
 				b := store.Batch{Reqs: reqs, Out: got, All: true}
 				if mp := mergeAll(&b); mp != nil {
 					merged++
-					if err := doMerged(context.Background(), both, &b, mp); err != nil {
+					if err := doMerged(context.Background(), both, &b, mp, nil); err != nil {
 						t.Fatal(err)
 					}
 				} else if err := both.Do(context.Background(), &b); err != nil {

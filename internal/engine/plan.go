@@ -68,6 +68,7 @@ func (e *Engine) getScratch() *scratch {
 	s := e.pool.Get().(*scratch)
 	s.rules, s.items, s.keys, s.ends, s.reqs, s.out, s.idx = s.rules[:0], s.items[:0], s.keys[:0], s.ends[:0], s.reqs[:0], s.out[:0], s.idx[:0]
 	s.idemKey, s.replayed, s.globals = "", false, 0
+	s.call.turn, s.call.merged = nil, nil
 	return s
 }
 
