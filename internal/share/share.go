@@ -16,8 +16,10 @@
 //
 // Time is counted on the wall clock, whatever the number of bulk requests
 // at work at once: bulk time is the time during which at least one bulk
-// slice runs. A bulk request's store calls are not slices (it pauses its
-// turn around them): waiting on the store holds neither a CPU nor a share.
+// slice runs. A bulk request's waits on the store are not slices (it
+// pauses its turn around them, and only them: the work it does in process
+// around a store call is part of a slice): waiting on the store holds
+// neither a CPU nor a share.
 //
 // A gate never refuses a request and never changes a decision: it only
 // delays bulk requests, and never past half of the time their context
