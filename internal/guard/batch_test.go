@@ -195,14 +195,6 @@ func checkP99(t *testing.T, what string, a alternation) {
 	}
 }
 
-// attackerP99Ratio bounds the other clients' p99 with an attacker over
-// their p99 without it. The aim is 2; on two cores shared with other
-// work, the host's scheduler gives the process less of the CPU the more
-// it takes, attacker or not, and stretches the others' checks beyond
-// anything the bulk share decides: measured there, 1.4 to 2.9 under -race
-// and 1.5 to 4.6 without (3.6 to 16 without the bulk share).
-const attackerP99Ratio = 5.0
-
 func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
 
 func median(ds []time.Duration) time.Duration {
