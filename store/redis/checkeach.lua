@@ -112,6 +112,30 @@ local function write(key, px, a, b, c, fw)
   end
 end
 
+-- latest returns the field and count of the latest window of a fixed
+-- window's hash h (HGETALL) of several fields, and deletes the others:
+-- those of earlier windows, left by a plain HINCRBY whose follow-up has
+-- not yet run (see plain.go). A field that is not a number returns h,
+-- which is then read as corrupt.
+local function latest(key, h)
+  local best, at = 0, -1
+  for j = 1, #h, 2 do
+    local x = tonumber(h[j])
+    if not x then
+      return h
+    end
+    if x > at then
+      best, at = j, x
+    end
+  end
+  for j = 1, #h, 2 do
+    if j ~= best then
+      call('HDEL', key, h[j])
+    end
+  end
+  return { h[best], h[best + 1] }
+end
+
 -- decide decides one check of key with the parameter set ps, writes the
 -- key when it is admitted with a positive cost (or refused and counted, in
 -- a fixed window counting refused requests), and returns the check's
@@ -163,6 +187,10 @@ local function decide(key, ps, cost, now, v)
       if v then
         fw = true
       end
+    elseif #h > 2 then
+      h = latest(key, h)
+    end
+    if h.err then
     elseif #h == 2 then
       a, b, v = tonumber(h[1]), tonumber(h[2]), false
       if a and b then

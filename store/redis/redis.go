@@ -210,6 +210,13 @@ type Config struct {
 	// fewer), 1 to each node of a cluster.
 	ConnsPerNode int
 
+	// ScriptsOnly sends every check as a script call, one atomic step
+	// each. By default, on a standalone server or a Sentinel's master, a
+	// fixed-window check of cost 1 at Redis' clock is one plain HINCRBY,
+	// which costs Redis a fraction of a script call (see docs/redis.md,
+	// "Plain fixed-window checks").
+	ScriptsOnly bool
+
 	// MaxFlushDelay is how long a connection may wait to gather more
 	// concurrent commands into one write; zero writes as soon as it can.
 	// A few tens of microseconds save system calls on a busy client and
@@ -248,6 +255,17 @@ type Store struct {
 	onTryAgain func(int)
 	retries    atomic.Uint64
 	closed     atomic.Bool
+
+	// The estimate of Redis' clock for the plain fixed-window checks (see
+	// plain.go), read again every second by the goroutine watchClock
+	// starts, which stop ends; noPlain sends every check to the scripts.
+	clock   serverClock
+	clockWG sync.WaitGroup
+	noPlain bool
+	// The follow-ups of plain checks, sent by the goroutine
+	// watchFollowUps starts; pending counts those not yet sent.
+	follow  chan followUp
+	pending atomic.Int64
 
 	// The slot map of a cluster (see CheckParts), read again in the
 	// background by the goroutine refreshSlots starts; stop ends it.
@@ -316,6 +334,7 @@ func New(cfg Config) (*Store, error) {
 		onCorrupt: cfg.OnCorrupt,
 
 		onTryAgain: cfg.OnTryAgain,
+		noPlain:    cfg.ScriptsOnly,
 	}
 	if s.client == nil {
 		if len(cfg.Addrs) == 0 {
@@ -351,6 +370,10 @@ func New(cfg Config) (*Store, error) {
 			s.slots.Store(m)
 		}
 		cancel()
+	} else if !s.noPlain {
+		s.follow = make(chan followUp, followQueue)
+		s.watchClock()
+		s.watchFollowUps()
 	}
 	return s, nil
 }
@@ -450,6 +473,7 @@ func (s *Store) Close() error {
 	s.slotsMu.Unlock()
 	s.cancel()
 	s.slotsWG.Wait()
+	s.clockWG.Wait()
 	if s.ownClient {
 		s.client.Close()
 	}
