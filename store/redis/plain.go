@@ -326,4 +326,3 @@ func (s *Store) settlePlain(ctx context.Context, reqs []store.Request, out []slu
 	}
 	return failed, first
 }
-
