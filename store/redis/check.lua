@@ -543,7 +543,13 @@ local function commit()
       else
         local r = w.r
         local exp = expires_at(r.alg, r.E, r.W, w[1], w[2], w[3])
-        if exp and r.alg == FIXED then
+        if exp and r.alg == FIXED and w[1] * r.Q > now_of(-1) then
+          -- a window that starts after Redis' clock (a request ahead of
+          -- it): the 25-byte string, on which a plain HINCRBY (plain.go)
+          -- fails, so that checks at Redis' clock come to a script
+          redis.call('SET', key, struct.pack('<Bddd', 2, w[1], w[2], 0), 'PX', ttl(exp, r.Q, r.base))
+          w.held = true
+        elseif exp and r.alg == FIXED then
           -- a hash of one field (see load); never deleted before it is
           -- written but to replace the layout of earlier versions
           local field = int(w[1])

@@ -299,6 +299,16 @@ local function decide(key, ps, cost, now, v)
     keep = bin and a == start and b > 0
     na, nb, nc = start, count, 0
     exp = e
+    -- A window that starts after Redis' clock (a request ahead of it) is
+    -- written as the 25-byte string, on which a plain HINCRBY (plain.go)
+    -- fails: checks at Redis' clock are then decided here, against it.
+    if not clock then
+      local tm = call('TIME')
+      clock = tm[1] * 1000000 + tm[2]
+    end
+    if start * Q > clock then
+      fw, keep = false, false
+    end
   elseif alg == 1 or alg == 2 or alg == 6 then
     local cap = K * W
     local debt, lag = 0, 0

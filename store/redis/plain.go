@@ -55,15 +55,24 @@ import (
 // (under CountRefused a refusal counts, so there is nothing to give
 // back).
 //
-// The first count of a window (the reply equals the cost) is followed by
-// fwfirst.lua, which sets the key's expiry at the window's end and drops
-// earlier windows' fields; a refusal by fwback.lua, which gives the cost
-// back. Both are sent after the reply, and the check waits for them. A
-// process that dies between the HINCRBY and fwfirst.lua leaves the key
-// without its new expiry: it keeps the previous window's (which ends
-// within the margin of that window's end) or, for a new key, none, until
-// its next window's first count; the scripts read such a key as they read
-// any (the latest window's field counts).
+// The proof holds for one limit per key. The priorities of a rule share
+// a key with different limits: there a refusal at a lower limit, until
+// given back, may refuse a check at a higher limit that the serial order
+// would admit (never admit one it would refuse).
+//
+// What follows a check is queued and sent in the background (followUp):
+// a refusal's count given back by fwback.lua, and a window's first count
+// (the reply equals the cost) given the window's expiry, and the previous
+// window's field dropped. No decision waits for them or depends on them
+// (by the proof, giving a refusal back late changes no decision at one
+// limit). A process that dies with follow-ups queued leaves refusals
+// counted until the window ends (refusing the higher priorities of the
+// key, as above) and keys without their window's expiry: a key of the
+// previous window keeps that window's expiry and so loses the new
+// window's count at most a margin (Config.ExpiryMargin) into it, which
+// may then admit up to its limit again, once; a new key keeps no expiry
+// until its next window's first count, or forever if none comes (a small
+// hash per key checked at the instant of the crash).
 
 // plainMargin widens the estimate of Redis' clock at the send of a plain
 // check: the time the command may take to reach Redis and run.
@@ -86,7 +95,7 @@ type plainCheck struct {
 	key   string // Redis key
 	field string // the window's start in quanta, decimal
 	start int64  // the window's start, in quanta
-	t     int64  // the instant of the check (the estimate at the send), in quanta
+	t     int64  // the instant of the check (the earliest estimate at the send), in quanta
 }
 
 // plainEligible reports whether r may be decided by a plain HINCRBY, the
@@ -111,7 +120,7 @@ func (s *Store) planPlain(reqs []store.Request, now time.Time) []plainCheck {
 		return nil
 	}
 	var plain []plainCheck
-	var server, e int64
+	var server, e, low int64
 	known := false
 	for i := range reqs {
 		r := &reqs[i]
@@ -123,15 +132,19 @@ func (s *Store) planPlain(reqs []store.Request, now time.Time) []plainCheck {
 			if server, e, ok = s.clock.at(now); !ok {
 				return nil
 			}
+			// The instant reported (reset and retry after) is the earliest
+			// Redis' clock may show, so that a check waiting that long
+			// comes after the window's end on Redis' clock.
+			low = server - e
 			e += plainMargin.Microseconds()
 			known = true
 		}
 		q, w := r.Params.Quantum, r.Params.Window
-		t := server / q
-		start := t / w * w
+		start := server / q / w * w
 		if server-e < start*q || server+e >= (start+w)*q {
 			continue
 		}
+		t := low / q
 		if plain == nil {
 			plain = make([]plainCheck, 0, len(reqs)-i)
 		}

@@ -17,11 +17,29 @@
 // Concurrent callers share a few connections on which rueidis pipelines
 // their commands automatically.
 //
+// # Plain fixed-window checks
+//
+// On a standalone server or a Sentinel's master (not on a cluster, whose
+// masters each have a clock), a fixed-window check of cost 1 (of any cost
+// when the window counts refused requests) at Redis' clock, not all or
+// nothing, is not a script but one HINCRBY of its window's field, sent in
+// the same pipeline as the call's scripts, and admitted when the count it
+// answers is within the limit: a fraction of a script's Redis CPU. The
+// window is that of Redis' clock, which the store estimates by reading
+// TIME every second; a check near a window's boundary (within the
+// estimate's error and a margin), or without a recent reading, takes the
+// script. A refusal's count is given back, and a window's first count given
+// the window's expiry, by commands sent in the background after the
+// decision. A limit of L still admits exactly L whoever races (a refusal
+// is counted only at the limit, so none refuses a check that fits); what
+// a process that dies meanwhile leaves is in docs/redis.md.
+// Config.ScriptsOnly sends every check as a script.
+//
 // # Time
 //
 // A request whose Now is zero is decided at the Redis server's clock (TIME,
-// read inside the script), so instances agree whatever their own clocks
-// say. A non-zero Now is used as given. A request's After moves its
+// read inside the script, or estimated for a plain fixed-window check), so
+// instances agree whatever their own clocks say. A non-zero Now is used as given. A request's After moves its
 // instant ahead; its key's time to live still counts from Redis' clock (or
 // from the instant given).
 //
@@ -40,7 +58,8 @@
 // member per admitted unit. Every written key expires once its state is equivalent to
 // no state (algorithm.ExpiresAt, counted from the instant of the request)
 // plus Config.ExpiryMargin. A denied request and a request of cost 0 write
-// nothing.
+// nothing (a plain fixed-window check counts a refusal, then gives it
+// back).
 //
 // # Corrupt state
 //
