@@ -255,7 +255,7 @@ func (s *Store) settlePlain(ctx context.Context, reqs []store.Request, out []slu
 	e += plainMargin.Microseconds()
 	var (
 		failed []int
-		first  error
+		ferr   error
 		back   []followUp // counts to give back before deciding again
 		redo   []int      // indexes in plain of the checks to decide again
 	)
@@ -270,8 +270,8 @@ func (s *Store) settlePlain(ctx context.Context, reqs []store.Request, out []slu
 				continue
 			}
 			failed = append(failed, pc.i)
-			if first == nil {
-				first = s.unavailable(err)
+			if ferr == nil {
+				ferr = s.unavailable(err)
 			}
 			continue
 		}
@@ -310,7 +310,7 @@ func (s *Store) settlePlain(ctx context.Context, reqs []store.Request, out []slu
 		s.doFollowUps(ctx, back)
 	}
 	if len(redo) == 0 {
-		return failed, first
+		return failed, ferr
 	}
 	// Decide them again with the scripts, in the order of reqs.
 	sub := make([]store.Request, len(redo))
@@ -334,8 +334,8 @@ func (s *Store) settlePlain(ctx context.Context, reqs []store.Request, out []slu
 			out[idx[k]] = subOut[k]
 		}
 	}
-	if first == nil {
-		first = err
+	if ferr == nil {
+		ferr = err
 	}
-	return failed, first
+	return failed, ferr
 }

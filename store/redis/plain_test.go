@@ -304,3 +304,33 @@ func TestPlainCommands(t *testing.T) {
 		}
 	}
 }
+
+// TestPlainMatchesScript decides one sequence of checks at Redis' clock
+// on a store that sends fixed windows plain and on one with ScriptsOnly:
+// alike, for a window that counts refused requests or not, costs above
+// the limit and reads (which go to the script) included.
+func TestPlainMatchesScript(t *testing.T) {
+	srv := redistest.Start(t)
+	plain := newStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "plain:"})
+	scripts := newStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "scripts:", ScriptsOnly: true})
+	waitClock(t, plain)
+	for _, counting := range []bool{false, true} {
+		p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 4, Window: time.Hour})
+		p.CountRefused = counting
+		key := fmt.Sprintf("rl:match:%v", counting)
+		for i, cost := range []int64{1, 2, 0, 1, 1, 5, 1, 0, 1} {
+			r := store.Request{Key: key, Params: p, Cost: cost}
+			got, want := check(t, plain, r), check(t, scripts, r)
+			waitFollowUps(t, plain)
+			if got.Allowed != want.Allowed || got.Reason != want.Reason || got.Remaining != want.Remaining ||
+				(got.RetryAfter > 0) != (want.RetryAfter > 0) || got.ResetAfter <= 0 || got.ResetAfter > time.Hour {
+				t.Errorf("counting refused %v, check %d (cost %d): plain %+v, script %+v", counting, i, cost, got, want)
+			}
+		}
+		a, _ := srv.Do("HVALS", "plain:"+key)
+		b, _ := srv.Do("HVALS", "scripts:"+key)
+		if a != b {
+			t.Errorf("counting refused %v: count %q, want %q as the script's", counting, a, b)
+		}
+	}
+}
