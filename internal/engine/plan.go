@@ -14,7 +14,7 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-// item is one rule (or Envoy limit) applied to one check.
+// item is one rule (or resolved limit, see limits.go) applied to one check.
 type item struct {
 	check  int // index of the check in its batch
 	rule   *policy.Rule
