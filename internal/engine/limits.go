@@ -46,8 +46,13 @@ type Limits struct {
 	// refuses, none is charged.
 	Each bool
 	// Items are the request's limits, appended by the transport between
-	// StartLimits and DecideLimits, which sets their outcomes.
+	// StartLimits, which makes it an empty slice of pooled memory, and
+	// DecideLimits, which sets their outcomes. They are valid until
+	// EndLimits.
 	Items []LimitItem
+	// Buf is pooled memory the transport may build its keys in: empty
+	// after StartLimits, valid until EndLimits.
+	Buf []byte
 
 	start  time.Time  // zero when the request is not measured
 	span   trace.Span // nil when it is not traced
@@ -55,6 +60,7 @@ type Limits struct {
 	turn   share.Turn
 	bulk   bool // turn paces the request
 	small  bool // counted as a small request
+	s      *scratch
 }
 
 // LimitItem is one limit of a Limits request, resolved by its transport.
@@ -139,6 +145,8 @@ func (e *Engine) StartLimits(ctx context.Context, l *Limits, n int) context.Cont
 		l.small = e.share.StartSmall()
 	}
 	l.policy = e.policy.Load()
+	l.s = e.getScratch()
+	l.Items, l.Buf = l.s.limits[:0], l.s.keys[:0]
 	return ctx
 }
 
@@ -168,24 +176,21 @@ func (l *Limits) pace() *share.Turn {
 // failure mode. It sets each item's Outcome; its error, a *FieldError,
 // reports an item that cannot be decided, before any is.
 func (e *Engine) DecideLimits(ctx context.Context, l *Limits) error {
-	for i := range l.Items {
-		it := &l.Items[i]
-		switch {
-		case it.Params == nil && it.Global == nil:
-			return &FieldError{Field: "items[" + strconv.Itoa(i) + "]", Reason: "has no limit"}
-		case it.Cost < 0 || it.Cost > sluice.MaxLimit:
-			return &FieldError{Field: "items[" + strconv.Itoa(i) + "].cost", Reason: "must be between 0 and " + strconv.FormatInt(sluice.MaxLimit, 10)}
-		}
-	}
 	if len(l.Items) == 0 {
 		return nil
 	}
-	s := e.getScratch()
-	defer e.putScratch(s)
+	s := l.s
 	// s.ends holds, per item of l, the index of its item in s and that of
-	// its global item (-1 without one).
+	// its global item (-1 without one). An item that cannot be decided
+	// leaves s to EndLimits, which clears it.
 	for i := range l.Items {
 		li := &l.Items[i]
+		switch {
+		case li.Params == nil && li.Global == nil:
+			return &FieldError{Field: "items[" + strconv.Itoa(i) + "]", Reason: "has no limit"}
+		case li.Cost < 0 || li.Cost > sluice.MaxLimit:
+			return &FieldError{Field: "items[" + strconv.Itoa(i) + "].cost", Reason: "must be between 0 and " + strconv.FormatInt(sluice.MaxLimit, 10)}
+		}
 		it := item{mode: li.Mode, cost: li.Cost}
 		if li.Params == nil {
 			// The global limit alone, whose local share is the whole limit.
@@ -256,5 +261,10 @@ func (e *Engine) EndLimits(ctx context.Context, l *Limits, over bool, err error)
 	if l.span != nil {
 		endLimits(l.span, l.Domain, over, err)
 	}
-	*l = Limits{}
+	if l.s != nil {
+		clear(l.Items)
+		l.s.limits, l.s.keys = l.Items[:0], l.Buf[:0]
+		e.putScratch(l.s)
+	}
+	l.Items, l.Buf, l.span, l.policy, l.s = nil, nil, nil, nil, nil
 }

@@ -77,9 +77,7 @@ func (d *Decider) ShouldRateLimit(ctx context.Context, domain string, descs []De
 		return nil, false, err
 	}
 	statuses = make([]DescriptorStatus, len(descs))
-	var ibuf [4]engine.LimitItem
 	var rbuf [4]int
-	l.Items = ibuf[:0]
 	refs := d.plan(&l, limits, descs, hitsAddend, statuses, rbuf[:0])
 	if len(l.Items) == 0 {
 		return statuses, false, nil
@@ -129,7 +127,6 @@ func (d *Decider) plan(l *engine.Limits, limits []*policy.EnvoyLimit, descs []De
 		}
 	}
 	p := l.Policy()
-	var kbuf [128]byte
 	for i, el := range limits {
 		if el == nil || (el.Name != "" && replaced[el.Name]) {
 			continue
@@ -147,7 +144,8 @@ func (d *Decider) plan(l *engine.Limits, limits []*policy.EnvoyLimit, descs []De
 		it := engine.LimitItem{Rule: el.FullKey, Limit: el.RequestsPerUnit, Mode: el.FailureMode, Cost: int64(hits),
 			Shadow: el.Shadow, After: el.QuotaMode && !el.Shadow}
 		if !el.GlobalOnly() {
-			it.Key = string(el.AppendKey(kbuf[:0], descs[i].Entries))
+			l.Buf = el.AppendKey(l.Buf[:0], descs[i].Entries)
+			it.Key = string(l.Buf)
 			it.Params = d.params.of(d.compat, p, &el.Limit.Params[engine.PriorityNormal])
 			if it.Mode == policy.FailLocal {
 				it.Local = &el.Limit.Local[engine.PriorityNormal]
@@ -159,7 +157,8 @@ func (d *Decider) plan(l *engine.Limits, limits []*policy.EnvoyLimit, descs []De
 		// (an Envoy file names no expected instances).
 		if el.GlobalOnly() || el.Global != nil && !el.Shadow && !el.QuotaMode {
 			it.Global = el.Global
-			it.GlobalKey = string(el.AppendGlobalKey(kbuf[:0], descs[i].Entries))
+			l.Buf = el.AppendGlobalKey(l.Buf[:0], descs[i].Entries)
+			it.GlobalKey = string(l.Buf)
 		}
 		l.Items = append(l.Items, it)
 		refs = append(refs, i)
