@@ -13,7 +13,7 @@
 // Envoy's answer.
 //
 // Errors become gRPC codes in one table (see errorCodes); bad input is
-// refused with InvalidArgument before the engine is called.
+// refused with InvalidArgument before any limit is decided.
 package envoyrls
 
 import (
