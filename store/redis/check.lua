@@ -131,11 +131,14 @@ local function load(key, alg)
   if not v then
     return 0, 0, 0
   end
-  local a, b, c
-  if #v == 25 and string.byte(v) == 2 then
-    local _
-    _, a, b, c = struct.unpack('<Bddd', v)
-  else
+  local a, b, c, tag
+  if #v == 25 then
+    tag, a, b, c = struct.unpack('<Bddd', v)
+  end
+  if tag == 3 then
+    -- a bucket's or GCRA's state and its key's expiry (see checkeach.lua)
+    c = 0
+  elseif tag ~= 2 then
     a, b, c = string.match(v, '^1:(%d+):(%d+):(%d+)$')
     a, b, c = tonumber(a), tonumber(b), tonumber(c)
   end

@@ -194,6 +194,9 @@ local function decide(key, ps, cost, now, v)
     end
     if tag == 2 then
       ok, bin = true, not fw
+    elseif tag == 3 then
+      -- a bucket's or GCRA's state and its key's expiry, rewritten whole
+      ok, c = true, 0
     elseif len > 0 and type(v) == 'string' then
       local sa, sb, sc = match(v, '^1:(%d+):(%d+):(%d+)$')
       a, b, c = tonumber(sa), tonumber(sb), tonumber(sc)
@@ -469,7 +472,10 @@ end
 local fN, fW, fwin, fbucket = 0, 0, false, false
 -- for the buckets and GCRA: the algorithm, the capacity (K x W), its
 -- length in quanta (cap / N, GCRA) and the slowest refill (E, buckets)
-local galg, gcap, gfull, gE = 0, 0, 0, 1
+local galg, gcap, gfull, gE, gcost = 0, 0, 0, 1, 0
+-- and the quantum, the expiry margin in µs, and Redis' clock in ms less
+-- one, from which a key's time to live is counted at the latest
+local fQ, fmargin, cms = 1, 0, 0
 -- for a fixed window: the window's field, the cost as Redis writes it and
 -- the time to live of a new window's count (ms)
 local ffield, fcost, fpx
@@ -479,7 +485,8 @@ if fast then
   if galg == 1 or galg == 2 or galg == 6 then
     fbucket = true
     gcap, gE = fast[3] * fW, fast[7]
-    gfull = idiv(gcap, fN)
+    gfull, gcost = idiv(gcap, fN), C * fW
+    fQ, fmargin, cms = fast[5], margin * 1000, idiv(clock, 1000) - 1
   end
   if fwin then
     ffield, fcost = string.format('%.0f', fs), string.format('%.0f', C)
@@ -542,8 +549,8 @@ for i = 1, #KEYS do
     end
     -- GCRA: a the theoretical arrival time, b its part of a quantum in
     -- units of 1/N; the buckets: a the debt, b the instant of the last
-    -- update
-    if tag == 2 and c == 0 and a >= 0 and b >= 0
+    -- update; c the key's expiry (ms; layout 3) or 0
+    if (tag == 3 or tag == 2 and c == 0) and a >= 0 and b >= 0
       and (galg == 6 and a <= ft + gfull and b <= EXACT or galg ~= 6 and b <= ft and a <= EXACT)
       and (a >= INT or a + INT - INT == a) and (b >= INT or b + INT - INT == b) then
       local debt = 0
@@ -555,42 +562,68 @@ for i = 1, #KEYS do
           end
         end
       elseif a > 0 then
+        -- drained after el quanta when el x N >= a (exact: a <= 2^51)
         local el = ft - b
         if el == 0 then
           debt = a
-        elseif el < idiv(a + fN - 1, fN) then
+        elseif a > el * fN then
           debt = a - el * fN
         end
       end
-      local nxt = debt + cost * fW
+      local nxt = debt + gcost
       if nxt <= gcap then
-        rem = 0
-        if nxt < gcap then
-          rem = idiv(gcap - nxt, fW)
+        -- rem = idiv(gcap - nxt, fW), and below q = idiv(nxt, fN) and
+        -- its remainder, inline (as idiv computes them)
+        local x = gcap - nxt
+        rem = x / fW
+        rem = rem - rem % 1
+        x = x - rem * fW
+        if x < 0 then
+          rem = rem - 1
+        elseif x >= fW then
+          rem = rem + 1
+        end
+        local q = nxt / fN
+        q = q - q % 1
+        local r = nxt - q * fN
+        if r < 0 then
+          q, r = q - 1, r + fN
+        elseif r >= fN then
+          q, r = q + 1, r - fN
+        end
+        -- reset = ceil(nxt / N)
+        reset = q
+        if r > 0 then
+          reset = q + 1
         end
         local na, nb, exp
         if galg == 6 then
-          local q = idiv(nxt, fN)
-          na, nb = ft + q, nxt - q * fN
-          exp = na
-          if nb > 0 then
-            exp = na + 1
-          end
+          na, nb, exp = ft + q, r, ft + reset
         else
           -- the state is gone once drained at the slowest refill
-          na, nb = nxt, ft
-          exp = ft + idiv(nxt + gE - 1, gE)
+          na, nb, exp = nxt, ft, ft + reset
+          if gE ~= fN then
+            exp = ft + idiv(nxt + gE - 1, gE)
+          end
         end
-        local px = 1
-        if exp * fast[5] > clock then
-          px = idiv(exp * fast[5] - clock + 999, 1000)
+        exp = exp * fQ + fmargin
+        if tag == 3 and exp <= c * 1000 then
+          -- the key's time to live covers the new state: in place
+          call('SETRANGE', key, '1', pack('<dd', na, nb))
+        else
+          -- twice the time to live the state needs, so that the next
+          -- checks write in place
+          local px = 2
+          if exp > clock then
+            px = 2 * idiv(exp - clock + 999, 1000)
+          end
+          local st = pack('<Bddd', 3, na, nb, cms + px)
+          if px >= 1e15 then
+            px = string.format('%.0f', px) -- as decide does
+          end
+          call('SET', key, st, 'PX', px)
         end
-        px = px + margin
-        if px >= 1e15 then
-          px = string.format('%.0f', px)
-        end
-        call('SET', key, pack('<Bddd', 2, na, nb, 0), 'PX', px) -- as write does
-        reason, reset, retry = 0, idiv(nxt + fN - 1, fN), 0
+        reason, retry = 0, 0
       end
     end
     if not reason then
