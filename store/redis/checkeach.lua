@@ -74,13 +74,20 @@ end
 
 local args = ARGV[1]
 local margin, nsets, U, all, C, pos = unpack_('<dHHBd', args)
-local corrupt = 0
 local clock -- Redis' TIME in µs, read once
--- all or nothing: the writes held back, 6 values each (key, new state,
--- time to live in ms or false to keep it, whether it is a fixed window's)
-local held, nheld
-if all == 1 then
-  held, nheld = {}, 0
+
+-- The functions below use no local of the script: a closure that does
+-- (an upvalue) costs Redis hundreds of instructions a call, even when it
+-- is not called. What decide shares with the script is its context cx
+-- (see newcx), made on the first check that needs it.
+
+-- newcx returns decide's context: Redis' clock when read already, the
+-- expiry margin, whether the call is all or nothing, the corrupt keys
+-- reset, idiv and write, and, all or nothing, the writes held back, 6
+-- values each (key, new state, time to live in ms or false to keep it,
+-- whether it is a fixed window's).
+local function newcx(clock, margin, all, idiv, write)
+  return { clock = clock, margin = margin, all = all, corrupt = 0, idiv = idiv, write = write, held = {}, nheld = 0 }
 end
 
 -- write writes the state (a, b, c) to key with a time to live of px ms,
@@ -92,6 +99,7 @@ end
 -- written otherwise: in a slot that is moving between Cluster masters, a
 -- script may write only keys that are there.)
 local function write(key, px, a, b, c, fw)
+  local call = redis.call
   if fw then
     if fw == true then
       call('DEL', key)
@@ -105,10 +113,10 @@ local function write(key, px, a, b, c, fw)
       call('PEXPIRE', key, px)
     end
   elseif px then
-    call('SET', key, pack('<Bddd', 2, a, b, c), 'PX', px)
+    call('SET', key, struct.pack('<Bddd', 2, a, b, c), 'PX', px)
   else
     -- B alone changes: bytes 9 to 16
-    call('SETRANGE', key, '9', pack('<d', b))
+    call('SETRANGE', key, '9', struct.pack('<d', b))
   end
 end
 
@@ -117,7 +125,11 @@ end
 -- a fixed window counting refused requests), and returns the check's
 -- reason, remaining, reset after and retry after. v, when not nil, is
 -- what a GET of key answered already (pcall: false, a string or an error).
-local function decide(key, ps, cost, now, v)
+local function decide(cx, key, ps, cost, now, v)
+  local max, call, pcall_ = math.max, redis.call, redis.pcall
+  local pack, unpack_, match = struct.pack, struct.unpack, string.match
+  local LIMIT, EXACT, INT = 9007199254740992, 2251799813685248, 4503599627370496
+  local idiv = cx.idiv
   local alg, N, K, W, Q = ps[1], ps[2], ps[3], ps[4], ps[5]
   if ps[6] then
     return 3, 0, 0, 0
@@ -133,9 +145,11 @@ local function decide(key, ps, cost, now, v)
   -- ahead of it (-1 - d: d µs ahead), the instant itself when it is given.
   local base = now
   if now < 0 then
+    local clock = cx.clock
     if not clock then
       local tm = call('TIME')
       clock = tm[1] * 1000000 + tm[2]
+      cx.clock = clock
     end
     base = clock
     now = clock - 1 - now
@@ -182,7 +196,7 @@ local function decide(key, ps, cost, now, v)
     if not (a >= 0 and b >= 0 and a < LIMIT and b <= EXACT
       and (a >= INT or a + INT - INT == a) and (b >= INT or b + INT - INT == b)) then
       call('DEL', key)
-      corrupt = corrupt + 1
+      cx.corrupt = cx.corrupt + 1
       a, b, c, bin, fw = 0, 0, 0, false, 1
     end
   elseif v then
@@ -216,7 +230,7 @@ local function decide(key, ps, cost, now, v)
     end
     if not ok then
       call('DEL', key)
-      corrupt = corrupt + 1
+      cx.corrupt = cx.corrupt + 1
       a, b, c, bin = 0, 0, 0, false
       if fw then
         fw = 1
@@ -409,18 +423,19 @@ local function decide(key, ps, cost, now, v)
     if exp * Q > base then
       px = idiv(exp * Q - base + 999, 1000)
     end
-    px = px + margin
+    px = px + cx.margin
     if px >= 1e15 then
       -- Redis writes a number of 17 digits or more in exponent notation,
       -- which PX refuses; a bucket of a very large burst lives that long.
       px = string.format('%.0f', px)
     end
   end
-  if all == 1 then
+  if cx.all == 1 then
+    local held, nheld = cx.held, cx.nheld
     held[nheld + 1], held[nheld + 2], held[nheld + 3], held[nheld + 4], held[nheld + 5], held[nheld + 6] = key, px, na, nb, nc, fw
-    nheld = nheld + 6
+    cx.nheld = nheld + 6
   elseif fw then
-    write(key, px, na, nb, nc, fw)
+    cx.write(key, px, na, nb, nc, fw)
   elseif px then
     call('SET', key, pack('<Bddd', 2, na, nb, nc), 'PX', px)
   else
@@ -501,6 +516,12 @@ if fast then
   end
 end
 
+-- decide's context, made now for a call of any other kind
+local cx
+if not fast then
+  cx = newcx(clock, margin, all, idiv, write)
+end
+
 for i = 1, #KEYS do
   local k, cost, now = U, C, -1
   if U == 0 then
@@ -533,7 +554,8 @@ for i = 1, #KEYS do
       end
     end
     if not reason then
-      reason, rem, reset, retry = decide(key, fast, cost, now)
+      cx = cx or newcx(clock, margin, all, idiv, write)
+      reason, rem, reset, retry = decide(cx, key, fast, cost, now)
     end
   elseif fbucket then
     -- A valid or absent state whose debt leaves room for the cost, the
@@ -627,7 +649,8 @@ for i = 1, #KEYS do
       end
     end
     if not reason then
-      reason, rem, reset, retry = decide(key, fast, cost, now, v)
+      cx = cx or newcx(clock, margin, all, idiv, write)
+      reason, rem, reset, retry = decide(cx, key, fast, cost, now, v)
     end
   elseif fast then
     -- In place when the state is valid as decide would find it (A is fs,
@@ -656,10 +679,11 @@ for i = 1, #KEYS do
       call('SETRANGE', key, '9', pack('<d', b + cost)) -- as write does
       reason, retry = 0, 0
     else
-      reason, rem, reset, retry = decide(key, fast, cost, now, v)
+      cx = cx or newcx(clock, margin, all, idiv, write)
+      reason, rem, reset, retry = decide(cx, key, fast, cost, now, v)
     end
   else
-    reason, rem, reset, retry = decide(key, sets[k], cost, now)
+    reason, rem, reset, retry = decide(cx, key, sets[k], cost, now)
   end
   reply[n + 1], reply[n + 2] = rem * 4 + reason, reset
   n = n + 2
@@ -671,7 +695,8 @@ for i = 1, #KEYS do
 end
 if all == 1 then
   if not denied then
-    for j = 1, nheld, 6 do
+    local held = cx.held
+    for j = 1, cx.nheld, 6 do
       write(held[j], held[j + 1], held[j + 2], held[j + 3], held[j + 4], held[j + 5])
     end
   else
@@ -687,7 +712,7 @@ if all == 1 then
       local reason, rem, reset, retry = old[o] % 4, (old[o] - old[o] % 4) / 4, old[o + 1], 0
       o = o + 2
       if reason == 0 then
-        reason, rem, reset = decide(KEYS[i], sets[k], 0, now)
+        reason, rem, reset = decide(cx, KEYS[i], sets[k], 0, now)
         reason = 1
       else
         retry = old[o]
@@ -698,5 +723,7 @@ if all == 1 then
     end
   end
 end
-reply[1] = corrupt
+if cx then
+  reply[1] = cx.corrupt
+end
 return reply
