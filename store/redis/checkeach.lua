@@ -491,6 +491,8 @@ local galg, gcap, gfull, gE, gcost = 0, 0, 0, 1, 0
 -- and the quantum, the expiry margin in µs, and Redis' clock in ms less
 -- one, from which a key's time to live is counted at the latest
 local fQ, fmargin, cms = 1, 0, 0
+-- and the window in ms
+local gwms = 0
 -- for a fixed window: the window's field, the cost as Redis writes it and
 -- the time to live of a new window's count (ms)
 local ffield, fcost, fpx
@@ -502,6 +504,7 @@ if fast then
     gcap, gE = fast[3] * fW, fast[7]
     gfull, gcost = idiv(gcap, fN), C * fW
     fQ, fmargin, cms = fast[5], margin * 1000, idiv(clock, 1000) - 1
+    gwms = idiv(fW * fQ + 999, 1000)
   end
   if fwin then
     ffield, fcost = string.format('%.0f', fs), string.format('%.0f', C)
@@ -633,11 +636,17 @@ for i = 1, #KEYS do
           -- the key's time to live covers the new state: in place
           call('SETRANGE', key, '1', pack('<dd', na, nb))
         else
-          -- twice the time to live the state needs, so that the next
-          -- checks write in place
-          local px = 2
+          -- More than the state needs, so that the next checks write in
+          -- place: twice, or, for a key checked again before it expired,
+          -- what it needs and a window more (if that is more).
+          local px = 1
           if exp > clock then
-            px = 2 * idiv(exp - clock + 999, 1000)
+            px = idiv(exp - clock + 999, 1000)
+          end
+          if tag == 3 and px < gwms then
+            px = px + gwms
+          else
+            px = 2 * px
           end
           local st = pack('<Bddd', 3, na, nb, cms + px)
           if px >= 1e15 then

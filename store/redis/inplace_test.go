@@ -70,10 +70,11 @@ func readBucketKey(t *testing.T, srv *redistest.Server, key string) bucketKey {
 // GCRA at Redis' clock, which records in the state the expiry it set on
 // the key and, while that expiry covers the new state and the margin,
 // writes the state in place (the time to live kept), and otherwise sets
-// twice the time to live the state needs: after every admitted check the
-// key lives at least until its state is restored (algorithm.ExpiresAt)
-// plus the margin, so that a key never expires while its state still
-// matters; and both kinds of write happen.
+// more than the state needs (twice, or what it needs and a window more):
+// after every admitted check the key lives at least until its state is
+// restored (algorithm.ExpiresAt) plus the margin, so that a key never
+// expires while its state still matters, and no longer than that bound;
+// and both kinds of write happen.
 func TestBucketsWriteInPlace(t *testing.T) {
 	srv := redistest.Start(t)
 	const margin = 40 * time.Millisecond
@@ -126,6 +127,14 @@ func TestBucketsWriteInPlace(t *testing.T) {
 					}
 				default:
 					moved++
+					// and no longer than twice what it needs, or, for a
+					// key found alive, what it needs and a window more
+					// (what it needs counted at the read, less than at
+					// the write by the time between them: 10 ms allowed)
+					need := (algorithm.ExpiresAt(tc.p, k.st)+margin.Microseconds()-k.clock)/1000 + 10
+					if most := need + max(need, tc.p.WindowDuration().Milliseconds()); k.pttl > most {
+						t.Errorf("%s check %d: a time to live of %d ms, want at most %d", tc.name, i, k.pttl, most)
+					}
 				}
 			} else if k.st != prev.st || k.expiry != prev.expiry || k.pttl > prev.pttl {
 				t.Errorf("%s check %d: a refusal changed the key from %+v to %+v", tc.name, i, prev, k)
