@@ -480,19 +480,22 @@ if U ~= 0 and all ~= 1 then
     local tm = call('TIME')
     clock = tm[1] * 1000000 + tm[2]
     ft = idiv(clock, ps[5])
-    fs = idiv(ft, ps[4]) * ps[4]
-    fast, fe = ps, ft - fs
+    fast = ps
+    if ps[1] == 3 or ps[1] == 5 then
+      fs = idiv(ft, ps[4]) * ps[4]
+      fe = ft - fs
+    end
   end
 end
 local fN, fW, fwin, fbucket = 0, 0, false, false
--- for the buckets and GCRA: the algorithm, the capacity (K x W), its
--- length in quanta (cap / N, GCRA) and the slowest refill (E, buckets)
-local galg, gcap, gfull, gE, gcost = 0, 0, 0, 1, 0
--- and the quantum, the expiry margin in µs, and Redis' clock in ms less
--- one, from which a key's time to live is counted at the latest
-local fQ, fmargin, cms = 1, 0, 0
--- and the window in ms
-local gwms = 0
+-- for the buckets and GCRA: the algorithm, the capacity (K x W), the
+-- slowest refill (E, buckets), the cost scaled (C x W), the largest A and
+-- B of a valid state (GCRA: A at most the capacity's length, cap / N,
+-- ahead; the buckets: B not ahead), the quantum, the expiry margin in
+-- µs, and Redis' clock less 1 ms: the instant a key's time to live set
+-- now is counted from at the earliest (Redis counts in ms)
+local galg, gcap, gE, gcost, gamax, gbmax = 0, 0, 1, 0, 0, 0
+local fQ, fmargin, cus = 1, 0, 0
 -- for a fixed window: the window's field, the cost as Redis writes it and
 -- the time to live of a new window's count (ms)
 local ffield, fcost, fpx
@@ -501,10 +504,12 @@ if fast then
   galg = fast[1]
   if galg == 1 or galg == 2 or galg == 6 then
     fbucket = true
-    gcap, gE = fast[3] * fW, fast[7]
-    gfull, gcost = idiv(gcap, fN), C * fW
-    fQ, fmargin, cms = fast[5], margin * 1000, idiv(clock, 1000) - 1
-    gwms = idiv(fW * fQ + 999, 1000)
+    gcap, gE, gcost = fast[3] * fW, fast[7], C * fW
+    gamax, gbmax = ft + idiv(gcap, fN), EXACT
+    if galg ~= 6 then
+      gamax, gbmax = EXACT, ft
+    end
+    fQ, fmargin, cus = fast[5], margin * 1000, clock - 1000
   end
   if fwin then
     ffield, fcost = string.format('%.0f', fs), string.format('%.0f', C)
@@ -525,59 +530,37 @@ if not fast then
   cx = newcx(clock, margin, all, idiv, write)
 end
 
-for i = 1, #KEYS do
-  local k, cost, now = U, C, -1
-  if U == 0 then
-    k, cost, now, pos = unpack_('<Hdd', args, pos)
-  end
-  local key = KEYS[i]
-  local reason, rem, reset, retry
-  if fwin then
-    -- A fixed window counts with one HINCRBY of the window's field. A
-    -- count that goes over the limit is taken back (refusals are not
-    -- counted); a field it creates gets the window's expiry, unless the key
-    -- holds another window too, which, with a key of another type or
-    -- layout, decide's general path settles.
-    local v = pcall_('HINCRBY', key, ffield, fcost)
-    if type(v) == 'number' then
-      if v > cost then
-        if v <= fN then
-          reason, rem, reset, retry = 0, fN - v, fW - fe, 0
-        else
-          call('HINCRBY', key, ffield, -cost)
-          reason, rem, reset, retry = 1, max(fN - v + cost, 0), fW - fe, fW - fe
-        end
-      elseif v == cost and v <= fN and call('HLEN', key) == 1 then
-        call('PEXPIRE', key, fpx)
-        reason, rem, reset, retry = 0, fN - v, fW - fe, 0
-      elseif v == cost then
-        call('HDEL', key, ffield)
-      else
-        call('HINCRBY', key, ffield, -cost)
-      end
-    end
-    if not reason then
-      cx = cx or newcx(clock, margin, all, idiv, write)
-      reason, rem, reset, retry = decide(cx, key, fast, cost, now)
-    end
-  elseif fbucket then
-    -- A valid or absent state whose debt leaves room for the cost, the
-    -- clock not gone back: decide's arithmetic, inline (a Lua function
-    -- call costs Redis much).
+if fbucket then
+  -- The buckets' and GCRA's common call: a valid or absent state whose
+  -- debt leaves room for the cost, the clock not gone back, is decided
+  -- inline with decide's arithmetic (a Lua function call costs Redis much,
+  -- and every operator some 40 instructions). Its write is in place
+  -- (SETRANGE, keeping the time to live) when the key's expiry, which the
+  -- state records (layout 3), covers the new state and the margin: the key
+  -- then outlives its state, since Redis counts the time to live it set
+  -- from no later than cus (below). Otherwise it sets more than the state
+  -- needs, so that the next checks write in place: twice, or, for a key
+  -- checked again before it expired, what it needs and a window more.
+  -- Every other check takes decide's general path.
+  for i = 1, #KEYS do
+    local key = KEYS[i]
+    local reason, rem, reset, retry
     local v = pcall_('GET', key)
-    local tag, a, b, c = 2, 0, 0, 0
+    local tag, a, b, c
     if v then
-      tag = nil
       if #v == 25 then
         tag, a, b, c = unpack_('<Bddd', v)
       end
+    else
+      tag, a, b, c = 2, 0, 0, 0
     end
     -- GCRA: a the theoretical arrival time, b its part of a quantum in
     -- units of 1/N; the buckets: a the debt, b the instant of the last
-    -- update; c the key's expiry (ms; layout 3) or 0
-    if (tag == 3 or tag == 2 and c == 0) and a >= 0 and b >= 0
-      and (galg == 6 and a <= ft + gfull and b <= EXACT or galg ~= 6 and b <= ft and a <= EXACT)
-      and (a >= INT or a + INT - INT == a) and (b >= INT or b + INT - INT == b) then
+    -- update; c the key's expiry (µs, layout 3) or 0. x is an integer
+    -- when x + 2^52 - 2^52 == x (the sum rounds to an integer) or x >= 2^52
+    -- (every double there is).
+    if (tag == 3 or tag == 2 and c == 0) and a >= 0 and b >= 0 and a <= gamax and b <= gbmax
+      and (a + INT - INT == a or a >= INT) and (b + INT - INT == b or b >= INT) then
       local debt = 0
       if galg == 6 then
         if a >= ft then
@@ -597,8 +580,8 @@ for i = 1, #KEYS do
       end
       local nxt = debt + gcost
       if nxt <= gcap then
-        -- rem = idiv(gcap - nxt, fW), and below q = idiv(nxt, fN) and
-        -- its remainder, inline (as idiv computes them)
+        -- rem = idiv(gcap - nxt, fW), and below q = idiv(nxt, fN) and its
+        -- remainder r, inline (as idiv computes them)
         local x = gcap - nxt
         rem = x / fW
         rem = rem - rem % 1
@@ -631,24 +614,19 @@ for i = 1, #KEYS do
             exp = ft + idiv(nxt + gE - 1, gE)
           end
         end
+        -- the instant (µs) the key must outlive
         exp = exp * fQ + fmargin
-        if tag == 3 and exp <= c * 1000 then
-          -- the key's time to live covers the new state: in place
+        if tag == 3 and exp <= c then
           call('SETRANGE', key, '1', pack('<dd', na, nb))
         else
-          -- More than the state needs, so that the next checks write in
-          -- place: twice, or, for a key checked again before it expired,
-          -- what it needs and a window more (if that is more).
-          local px = 1
-          if exp > clock then
-            px = idiv(exp - clock + 999, 1000)
-          end
-          if tag == 3 and px < gwms then
-            px = px + gwms
+          local px = idiv(exp - clock + 999, 1000) -- ms, at least 1
+          local wms = idiv(fW * fQ + 999, 1000)
+          if tag == 3 and px < wms then
+            px = px + wms
           else
             px = 2 * px
           end
-          local st = pack('<Bddd', 3, na, nb, cms + px)
+          local st = pack('<Bddd', 3, na, nb, cus + px * 1000)
           if px >= 1e15 then
             px = string.format('%.0f', px) -- as decide does
           end
@@ -659,47 +637,92 @@ for i = 1, #KEYS do
     end
     if not reason then
       cx = cx or newcx(clock, margin, all, idiv, write)
-      reason, rem, reset, retry = decide(cx, key, fast, cost, now, v)
+      reason, rem, reset, retry = decide(cx, key, fast, C, -1, v)
     end
-  elseif fast then
-    -- In place when the state is valid as decide would find it (A is fs,
-    -- an integer in range; B a positive integer count; C 0 in a fixed
-    -- window, the previous window's count in a counter) and leaves room
-    -- for the cost. Inline: a Lua function call costs Redis much.
-    local v = pcall_('GET', key)
-    local tag, a, b, c
-    if v and #v == 25 then
-      tag, a, b, c = unpack_('<Bddd', v)
+    reply[n + 1], reply[n + 2] = rem * 4 + reason, reset
+    n = n + 2
+    if reason ~= 0 then
+      reply[n + 1] = retry
+      n = n + 1
+      denied = true
     end
-    if tag == 2 and a == fs and a < LIMIT and b > 0 and b <= EXACT and b + INT - INT == b then
-      if fwin then
-        if c == 0 and b + cost <= fN then
-          rem, reset = fN - b - cost, fW - fe
-        end
-      elseif c >= 0 and c <= EXACT and c + INT - INT == c and (b + cost) * fW <= fN * fW - c * (fW - fe) then
-        local room = fN * fW - (c * (fW - fe) + b * fW) - cost * fW
-        rem, reset = 0, 2 * fW - fe
-        if room > 0 then
-          rem = idiv(room, fW)
+  end
+else
+  for i = 1, #KEYS do
+    local k, cost, now = U, C, -1
+    if U == 0 then
+      k, cost, now, pos = unpack_('<Hdd', args, pos)
+    end
+    local key = KEYS[i]
+    local reason, rem, reset, retry
+    if fwin then
+      -- A fixed window counts with one HINCRBY of the window's field. A
+      -- count that goes over the limit is taken back (refusals are not
+      -- counted); a field it creates gets the window's expiry, unless the key
+      -- holds another window too, which, with a key of another type or
+      -- layout, decide's general path settles.
+      local v = pcall_('HINCRBY', key, ffield, fcost)
+      if type(v) == 'number' then
+        if v > cost then
+          if v <= fN then
+            reason, rem, reset, retry = 0, fN - v, fW - fe, 0
+          else
+            call('HINCRBY', key, ffield, -cost)
+            reason, rem, reset, retry = 1, max(fN - v + cost, 0), fW - fe, fW - fe
+          end
+        elseif v == cost and v <= fN and call('HLEN', key) == 1 then
+          call('PEXPIRE', key, fpx)
+          reason, rem, reset, retry = 0, fN - v, fW - fe, 0
+        elseif v == cost then
+          call('HDEL', key, ffield)
+        else
+          call('HINCRBY', key, ffield, -cost)
         end
       end
-    end
-    if rem then
-      call('SETRANGE', key, '9', pack('<d', b + cost)) -- as write does
-      reason, retry = 0, 0
+      if not reason then
+        cx = cx or newcx(clock, margin, all, idiv, write)
+        reason, rem, reset, retry = decide(cx, key, fast, cost, now)
+      end
+    elseif fast then
+      -- In place when the state is valid as decide would find it (A is fs,
+      -- an integer in range; B a positive integer count; C 0 in a fixed
+      -- window, the previous window's count in a counter) and leaves room
+      -- for the cost. Inline: a Lua function call costs Redis much.
+      local v = pcall_('GET', key)
+      local tag, a, b, c
+      if v and #v == 25 then
+        tag, a, b, c = unpack_('<Bddd', v)
+      end
+      if tag == 2 and a == fs and a < LIMIT and b > 0 and b <= EXACT and b + INT - INT == b then
+        if fwin then
+          if c == 0 and b + cost <= fN then
+            rem, reset = fN - b - cost, fW - fe
+          end
+        elseif c >= 0 and c <= EXACT and c + INT - INT == c and (b + cost) * fW <= fN * fW - c * (fW - fe) then
+          local room = fN * fW - (c * (fW - fe) + b * fW) - cost * fW
+          rem, reset = 0, 2 * fW - fe
+          if room > 0 then
+            rem = idiv(room, fW)
+          end
+        end
+      end
+      if rem then
+        call('SETRANGE', key, '9', pack('<d', b + cost)) -- as write does
+        reason, retry = 0, 0
+      else
+        cx = cx or newcx(clock, margin, all, idiv, write)
+        reason, rem, reset, retry = decide(cx, key, fast, cost, now, v)
+      end
     else
-      cx = cx or newcx(clock, margin, all, idiv, write)
-      reason, rem, reset, retry = decide(cx, key, fast, cost, now, v)
+      reason, rem, reset, retry = decide(cx, key, sets[k], cost, now)
     end
-  else
-    reason, rem, reset, retry = decide(cx, key, sets[k], cost, now)
-  end
-  reply[n + 1], reply[n + 2] = rem * 4 + reason, reset
-  n = n + 2
-  if reason ~= 0 then
-    reply[n + 1] = retry
-    n = n + 1
-    denied = true
+    reply[n + 1], reply[n + 2] = rem * 4 + reason, reset
+    n = n + 2
+    if reason ~= 0 then
+      reply[n + 1] = retry
+      n = n + 1
+      denied = true
+    end
   end
 end
 if all == 1 then

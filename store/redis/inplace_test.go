@@ -26,7 +26,7 @@ return string.format('%s %d %s%06d', (v:gsub('.', function(c) return string.form
 type bucketKey struct {
 	tag      byte
 	st       algorithm.State
-	expiry   float64 // the key's expiry the state records (ms), layout 3
+	expiry   float64 // the key's expiry the state records (µs), layout 3
 	pttl     int64   // ms
 	clock    int64   // Redis' clock, µs
 	hasState bool
@@ -116,7 +116,7 @@ func TestBucketsWriteInPlace(t *testing.T) {
 				// script, the record from the script's read of the clock:
 				// they differ by the time between the two (within the
 				// margin, as for any key written with a time to live).
-				if rec := int64(k.expiry) * 1000; rec > k.clock+k.pttl*1000+margin.Microseconds()/2 {
+				if rec := int64(k.expiry); rec > k.clock+k.pttl*1000+margin.Microseconds()/2 {
 					t.Fatalf("%s check %d: the state records an expiry %d µs after the key's", tc.name, i, rec-k.clock-k.pttl*1000)
 				}
 				switch {
