@@ -21,7 +21,9 @@
 --
 -- State layout: the algorithms with three integers keep the 25 bytes
 -- struct.pack('<Bddd', 2, A, B, C), integers in doubles (the text
--- "1:<A>:<B>:<C>" of earlier versions is read too); the sliding window log keeps a sorted set with one
+-- "1:<A>:<B>:<C>" of earlier versions is read too, and the buckets' and
+-- GCRA's struct.pack('<Bddd', 3, A, B, X) of checkeach.lua, X the key's
+-- expiry, as (A, B, 0)); the sliding window log keeps a sorted set with one
 -- member per admitted unit, scored by its instant in quanta. Anything else
 -- found under a key (another type, another format, numbers out of range) is
 -- deleted and counted as corrupt. The ranges: an instant (B of the buckets,

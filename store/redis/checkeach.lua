@@ -50,6 +50,10 @@
 -- integers in doubles), and for a fixed window the hash {A: B} (decimal);
 -- the text "1:<A>:<B>:<C>" of earlier versions, and the 25 bytes for a
 -- fixed window, are read too. The ranges are check.lua's (see its load).
+-- The buckets' and GCRA's common call writes struct.pack('<Bddd', 3, A,
+-- B, X) instead, X the key's expiry it set (µs, Redis' clock), so that
+-- the next checks know whether they may write in place; both scripts
+-- read it as (A, B, 0).
 
 local max = math.max
 local call, pcall_ = redis.call, redis.pcall
@@ -461,7 +465,10 @@ for k = 1, nsets do
   -- window's start (see decide)
   sets[k] = { alg, N, K, W, Q, deny == 1, E, deny == 2, -1, 0, -1, 0 }
 end
-local reply, n = { 0 }, 1
+-- The reply, sized for 15 admitted checks: a table that grows is copied
+-- at every power of two, the nils of its constructor make room at once.
+local reply, n = { 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }, 1
 local denied = false
 local first = pos -- the checks, when U is 0
 
