@@ -4,7 +4,7 @@
 -- call, written for the least Redis CPU per check: a script's whole body
 -- runs on every call, so the checks a server gathers share one call (its
 -- cost, the reading of its arguments and of Redis' clock), and each check
--- pays only its commands (a fixed window's HINCRBY; a GET and a SET) and
+-- pays only its commands (a fixed window's HINCRBY; a GET and a write) and
 -- a few conversions. The conformance suite holds both scripts to package
 -- algorithm.
 --
