@@ -543,12 +543,23 @@ if fbucket then
   -- inline with decide's arithmetic (a Lua function call costs Redis much,
   -- and every operator some 40 instructions). Its write is in place
   -- (SETRANGE, keeping the time to live) when the key's expiry, which the
-  -- state records (layout 3), covers the new state and the margin: the key
-  -- then outlives its state, since Redis counts the time to live it set
-  -- from no later than cus (below). Otherwise it sets more than the state
-  -- needs, so that the next checks write in place: twice, or, for a key
-  -- checked again before it expired, what it needs and a window more.
-  -- Every other check takes decide's general path.
+  -- state records (layout 3), covers the new state and the margin;
+  -- otherwise it sets more than the state needs, so that the next checks
+  -- write in place: twice, or, for a key checked again before it expired,
+  -- what it needs and a window more. Every other check takes decide's
+  -- general path.
+  --
+  -- Why a key written in place never expires while its state matters:
+  -- only this loop writes layout 3, with SET ... PX px and the record
+  -- R = cus + px ms, cus being Redis' clock, read first in the call, less
+  -- 1 ms; Redis counts px from its own clock in ms at the script's start,
+  -- which is at least cus but for the instant the script ran before it
+  -- read the clock (the same for every time to live a script sets). So
+  -- the key expires at R or later. A write in place keeps the key's
+  -- expiry and R, and is made only when the new state, restored at exp,
+  -- has exp plus the margin <= R: the key outlives it, by the margin.
+  -- Every other write (decide's, check.lua's) is a SET of layout 2, which
+  -- sets the expiry its state needs and drops the record.
   for i = 1, #KEYS do
     local key = KEYS[i]
     local reason, rem, reset, retry
