@@ -560,9 +560,9 @@ if fbucket then
   -- has exp plus the margin <= R: the key outlives it, by the margin.
   -- Every other write (decide's, check.lua's) is a SET of layout 2, which
   -- sets the expiry its state needs and drops the record.
-  for i = 1, #KEYS do
-    local key = KEYS[i]
-    local reason, rem, reset, retry
+  local keys = KEYS
+  for i = 1, #keys do
+    local key = keys[i]
     local v = pcall_('GET', key)
     local tag, a, b, c
     if v then
@@ -577,6 +577,7 @@ if fbucket then
     -- update; c the key's expiry (µs, layout 3) or 0. x is an integer
     -- when x + 2^52 - 2^52 == x (the sum rounds to an integer) or x >= 2^52
     -- (every double there is).
+    local done = false
     if (tag == 3 or tag == 2 and c == 0) and a >= 0 and b >= 0 and a <= gamax and b <= gbmax
       and (a + INT - INT == a or a >= INT) and (b + INT - INT == b or b >= INT) then
       local debt = 0
@@ -601,7 +602,7 @@ if fbucket then
         -- rem = idiv(gcap - nxt, fW), and below q = idiv(nxt, fN) and its
         -- remainder r, inline (as idiv computes them)
         local x = gcap - nxt
-        rem = x / fW
+        local rem = x / fW
         rem = rem - rem % 1
         x = x - rem * fW
         if x < 0 then
@@ -618,7 +619,7 @@ if fbucket then
           q, r = q + 1, r - fN
         end
         -- reset = ceil(nxt / N)
-        reset = q
+        local reset = q
         if r > 0 then
           reset = q + 1
         end
@@ -650,19 +651,21 @@ if fbucket then
           end
           call('SET', key, st, 'PX', px)
         end
-        reason, retry = 0, 0
+        reply[n + 1], reply[n + 2] = rem * 4, reset -- admitted: reason 0
+        n = n + 2
+        done = true
       end
     end
-    if not reason then
+    if not done then
       cx = cx or newcx(clock, margin, all, idiv, write)
-      reason, rem, reset, retry = decide(cx, key, fast, C, -1, v)
-    end
-    reply[n + 1], reply[n + 2] = rem * 4 + reason, reset
-    n = n + 2
-    if reason ~= 0 then
-      reply[n + 1] = retry
-      n = n + 1
-      denied = true
+      local reason, rem, reset, retry = decide(cx, key, fast, C, -1, v)
+      reply[n + 1], reply[n + 2] = rem * 4 + reason, reset
+      n = n + 2
+      if reason ~= 0 then
+        reply[n + 1] = retry
+        n = n + 1
+        denied = true
+      end
     end
   end
 else
