@@ -21,7 +21,9 @@
 --
 -- State layout: the algorithms with three integers keep the 25 bytes
 -- struct.pack('<Bddd', 2, A, B, C), integers in doubles (the text
--- "1:<A>:<B>:<C>" of earlier versions is read too); the sliding window log keeps a sorted set with one
+-- "1:<A>:<B>:<C>" of earlier versions is read too, and the buckets' and
+-- GCRA's struct.pack('<Bddd', 3, A, B, X) of checkeach.lua, X the key's
+-- expiry, as (A, B, 0)); the sliding window log keeps a sorted set with one
 -- member per admitted unit, scored by its instant in quanta. Anything else
 -- found under a key (another type, another format, numbers out of range) is
 -- deleted and counted as corrupt. The ranges: an instant (B of the buckets,
@@ -152,11 +154,14 @@ local function load(key, alg)
   if not v then
     return 0, 0, 0
   end
-  local a, b, c
-  if #v == 25 and string.byte(v) == 2 then
-    local _
-    _, a, b, c = struct.unpack('<Bddd', v)
-  else
+  local a, b, c, tag
+  if #v == 25 then
+    tag, a, b, c = struct.unpack('<Bddd', v)
+  end
+  if tag == 3 then
+    -- a bucket's or GCRA's state and its key's expiry (see checkeach.lua)
+    c = 0
+  elseif tag ~= 2 then
     a, b, c = string.match(v, '^1:(%d+):(%d+):(%d+)$')
     a, b, c = tonumber(a), tonumber(b), tonumber(c)
   end

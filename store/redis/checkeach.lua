@@ -4,7 +4,7 @@
 -- call, written for the least Redis CPU per check: a script's whole body
 -- runs on every call, so the checks a server gathers share one call (its
 -- cost, the reading of its arguments and of Redis' clock), and each check
--- pays only its commands (a fixed window's HINCRBY; a GET and a SET) and
+-- pays only its commands (a fixed window's HINCRBY; a GET and a write) and
 -- a few conversions. The conformance suite holds both scripts to package
 -- algorithm.
 --
@@ -50,6 +50,10 @@
 -- integers in doubles), and for a fixed window the hash {A: B} (decimal);
 -- the text "1:<A>:<B>:<C>" of earlier versions, and the 25 bytes for a
 -- fixed window, are read too. The ranges are check.lua's (see its load).
+-- The buckets' and GCRA's common call writes struct.pack('<Bddd', 3, A,
+-- B, X) instead, X the key's expiry it set (µs, Redis' clock), so that
+-- the next checks know whether they may write in place; both scripts
+-- read it as (A, B, 0).
 
 local max = math.max
 local call, pcall_ = redis.call, redis.pcall
@@ -74,13 +78,20 @@ end
 
 local args = ARGV[1]
 local margin, nsets, U, all, C, pos = unpack_('<dHHBd', args)
-local corrupt = 0
 local clock -- Redis' TIME in µs, read once
--- all or nothing: the writes held back, 6 values each (key, new state,
--- time to live in ms or false to keep it, whether it is a fixed window's)
-local held, nheld
-if all == 1 then
-  held, nheld = {}, 0
+
+-- The functions below use no local of the script: a closure that does
+-- (an upvalue) costs Redis hundreds of instructions a call, even when it
+-- is not called. What decide shares with the script is its context cx
+-- (see newcx), made on the first check that needs it.
+
+-- newcx returns decide's context: Redis' clock when read already, the
+-- expiry margin, whether the call is all or nothing, the corrupt keys
+-- reset, idiv and write, and, all or nothing, the writes held back, 6
+-- values each (key, new state, time to live in ms or false to keep it,
+-- whether it is a fixed window's).
+local function newcx(clock, margin, all, idiv, write)
+  return { clock = clock, margin = margin, all = all, corrupt = 0, idiv = idiv, write = write, held = {}, nheld = 0 }
 end
 
 -- write writes the state (a, b, c) to key with a time to live of px ms,
@@ -92,6 +103,7 @@ end
 -- written otherwise: in a slot that is moving between Cluster masters, a
 -- script may write only keys that are there.)
 local function write(key, px, a, b, c, fw)
+  local call = redis.call
   if fw then
     if fw == true then
       call('DEL', key)
@@ -105,10 +117,10 @@ local function write(key, px, a, b, c, fw)
       call('PEXPIRE', key, px)
     end
   elseif px then
-    call('SET', key, pack('<Bddd', 2, a, b, c), 'PX', px)
+    call('SET', key, struct.pack('<Bddd', 2, a, b, c), 'PX', px)
   else
     -- B alone changes: bytes 9 to 16
-    call('SETRANGE', key, '9', pack('<d', b))
+    call('SETRANGE', key, '9', struct.pack('<d', b))
   end
 end
 
@@ -141,7 +153,11 @@ end
 -- a fixed window counting refused requests), and returns the check's
 -- reason, remaining, reset after and retry after. v, when not nil, is
 -- what a GET of key answered already (pcall: false, a string or an error).
-local function decide(key, ps, cost, now, v)
+local function decide(cx, key, ps, cost, now, v)
+  local max, call, pcall_ = math.max, redis.call, redis.pcall
+  local pack, unpack_, match = struct.pack, struct.unpack, string.match
+  local LIMIT, EXACT, INT = 9007199254740992, 2251799813685248, 4503599627370496
+  local idiv = cx.idiv
   local alg, N, K, W, Q = ps[1], ps[2], ps[3], ps[4], ps[5]
   if ps[6] then
     return 3, 0, 0, 0
@@ -157,9 +173,11 @@ local function decide(key, ps, cost, now, v)
   -- ahead of it (-1 - d: d µs ahead), the instant itself when it is given.
   local base = now
   if now < 0 then
+    local clock = cx.clock
     if not clock then
       local tm = call('TIME')
       clock = tm[1] * 1000000 + tm[2]
+      cx.clock = clock
     end
     base = clock
     now = clock - 1 - now
@@ -210,7 +228,7 @@ local function decide(key, ps, cost, now, v)
     if not (a >= 0 and b >= 0 and a < LIMIT and b <= EXACT
       and (a >= INT or a + INT - INT == a) and (b >= INT or b + INT - INT == b)) then
       call('DEL', key)
-      corrupt = corrupt + 1
+      cx.corrupt = cx.corrupt + 1
       a, b, c, bin, fw = 0, 0, 0, false, 1
     end
   elseif v then
@@ -222,6 +240,9 @@ local function decide(key, ps, cost, now, v)
     end
     if tag == 2 then
       ok, bin = true, not fw
+    elseif tag == 3 then
+      -- a bucket's or GCRA's state and its key's expiry, rewritten whole
+      ok, c = true, 0
     elseif len > 0 and type(v) == 'string' then
       local sa, sb, sc = match(v, '^1:(%d+):(%d+):(%d+)$')
       a, b, c = tonumber(sa), tonumber(sb), tonumber(sc)
@@ -241,7 +262,7 @@ local function decide(key, ps, cost, now, v)
     end
     if not ok then
       call('DEL', key)
-      corrupt = corrupt + 1
+      cx.corrupt = cx.corrupt + 1
       a, b, c, bin = 0, 0, 0, false
       if fw then
         fw = 1
@@ -444,18 +465,19 @@ local function decide(key, ps, cost, now, v)
     if exp * Q > base then
       px = idiv(exp * Q - base + 999, 1000)
     end
-    px = px + margin
+    px = px + cx.margin
     if px >= 1e15 then
       -- Redis writes a number of 17 digits or more in exponent notation,
       -- which PX refuses; a bucket of a very large burst lives that long.
       px = string.format('%.0f', px)
     end
   end
-  if all == 1 then
+  if cx.all == 1 then
+    local held, nheld = cx.held, cx.nheld
     held[nheld + 1], held[nheld + 2], held[nheld + 3], held[nheld + 4], held[nheld + 5], held[nheld + 6] = key, px, na, nb, nc, fw
-    nheld = nheld + 6
+    cx.nheld = nheld + 6
   elseif fw then
-    write(key, px, na, nb, nc, fw)
+    cx.write(key, px, na, nb, nc, fw)
   elseif px then
     call('SET', key, pack('<Bddd', 2, na, nb, nc), 'PX', px)
   else
@@ -481,7 +503,10 @@ for k = 1, nsets do
   -- window's start (see decide)
   sets[k] = { alg, N, K, W, Q, deny == 1, E, deny == 2, -1, 0, -1, 0 }
 end
-local reply, n = { 0 }, 1
+-- The reply, sized for 15 admitted checks: a table that grows is copied
+-- at every power of two, the nils of its constructor make room at once.
+local reply, n = { 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }, 1
 local denied = false
 local first = pos -- the checks, when U is 0
 
@@ -500,14 +525,22 @@ if U ~= 0 and all ~= 1 then
     local tm = call('TIME')
     clock = tm[1] * 1000000 + tm[2]
     ft = idiv(clock, ps[5])
-    fs = idiv(ft, ps[4]) * ps[4]
-    fast, fe = ps, ft - fs
+    fast = ps
+    if ps[1] == 3 or ps[1] == 5 then
+      fs = idiv(ft, ps[4]) * ps[4]
+      fe = ft - fs
+    end
   end
 end
 local fN, fW, fwin, fbucket = 0, 0, false, false
--- for the buckets and GCRA: the algorithm, the capacity (K x W), its
--- length in quanta (cap / N, GCRA) and the slowest refill (E, buckets)
-local galg, gcap, gfull, gE = 0, 0, 0, 1
+-- for the buckets and GCRA: the algorithm, the capacity (K x W), the
+-- slowest refill (E, buckets), the cost scaled (C x W), the largest A and
+-- B of a valid state (GCRA: A at most the capacity's length, cap / N,
+-- ahead; the buckets: B not ahead), the quantum, the expiry margin in
+-- µs, and Redis' clock less 1 ms: the instant a key's time to live set
+-- now is counted from at the earliest (Redis counts in ms)
+local galg, gcap, gE, gcost, gamax, gbmax = 0, 0, 1, 0, 0, 0
+local fQ, fmargin, cus = 1, 0, 0
 -- for a fixed window: the window's field, the cost as Redis writes it and
 -- the time to live of a new window's count (ms)
 local ffield, fcost, fpx
@@ -516,8 +549,12 @@ if fast then
   galg = fast[1]
   if galg == 1 or galg == 2 or galg == 6 then
     fbucket = true
-    gcap, gE = fast[3] * fW, fast[7]
-    gfull = idiv(gcap, fN)
+    gcap, gE, gcost = fast[3] * fW, fast[7], C * fW
+    gamax, gbmax = ft + idiv(gcap, fN), EXACT
+    if galg ~= 6 then
+      gamax, gbmax = EXACT, ft
+    end
+    fQ, fmargin, cus = fast[5], margin * 1000, clock - 1000
   end
   if fwin then
     ffield, fcost = string.format('%.0f', fs), string.format('%.0f', C)
@@ -532,58 +569,55 @@ if fast then
   end
 end
 
-for i = 1, #KEYS do
-  local k, cost, now = U, C, -1
-  if U == 0 then
-    k, cost, now, pos = unpack_('<Hdd', args, pos)
-  end
-  local key = KEYS[i]
-  local reason, rem, reset, retry
-  if fwin then
-    -- A fixed window counts with one HINCRBY of the window's field. A
-    -- count that goes over the limit is taken back (refusals are not
-    -- counted); a field it creates gets the window's expiry, unless the key
-    -- holds another window too, which, with a key of another type or
-    -- layout, decide's general path settles.
-    local v = pcall_('HINCRBY', key, ffield, fcost)
-    if type(v) == 'number' then
-      if v > cost then
-        if v <= fN then
-          reason, rem, reset, retry = 0, fN - v, fW - fe, 0
-        else
-          call('HINCRBY', key, ffield, -cost)
-          reason, rem, reset, retry = 1, max(fN - v + cost, 0), fW - fe, fW - fe
-        end
-      elseif v == cost and v <= fN and call('HLEN', key) == 1 then
-        call('PEXPIRE', key, fpx)
-        reason, rem, reset, retry = 0, fN - v, fW - fe, 0
-      elseif v == cost then
-        call('HDEL', key, ffield)
-      else
-        call('HINCRBY', key, ffield, -cost)
-      end
-    end
-    if not reason then
-      reason, rem, reset, retry = decide(key, fast, cost, now)
-    end
-  elseif fbucket then
-    -- A valid or absent state whose debt leaves room for the cost, the
-    -- clock not gone back: decide's arithmetic, inline (a Lua function
-    -- call costs Redis much).
+-- decide's context, made now for a call of any other kind
+local cx
+if not fast then
+  cx = newcx(clock, margin, all, idiv, write)
+end
+
+if fbucket then
+  -- The buckets' and GCRA's common call: a valid or absent state whose
+  -- debt leaves room for the cost, the clock not gone back, is decided
+  -- inline with decide's arithmetic (a Lua function call costs Redis much,
+  -- and every operator some 40 instructions). Its write is in place
+  -- (SETRANGE, keeping the time to live) when the key's expiry, which the
+  -- state records (layout 3), covers the new state and the margin;
+  -- otherwise it sets more than the state needs, so that the next checks
+  -- write in place: twice, or, for a key checked again before it expired,
+  -- what it needs and a window more. Every other check takes decide's
+  -- general path.
+  --
+  -- Why a key written in place never expires while its state matters:
+  -- only this loop writes layout 3, with SET ... PX px and the record
+  -- R = cus + px ms, cus being Redis' clock, read first in the call, less
+  -- 1 ms; Redis counts px from its own clock in ms at the script's start,
+  -- which is at least cus but for the instant the script ran before it
+  -- read the clock (the same for every time to live a script sets). So
+  -- the key expires at R or later. A write in place keeps the key's
+  -- expiry and R, and is made only when the new state, restored at exp,
+  -- has exp plus the margin <= R: the key outlives it, by the margin.
+  -- Every other write (decide's, check.lua's) is a SET of layout 2, which
+  -- sets the expiry its state needs and drops the record.
+  local keys = KEYS
+  for i = 1, #keys do
+    local key = keys[i]
     local v = pcall_('GET', key)
-    local tag, a, b, c = 2, 0, 0, 0
+    local tag, a, b, c
     if v then
-      tag = nil
       if #v == 25 then
         tag, a, b, c = unpack_('<Bddd', v)
       end
+    else
+      tag, a, b, c = 2, 0, 0, 0
     end
     -- GCRA: a the theoretical arrival time, b its part of a quantum in
     -- units of 1/N; the buckets: a the debt, b the instant of the last
-    -- update
-    if tag == 2 and c == 0 and a >= 0 and b >= 0
-      and (galg == 6 and a <= ft + gfull and b <= EXACT or galg ~= 6 and b <= ft and a <= EXACT)
-      and (a >= INT or a + INT - INT == a) and (b >= INT or b + INT - INT == b) then
+    -- update; c the key's expiry (µs, layout 3) or 0. x is an integer
+    -- when x + 2^52 - 2^52 == x (the sum rounds to an integer) or x >= 2^52
+    -- (every double there is).
+    local done = false
+    if (tag == 3 or tag == 2 and c == 0) and a >= 0 and b >= 0 and a <= gamax and b <= gbmax
+      and (a + INT - INT == a or a >= INT) and (b + INT - INT == b or b >= INT) then
       local debt = 0
       if galg == 6 then
         if a >= ft then
@@ -593,90 +627,167 @@ for i = 1, #KEYS do
           end
         end
       elseif a > 0 then
+        -- drained after el quanta when el x N >= a (exact: a <= 2^51)
         local el = ft - b
         if el == 0 then
           debt = a
-        elseif el < idiv(a + fN - 1, fN) then
+        elseif a > el * fN then
           debt = a - el * fN
         end
       end
-      local nxt = debt + cost * fW
+      local nxt = debt + gcost
       if nxt <= gcap then
-        rem = 0
-        if nxt < gcap then
-          rem = idiv(gcap - nxt, fW)
+        -- rem = idiv(gcap - nxt, fW), and below q = idiv(nxt, fN) and its
+        -- remainder r, inline (as idiv computes them)
+        local x = gcap - nxt
+        local rem = x / fW
+        rem = rem - rem % 1
+        x = x - rem * fW
+        if x < 0 then
+          rem = rem - 1
+        elseif x >= fW then
+          rem = rem + 1
+        end
+        local q = nxt / fN
+        q = q - q % 1
+        local r = nxt - q * fN
+        if r < 0 then
+          q, r = q - 1, r + fN
+        elseif r >= fN then
+          q, r = q + 1, r - fN
+        end
+        -- reset = ceil(nxt / N)
+        local reset = q
+        if r > 0 then
+          reset = q + 1
         end
         local na, nb, exp
         if galg == 6 then
-          local q = idiv(nxt, fN)
-          na, nb = ft + q, nxt - q * fN
-          exp = na
-          if nb > 0 then
-            exp = na + 1
-          end
+          na, nb, exp = ft + q, r, ft + reset
         else
           -- the state is gone once drained at the slowest refill
-          na, nb = nxt, ft
-          exp = ft + idiv(nxt + gE - 1, gE)
+          na, nb, exp = nxt, ft, ft + reset
+          if gE ~= fN then
+            exp = ft + idiv(nxt + gE - 1, gE)
+          end
         end
-        local px = 1
-        if exp * fast[5] > clock then
-          px = idiv(exp * fast[5] - clock + 999, 1000)
+        -- the instant (µs) the key must outlive
+        exp = exp * fQ + fmargin
+        if tag == 3 and exp <= c then
+          call('SETRANGE', key, '1', pack('<dd', na, nb))
+        else
+          local px = idiv(exp - clock + 999, 1000) -- ms, at least 1
+          local wms = idiv(fW * fQ + 999, 1000)
+          if tag == 3 and px < wms then
+            px = px + wms
+          else
+            px = 2 * px
+          end
+          local st = pack('<Bddd', 3, na, nb, cus + px * 1000)
+          if px >= 1e15 then
+            px = string.format('%.0f', px) -- as decide does
+          end
+          call('SET', key, st, 'PX', px)
         end
-        px = px + margin
-        if px >= 1e15 then
-          px = string.format('%.0f', px)
-        end
-        call('SET', key, pack('<Bddd', 2, na, nb, 0), 'PX', px) -- as write does
-        reason, reset, retry = 0, idiv(nxt + fN - 1, fN), 0
+        reply[n + 1], reply[n + 2] = rem * 4, reset -- admitted: reason 0
+        n = n + 2
+        done = true
       end
     end
-    if not reason then
-      reason, rem, reset, retry = decide(key, fast, cost, now, v)
-    end
-  elseif fast then
-    -- In place when the state is valid as decide would find it (A is fs,
-    -- an integer in range; B a positive integer count; C 0 in a fixed
-    -- window, the previous window's count in a counter) and leaves room
-    -- for the cost. Inline: a Lua function call costs Redis much.
-    local v = pcall_('GET', key)
-    local tag, a, b, c
-    if v and #v == 25 then
-      tag, a, b, c = unpack_('<Bddd', v)
-    end
-    if tag == 2 and a == fs and a < LIMIT and b > 0 and b <= EXACT and b + INT - INT == b then
-      if fwin then
-        if c == 0 and b + cost <= fN then
-          rem, reset = fN - b - cost, fW - fe
-        end
-      elseif c >= 0 and c <= EXACT and c + INT - INT == c and (b + cost) * fW <= fN * fW - c * (fW - fe) then
-        local room = fN * fW - (c * (fW - fe) + b * fW) - cost * fW
-        rem, reset = 0, 2 * fW - fe
-        if room > 0 then
-          rem = idiv(room, fW)
-        end
+    if not done then
+      cx = cx or newcx(clock, margin, all, idiv, write)
+      local reason, rem, reset, retry = decide(cx, key, fast, C, -1, v)
+      reply[n + 1], reply[n + 2] = rem * 4 + reason, reset
+      n = n + 2
+      if reason ~= 0 then
+        reply[n + 1] = retry
+        n = n + 1
+        denied = true
       end
     end
-    if rem then
-      call('SETRANGE', key, '9', pack('<d', b + cost)) -- as write does
-      reason, retry = 0, 0
-    else
-      reason, rem, reset, retry = decide(key, fast, cost, now, v)
-    end
-  else
-    reason, rem, reset, retry = decide(key, sets[k], cost, now)
   end
-  reply[n + 1], reply[n + 2] = rem * 4 + reason, reset
-  n = n + 2
-  if reason ~= 0 then
-    reply[n + 1] = retry
-    n = n + 1
-    denied = true
+else
+  for i = 1, #KEYS do
+    local k, cost, now = U, C, -1
+    if U == 0 then
+      k, cost, now, pos = unpack_('<Hdd', args, pos)
+    end
+    local key = KEYS[i]
+    local reason, rem, reset, retry
+    if fwin then
+      -- A fixed window counts with one HINCRBY of the window's field. A
+      -- count that goes over the limit is taken back (refusals are not
+      -- counted); a field it creates gets the window's expiry, unless the key
+      -- holds another window too, which, with a key of another type or
+      -- layout, decide's general path settles.
+      local v = pcall_('HINCRBY', key, ffield, fcost)
+      if type(v) == 'number' then
+        if v > cost then
+          if v <= fN then
+            reason, rem, reset, retry = 0, fN - v, fW - fe, 0
+          else
+            call('HINCRBY', key, ffield, -cost)
+            reason, rem, reset, retry = 1, max(fN - v + cost, 0), fW - fe, fW - fe
+          end
+        elseif v == cost and v <= fN and call('HLEN', key) == 1 then
+          call('PEXPIRE', key, fpx)
+          reason, rem, reset, retry = 0, fN - v, fW - fe, 0
+        elseif v == cost then
+          call('HDEL', key, ffield)
+        else
+          call('HINCRBY', key, ffield, -cost)
+        end
+      end
+      if not reason then
+        cx = cx or newcx(clock, margin, all, idiv, write)
+        reason, rem, reset, retry = decide(cx, key, fast, cost, now)
+      end
+    elseif fast then
+      -- In place when the state is valid as decide would find it (A is fs,
+      -- an integer in range; B a positive integer count; C 0 in a fixed
+      -- window, the previous window's count in a counter) and leaves room
+      -- for the cost. Inline: a Lua function call costs Redis much.
+      local v = pcall_('GET', key)
+      local tag, a, b, c
+      if v and #v == 25 then
+        tag, a, b, c = unpack_('<Bddd', v)
+      end
+      if tag == 2 and a == fs and a < LIMIT and b > 0 and b <= EXACT and b + INT - INT == b then
+        if fwin then
+          if c == 0 and b + cost <= fN then
+            rem, reset = fN - b - cost, fW - fe
+          end
+        elseif c >= 0 and c <= EXACT and c + INT - INT == c and (b + cost) * fW <= fN * fW - c * (fW - fe) then
+          local room = fN * fW - (c * (fW - fe) + b * fW) - cost * fW
+          rem, reset = 0, 2 * fW - fe
+          if room > 0 then
+            rem = idiv(room, fW)
+          end
+        end
+      end
+      if rem then
+        call('SETRANGE', key, '9', pack('<d', b + cost)) -- as write does
+        reason, retry = 0, 0
+      else
+        cx = cx or newcx(clock, margin, all, idiv, write)
+        reason, rem, reset, retry = decide(cx, key, fast, cost, now, v)
+      end
+    else
+      reason, rem, reset, retry = decide(cx, key, sets[k], cost, now)
+    end
+    reply[n + 1], reply[n + 2] = rem * 4 + reason, reset
+    n = n + 2
+    if reason ~= 0 then
+      reply[n + 1] = retry
+      n = n + 1
+      denied = true
+    end
   end
 end
 if all == 1 then
   if not denied then
-    for j = 1, nheld, 6 do
+    local held = cx.held
+    for j = 1, cx.nheld, 6 do
       write(held[j], held[j + 1], held[j + 2], held[j + 3], held[j + 4], held[j + 5])
     end
   else
@@ -692,7 +803,7 @@ if all == 1 then
       local reason, rem, reset, retry = old[o] % 4, (old[o] - old[o] % 4) / 4, old[o + 1], 0
       o = o + 2
       if reason == 0 then
-        reason, rem, reset = decide(KEYS[i], sets[k], 0, now)
+        reason, rem, reset = decide(cx, KEYS[i], sets[k], 0, now)
         reason = 1
       else
         retry = old[o]
@@ -703,5 +814,7 @@ if all == 1 then
     end
   end
 end
-reply[1] = corrupt
+if cx then
+  reply[1] = cx.corrupt
+end
 return reply

@@ -57,7 +57,12 @@
 // window, are read too); the sliding window log is a sorted set with one
 // member per admitted unit. Every written key expires once its state is equivalent to
 // no state (algorithm.ExpiresAt, counted from the instant of the request)
-// plus Config.ExpiryMargin. A denied request and a request of cost 0 write
+// plus Config.ExpiryMargin, or later: a bucket's or GCRA's key written by
+// the common check (one limit, one cost, Redis' clock) gets more time to
+// live than it needs (twice, or, when it was still there, a window more),
+// records its expiry in the state (a byte 3 in place of the 2), and is
+// overwritten in place, keeping its expiry, while that expiry still
+// covers the state. A denied request and a request of cost 0 write
 // nothing (a plain fixed-window check counts a refusal, then gives it
 // back).
 //
