@@ -102,6 +102,10 @@ func TestRunAgainstDaemon(t *testing.T) {
 				Target: tt.target, Addr: tt.addr, Concurrency: 4, Requests: requests, Duration: 30 * time.Second,
 				Keys: keys, KeyPrefix: prefix, Resource: "/api/v1/orders", Domain: "load", Batch: tt.batch, GRPCClient: tt.client,
 				ExpectLimit: limit, Window: time.Minute,
+				// Every request is answered: what is checked is the
+				// count, not the time (on a loaded machine an answer
+				// can take over the default second).
+				Timeout: 30 * time.Second,
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -225,14 +229,18 @@ func TestFixedRateAndZipf(t *testing.T) {
 		t.Skip("timed run")
 	}
 	d := start(t)
+	// 40 callers, one request each every 100 ms: the schedule holds as
+	// long as an answer takes less than that on average, which 4 callers
+	// (one every 10 ms) did not on a loaded machine (93 requests).
 	rep, err := loadgen.Run(context.Background(), loadgen.Config{
-		Target: loadgen.TargetGRPC, Addr: d.GRPCAddr(), Concurrency: 4, Rate: 400, Duration: time.Second,
+		Target: loadgen.TargetGRPC, Addr: d.GRPCAddr(), Concurrency: 40, Rate: 400, Duration: time.Second,
 		Keys: 1000, Zipf: true, KeyPrefix: "zipf-", Resource: "/api/v1/orders", Costs: []loadgen.Cost{{1, 9}, {5, 1}},
+		Timeout: 30 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 400/s for 1s: generous bounds for a loaded machine.
+	// 400/s for 1s: never more than the schedule, and at least half of it.
 	if rep.Requests < 200 || rep.Requests > 420 || rep.Errors != 0 {
 		t.Errorf("fixed rate 400/s for 1s: %d requests, %d errors", rep.Requests, rep.Errors)
 	}
@@ -490,11 +498,20 @@ func TestProgress(t *testing.T) {
 		t.Skip("timed run")
 	}
 	d := start(t)
+	// The interval, from a reference taken in the same run: at least
+	// twice the slowest of 20 answers, so that the first report counts
+	// one on a loaded machine too (100 ms on an idle one, at most 2 s).
+	ref, err := loadgen.Run(context.Background(), loadgen.Config{Addr: d.HTTPAddr(), Concurrency: 2, Requests: 20,
+		KeyPrefix: "progress-ref-", Resource: "/api/v1/orders", Timeout: 30 * time.Second})
+	if err != nil || ref.Latency == nil {
+		t.Fatalf("reference run: %v", err)
+	}
+	every := min(max(100*time.Millisecond, 2*time.Duration(ref.Latency.Max*float64(time.Millisecond))), 2*time.Second)
 	for _, addr := range []string{d.HTTPAddr(), d.HTTPAddr() + "," + d.HTTPAddr()} {
 		var seen []loadgen.Progress // written by Run's progress goroutine only
-		cfg := loadgen.Config{Addr: addr, Concurrency: 2, Rate: 400, Duration: 700 * time.Millisecond,
+		cfg := loadgen.Config{Addr: addr, Concurrency: 2, Rate: 400, Duration: 7 * every, Timeout: 30 * time.Second,
 			KeyPrefix: "progress-", Resource: "/api/v1/orders",
-			ProgressInterval: 100 * time.Millisecond, Progress: func(p loadgen.Progress) { seen = append(seen, p) }}
+			ProgressInterval: every, Progress: func(p loadgen.Progress) { seen = append(seen, p) }}
 		var rep *loadgen.Report
 		var err error
 		if strings.Contains(addr, ",") {
@@ -507,7 +524,7 @@ func TestProgress(t *testing.T) {
 			t.Fatal(err)
 		}
 		if len(seen) < 4 {
-			t.Fatalf("%s: %d progress calls in 700ms at 100ms, want about 7", addr, len(seen))
+			t.Fatalf("%s: %d progress calls in %s at %s, want about 7", addr, len(seen), cfg.Duration, every)
 		}
 		for i := 1; i < len(seen); i++ {
 			if seen[i].Requests < seen[i-1].Requests || seen[i].Elapsed < seen[i-1].Elapsed {
