@@ -323,9 +323,11 @@ local function decide(cx, key, ps, cost, now, v)
     -- A window that starts after Redis' clock (a request ahead of it) is
     -- written as the 25-byte string, on which a plain HINCRBY (plain.go)
     -- fails: checks at Redis' clock are then decided here, against it.
+    local clock = cx.clock
     if not clock then
       local tm = call('TIME')
       clock = tm[1] * 1000000 + tm[2]
+      cx.clock = clock
     end
     if start * Q > clock then
       fw, keep = false, false
