@@ -13,9 +13,9 @@
 // lately, or while as many bulk slices run as its share of GOMAXPROCS
 // (one at least). When no small request is about, bulk work runs at
 // once, however much of the time and of the CPUs it takes. Waiting bulk
-// requests go in the order they began, each woken when it may go: when a
-// slice ends, when the time owed is repaid, or when the small requests
-// are gone; none wakes to look in vain while small requests are about.
+// requests are woken in the order they began, each when it may go: when
+// a slice ends, when the time owed is repaid, or when the small requests
+// are gone; none wakes to look again in vain while they are about.
 //
 // Time is counted on the wall clock, whatever the number of bulk requests
 // at work at once: bulk time is the time during which at least one bulk
@@ -383,6 +383,10 @@ func (g *Gate) enqueue(w *waiter) {
 func (g *Gate) dequeue(w *waiter) {
 	i := slices.Index(g.waiting, w)
 	g.waiting = slices.Delete(g.waiting, i, i+1)
+	select {
+	case <-w.wake: // a wake-up it did not wait for
+	default:
+	}
 	if i == 0 && len(g.waiting) > 0 {
 		g.waiting[0].poke()
 	}
