@@ -31,8 +31,8 @@ func newWithAnalytics(tb testing.TB, src string, a Analytics, region string) *En
 }
 
 // TestAnalyticsEvents: one event per decision, whatever the API: a check,
-// each check of a batch, an Envoy call; none for a check refused as bad
-// input.
+// each check of a batch (an Envoy call's is internal/envoyrls'
+// TestAnalyticsEvents); none for a check refused as bad input.
 func TestAnalyticsEvents(t *testing.T) {
 	if !algorithmsReady() {
 		t.Skip("package algorithm cannot decide yet")
@@ -43,11 +43,6 @@ rules:
   - {id: r, match: {resource: /a}, limit: 1, window: 1m, algorithm: fixed_window}
 deny:
   - client: banned
-envoy:
-  - domain: edge
-    descriptors:
-      - key: remote_address
-        rate_limit: {unit: minute, requests_per_unit: 1}
 `, log, "")
 	ctx := context.Background()
 	for range 2 {
@@ -60,19 +55,12 @@ envoy:
 	if _, err := e.BatchCheck(ctx, []Check{{ClientID: "y", Resource: "/a", Cost: 1}, {ClientID: "y", Resource: "/b", Cost: 1}}, BestEffort); err != nil {
 		t.Fatal(err)
 	}
-	for range 2 {
-		if _, _, err := e.ShouldRateLimit(ctx, "edge", []Descriptor{{Entries: []DescriptorEntry{{Key: "remote_address", Value: "10.0.0.1"}}}}, 1); err != nil {
-			t.Fatal(err)
-		}
-	}
 	want := []analytics.Event{
 		{Client: "x", Resource: "/a", Rule: "r", Allowed: true, Cost: 1},
 		{Client: "x", Resource: "/a", Rule: "r", Reason: analytics.ReasonOverLimit},
 		{Client: "banned", Resource: "/a", Rule: "deny_list", Reason: analytics.ReasonDenyList},
 		{Client: "y", Resource: "/a", Rule: "r", Allowed: true, Cost: 1},
 		{Client: "y", Resource: "/b", Allowed: true},
-		{Client: "10.0.0.1", Resource: "edge", Rule: "remote_address", Allowed: true, Cost: 1},
-		{Client: "10.0.0.1", Resource: "edge", Rule: "remote_address", Reason: analytics.ReasonOverLimit, Cost: 1},
 	}
 	if len(log.evs) != len(want) {
 		t.Fatalf("%d events, want %d: %+v", len(log.evs), len(want), log.evs)

@@ -51,7 +51,9 @@ import (
 // and BatchCheck. A check is decided in three steps, each in the file of
 // its name: plan.go (the policy turns the check into items, with their
 // keys and costs), decide.go (the store call and the failure modes) and
-// answer.go (the Result, with the rule and source that decided it).
+// answer.go (the Result, with the rule and source that decided it). A
+// transport that resolves its requests into limits itself (Envoy's, in
+// internal/envoyrls) has them decided by the same decide step (limits.go).
 
 // ErrInvalidCheck is wrapped by every error about a malformed check; the
 // error is a *FieldError that names the field.
@@ -84,16 +86,9 @@ func InBatch(i int, err error) error {
 	return &FieldError{Field: "checks[" + strconv.Itoa(i) + "]." + fe.Field, Reason: fe.Reason}
 }
 
-// Bounds on Envoy descriptors and batches (see check.go for a check's).
-const (
-	// MaxEntryLen bounds the key and the value of an Envoy descriptor
-	// entry, in bytes: 64 KiB, above Envoy's default limit on request
-	// headers (60 KiB), which a descriptor's value may come from. Store
-	// keys longer than keyspace.MaxKeyBytes are shortened.
-	MaxEntryLen = 64 << 10
-	// MaxBatch bounds the checks of one batch.
-	MaxBatch = 1000
-)
+// MaxBatch bounds the checks of one batch (see check.go for a check's
+// bounds).
+const MaxBatch = 1000
 
 // BatchMode says how a batch of checks is decided.
 type BatchMode uint8
@@ -146,11 +141,6 @@ type Config struct {
 	// LocalMaxKeys bounds the keys of the default Local limiter; zero
 	// means 65,536.
 	LocalMaxKeys int
-	// EnvoyCompat decides Envoy descriptors as envoyproxy/ratelimit does
-	// where Sluice differs (see ShouldRateLimit): each descriptor on its
-	// own, refused hits counted on fixed windows, a descriptor with no
-	// entries not limited.
-	EnvoyCompat bool
 	// Global is the region's view of the other regions' consumption of
 	// global limits. Nil decides them as if this region were alone.
 	Global GlobalView
@@ -210,9 +200,6 @@ type Engine struct {
 	metrics *metrics.Metrics
 	events  *events.Recorder
 
-	envoyCompat bool
-	compat      atomic.Pointer[compatParams] // with envoyCompat
-
 	global GlobalView // nil: global limits decided as if alone
 
 	analytics Analytics // nil: no analytics
@@ -240,7 +227,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: config: idempotency TTL must not be negative, got %s", cfg.IdempotencyTTL)
 	}
 	e := &Engine{store: observeStore(traceStore(cfg.Store, cfg.Tracer), cfg.Metrics), shared: cfg.Store.Info().SharedRecords,
-		now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, envoyCompat: cfg.EnvoyCompat, global: cfg.Global,
+		now: cfg.Now, metrics: cfg.Metrics, events: cfg.Events, global: cfg.Global,
 		analytics: cfg.Analytics, region: cfg.Region, tracer: cfg.Tracer, ratio: cfg.TraceSampleRatio}
 	if cfg.BulkShare < 0 || cfg.BulkChecks < 0 {
 		return nil, fmt.Errorf("engine: config: bulk share and checks must not be negative, got %g and %d", cfg.BulkShare, cfg.BulkChecks)
@@ -329,6 +316,9 @@ func (e *Engine) ApplyPolicy(p *policy.Policy) {
 
 // Policy returns the policy in force.
 func (e *Engine) Policy() *policy.Policy { return e.policy.Load() }
+
+// Now returns the time on the engine's clock (Config.Now).
+func (e *Engine) Now() time.Time { return e.now() }
 
 // Ready reports whether the store decides checks: it charges one unit to
 // a key of its own, under a limit no probe reaches, which expires within

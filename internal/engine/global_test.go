@@ -115,37 +115,6 @@ func TestGlobalLimitSharesWithOthers(t *testing.T) {
 	}
 }
 
-// Envoy's descriptors take a global limit through Sluice's extension,
-// global_requests_per_unit: a descriptor is over when either limit is.
-func TestGlobalLimitEnvoy(t *testing.T) {
-	const src = `
-domain: edge
-descriptors:
-  - key: partner
-    rate_limit: { unit: minute, requests_per_unit: 10, global_requests_per_unit: 4 }
-`
-	v := &view{seen: 1}
-	e := newGlobalEngine(t, v, src)
-	for i := range 4 {
-		st, over, err := e.ShouldRateLimit(context.Background(), "edge", []Descriptor{desc("partner", "p1")}, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := i == 3; over != want || st[0].Limit != 10 || st[0].Remaining != max(int64(2-i), 0) {
-			t.Errorf("hit %d: over %v, %+v; want over %v with %d remaining", i, over, st[0], want, max(2-i, 0))
-		}
-	}
-	if len(v.observed) != 1 {
-		t.Errorf("observed %v, want the descriptor's global key", v.observed)
-	}
-	for _, bad := range []string{"0", "-1", "x", "5000000000"} {
-		src := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1, global_requests_per_unit: " + bad + " }\n"
-		if _, err := policy.Parse("e.yaml", []byte(src)); err == nil {
-			t.Errorf("global_requests_per_unit %s: parsed", bad)
-		}
-	}
-}
-
 func TestGlobalLimitNeedsOwnLimit(t *testing.T) {
 	for _, src := range []string{
 		"version: 1\nrules:\n  - { id: a, limit: 5, window: 1m, global_limit: 0 }\n",

@@ -57,23 +57,13 @@ rules:
 assignments:
   - {client: acme, tier: free}
   - {client: huge, tier: big}
-envoy:
-  - domain: "edge:1"
-    descriptors:
-      - key: remote_address
-        rate_limit: {unit: minute, requests_per_unit: 3}
-      - key: path
-        value: "/api/*"
-        share_threshold: true
-        rate_limit: {unit: second, requests_per_unit: 3}
-      - key: "a=b"
-        rate_limit: {unit: hour, requests_per_unit: 3, global_requests_per_unit: 2}
 `
 
 // TestStoreKeysPinned pins the store keys the engine writes for
-// representative rules and descriptors, byte for byte: state kept in Redis
-// by one version must be found by the next, so these strings never change
-// unless the layout's documentation says why.
+// representative rules (internal/envoyrls' TestStoreKeysPinned pins those
+// of descriptors), byte for byte: state kept in Redis by one version must
+// be found by the next, so these strings never change unless the layout's
+// documentation says why.
 func TestStoreKeysPinned(t *testing.T) {
 	p, err := policy.Parse("keys.yaml", []byte(keysPolicy))
 	if err != nil {
@@ -110,26 +100,6 @@ func TestStoreKeysPinned(t *testing.T) {
 		}
 		if got := log.take(); !slices.Equal(got, tt.want) {
 			t.Errorf("Check(%+v) keys:\n got %q\nwant %q", tt.check, got, tt.want)
-		}
-	}
-
-	for _, tt := range []struct {
-		desc Descriptor
-		want []string
-	}{
-		{desc("remote_address", "10.0.0.1"), []string{"rl:envoy:edge%3A1:fw.1m0s:{remote_address=10.0.0.1}"}},
-		{desc("path", "/api/v1"), []string{"rl:envoy:edge%3A1:fw.1s:{path=/api/*}"}},
-		{desc("a=b", "c:d"), []string{"rl:envoy:edge%3A1:fw.1h0m0s:{a%3Db=c%3Ad}", "rl:envoy:edge%3A1:@g:{a%3Db=c%3Ad}"}},
-		{Descriptor{Entries: desc("remote_address", "10.0.0.1").Entries, Limit: LimitOverride{RequestsPerUnit: 7, Unit: time.Minute}},
-			[]string{"rl:envoy:edge%3A1:override.fw.1m0s.q1000:{remote_address=10.0.0.1}"}},
-		{desc("remote_address", strings.Repeat("{", 400)), []string{
-			"rl:envoy:edge%3A1:fw.1m0s:{9253}#6d2f5ff86017b3a18fc5b7befadd6c48da0146135174aa104a885669b589c2fb"}},
-	} {
-		if _, _, err := e.ShouldRateLimit(ctx, "edge:1", []Descriptor{tt.desc}, 1); err != nil {
-			t.Fatalf("ShouldRateLimit(%+v): %v", tt.desc, err)
-		}
-		if got := log.take(); !slices.Equal(got, tt.want) {
-			t.Errorf("ShouldRateLimit(%+v) keys:\n got %q\nwant %q", tt.desc, got, tt.want)
 		}
 	}
 

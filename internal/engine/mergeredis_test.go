@@ -209,9 +209,9 @@ func TestAllOrNothingRedisCost(t *testing.T) {
 // checks of distinct sliding window logs (about 100ms of Redis time in one
 // call), one more than the bound of distinct fixed windows or logs. The
 // largest batches within the bound go as one script call of at most
-// maxScriptTime, and 1,000 checks of one key, merged, always go. An Envoy request whose limits are
-// beyond the bound is decided descriptor by descriptor, exactly; on the
-// memory store nothing is bounded.
+// maxScriptTime, and 1,000 checks of one key, merged, always go; on the memory store nothing
+// is bounded. (Envoy's requests beyond the bound: envoyrls's
+// TestAtomicWorkSplitsDescriptors.)
 func TestAtomicBatchWorkBounded(t *testing.T) {
 	srv := redistest.Start(t)
 	st, err := redis.New(redis.Config{Addrs: []string{srv.Addr}})
@@ -229,11 +229,6 @@ rules:
   - {id: log, match: {resource: /log}, dimension: user, limit: 100, window: 1h, algorithm: sliding_window_log}
   - {id: fixed, match: {resource: /fixed}, dimension: user, limit: 100, window: 1h, algorithm: fixed_window}
   - {id: biglog, match: {resource: /biglog}, dimension: user, limit: 1000, window: 1h, algorithm: sliding_window_log}
-envoy:
-  - domain: edge
-    descriptors:
-      - key: tenant
-        rate_limit: { unit: hour, requests_per_unit: 1, algorithm: sliding_window_log }
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -332,33 +327,6 @@ envoy:
 			if least > maxScriptTime && tc.res != "/biglog" {
 				t.Errorf("%s: %s of Redis time, want at most %s", tc.name, least, maxScriptTime)
 			}
-		}
-	}
-
-	// Envoy: 64 descriptors of distinct logs (beyond the bound) are
-	// decided each on its own, in calls the store bounds: each admitted
-	// once an hour, exactly.
-	descs := make([]Descriptor, 64)
-	for i := range descs {
-		descs[i] = Descriptor{Entries: []DescriptorEntry{{Key: "tenant", Value: "t" + strconv.Itoa(i)}}}
-	}
-	for round, want := range []bool{false, true} {
-		_, calls0 := scripts()
-		sts, over, err := e.ShouldRateLimit(ctx, "edge", descs, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, calls := scripts()
-		if over != want || len(sts) != len(descs) {
-			t.Fatalf("Envoy round %d: over limit %v, want %v", round, over, want)
-		}
-		for i, s := range sts {
-			if s.OverLimit != want {
-				t.Fatalf("Envoy round %d: descriptor %d over limit %v, want %v", round, i, s.OverLimit, want)
-			}
-		}
-		if calls-calls0 < 2 {
-			t.Errorf("Envoy round %d: %d script calls, want the descriptors split", round, calls-calls0)
 		}
 	}
 

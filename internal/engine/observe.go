@@ -15,7 +15,9 @@ import (
 // (Config.Metrics), audit events (Config.Events) and analytics events
 // (Config.Analytics). All are optional and cost nothing when absent. Every
 // transport's decisions pass here: HTTP and gRPC checks and batches through
-// observeCheck and observeBatch, Envoy's calls through observeEnvoy.
+// observeCheck and observeBatch, the requests of limits a transport resolved
+// itself (Envoy's calls, see limits.go) through observeItem and
+// observeLimits.
 
 // observing reports whether the engine reports anything.
 func (e *Engine) observing() bool { return e.metrics != nil || e.events != nil || e.analytics != nil }
@@ -161,64 +163,59 @@ func (e *Engine) observeResult(ctx context.Context, c *Check, res *Result) {
 		Limit: d.Limit, RetryAfter: d.RetryAfter})
 }
 
-// observeDescriptor records the decision of one Envoy limit in domain, of
-// the request whose context is ctx.
-func (e *Engine) observeDescriptor(ctx context.Context, domain string, it *item, st *DescriptorStatus) {
-	if !e.observing() {
-		return
-	}
+// observeItem records the decision of it, an item of a request of
+// resolved limits in domain (see limits.go), of the request whose context
+// is ctx.
+func (e *Engine) observeItem(ctx context.Context, domain string, it *LimitItem) {
+	o := &it.Outcome
 	r := metrics.Allowed
-	if blocking(it.dec) && it.source != SourceFailOpen {
+	if o.refused {
 		r = metrics.Denied
-		if st.Shadow {
+		if it.Shadow {
 			r = metrics.ShadowDenied
 		}
 	}
-	e.metrics.Decision(st.Rule, r, it.source.String())
-	if it.fallback != FallbackNone {
-		e.metrics.StoreFallback(it.fallback.String(), it.source.String())
+	e.metrics.Decision(it.Rule, r, o.Source.String())
+	if o.Fallback != FallbackNone {
+		e.metrics.StoreFallback(o.Fallback.String(), o.Source.String())
 		if e.events != nil {
-			e.events.Fallback(ctx, e.now(), &events.Denial{Rule: st.Rule, Key: it.key, Domain: domain,
-				Source: it.source.String(), Reason: it.fallback.String(), Limit: st.Limit})
+			e.events.Fallback(ctx, e.now(), &events.Denial{Rule: it.Rule, Key: o.key, Domain: domain,
+				Source: o.Source.String(), Reason: o.Fallback.String(), Limit: it.Limit})
 		}
 	}
-	// Only a descriptor the request was charged for was admitted: when
+	// Only an item the request was charged for was admitted: when
 	// another one is over its limit, none is charged (as for a check's
-	// rules), and neither is one of hits_addend 0.
-	if r == metrics.Allowed && !st.Shadow && it.charged > 0 {
-		e.metrics.NearLimit(st.Rule, st.Limit, st.Remaining)
+	// rules), and neither is one of cost 0.
+	if r == metrics.Allowed && !it.Shadow && o.Charged > 0 {
+		e.metrics.NearLimit(it.Rule, it.Limit, o.Remaining)
 	}
 	if r == metrics.Denied && e.events != nil {
-		e.events.Denied(ctx, e.now(), &events.Denial{Rule: st.Rule, Key: it.key, Domain: domain,
-			Source: it.source.String(), Limit: st.Limit, RetryAfter: st.DurationUntilReset})
+		e.events.Denied(ctx, e.now(), &events.Denial{Rule: it.Rule, Key: o.key, Domain: domain,
+			Source: o.Source.String(), Limit: it.Limit, RetryAfter: o.ResetAfter})
 	}
 }
 
-// observeEnvoy records one ShouldRateLimit call of domain for descs, of
-// hits_addend hits.
+// observeLimits records the request of resolved limits l, answered as
+// over or failed with err.
 //
-// Its analytics event is one decision: the resource is the domain and the
-// client the value of the first entry of the first descriptor (such as the
-// remote address of descriptors that start with it); the rule is that
-// descriptor's key.
-func (e *Engine) observeEnvoy(start time.Time, domain string, descs []Descriptor, hits uint64, overLimit *bool, err *error) {
-	took := time.Since(start)
+// Its analytics event is one decision of l.Domain (the resource) for
+// l.Client, by l.Rule, of l.Cost.
+func (e *Engine) observeLimits(l *Limits, over bool, err error) {
+	took := time.Since(l.start)
 	o := metrics.OutcomeAllowed
 	switch {
-	case *err != nil:
-		o = errOutcome(*err)
-	case *overLimit:
+	case err != nil:
+		o = errOutcome(err)
+	case over:
 		o = metrics.OutcomeDenied
 	}
-	e.metrics.Check(metrics.APIEnvoy, o, took)
-	if e.analytics == nil || *err != nil {
+	e.metrics.Check(l.API, o, took)
+	if e.analytics == nil || err != nil {
 		return
 	}
-	ev := analytics.Event{Time: e.now(), Resource: domain, Region: e.region, Allowed: !*overLimit, Latency: took, Cost: int64(max(hits, 1))}
-	if len(descs) > 0 && len(descs[0].Entries) > 0 {
-		ev.Client, ev.Rule = descs[0].Entries[0].Value, descs[0].Entries[0].Key
-	}
-	if *overLimit {
+	ev := analytics.Event{Time: e.now(), Resource: l.Domain, Region: e.region, Allowed: !over, Latency: took,
+		Cost: l.Cost, Client: l.Client, Rule: l.Rule}
+	if over {
 		ev.Reason = analytics.ReasonOverLimit
 	}
 	e.analytics.Record(ev)

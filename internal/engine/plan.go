@@ -14,7 +14,7 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-// item is one rule (or Envoy limit) applied to one check.
+// item is one rule (or resolved limit, see limits.go) applied to one check.
 type item struct {
 	check  int // index of the check in its batch
 	rule   *policy.Rule
@@ -46,13 +46,16 @@ type item struct {
 type scratch struct {
 	rules []*policy.Rule
 	items []item
-	keys  []byte
-	ends  []int
-	reqs  []store.Request
-	out   []sluice.Decision
-	src   []Source
-	idx   []int
-	call  storeCall
+	// limits holds the items of a request of resolved limits (see
+	// limits.go), which the transport appends.
+	limits []LimitItem
+	keys   []byte
+	ends   []int
+	reqs   []store.Request
+	out    []sluice.Decision
+	src    []Source
+	idx    []int
+	call   storeCall
 	// gparams holds the params of the check's global items, whose limit
 	// changes from check to check.
 	gparams []algorithm.Params
@@ -73,7 +76,7 @@ func (e *Engine) getScratch() *scratch {
 }
 
 func (e *Engine) putScratch(s *scratch) {
-	if cap(s.items) > 1024 || cap(s.keys) > 1<<16 {
+	if cap(s.items) > 1024 || cap(s.keys) > 1<<16 || cap(s.limits) > 1024 {
 		return
 	}
 	clear(s.rules[:cap(s.rules)])

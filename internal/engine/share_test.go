@@ -118,41 +118,24 @@ func BenchmarkCheckBulkShare(b *testing.B) {
 // BenchmarkBulkRequests is the work in process of the large requests one
 // client can send back to back, on the memory store with no small request
 // about: an all-or-nothing batch of 1,000 checks of one key (merged into
-// one store request) and an Envoy request of 64 descriptors of one key,
-// both over their limit. The fewer bytes they allocate, the fewer garbage
+// one store request), over its limit (Envoy's: envoyrls's
+// BenchmarkBulkEnvoy). The fewer bytes they allocate, the fewer garbage
 // collections they cause, which slow every other check of the process.
 func BenchmarkBulkRequests(b *testing.B) {
 	e, _ := newEngine(b, `
 version: 1
 rules:
   - {id: log, match: {resource: /attack}, dimension: client, algorithm: sliding_window_log, limit: 100, window: 1h}
-envoy:
-  - domain: edge
-    descriptors:
-      - key: tenant
-        rate_limit: { unit: hour, requests_per_unit: 64 }
 `)
 	ctx := context.Background()
 	batch := make([]Check, MaxBatch)
 	for i := range batch {
 		batch[i] = Check{ClientID: "attacker", Resource: "/attack", Cost: 1}
 	}
-	descs := make([]Descriptor, 64)
-	for i := range descs {
-		descs[i] = Descriptor{Entries: []DescriptorEntry{{Key: "tenant", Value: "attacker"}}}
-	}
 	b.Run("batch-1000-one-key", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := e.BatchCheck(ctx, batch, AllOrNothing); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("envoy-64-one-key", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, _, err := e.ShouldRateLimit(ctx, "edge", descs, 1); err != nil {
 				b.Fatal(err)
 			}
 		}

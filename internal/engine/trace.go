@@ -12,10 +12,10 @@ import (
 )
 
 // This file holds the engine's tracing (Config.Tracer): a span per check,
-// batch or Envoy call, started at the entry points Check, BatchCheck and
-// ShouldRateLimit, and a child span per store call, started by the
-// tracedStore decorator. Without a tracer, neither exists and a check pays
-// one nil test per entry point.
+// batch or request of resolved limits (an Envoy call), started at the
+// entry points Check, BatchCheck and StartLimits, and a child span per
+// store call, started by the tracedStore decorator. Without a tracer,
+// neither exists and a check pays one nil test per entry point.
 //
 // The check span continues the trace of the request's context: the
 // transports hand the engine a context carrying the caller's span (a W3C
@@ -31,10 +31,10 @@ import (
 
 // Span and attribute names.
 const (
-	spanCheck = "sluice.check"
-	spanBatch = "sluice.check_batch"
-	spanEnvoy = "sluice.should_rate_limit"
-	spanStore = "sluice.store"
+	spanCheck  = "sluice.check"
+	spanBatch  = "sluice.check_batch"
+	spanLimits = "sluice.should_rate_limit" // resolved limits: Envoy's call
+	spanStore  = "sluice.store"
 
 	attrRule      = attribute.Key("sluice.rule")
 	attrAllowed   = attribute.Key("sluice.allowed")
@@ -101,8 +101,9 @@ func failed(span trace.Span, err error) {
 	span.SetStatus(codes.Error, err.Error())
 }
 
-// endEnvoy ends span, the span of one ShouldRateLimit call of domain.
-func endEnvoy(span trace.Span, domain string, overLimit bool, err error) {
+// endLimits ends span, the span of one request of resolved limits of
+// domain (see limits.go).
+func endLimits(span trace.Span, domain string, overLimit bool, err error) {
 	if span.IsRecording() {
 		span.SetAttributes(attrDomain.String(domain))
 		if err != nil {

@@ -89,9 +89,14 @@ func TestTraceSampling(t *testing.T) {
 		if _, err := e.Check(ctx, &Check{ClientID: "c", User: "u", Resource: "/api/x", Cost: 1, Now: t0}); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := e.ShouldRateLimit(ctx, "d", []Descriptor{{Entries: []DescriptorEntry{{Key: "k", Value: "v"}}}}, 1); err != nil {
+		// A request of resolved limits (an Envoy call) that matched none:
+		// its span, and no store call.
+		l := Limits{Domain: "d"}
+		lctx := e.StartLimits(ctx, &l, 1)
+		if err := e.DecideLimits(lctx, &l); err != nil {
 			t.Fatal(err)
 		}
+		e.EndLimits(lctx, &l, false, nil)
 		want := tt.want
 		if want > 0 {
 			want++ // the Envoy call's span; it matches no limit, so no store call

@@ -59,7 +59,7 @@ func compatServer(t *testing.T, st engine.Store, compat bool) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := engine.New(engine.Config{Store: st, Policy: p, EnvoyCompat: compat})
+	eng, err := engine.New(engine.Config{Store: st, Policy: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestEnvoyDurationUntilResetWholeSeconds(t *testing.T) {
 		{time.Microsecond, time.Second},
 		{59*time.Second + 999999*time.Microsecond, time.Minute},
 	} {
-		in := engine.DescriptorStatus{HasLimit: true, Limit: 2, Unit: time.Minute, DurationUntilReset: tt.in}
+		in := DescriptorStatus{HasLimit: true, Limit: 2, Unit: time.Minute, DurationUntilReset: tt.in}
 		if got := new(statusBlock).fill(&in, Config{}).DurationUntilReset.AsDuration(); got != tt.want {
 			t.Errorf("%v: got %v, want %v", tt.in, got, tt.want)
 		}

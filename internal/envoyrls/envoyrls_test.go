@@ -84,18 +84,18 @@ func TestDescriptorHitsAddendZeroReads(t *testing.T) {
 func TestStatusBlock(t *testing.T) {
 	for _, tt := range []struct {
 		name string
-		in   engine.DescriptorStatus
+		in   DescriptorStatus
 		want *rlsv3.RateLimitResponse_DescriptorStatus
 	}{
-		{"unmatched", engine.DescriptorStatus{}, &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}},
-		{"unlimited", engine.DescriptorStatus{Remaining: 1<<32 - 1, Rule: "d.k"},
+		{"unmatched", DescriptorStatus{}, &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}},
+		{"unlimited", DescriptorStatus{Remaining: 1<<32 - 1, Rule: "d.k"},
 			&rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: 1<<32 - 1}},
-		{"per minute", engine.DescriptorStatus{HasLimit: true, Limit: 5, Unit: time.Minute, Remaining: 4,
+		{"per minute", DescriptorStatus{HasLimit: true, Limit: 5, Unit: time.Minute, Remaining: 4,
 			DurationUntilReset: 1500 * time.Millisecond, Rule: "d.k"},
 			&rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: 4,
 				CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{Name: "d.k", RequestsPerUnit: 5, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE},
 				DurationUntilReset: durationpb.New(1500 * time.Millisecond)}},
-		{"over, every 10 seconds", engine.DescriptorStatus{OverLimit: true, HasLimit: true, Limit: 7, Unit: 10 * time.Second,
+		{"over, every 10 seconds", DescriptorStatus{OverLimit: true, HasLimit: true, Limit: 7, Unit: 10 * time.Second,
 			DurationUntilReset: 3 * time.Second, Rule: "d.k_v"},
 			&rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OVER_LIMIT,
 				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "d.k_v", RequestsPerUnit: 7, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND,

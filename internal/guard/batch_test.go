@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/internal/envoyrls"
 	"github.com/sluicehq/sluice/internal/guard"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -123,12 +124,12 @@ func TestEnvoyAttackerBounded(t *testing.T) {
 		t.Skip("slow: load on Redis, with and without an attacker")
 	}
 	_, g, shared, unshared := startAttackEngines(t)
-	descs := make([]engine.Descriptor, 64)
+	descs := make([]envoyrls.Descriptor, 64)
 	for i := range descs {
-		descs[i] = engine.Descriptor{Entries: []engine.DescriptorEntry{{Key: "tenant", Value: "attacker"}}}
+		descs[i] = envoyrls.Descriptor{Entries: []envoyrls.DescriptorEntry{{Key: "tenant", Value: "attacker"}}}
 	}
 	a := alternate(t, 8, func(eng *engine.Engine) (int64, error) {
-		_, over, err := eng.ShouldRateLimit(context.Background(), "edge", descs, 1)
+		_, over, err := envoyrls.NewDecider(eng, false).ShouldRateLimit(context.Background(), "edge", descs, 1)
 		if over {
 			return 0, err
 		}

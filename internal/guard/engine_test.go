@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/internal/envoyrls"
 	"github.com/sluicehq/sluice/internal/guard/guardtest"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/store/redis"
@@ -287,9 +288,9 @@ envoy:
 				t.Fatal(err)
 			}
 		}
-		d := engine.Descriptor{Entries: []engine.DescriptorEntry{{Key: "path", Value: strconv.Itoa(i) + strings.Repeat(":", 500)}}}
+		d := envoyrls.Descriptor{Entries: []envoyrls.DescriptorEntry{{Key: "path", Value: strconv.Itoa(i) + strings.Repeat(":", 500)}}}
 		for range 3 {
-			if _, _, err := eng.ShouldRateLimit(ctx, "edge", []engine.Descriptor{d}, 1); err != nil {
+			if _, _, err := envoyrls.NewDecider(eng, false).ShouldRateLimit(ctx, "edge", []envoyrls.Descriptor{d}, 1); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/internal/envoyrls"
 	"github.com/sluicehq/sluice/internal/policy"
 	"github.com/sluicehq/sluice/store/redis"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -45,13 +46,13 @@ envoy:
 	}
 	ctx := context.Background()
 
-	descs := []engine.Descriptor{
-		{Entries: []engine.DescriptorEntry{{Key: "few", Value: "x"}}},
-		{Entries: []engine.DescriptorEntry{{Key: "many", Value: "x"}}},
+	descs := []envoyrls.Descriptor{
+		{Entries: []envoyrls.DescriptorEntry{{Key: "few", Value: "x"}}},
+		{Entries: []envoyrls.DescriptorEntry{{Key: "many", Value: "x"}}},
 	}
-	var st []engine.DescriptorStatus
+	var st []envoyrls.DescriptorStatus
 	for i := range 4 {
-		st, _, err = eng.ShouldRateLimit(ctx, "d", descs, 1)
+		st, _, err = envoyrls.NewDecider(eng, false).ShouldRateLimit(ctx, "d", descs, 1)
 		if err != nil {
 			t.Fatal(err)
 		}

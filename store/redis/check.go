@@ -4,7 +4,6 @@ package redis
 
 import (
 	"context"
-	"slices"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/algorithm"
@@ -40,26 +39,13 @@ func (s *Store) Check(ctx context.Context, reqs []store.Request, out []sluice.De
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	if len(reqs) == 1 && reqs[0].Params.Algorithm != sluice.SlidingWindowLog {
-		return s.checkOne(ctx, &reqs[0], &out[0])
-	}
-	groups := s.splitEach(reqs)
-	res, err := s.exec(ctx, groups)
-	var failed []int
-	for g, r := range res {
-		if r == nil {
-			failed = append(failed, groups[g].idx...)
-			continue
-		}
-		s.fill(reqs, out, groups[g].idx, r)
-	}
+	failed, err := s.checkEach(ctx, reqs, out)
 	switch {
-	case err == nil:
+	case len(failed) == 0:
 		return nil
 	case len(failed) == len(reqs):
 		return err
 	}
-	slices.Sort(failed)
 	return &store.PartialError{Failed: failed, Err: err}
 }
 

@@ -112,6 +112,30 @@ local function write(key, px, a, b, c, fw)
   end
 end
 
+-- latest returns the field and count of the latest window of a fixed
+-- window's hash h (HGETALL) of several fields, and deletes the others:
+-- those of earlier windows, left by a plain HINCRBY whose follow-up has
+-- not yet run (see plain.go). A field that is not a number returns h,
+-- which is then read as corrupt.
+local function latest(key, h)
+  local best, at = 0, -1
+  for j = 1, #h, 2 do
+    local x = tonumber(h[j])
+    if not x then
+      return h
+    end
+    if x > at then
+      best, at = j, x
+    end
+  end
+  for j = 1, #h, 2 do
+    if j ~= best then
+      call('HDEL', key, h[j])
+    end
+  end
+  return { h[best], h[best + 1] }
+end
+
 -- decide decides one check of key with the parameter set ps, writes the
 -- key when it is admitted with a positive cost (or refused and counted, in
 -- a fixed window counting refused requests), and returns the check's
@@ -163,6 +187,10 @@ local function decide(key, ps, cost, now, v)
       if v then
         fw = true
       end
+    elseif #h > 2 then
+      h = latest(key, h)
+    end
+    if h.err then
     elseif #h == 2 then
       a, b, v = tonumber(h[1]), tonumber(h[2]), false
       if a and b then
@@ -271,6 +299,16 @@ local function decide(key, ps, cost, now, v)
     keep = bin and a == start and b > 0
     na, nb, nc = start, count, 0
     exp = e
+    -- A window that starts after Redis' clock (a request ahead of it) is
+    -- written as the 25-byte string, on which a plain HINCRBY (plain.go)
+    -- fails: checks at Redis' clock are then decided here, against it.
+    if not clock then
+      local tm = call('TIME')
+      clock = tm[1] * 1000000 + tm[2]
+    end
+    if start * Q > clock then
+      fw, keep = false, false
+    end
   elseif alg == 1 or alg == 2 or alg == 6 then
     local cap = K * W
     local debt, lag = 0, 0

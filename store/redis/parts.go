@@ -29,8 +29,10 @@ func (s *Store) CheckParts(ctx context.Context, reqs []store.Request, out []slui
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	if len(reqs) == 1 && reqs[0].Params.Algorithm != sluice.SlidingWindowLog {
-		part(first[:], s.checkOne(ctx, &reqs[0], &out[0]))
+	if !s.cluster || len(reqs) == 1 && reqs[0].Params.Algorithm != sluice.SlidingWindowLog {
+		// One node: one pipeline, reported at once.
+		failed, err := s.checkEach(ctx, reqs, out)
+		s.reportOne(len(reqs), failed, err, part)
 		return nil
 	}
 	groups := s.splitEach(reqs)
@@ -63,6 +65,32 @@ func (s *Store) CheckParts(ctx context.Context, reqs []store.Request, out []slui
 
 // first is the index list of a call of one request.
 var first = [1]int{0}
+
+// reportOne reports the n requests of a call on one node to part: those
+// decided, then those failed (with err).
+func (s *Store) reportOne(n int, failed []int, err error, part func([]int, error)) {
+	if len(failed) == 0 {
+		if n == 1 {
+			part(first[:], nil)
+			return
+		}
+		part(seq(n), nil)
+		return
+	}
+	if len(failed) < n {
+		done := make([]int, 0, n-len(failed))
+		j := 0
+		for i := range n {
+			if j < len(failed) && failed[j] == i {
+				j++
+				continue
+			}
+			done = append(done, i)
+		}
+		part(done, nil)
+	}
+	part(failed, err)
+}
 
 // report fills out with the replies res of groups, and reports each group
 // to part: decided, or failed with err.

@@ -17,11 +17,29 @@
 // Concurrent callers share a few connections on which rueidis pipelines
 // their commands automatically.
 //
+// # Plain fixed-window checks
+//
+// On a standalone server or a Sentinel's master (not on a cluster, whose
+// masters each have a clock), a fixed-window check of cost 1 (of any cost
+// when the window counts refused requests) at Redis' clock, not all or
+// nothing, is not a script but one HINCRBY of its window's field, sent in
+// the same pipeline as the call's scripts, and admitted when the count it
+// answers is within the limit: a fraction of a script's Redis CPU. The
+// window is that of Redis' clock, which the store estimates by reading
+// TIME every second; a check near a window's boundary (within the
+// estimate's error and a margin), or without a recent reading, takes the
+// script. A refusal's count is given back, and a window's first count given
+// the window's expiry, by commands sent in the background after the
+// decision. A limit of L still admits exactly L whoever races (a refusal
+// is counted only at the limit, so none refuses a check that fits); what
+// a process that dies meanwhile leaves is in docs/redis.md.
+// Config.ScriptsOnly sends every check as a script.
+//
 // # Time
 //
 // A request whose Now is zero is decided at the Redis server's clock (TIME,
-// read inside the script), so instances agree whatever their own clocks
-// say. A non-zero Now is used as given. A request's After moves its
+// read inside the script, or estimated for a plain fixed-window check), so
+// instances agree whatever their own clocks say. A non-zero Now is used as given. A request's After moves its
 // instant ahead; its key's time to live still counts from Redis' clock (or
 // from the instant given).
 //
@@ -40,7 +58,8 @@
 // member per admitted unit. Every written key expires once its state is equivalent to
 // no state (algorithm.ExpiresAt, counted from the instant of the request)
 // plus Config.ExpiryMargin. A denied request and a request of cost 0 write
-// nothing.
+// nothing (a plain fixed-window check counts a refusal, then gives it
+// back).
 //
 // # Corrupt state
 //
@@ -210,6 +229,13 @@ type Config struct {
 	// fewer), 1 to each node of a cluster.
 	ConnsPerNode int
 
+	// ScriptsOnly sends every check as a script call, one atomic step
+	// each. By default, on a standalone server or a Sentinel's master, a
+	// fixed-window check of cost 1 at Redis' clock is one plain HINCRBY,
+	// which costs Redis a fraction of a script call (see docs/redis.md,
+	// "Plain fixed-window checks").
+	ScriptsOnly bool
+
 	// MaxFlushDelay is how long a connection may wait to gather more
 	// concurrent commands into one write; zero writes as soon as it can.
 	// A few tens of microseconds save system calls on a busy client and
@@ -248,6 +274,17 @@ type Store struct {
 	onTryAgain func(int)
 	retries    atomic.Uint64
 	closed     atomic.Bool
+
+	// The estimate of Redis' clock for the plain fixed-window checks (see
+	// plain.go), read again every second by the goroutine watchClock
+	// starts, which stop ends; noPlain sends every check to the scripts.
+	clock   serverClock
+	clockWG sync.WaitGroup
+	noPlain bool
+	// The follow-ups of plain checks, sent by the goroutine
+	// watchFollowUps starts; pending counts those not yet sent.
+	follow  chan followUp
+	pending atomic.Int64
 
 	// The slot map of a cluster (see CheckParts), read again in the
 	// background by the goroutine refreshSlots starts; stop ends it.
@@ -316,6 +353,7 @@ func New(cfg Config) (*Store, error) {
 		onCorrupt: cfg.OnCorrupt,
 
 		onTryAgain: cfg.OnTryAgain,
+		noPlain:    cfg.ScriptsOnly,
 	}
 	if s.client == nil {
 		if len(cfg.Addrs) == 0 {
@@ -351,6 +389,10 @@ func New(cfg Config) (*Store, error) {
 			s.slots.Store(m)
 		}
 		cancel()
+	} else if !s.noPlain {
+		s.follow = make(chan followUp, followQueue)
+		s.watchClock()
+		s.watchFollowUps()
 	}
 	return s, nil
 }
@@ -452,6 +494,7 @@ func (s *Store) Close() error {
 	s.slotsMu.Unlock()
 	s.cancel()
 	s.slotsWG.Wait()
+	s.clockWG.Wait()
 	if s.ownClient {
 		s.client.Close()
 	}

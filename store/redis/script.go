@@ -84,17 +84,29 @@ func instant(r *store.Request) string {
 // their replies are nil and the error is the first failure's; the others'
 // replies are there (and their scripts have run).
 func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
+	out, _, err := s.execWith(ctx, groups, nil)
+	return out, err
+}
+
+// execWith is exec, with the commands more sent after the script calls in
+// the same pipeline; it returns their replies too.
+func (s *Store) execWith(ctx context.Context, groups []*group, more rueidis.Commands) ([][]int64, []rueidis.RedisResult, error) {
 	c := s.client
 	out := make([][]int64, len(groups))
-	var results []rueidis.RedisResult
-	if len(groups) == 1 {
+	var results, extra []rueidis.RedisResult
+	switch {
+	case len(groups) == 1 && len(more) == 0:
 		results = []rueidis.RedisResult{c.Do(ctx, groups[0].evalsha(c))}
-	} else {
-		cmds := make(rueidis.Commands, len(groups))
+	case len(groups) == 0 && len(more) == 1:
+		extra = []rueidis.RedisResult{c.Do(ctx, more[0])}
+	default:
+		cmds := make(rueidis.Commands, len(groups), len(groups)+len(more))
 		for i, g := range groups {
 			cmds[i] = g.evalsha(c)
 		}
-		results = c.DoMulti(ctx, cmds...)
+		cmds = append(cmds, more...)
+		all := c.DoMulti(ctx, cmds...)
+		results, extra = all[:len(groups):len(groups)], all[len(groups):]
 	}
 	var noScript, refused []int
 	for i, r := range results {
@@ -140,7 +152,7 @@ func (s *Store) exec(ctx context.Context, groups []*group) ([][]int64, error) {
 		}
 		s.reportCorrupt(total, keys)
 	}
-	return out, first
+	return out, extra, first
 }
 
 // evalsha returns the EVALSHA call of g.
