@@ -143,28 +143,24 @@ rules:
 }
 
 // BenchmarkBulkContended is a client's checks, one after another, while 8
-// callers send Envoy requests of 64 descriptors of one key back to back,
-// in process on the memory store: ns/op is the checks' mean latency, and
-// it reports how often the waiting bulk requests were woken, the garbage
-// collections and the bulk requests, per second.
+// callers send all-or-nothing batches of 64 checks of one key back to
+// back, over its limit, in process on the memory store: ns/op is the
+// checks' mean latency, and it reports how often the waiting batches were
+// woken, the garbage collections and the batches, per second.
 func BenchmarkBulkContended(b *testing.B) {
 	e, _ := newEngine(b, `
 version: 1
 rules:
   - {id: other, match: {resource: /other}, dimension: client, limit: 1000000000, window: 1h}
-envoy:
-  - domain: edge
-    descriptors:
-      - key: tenant
-        rate_limit: { unit: hour, requests_per_unit: 64 }
+  - {id: attack, match: {resource: /attack}, dimension: client, algorithm: sliding_window_log, limit: 64, window: 1h}
 `)
 	if e.share == nil {
 		b.Fatal("the bulk share is off by default")
 	}
 	ctx := context.Background()
-	descs := make([]Descriptor, 64)
-	for i := range descs {
-		descs[i] = Descriptor{Entries: []DescriptorEntry{{Key: "tenant", Value: "attacker"}}}
+	batch := make([]Check, 64)
+	for i := range batch {
+		batch[i] = Check{ClientID: "attacker", Resource: "/attack", Cost: 1}
 	}
 	var stop atomic.Bool
 	var bulk atomic.Int64
@@ -172,7 +168,7 @@ envoy:
 	for range 8 {
 		wg.Go(func() {
 			for !stop.Load() {
-				if _, _, err := e.ShouldRateLimit(ctx, "edge", descs, 1); err != nil {
+				if _, err := e.BatchCheck(ctx, batch, AllOrNothing); err != nil {
 					b.Error(err)
 					return
 				}
