@@ -110,3 +110,35 @@ func TestStoreKeysPinned(t *testing.T) {
 		t.Errorf("Ready keys: got %q, want %q", got, want)
 	}
 }
+
+// TestBatchRepeatedKeys: a batch whose checks repeat a client's key in
+// runs, and come back to it after others, decides each check on its own
+// client's counter, as the same checks one at a time do.
+func TestBatchRepeatedKeys(t *testing.T) {
+	const pol = `
+version: 1
+rules:
+  - {id: per-client, match: {resource: /r}, dimension: client, algorithm: fixed_window, limit: 1000, window: 1h}
+`
+	var checks []Check
+	for i, run := range []int{5, 3, 2, 30, 1, 4} {
+		for range run {
+			checks = append(checks, Check{ClientID: "c" + string(rune('0'+i%3)), Resource: "/r", Cost: 1, Now: t0})
+		}
+	}
+	for _, mode := range []BatchMode{AllOrNothing, BestEffort} {
+		batched, _ := newEngine(t, pol)
+		single, _ := newEngine(t, pol)
+		got, err := batched.BatchCheck(context.Background(), checks, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range checks {
+			want := mustCheck(t, single, c)
+			if got[i].Allowed != want.Allowed || got[i].Deciding.Remaining != want.Deciding.Remaining {
+				t.Errorf("mode %d, check %d (%s): got allowed %v remaining %d, want %v %d",
+					mode, i, c.ClientID, got[i].Allowed, got[i].Deciding.Remaining, want.Allowed, want.Deciding.Remaining)
+			}
+		}
+	}
+}

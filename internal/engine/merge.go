@@ -95,7 +95,10 @@ func planMerge(reqs []store.Request) *mergePlan {
 	if !repeats(reqs) {
 		return nil
 	}
-	// Sized as it grows: a batch that repeats keys often has few.
+	// Sized as it grows: a batch that repeats keys often has few. While
+	// they are counted, a group's at is its first check and sent its
+	// checks, and from[i] the group of request i, or -1.
+	p := &mergePlan{from: make([]int, len(reqs)), in: reqs}
 	byKey := map[string]int{} // the group of a key, or -1
 	var groups []mergeGroup
 	for i := range reqs {
@@ -104,52 +107,73 @@ func planMerge(reqs []store.Request) *mergePlan {
 		switch {
 		case !seen:
 			byKey[r.Key] = len(groups)
-			groups = append(groups, mergeGroup{idx: []int{i}})
+			p.from[i] = len(groups)
+			groups = append(groups, mergeGroup{at: i, sent: 1})
 		case g >= 0:
-			first := &reqs[groups[g].idx[0]]
+			first := &reqs[groups[g].at]
 			if !mergeable(r.Params) || *r.Params != *first.Params || !r.Now.Equal(first.Now) || r.After != first.After {
 				byKey[r.Key] = -1 // sent as they are
+				p.from[i] = -1
 				continue
 			}
-			groups[g].idx = append(groups[g].idx, i)
+			p.from[i] = g
+			groups[g].sent++
+		default:
+			p.from[i] = -1
 		}
 	}
-	p := &mergePlan{from: make([]int, len(reqs)), in: reqs}
-	for i := range p.from {
-		p.from[i] = -1
-	}
-	kept := groups[:0]
-	for _, g := range groups {
-		if len(g.idx) < 2 || byKey[reqs[g.idx[0]].Key] < 0 {
+	// The groups kept: repeated, and never found unmergeable. Their
+	// checks share one allocation.
+	kept, n := 0, 0
+	for g := range groups {
+		if groups[g].sent < 2 || byKey[reqs[groups[g].at].Key] < 0 {
+			groups[g].sent = 0
 			continue
 		}
-		kept = append(kept, g)
+		kept++
+		n += groups[g].sent
 	}
-	if len(kept) == 0 {
+	if kept == 0 {
 		return nil
+	}
+	idx := make([]int, 0, n)
+	for g := range groups {
+		if k := groups[g].sent; k > 0 {
+			groups[g].idx = idx[len(idx) : len(idx) : len(idx)+k]
+			idx = idx[:len(idx)+k]
+		}
+	}
+	for i, g := range p.from {
+		if g >= 0 && groups[g].sent > 0 {
+			groups[g].idx = append(groups[g].idx, i)
+		}
 	}
 	// The requests sent: each unmerged one where it was, each merged key
 	// where it first appeared (keys are independent, so the order of
 	// different keys does not change any decision).
-	merged := make(map[string]*mergeGroup, len(kept))
-	for k := range kept {
-		merged[reqs[kept[k].idx[0]].Key] = &kept[k]
-	}
 	for i := range reqs {
-		g := merged[reqs[i].Key]
-		if g == nil {
+		g := p.from[i]
+		if g < 0 || groups[g].sent == 0 {
 			p.from[i] = len(p.reqs)
 			p.reqs = append(p.reqs, reqs[i])
 			continue
 		}
-		if g.idx[0] != i {
+		p.from[i] = -1
+		if groups[g].idx[0] != i {
 			continue
 		}
-		g.at = len(p.reqs)
-		p.reqs = appendParts(p.reqs, reqs, g.idx)
-		g.sent = len(p.reqs) - g.at
+		groups[g].at = len(p.reqs)
+		p.reqs = appendParts(p.reqs, reqs, groups[g].idx)
+		groups[g].sent = len(p.reqs) - groups[g].at
 	}
-	p.groups = kept
+	// Compact the groups kept, in the order of their first check.
+	gs := groups[:0]
+	for _, g := range groups {
+		if g.idx != nil {
+			gs = append(gs, g)
+		}
+	}
+	p.groups = gs
 	p.out = make([]sluice.Decision, len(p.reqs))
 	return p
 }

@@ -178,13 +178,44 @@ func ruleCost(r *policy.Rule, q *policy.Request, c *Check, prefix string) (int64
 	return cost, nil
 }
 
-// finishKeys turns the key bytes into strings with one allocation.
+// finishKeys turns the key bytes into strings with one allocation. In a
+// batch of many checks, a key that repeats the one before (checks of one
+// client under a one-rule policy) is kept once.
 func (e *Engine) finishKeys(s *scratch) {
+	if len(s.items) > repeatedKeysFrom {
+		keepRepeatedKeysOnce(s)
+	}
 	all := string(s.keys)
 	start := 0
 	for i := range s.items {
+		if s.ends[i] < 0 {
+			s.items[i].key = s.items[i-1].key
+			continue
+		}
 		s.items[i].key = all[start:s.ends[i]]
 		start = s.ends[i]
 	}
 	e.resolveGlobal(s)
+}
+
+// repeatedKeysFrom is the number of items above which finishKeys looks
+// for repeated keys; a single check's few are not worth the look.
+const repeatedKeysFrom = 16
+
+// keepRepeatedKeysOnce moves down in s.keys each key that differs from the
+// one before, and sets s.ends[i] to -1 for each that does not.
+func keepRepeatedKeysOnce(s *scratch) {
+	start, w, prev := 0, 0, 0 // prev: where the last key kept starts
+	for i := range s.items {
+		k := s.keys[start:s.ends[i]]
+		start = s.ends[i]
+		if i > 0 && string(s.keys[prev:w]) == string(k) {
+			s.ends[i] = -1
+			continue
+		}
+		prev = w
+		w += copy(s.keys[w:], k)
+		s.ends[i] = w
+	}
+	s.keys = s.keys[:w]
 }

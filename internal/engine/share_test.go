@@ -2,9 +2,11 @@ package engine
 
 import (
 	"context"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/share"
 )
@@ -138,4 +140,62 @@ rules:
 			}
 		}
 	})
+}
+
+// BenchmarkBulkContended is a client's checks, one after another, while 8
+// callers send all-or-nothing batches of 64 checks of one key back to
+// back, over its limit, in process on the memory store: ns/op is the
+// checks' mean latency, and it reports how often the waiting batches were
+// woken, the garbage collections and the batches, per second.
+func BenchmarkBulkContended(b *testing.B) {
+	e, _ := newEngine(b, `
+version: 1
+rules:
+  - {id: other, match: {resource: /other}, dimension: client, limit: 1000000000, window: 1h}
+  - {id: attack, match: {resource: /attack}, dimension: client, algorithm: sliding_window_log, limit: 64, window: 1h}
+`)
+	if e.share == nil {
+		b.Fatal("the bulk share is off by default")
+	}
+	ctx := context.Background()
+	batch := make([]Check, 64)
+	for i := range batch {
+		batch[i] = Check{ClientID: "attacker", Resource: "/attack", Cost: 1}
+	}
+	var stop atomic.Bool
+	var bulk atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for !stop.Load() {
+				if _, err := e.BatchCheck(ctx, batch, AllOrNothing); err != nil {
+					b.Error(err)
+					return
+				}
+				bulk.Add(1)
+			}
+		})
+	}
+	c := Check{ClientID: "other", Resource: "/other", Cost: 1}
+	waits0, bulk0, gc0 := e.share.Stats().Waits, bulk.Load(), gcCycles()
+	start := time.Now()
+	for b.Loop() {
+		c := c
+		if _, err := e.Check(ctx, &c); err != nil {
+			b.Fatal(err)
+		}
+	}
+	secs := time.Since(start).Seconds()
+	b.ReportMetric(float64(e.share.Stats().Waits-waits0)/secs, "wakeups/s")
+	b.ReportMetric(float64(gcCycles()-gc0)/secs, "gcs/s")
+	b.ReportMetric(float64(bulk.Load()-bulk0)/secs, "bulk/s")
+	stop.Store(true)
+	wg.Wait()
+}
+
+// gcCycles returns the garbage collections the process has completed.
+func gcCycles() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }

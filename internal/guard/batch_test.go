@@ -2,6 +2,7 @@ package guard_test
 
 import (
 	"context"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -188,12 +189,21 @@ func checkP99(t *testing.T, what string, a alternation) {
 	t.Helper()
 	t.Logf("%s: other clients' p99 with the attacker %s, without %s: %.2fx (without the bulk share %s, %s: %.2fx); each round's: %v",
 		what, a.p99[1], a.p99[0], ratio(a.p99[1], a.p99[0]), a.p99[3], a.p99[2], ratio(a.p99[3], a.p99[2]), a.rounds)
+	t.Logf("%s: garbage collections a second with the attacker %.0f, without %.0f (without the bulk share %.0f, %.0f)",
+		what, a.gcs[1], a.gcs[0], a.gcs[3], a.gcs[2])
 	if noise := ratio(max(a.p99[0], a.p99[2]), min(a.p99[0], a.p99[2])); noise > 2 {
 		t.Logf("%s: the p99s without the attacker differ %.2fx: the machine is too busy to judge", what, noise)
 	} else if bound := time.Duration(attackerP99Ratio*float64(a.p99[0])) + time.Millisecond; a.p99[1] > bound {
 		t.Errorf("%s: other clients' p99 %s with the attacker, want at most %gx the %s without it, and 1ms",
 			what, a.p99[1], attackerP99Ratio, a.p99[0])
 	}
+}
+
+// gcCycles returns the garbage collections the process has completed.
+func gcCycles() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
@@ -210,6 +220,9 @@ func median(ds []time.Duration) time.Duration {
 type alternation struct {
 	p99    [4]time.Duration   // the median over the rounds
 	rounds [4][]time.Duration // each round's
+	// gcs holds the garbage collections a second in each class of
+	// window, the median over the rounds.
+	gcs [4]float64
 
 	admitted int64 // checks (Envoy: requests) the attacker had admitted
 	batches  int64 // its requests
@@ -269,6 +282,7 @@ func alternate(t *testing.T, callers int, send func(*engine.Engine) (int64, erro
 	type span struct {
 		from, to time.Time
 		class    int
+		gcs      uint64 // garbage collections during the window
 	}
 	var spans []span
 	l := startLoadOn(cur.Load, 4, time.Millisecond, func(w, i int) engine.Check {
@@ -288,9 +302,10 @@ func alternate(t *testing.T, callers int, send func(*engine.Engine) (int64, erro
 					time.Sleep(100 * time.Microsecond)
 				}
 			}
+			gc0 := gcCycles()
 			from := time.Now()
 			time.Sleep(length)
-			spans = append(spans, span{from, time.Now(), class})
+			spans = append(spans, span{from, time.Now(), class, gcCycles() - gc0})
 		}
 	}
 	ss := l.stop()
@@ -299,7 +314,9 @@ func alternate(t *testing.T, callers int, send func(*engine.Engine) (int64, erro
 	wg.Wait()
 	// The p99 of each window, and their median over the rounds.
 	var p99 [4][]time.Duration
+	var gcs [4][]float64
 	for _, sp := range spans {
+		gcs[sp.class] = append(gcs[sp.class], float64(sp.gcs)/sp.to.Sub(sp.from).Seconds())
 		var in []sample
 		for _, s := range ss {
 			if !s.at.Before(sp.from) && s.at.Before(sp.to) {
@@ -316,6 +333,8 @@ func alternate(t *testing.T, callers int, send func(*engine.Engine) (int64, erro
 	}
 	for i := range p99 {
 		a.p99[i] = median(p99[i])
+		slices.Sort(gcs[i])
+		a.gcs[i] = gcs[i][len(gcs[i])/2]
 	}
 	a.admitted, a.batches = ok.Load(), sent.Load()
 	a.rounds = p99

@@ -12,7 +12,10 @@
 // then waits while bulk work has taken more than its share of the time
 // lately, or while as many bulk slices run as its share of GOMAXPROCS
 // (one at least). When no small request is about, bulk work runs at
-// once, however much of the time and of the CPUs it takes.
+// once, however much of the time and of the CPUs it takes. Waiting bulk
+// requests are woken in the order they began, each when it may go: when
+// a slice ends, when the time owed is repaid, or when the small requests
+// are gone; none wakes to look again in vain while they are about.
 //
 // Time is counted on the wall clock, whatever the number of bulk requests
 // at work at once: bulk time is the time during which at least one bulk
@@ -30,6 +33,7 @@ package share
 import (
 	"context"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,10 +56,6 @@ const burst = time.Millisecond
 // with small ones: a client pacing its checks is between two of them
 // most of the time, and wants the CPU when the next one comes.
 const recent = 10 * time.Millisecond
-
-// recheck is how often a waiting bulk request looks again whether it
-// still contends with small ones.
-const recheck = time.Millisecond
 
 // maxDebt bounds the bulk time a gate remembers beyond the share, so that
 // a long slice is not paid for by pauses of many seconds.
@@ -100,9 +100,16 @@ type Gate struct {
 	waits  atomic.Int64
 	waited atomic.Int64
 
+	// seq numbers the bulk requests in the order they began.
+	seq atomic.Uint64
+
 	mu sync.Mutex
 	// running counts the bulk slices running.
 	running int
+	// waiting holds the waiting bulk slices, oldest request first; the
+	// first one keeps the time (of the debt repaid, of the end of the
+	// contention), the others sleep until it goes.
+	waiting []*waiter
 	// last is when budget was brought up to date.
 	last time.Time
 	// budget is the bulk time that may still be taken ahead of the
@@ -140,7 +147,7 @@ func New(cfg Config) *Gate {
 // Stats counts what a gate did.
 type Stats struct {
 	// Waits counts the waits of bulk requests (a long one counts once
-	// per millisecond), and Waited their time.
+	// per time it is woken), and Waited their time.
 	Waits  int64
 	Waited time.Duration
 }
@@ -197,6 +204,17 @@ type Turn struct {
 	until time.Time
 	// free is set past until: the request's slices run at once.
 	free bool
+	// w is the request's place in the gate's queue while it waits; made
+	// at its first wait.
+	w *waiter
+	// seq is the request's number in the order bulk requests began.
+	seq uint64
+}
+
+// waiter is a waiting bulk slice.
+type waiter struct {
+	seq  uint64
+	wake chan struct{} // of capacity 1: a wake-up is never lost
 }
 
 // StartBulk starts a bulk request: it waits for its first slice (see
@@ -206,7 +224,7 @@ func (g *Gate) StartBulk(ctx context.Context) Turn {
 	if g == nil {
 		return Turn{}
 	}
-	t := Turn{g: g}
+	t := Turn{g: g, seq: g.seq.Add(1)}
 	if d, ok := ctx.Deadline(); ok {
 		now := g.now()
 		t.until = now.Add(d.Sub(now) / 2)
@@ -225,7 +243,12 @@ func (t *Turn) Next(ctx context.Context) {
 	if t == nil || t.g == nil {
 		return
 	}
-	t.Pause()
+	if t.running {
+		t.running = false
+		// The request takes its lane back at once unless it must wait:
+		// waking a waiter for it would be in vain.
+		t.g.leave(false)
+	}
 	t.begin(ctx)
 }
 
@@ -236,7 +259,7 @@ func (t *Turn) Pause() {
 		return
 	}
 	t.running = false
-	t.g.leave()
+	t.g.leave(true)
 }
 
 // Resume starts the next slice of a paused request, as Next does.
@@ -268,6 +291,7 @@ func (t *Turn) begin(ctx context.Context) {
 		runtime.Gosched()
 	}
 	var timer *time.Timer
+	queued := false
 	for {
 		now := g.now()
 		contended := g.contended(now)
@@ -278,26 +302,44 @@ func (t *Turn) begin(ctx context.Context) {
 		}
 		if t.free || !contended || ctx.Err() != nil || g.budget >= 0 && g.running < g.lanes {
 			g.running++
+			if queued {
+				g.dequeue(t.w)
+			}
 			g.mu.Unlock()
 			break
 		}
-		// Wait until the debt is repaid, or for a lane, looking again
-		// every millisecond whether small requests are still about.
-		wait := recheck
-		if g.budget < 0 {
-			wait = min(time.Duration(float64(-g.budget)/g.share), recheck)
+		joined := !queued
+		if joined {
+			if t.w == nil {
+				t.w = &waiter{seq: t.seq, wake: make(chan struct{}, 1)}
+			}
+			g.enqueue(t.w)
+			queued = true
+		}
+		wait := time.Duration(-1) // none: a wake-up, ctx or until ends it
+		if g.waiting[0] == t.w {
+			wait = g.untilChange(now)
+		} else if joined && g.running < g.lanes {
+			// A lane this request left (Next) is free, which the first
+			// waiting slice was not woken for: it keeps the time now.
+			g.waiting[0].poke()
 		}
 		g.mu.Unlock()
-		if !t.until.IsZero() {
-			wait = min(wait, t.until.Sub(now))
+		if !t.until.IsZero() && (wait < 0 || t.until.Sub(now) < wait) {
+			wait = t.until.Sub(now)
 		}
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		} else {
-			timer.Reset(wait)
+		var tick <-chan time.Time
+		if wait >= 0 {
+			if timer == nil {
+				timer = time.NewTimer(wait)
+			} else {
+				timer.Reset(wait)
+			}
+			tick = timer.C
 		}
 		select {
-		case <-timer.C:
+		case <-t.w.wake:
+		case <-tick:
 		case <-ctx.Done():
 		}
 		g.waits.Add(1)
@@ -309,13 +351,68 @@ func (t *Turn) begin(ctx context.Context) {
 	t.running = true
 }
 
-// leave counts a slice no longer running.
-func (g *Gate) leave() {
+// untilChange returns how long the first waiting slice may sleep before
+// it might go, when no slice ends meanwhile: until the debt is repaid if
+// no slice runs (while one runs it grows, and its end wakes the waiter),
+// and until the small requests may be gone. Requires mu held.
+func (g *Gate) untilChange(now time.Time) time.Duration {
+	// While a small request is in progress, the contention lasts at
+	// least recent more.
+	wait := recent
+	if g.small.Load() == 0 {
+		wait = time.Duration(g.smallEnd.Load() + int64(recent) - now.UnixNano())
+	}
+	if g.running == 0 && g.budget < 0 {
+		wait = min(wait, time.Duration(float64(-g.budget)/g.share))
+	}
+	return max(wait, 0)
+}
+
+// enqueue puts w among the waiting slices, after those of requests that
+// began before its own. Requires mu held.
+func (g *Gate) enqueue(w *waiter) {
+	i := len(g.waiting)
+	for i > 0 && g.waiting[i-1].seq > w.seq {
+		i--
+	}
+	g.waiting = slices.Insert(g.waiting, i, w)
+}
+
+// dequeue takes w out of the waiting slices; when it was the first, the
+// next one is woken to keep the time, or to go too. Requires mu held.
+func (g *Gate) dequeue(w *waiter) {
+	i := slices.Index(g.waiting, w)
+	g.waiting = slices.Delete(g.waiting, i, i+1)
+	select {
+	case <-w.wake: // a wake-up it did not wait for
+	default:
+	}
+	if i == 0 && len(g.waiting) > 0 {
+		g.waiting[0].poke()
+	}
+}
+
+// poke wakes w, or has its next wait end at once.
+func (w *waiter) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// leave counts a slice no longer running; wake has it wake the first
+// waiting slice, which may now take the lane, or must now keep the time
+// of the debt. A slice that starts again at once (Next) does not: when it
+// must wait instead, begin wakes the first.
+func (g *Gate) leave(wake bool) {
 	now := g.now()
 	contended := g.contended(now)
 	g.mu.Lock()
 	g.update(now, contended)
 	g.running--
+	if wake && g.running < g.lanes && len(g.waiting) > 0 {
+		g.waiting[0].poke()
+	}
 	g.mu.Unlock()
 }
 

@@ -2,6 +2,7 @@ package share
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -196,13 +197,138 @@ func TestShareLanes(t *testing.T) {
 		}()
 		time.Sleep(100 * time.Microsecond)
 		turns[0].End()
-		if third, want := <-started, time.Millisecond; third != want {
-			t.Errorf("a third bulk slice on 2 lanes started after %s, want %s (the next look once one ended)", third, want)
+		if third, want := <-started, 100*time.Microsecond; third != want {
+			t.Errorf("a third bulk slice on 2 lanes started after %s, want %s (when one ended)", third, want)
 		}
 		g.EndSmall(small)
 		turns = append(turns, g.StartBulk(ctx), g.StartBulk(ctx))
 		for _, turn := range turns[1:] {
 			turn.End()
+		}
+	})
+}
+
+// TestShareWakeups: a bulk request waiting while small requests come and
+// go is woken when it may go, not to look again every millisecond.
+func TestShareWakeups(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		g := New(Config{Share: 0.5, CPUs: 1})
+		a := g.StartBulk(ctx)
+		small := g.StartSmall()
+		start := time.Now()
+		started := make(chan time.Duration, 1)
+		go func() {
+			b := g.StartBulk(ctx)
+			started <- time.Since(start)
+			b.End()
+		}()
+		// A small request every millisecond for 100ms; the first bulk
+		// request's slice runs 2ms, then it waits on the store.
+		stop := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Millisecond):
+					g.EndSmall(g.StartSmall())
+				}
+			}
+		}()
+		time.Sleep(2 * time.Millisecond)
+		a.Pause()
+		// 1ms lent + 1ms of share - 2ms run: nothing owed, the lane is
+		// free.
+		if got, want := <-started, 2*time.Millisecond; got != want {
+			t.Errorf("the second request started after %s, want %s (when the first paused)", got, want)
+		}
+		time.Sleep(30 * time.Millisecond)
+		a.Resume(ctx)
+		// Owed nothing: goes at once.
+		time.Sleep(10 * time.Millisecond)
+		w := g.Stats().Waits
+		// 10ms run, 1ms lent, 5ms of share: 4ms owed, repaid at half speed.
+		if got, want := waited(func() { a.Next(ctx) }), 8*time.Millisecond; got != want {
+			t.Errorf("waited %s, want %s", got, want)
+		}
+		if n := g.Stats().Waits - w; n != 1 {
+			t.Errorf("woken %d times in an 8ms wait for the debt, want 1", n)
+		}
+		close(stop)
+		g.EndSmall(small)
+		a.End()
+	})
+}
+
+// TestShareOrder: waiting bulk requests go in the order they began, and
+// one that waits on the debt wakes when it is repaid; the others sleep
+// meanwhile.
+func TestShareOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		g := New(Config{Share: 0.5, CPUs: 1})
+		a := g.StartBulk(ctx)
+		small := g.StartSmall()
+		var order []int
+		done := make(chan struct{})
+		for i := range 3 {
+			go func() {
+				b := g.StartBulk(ctx)
+				order = append(order, i)
+				time.Sleep(time.Millisecond)
+				b.End()
+				done <- struct{}{}
+			}()
+			synctest.Wait() // each one waits before the next begins
+		}
+		time.Sleep(4 * time.Millisecond)
+		// 1ms lent + 2ms of share - 4ms run: 1ms owed, repaid in 2ms;
+		// then each of the three runs 1ms and owes 0.5ms, repaid in 1ms.
+		start := time.Now()
+		a.End()
+		for range 3 {
+			<-done
+		}
+		if got, want := time.Since(start), 7*time.Millisecond; got != want {
+			t.Errorf("three waiting 1ms requests took %s, want %s", got, want)
+		}
+		if !slices.Equal(order, []int{0, 1, 2}) {
+			t.Errorf("went in the order %v, want [0 1 2]", order)
+		}
+		// Each is woken when it comes first in the queue (to keep the
+		// time), when the lane frees, when its debt is repaid.
+		if n := g.Stats().Waits; n > 9 {
+			t.Errorf("woken %d times, want at most 9 (three each)", n)
+		}
+		g.EndSmall(small)
+	})
+}
+
+// TestShareContentionEnds: 10ms after the last small request ended, every
+// waiting bulk request goes, without a slice ending.
+func TestShareContentionEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		g := New(Config{Share: 0.5, CPUs: 1})
+		a := g.StartBulk(ctx)
+		defer a.End()
+		small := g.StartSmall()
+		start := time.Now()
+		started := make(chan time.Duration, 3)
+		for range 3 {
+			go func() {
+				b := g.StartBulk(ctx)
+				started <- time.Since(start)
+				b.End()
+			}()
+		}
+		time.Sleep(25 * time.Millisecond)
+		g.EndSmall(small)
+		for range 3 {
+			if got, want := <-started, 35*time.Millisecond; got != want {
+				t.Errorf("a waiting request started after %s, want %s (10ms after the last small request)", got, want)
+			}
 		}
 	})
 }
