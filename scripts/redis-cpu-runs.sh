@@ -17,8 +17,8 @@
 # Redis on PORT+20). Loopback only. Prints one line per run: the binary,
 # the algorithm, checks/s, Redis CPU µs per check and the share of it in
 # the kernel (network), script calls per check, Redis commands per check
-# (the script calls and the commands they make: GET, the write, TIME),
-# and reads of a connection per script call (INFO stats
+# (the script calls and the commands they make: GET, the write, TIME; or
+# a plain HINCRBY), and reads of a connection per check (INFO stats
 # total_reads_processed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,9 +74,9 @@ r = json.load(open(sys.argv[1]))
 checks = max(r["checks"], 1)
 user, sys_, calls, cmds, reads = (float(b) - float(a) for a, b in zip(sys.argv[4].split(), sys.argv[5].split()))
 cpu = (user + sys_) * 1e6 / checks
-print("%-28s %-24s %8.0f checks/s  redis cpu %5.2f us/check (%2.0f%% sys)  %.3f script calls/check  %.2f commands/check  %.2f reads/call  allowed %d denied %d errors %d"
+print("%-28s %-24s %8.0f checks/s  redis cpu %5.2f us/check (%2.0f%% sys)  %.3f script calls/check  %.2f commands/check  %.3f reads/check  allowed %d denied %d errors %d"
       % (sys.argv[2][-28:], sys.argv[3], r["check_throughput"], cpu, 100 * sys_ / max(user + sys_, 1e-9), calls / checks,
-         cmds / checks, reads / max(calls, 1), r["allowed"], r["denied"], r["errors"]))
+         cmds / checks, reads / checks, r["allowed"], r["denied"], r["errors"]))
 PY
     done
   done
