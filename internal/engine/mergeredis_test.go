@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -51,29 +50,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	// scriptTime returns the Redis time and number of the script calls.
-	scriptTime := func() (usec, calls int64) {
-		info, err := srv.Info("commandstats")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for name, v := range info {
-			if !strings.HasPrefix(name, "cmdstat_eval") {
-				continue
-			}
-			for _, f := range strings.Split(v, ",") {
-				k, n, _ := strings.Cut(f, "=")
-				x, _ := strconv.ParseInt(n, 10, 64)
-				switch k {
-				case "usec":
-					usec += x
-				case "calls":
-					calls += x
-				}
-			}
-		}
-		return usec, calls
-	}
+	scriptTime := func() (usec, calls int64) { return srv.ScriptStats(t) }
 	ctx := context.Background()
 	// batches sends n all-or-nothing batches of size checks of res, and
 	// returns the mean Redis script time per batch and the checks admitted.
@@ -153,24 +130,7 @@ func TestAllOrNothingRedisCost(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	usec := func() int64 {
-		info, err := srv.Info("commandstats")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var total int64
-		for name, v := range info {
-			if strings.HasPrefix(name, "cmdstat_eval") {
-				for _, f := range strings.Split(v, ",") {
-					if n, ok := strings.CutPrefix(f, "usec="); ok {
-						x, _ := strconv.ParseInt(n, 10, 64)
-						total += x
-					}
-				}
-			}
-		}
-		return total
-	}
+	usec := func() int64 { u, _ := srv.ScriptStats(t); return u }
 	ctx := context.Background()
 	for _, a := range sluice.Algorithms {
 		p := algorithm.MustCompile(sluice.Limit{Algorithm: a, Limit: 100, Window: time.Hour})
@@ -237,28 +197,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	scripts := func() (usec, calls int64) {
-		info, err := srv.Info("commandstats")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for name, v := range info {
-			if !strings.HasPrefix(name, "cmdstat_eval") {
-				continue
-			}
-			for _, f := range strings.Split(v, ",") {
-				k, n, _ := strings.Cut(f, "=")
-				x, _ := strconv.ParseInt(n, 10, 64)
-				switch k {
-				case "usec":
-					usec += x
-				case "calls":
-					calls += x
-				}
-			}
-		}
-		return usec, calls
-	}
+	scripts := func() (usec, calls int64) { return srv.ScriptStats(t) }
 	ctx := context.Background()
 	for _, res := range []string{"/log", "/fixed"} {
 		if _, err := e.Check(ctx, &Check{ClientID: "warm-up", User: "w", Resource: res}); err != nil {

@@ -3,7 +3,6 @@ package envoyrls
 import (
 	"context"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/engine"
@@ -45,24 +44,7 @@ envoy:
 		t.Fatal(err)
 	}
 	d := NewDecider(eng, false)
-	scriptCalls := func() (calls int64) {
-		info, err := srv.Info("commandstats")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for name, v := range info {
-			if !strings.HasPrefix(name, "cmdstat_eval") {
-				continue
-			}
-			for _, f := range strings.Split(v, ",") {
-				if n, ok := strings.CutPrefix(f, "calls="); ok {
-					x, _ := strconv.ParseInt(n, 10, 64)
-					calls += x
-				}
-			}
-		}
-		return calls
-	}
+	scriptCalls := func() int64 { _, c := srv.ScriptStats(t); return c }
 	descs := make([]Descriptor, 64)
 	for i := range descs {
 		descs[i] = Descriptor{Entries: []DescriptorEntry{{Key: "tenant", Value: "t" + strconv.Itoa(i)}}}

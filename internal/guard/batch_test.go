@@ -5,7 +5,6 @@ import (
 	"runtime/metrics"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,25 +51,7 @@ func TestBatchAttackerBounded(t *testing.T) {
 		t.Skip("slow: load on Redis, with and without an attacker")
 	}
 	srv, g, shared, unshared := startAttackEngines(t)
-	evalUsec := func() int64 {
-		info, err := srv.Info("commandstats")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var total int64
-		for name, v := range info {
-			if !strings.HasPrefix(name, "cmdstat_eval") && !strings.HasPrefix(name, "cmdstat_fcall") {
-				continue
-			}
-			for _, f := range strings.Split(v, ",") {
-				if n, ok := strings.CutPrefix(f, "usec="); ok {
-					u, _ := strconv.ParseInt(n, 10, 64)
-					total += u
-				}
-			}
-		}
-		return total
-	}
+	evalUsec := func() int64 { u, _ := srv.ScriptStats(t); return u }
 	for _, size := range []int{50, 1000} {
 		batch := make([]engine.Check, size)
 		for i := range batch {

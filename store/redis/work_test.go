@@ -29,29 +29,7 @@ func TestCheckCallWorkBounded(t *testing.T) {
 	s := newStore(t, Config{Addrs: []string{srv.Addr}, ScriptsOnly: true})
 	fixed := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 100, Window: time.Hour})
 	log := compile(t, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Limit: 100, Window: time.Hour})
-	// scriptStats returns the Redis time and number of the script calls.
-	scriptStats := func() (usec, calls int64) {
-		info, err := srv.Info("commandstats")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for name, v := range info {
-			if !strings.HasPrefix(name, "cmdstat_eval") {
-				continue
-			}
-			for _, f := range strings.Split(v, ",") {
-				k, n, _ := strings.Cut(f, "=")
-				x, _ := strconv.ParseInt(n, 10, 64)
-				switch k {
-				case "usec":
-					usec += x
-				case "calls":
-					calls += x
-				}
-			}
-		}
-		return usec, calls
-	}
+	scriptStats := func() (usec, calls int64) { return srv.ScriptStats(t) }
 	ctx := context.Background()
 	// Load the scripts.
 	warm := []store.Request{{Key: "warm:0", Params: fixed, Cost: 1}, {Key: "warm:1", Params: log, Cost: 1}, {Key: "warm:2", Params: fixed, Cost: 1}}
@@ -110,28 +88,7 @@ func TestAtomicWorkBounded(t *testing.T) {
 	if got := s.Info().MaxAtomicWork; got != maxAtomicWork {
 		t.Fatalf("Info().MaxAtomicWork = %d, want %d", got, maxAtomicWork)
 	}
-	scriptTime := func() (usec, calls int64) {
-		info, err := srv.Info("commandstats")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for name, v := range info {
-			if !strings.HasPrefix(name, "cmdstat_eval") {
-				continue
-			}
-			for _, f := range strings.Split(v, ",") {
-				k, n, _ := strings.Cut(f, "=")
-				x, _ := strconv.ParseInt(n, 10, 64)
-				switch k {
-				case "usec":
-					usec += x
-				case "calls":
-					calls += x
-				}
-			}
-		}
-		return usec, calls
-	}
+	scriptTime := func() (usec, calls int64) { return srv.ScriptStats(t) }
 	ctx := context.Background()
 	type batch struct {
 		name string

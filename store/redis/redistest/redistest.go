@@ -394,6 +394,33 @@ func (s *Server) Info(section string) (map[string]string, error) {
 	return m, nil
 }
 
+// ScriptStats returns the Redis time, in microseconds, and the number of
+// the script calls (EVAL, EVALSHA and FCALL) the server has run, from INFO
+// commandstats; it fails t when the server does not answer.
+func (s *Server) ScriptStats(t testing.TB) (usec, calls int64) {
+	t.Helper()
+	info, err := s.Info("commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range info {
+		if !strings.HasPrefix(name, "cmdstat_eval") && !strings.HasPrefix(name, "cmdstat_fcall") {
+			continue
+		}
+		for _, f := range strings.Split(v, ",") {
+			k, n, _ := strings.Cut(f, "=")
+			x, _ := strconv.ParseInt(n, 10, 64)
+			switch k {
+			case "usec":
+				usec += x
+			case "calls":
+				calls += x
+			}
+		}
+	}
+	return usec, calls
+}
+
 // StartCluster starts a Redis Cluster shaped by opts, with the slots spread
 // evenly over the masters, and returns it once every node reports
 // cluster_state:ok and agrees on the slots. It is stopped when the test
