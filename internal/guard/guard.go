@@ -199,7 +199,6 @@ func New(inner Store, cfg Config) (*Guard, error) {
 		g.deadline = DefaultDeadline
 	}
 	g.stall.fixed, g.stall.deadline = cfg.StallTimeout, g.deadline
-	g.stall.beat.inflight = &g.inflight
 	if cfg.MaxInFlight < 0 {
 		return nil, fmt.Errorf("guard: config: max in flight must not be negative, got %d", cfg.MaxInFlight)
 	}
