@@ -126,6 +126,17 @@ func (e *Engine) fitsAtomic(s *scratch, now time.Time) (work int, ok bool) {
 	if e.maxAtomic <= 0 {
 		return 0, true
 	}
+	n := 0
+	for i := range s.items {
+		if it := &s.items[i]; !it.shadow {
+			n++
+			work += store.Work(&store.Request{Params: it.params, Cost: it.cost})
+		}
+	}
+	if work <= e.maxAtomic || n <= 1 {
+		return work, true // the common case: no request to build
+	}
+	// Merging sends at most as much work, often far less.
 	s.reqs = s.reqs[:0]
 	for i := range s.items {
 		if it := &s.items[i]; !it.shadow {
@@ -136,20 +147,16 @@ func (e *Engine) fitsAtomic(s *scratch, now time.Time) (work int, ok bool) {
 			s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Cost: it.cost, Now: at})
 		}
 	}
-	reqs := s.reqs
-	work = storeWork(reqs)
-	if work > e.maxAtomic {
-		// Merging sends at most as much work, often far less.
-		if mp := planMerge(reqs); mp != nil {
-			s.call.merged = mp // for run's call of the same requests
-			reqs = mp.reqs
-			work = storeWork(reqs)
-			if len(mp.groups) == 1 && mp.groups[0].sent == len(reqs) {
-				return work, true // one key, merged: at most three requests
-			}
-		}
+	mp := planMerge(s.reqs)
+	if mp == nil {
+		return work, false
 	}
-	return work, work <= e.maxAtomic || len(reqs) <= 1
+	s.call.merged = mp // for run's call of the same requests
+	work = storeWork(mp.reqs)
+	if len(mp.groups) == 1 && mp.groups[0].sent == len(mp.reqs) {
+		return work, true // one key, merged: at most three requests
+	}
+	return work, work <= e.maxAtomic || len(mp.reqs) <= 1
 }
 
 // storeWork returns the store work of reqs (see store.Work).
