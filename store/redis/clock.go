@@ -82,9 +82,16 @@ func (s *Store) readClock(ctx context.Context) error {
 	return nil
 }
 
+// startClock starts reading Redis' clock, once: a store whose checks
+// never take the plain path sends no TIME.
+func (s *Store) startClock() { s.clockOnce.Do(s.watchClock) }
+
 // watchClock reads Redis' clock every clockPeriod until the store is
 // closed. Close waits for it.
 func (s *Store) watchClock() {
+	if s.closed.Load() || s.follow == nil { // closed, or no plain path
+		return
+	}
 	s.clockWG.Add(1)
 	go func() {
 		defer s.clockWG.Done()

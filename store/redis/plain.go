@@ -130,6 +130,7 @@ func (s *Store) planPlain(reqs []store.Request, now time.Time) []plainCheck {
 		if !known {
 			var ok bool
 			if server, e, ok = s.clock.at(now); !ok {
+				s.startClock() // the scripts decide until the first reading
 				return nil
 			}
 			// The instant reported (reset and retry after) is the earliest

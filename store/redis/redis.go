@@ -281,11 +281,13 @@ type Store struct {
 	closed     atomic.Bool
 
 	// The estimate of Redis' clock for the plain fixed-window checks (see
-	// plain.go), read again every second by the goroutine watchClock
-	// starts, which stop ends; noPlain sends every check to the scripts.
-	clock   serverClock
-	clockWG sync.WaitGroup
-	noPlain bool
+	// plain.go), read every second by the goroutine watchClock starts at
+	// the first such check (clockOnce), which stop ends; noPlain sends
+	// every check to the scripts.
+	clock     serverClock
+	clockOnce sync.Once
+	clockWG   sync.WaitGroup
+	noPlain   bool
 	// The follow-ups of plain checks, sent by the goroutine
 	// watchFollowUps starts; pending counts those not yet sent.
 	follow  chan followUp
@@ -396,7 +398,6 @@ func New(cfg Config) (*Store, error) {
 		cancel()
 	} else if !s.noPlain {
 		s.follow = make(chan followUp, followQueue)
-		s.watchClock()
 		s.watchFollowUps()
 	}
 	return s, nil
