@@ -13,7 +13,8 @@
 #
 # Environment: BINS (default: bin/sluice, built from this tree), ALGS
 # (default: all six), DURATION (10s), CONCURRENCY (64), KEYS (10000),
-# ROUNDS (1), PORT (base port, default 18280: sluice on PORT and PORT+1,
+# RATE (checks per second in all, open loop; default: as fast as the
+# callers go, closed loop), ROUNDS (1), PORT (base port, default 18280: sluice on PORT and PORT+1,
 # Redis on PORT+20). Loopback only. Prints one line per run: the binary,
 # the algorithm, checks/s, Redis CPU µs per check and the share of it in
 # the kernel (network), script calls per check, Redis commands per check
@@ -52,7 +53,7 @@ stats() {
       /^total_reads_processed:/ {r = $2}
       END {printf "%.6f %.6f %d %d %d", u, s, k, c, r}'
 }
-echo "Redis $(redis-server --version | awk '{print $3}'), $CONCURRENCY callers, $KEYS keys, $DURATION per run; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "Redis $(redis-server --version | awk '{print $3}'), $CONCURRENCY callers${RATE:+ at $RATE checks/s}, $KEYS keys, $DURATION per run; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq "$ROUNDS"); do
   for alg in $ALGS; do
     for bin in $BINS; do
@@ -65,7 +66,7 @@ for round in $(seq "$ROUNDS"); do
       for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$((PORT+1))) 2>/dev/null && break; sleep 0.1; done
       s0=$(stats)
       bin/sluice-load --target envoy --addr 127.0.0.1:$((PORT+1)) --duration "$DURATION" --concurrency "$CONCURRENCY" \
-        --keys "$KEYS" --domain load --json >"$out/load.json" || true
+        --keys "$KEYS" --domain load ${RATE:+--rate "$RATE"} --json >"$out/load.json" || true
       s1=$(stats)
       kill $SP; wait $SP 2>/dev/null || true; SP=""
       python3 - "$out/load.json" "$bin" "$alg" "$s0" "$s1" <<'PY'
