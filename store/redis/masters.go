@@ -28,6 +28,12 @@ import (
 // its window, and the proof in plain.go holds per key: a key's counts
 // live on one node at a time (MIGRATE moves a key whole and atomically),
 // where its commands run one after the other.
+//
+// A master that stops answering fails its plain checks as it fails its
+// scripts; once its estimate has aged past clockFresh its checks take the
+// scripts, and planPlain reads the slot map again (at most every
+// downReread), which names the promoted replica once the cluster has
+// failed over.
 
 // masterClock is the estimate of one master's clock, kept across the
 // slot maps that name the master. Its reading starts at the first plain

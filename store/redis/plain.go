@@ -179,6 +179,12 @@ func (s *Store) planPlain(reqs []store.Request, now time.Time) (plain []plainChe
 			if server, e, known = c.at(now); !known {
 				// The scripts decide until the first reading.
 				if ms != nil {
+					if c.last.Load() != nil {
+						// Read before, not for clockFresh: the master
+						// may have failed over, which only a new slot
+						// map shows (the scripts follow the client's).
+						s.refreshSlotsAfter(now, downReread)
+					}
 					s.startMasterClock(ms)
 				} else {
 					s.startClock()

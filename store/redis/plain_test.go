@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"strconv"
@@ -665,4 +666,95 @@ func TestClusterSlotMovePlain(t *testing.T) {
 		t.Errorf("after the move: %d checks plain, %d by script: want plain ones", after[0], after[1])
 	}
 	t.Logf("%d checks decided plain, %d by the script; after the move %d and %d", n[0], n[1], after[0], after[1])
+}
+
+// TestClusterFailoverPlain kills a master of a cluster with replicas
+// while plain fixed-window checks run on its keys: while it is down they
+// fail (as its scripts would) or are decided; once its replica is
+// promoted, they are decided again, plain again on the new master (the
+// slot map read again once the dead master's estimate has aged, the new
+// master's clock started by its first check), and the slot map no longer
+// names the dead master, whose clock is then no longer read.
+func TestClusterFailoverPlain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster with replicas, and waits for a failover")
+	}
+	c := redistest.StartCluster(t, redistest.ClusterOptions{Replicas: 1})
+	// A replica that has never synchronized cannot be promoted; Redis
+	// waits 5 s before its first synchronization by default.
+	for _, m := range c.Masters {
+		if _, err := m.Do("CONFIG", "SET", "repl-diskless-sync-delay", "0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range c.Replicas {
+		for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+			info, err := r.Info("replication")
+			if err == nil && info["master_link_status"] == "up" {
+				break
+			}
+			if time.Since(start) > 30*time.Second {
+				t.Fatalf("replica %s not synchronized: %v %v", r.Addr, info, err)
+			}
+		}
+	}
+	s := newStore(t, Config{Addrs: c.Addrs()})
+	waitClock(t, s)
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 1_000_000, Window: time.Hour})
+	dead := c.Masters[0]
+	var keys []string // keys on the master to kill
+	for i := 0; len(keys) < 5; i++ {
+		k := fmt.Sprintf("rl:failover:{user=%d}", i)
+		if owner(t, c, k) == dead {
+			keys = append(keys, k)
+		}
+	}
+	round := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		reqs := make([]store.Request, len(keys))
+		for i, k := range keys {
+			reqs[i] = store.Request{Key: k, Params: p, Cost: 1}
+		}
+		return s.Check(ctx, reqs, make([]sluice.Decision, len(reqs)))
+	}
+	if err := round(); err != nil {
+		t.Fatal(err)
+	}
+	dead.Kill()
+	killed := time.Now()
+	failed := 0
+	var decided time.Duration // since the kill, when the checks were decided again
+	for {
+		err := round()
+		if err == nil && decided == 0 {
+			decided = time.Since(killed)
+		}
+		if err == nil {
+			before, _ := s.PlainChecks()
+			if err = round(); err == nil {
+				if after, _ := s.PlainChecks(); after-before == uint64(len(keys)) {
+					break // decided, and plain
+				}
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, sluice.ErrStoreUnavailable) {
+				t.Fatalf("Check during the failover: %v, want an error wrapping ErrStoreUnavailable", err)
+			}
+			failed++
+		}
+		if time.Since(killed) > 30*time.Second {
+			t.Fatalf("no plain check on the new master within 30 s (%d calls failed; last error %v)", failed, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	plainAgain := time.Since(killed)
+	t.Logf("checks decided again %s after the kill, plain again %s after; %d calls failed meanwhile", decided.Round(time.Millisecond), plainAgain.Round(time.Millisecond), failed)
+	m := s.slots.Load()
+	for _, ms := range m.masters {
+		if ms.addr == dead.Addr {
+			t.Fatalf("the slot map still names the dead master %s", dead.Addr)
+		}
+	}
 }
