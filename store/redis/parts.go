@@ -37,7 +37,8 @@ func (s *Store) CheckParts(ctx context.Context, reqs []store.Request, out []slui
 	}
 	// A goroutine per master, each deciding its requests as Check does
 	// (plain commands and script calls in one pipeline): the client would
-	// otherwise wait for every master before answering any.
+	// otherwise wait for every master before answering any. Their requests
+	// and decisions are cut from one array each.
 	type done struct {
 		idx    []int
 		out    []sluice.Decision
@@ -45,21 +46,31 @@ func (s *Store) CheckParts(ctx context.Context, reqs []store.Request, out []slui
 		err    error
 	}
 	ch := make(chan done, len(parts))
+	subReqs := make([]store.Request, len(reqs))
+	subOut := make([]sluice.Decision, len(reqs))
+	lo := 0
 	for _, idx := range parts {
+		sub, d := subReqs[lo:lo+len(idx)], done{idx: idx, out: subOut[lo : lo+len(idx)]}
+		lo += len(idx)
 		go func() {
-			sub := make([]store.Request, len(idx))
 			for k, i := range idx {
 				sub[k] = reqs[i]
 			}
-			d := done{idx: idx, out: make([]sluice.Decision, len(idx))}
 			d.failed, d.err = s.checkEach(ctx, sub, d.out)
 			ch <- d
 		}()
 	}
 	for range parts {
 		d := <-ch
+		if len(d.failed) == 0 { // the common case: idx is the store's own
+			for k, i := range d.idx {
+				out[i] = d.out[k]
+			}
+			part(d.idx, nil)
+			continue
+		}
 		ok := make([]int, 0, len(d.idx)-len(d.failed))
-		var bad []int
+		bad := make([]int, 0, len(d.failed))
 		f := 0
 		for k, i := range d.idx {
 			if f < len(d.failed) && d.failed[f] == k {
@@ -73,9 +84,7 @@ func (s *Store) CheckParts(ctx context.Context, reqs []store.Request, out []slui
 		if len(ok) > 0 {
 			part(ok, nil)
 		}
-		if len(bad) > 0 {
-			part(bad, d.err)
-		}
+		part(bad, d.err)
 	}
 	return nil
 }
