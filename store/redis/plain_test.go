@@ -2,9 +2,12 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -756,5 +759,36 @@ func TestClusterFailoverPlain(t *testing.T) {
 		if ms.addr == dead.Addr {
 			t.Fatalf("the slot map still names the dead master %s", dead.Addr)
 		}
+	}
+}
+
+// TestPlainClusterTLS checks that on a cluster whose nodes speak TLS the
+// store finds each master's node under the address the slot map gives it
+// (the TLS port), so that fixed-window checks go plain there too.
+func TestPlainClusterTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	pki := redistest.NewPKI(t)
+	c := redistest.StartCluster(t, redistest.ClusterOptions{TLS: &redistest.TLSOptions{PKI: pki, AuthClients: true}})
+	ca, err := os.ReadFile(pki.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	cert, err := tls.LoadX509KeyPair(pki.ClientCertFile, pki.ClientKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, Config{Addrs: c.TLSAddrs(), TLS: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}},
+		DialTimeout: 10 * time.Second}) // a TLS handshake under -race on a busy machine
+	waitClock(t, s) // fails when a master's node is unknown under its address
+	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour})
+	for i := range 10 {
+		check(t, s, store.Request{Key: fmt.Sprintf("rl:tls:{user=%d}", i), Params: p, Cost: 1})
+	}
+	if plain, script := s.PlainChecks(); plain != 10 || script != 0 {
+		t.Errorf("PlainChecks: %d plain, %d by script; want 10 plain", plain, script)
 	}
 }
