@@ -231,7 +231,11 @@ func openRedis(ctx context.Context, rawURL string, opts RedisOptions, exitOnUnav
 		Name: "sluice_redis_tryagain_retries_total",
 		Help: "Script calls the Redis store sent again after a Redis Cluster refused them with TRYAGAIN (keys of a slot moving between masters).",
 	})
-	for _, c := range []prometheus.Collector{corrupt, tryAgain} {
+	plain := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_redis_plain_checks_total",
+		Help: "Fixed-window checks of cost 1 at Redis' clock, by how the Redis store decided them: by one plain HINCRBY (path=plain) or by a script (path=script: near a window's boundary, no recent reading of Redis' clock, a slot being moved).",
+	}, []string{"path"})
+	for _, c := range []prometheus.Collector{corrupt, tryAgain, plain} {
 		if err := reg.Register(c); err != nil {
 			return nil, nil, fmt.Errorf("daemon: metrics: %w", err)
 		}
@@ -246,6 +250,15 @@ func openRedis(ctx context.Context, rawURL string, opts RedisOptions, exitOnUnav
 	}
 	cfg.OnCorrupt = func(n int) { corrupt.Add(float64(n)) }
 	cfg.OnTryAgain = func(n int) { tryAgain.Add(float64(n)) }
+	plainPlain, plainScript := plain.WithLabelValues("plain"), plain.WithLabelValues("script")
+	cfg.OnPlain = func(p, s int) {
+		if p > 0 {
+			plainPlain.Add(float64(p))
+		}
+		if s > 0 {
+			plainScript.Add(float64(s))
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("daemon: store %q: %w", redactURL(rawURL), err)
 	}

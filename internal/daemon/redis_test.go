@@ -67,6 +67,13 @@ func TestRedisSharedAcrossDaemons(t *testing.T) {
 					t.Errorf("/metrics: %s = %v (exported %v), want 0", name, v, ok)
 				}
 			}
+			// No fixed window here: both paths exported, at 0.
+			for _, path := range []string{"plain", "script"} {
+				name := `sluice_redis_plain_checks_total{path="` + path + `"}`
+				if v, ok := m[name]; !ok || v != 0 {
+					t.Errorf("/metrics: %s = %v (exported %v), want 0", name, v, ok)
+				}
+			}
 		})
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/rueidis"
 )
 
 // errTimeReply reports a reply of TIME of the wrong shape.
@@ -61,9 +63,9 @@ func (c *serverClock) at(now time.Time) (server, err int64, ok bool) {
 	return r.server + us, r.err + max(us, -us)/clockDrift + 1, true
 }
 
-// readClock reads Redis' TIME once and keeps the reading.
-func (s *Store) readClock(ctx context.Context) error {
-	c := s.client
+// readClock reads the TIME of the server c talks to, once, and keeps the
+// reading in clk.
+func (s *Store) readClock(ctx context.Context, c rueidis.Client, clk *serverClock) error {
 	sent := time.Now()
 	vals, err := c.Do(ctx, c.B().Time().Build()).AsIntSlice()
 	got := time.Now()
@@ -74,7 +76,7 @@ func (s *Store) readClock(ctx context.Context) error {
 		return s.unavailable(errTimeReply)
 	}
 	rtt := got.Sub(sent)
-	s.clock.last.Store(&clockReading{
+	clk.last.Store(&clockReading{
 		local:  sent.Add(rtt / 2),
 		server: vals[0]*1_000_000 + vals[1],
 		err:    rtt.Microseconds()/2 + 1,
@@ -83,13 +85,24 @@ func (s *Store) readClock(ctx context.Context) error {
 }
 
 // startClock starts reading Redis' clock, once: a store whose checks
-// never take the plain path sends no TIME.
-func (s *Store) startClock() { s.clockOnce.Do(s.watchClock) }
+// never take the plain path sends no TIME. On a cluster each master's
+// clock is started so (startMasterClock).
+func (s *Store) startClock() {
+	s.clockOnce.Do(func() { s.watchClock(nil, s.client, &s.clock) })
+}
 
-// watchClock reads Redis' clock every clockPeriod until the store is
-// closed. Close waits for it.
-func (s *Store) watchClock() {
-	if s.closed.Load() || s.follow == nil { // closed, or no plain path
+// watchClock reads the clock of the server c talks to into clk every
+// clockPeriod until the store is closed, or gone is closed (on a cluster,
+// when the master has left the slot map). Close waits for it.
+func (s *Store) watchClock(gone <-chan struct{}, c rueidis.Client, clk *serverClock) {
+	if s.follow == nil || c == nil { // no plain path
+		return
+	}
+	// Under slotsMu, which Close takes once the store is closed: a
+	// goroutine is either counted before Close waits, or not started.
+	s.slotsMu.Lock()
+	defer s.slotsMu.Unlock()
+	if s.closed.Load() {
 		return
 	}
 	s.clockWG.Add(1)
@@ -99,10 +112,12 @@ func (s *Store) watchClock() {
 		defer t.Stop()
 		for {
 			ctx, cancel := context.WithTimeout(s.stop, s.timeout)
-			s.readClock(ctx) // on failure the reading ages; checks take the scripts
+			s.readClock(ctx, c, clk) // on failure the reading ages; checks take the scripts
 			cancel()
 			select {
 			case <-s.stop.Done():
+				return
+			case <-gone:
 				return
 			case <-t.C:
 			}

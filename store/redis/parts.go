@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"net"
-	"slices"
 	"strconv"
 	"time"
 
@@ -29,36 +28,63 @@ func (s *Store) CheckParts(ctx context.Context, reqs []store.Request, out []slui
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	if !s.cluster || len(reqs) == 1 && reqs[0].Params.Algorithm != sluice.SlidingWindowLog {
+	parts := s.byMaster(reqs)
+	if parts == nil {
 		// One node: one pipeline, reported at once.
 		failed, err := s.checkEach(ctx, reqs, out)
 		s.reportOne(len(reqs), failed, err, part)
 		return nil
 	}
-	groups := s.splitEach(reqs)
-	nodes := s.byNode(groups)
-	if len(nodes) <= 1 {
-		res, err := s.exec(ctx, groups)
-		s.report(reqs, out, groups, res, err, part)
-		return nil
-	}
-	// A goroutine per master, each a pipelined call of its groups: the
-	// client would otherwise wait for every master before answering any.
+	// A goroutine per master, each deciding its requests as Check does
+	// (plain commands and script calls in one pipeline): the client would
+	// otherwise wait for every master before answering any. Their requests
+	// and decisions are cut from one array each.
 	type done struct {
-		groups []*group
-		res    [][]int64
+		idx    []int
+		out    []sluice.Decision
+		failed []int // indexes into idx
 		err    error
 	}
-	ch := make(chan done, len(nodes))
-	for _, gs := range nodes {
+	ch := make(chan done, len(parts))
+	subReqs := make([]store.Request, len(reqs))
+	subOut := make([]sluice.Decision, len(reqs))
+	lo := 0
+	for _, idx := range parts {
+		sub, d := subReqs[lo:lo+len(idx)], done{idx: idx, out: subOut[lo : lo+len(idx)]}
+		lo += len(idx)
 		go func() {
-			res, err := s.exec(ctx, gs)
-			ch <- done{gs, res, err}
+			for k, i := range idx {
+				sub[k] = reqs[i]
+			}
+			d.failed, d.err = s.checkEach(ctx, sub, d.out)
+			ch <- d
 		}()
 	}
-	for range nodes {
+	for range parts {
 		d := <-ch
-		s.report(reqs, out, d.groups, d.res, d.err, part)
+		if len(d.failed) == 0 { // the common case: idx is the store's own
+			for k, i := range d.idx {
+				out[i] = d.out[k]
+			}
+			part(d.idx, nil)
+			continue
+		}
+		ok := make([]int, 0, len(d.idx)-len(d.failed))
+		bad := make([]int, 0, len(d.failed))
+		f := 0
+		for k, i := range d.idx {
+			if f < len(d.failed) && d.failed[f] == k {
+				f++
+				bad = append(bad, i)
+				continue
+			}
+			out[i] = d.out[k]
+			ok = append(ok, i)
+		}
+		if len(ok) > 0 {
+			part(ok, nil)
+		}
+		part(bad, d.err)
 	}
 	return nil
 }
@@ -92,83 +118,17 @@ func (s *Store) reportOne(n int, failed []int, err error, part func([]int, error
 	part(failed, err)
 }
 
-// report fills out with the replies res of groups, and reports each group
-// to part: decided, or failed with err.
-func (s *Store) report(reqs []store.Request, out []sluice.Decision, groups []*group, res [][]int64, err error, part func([]int, error)) {
-	for i, r := range res {
-		if r == nil {
-			part(groups[i].idx, err)
-			continue
-		}
-		s.fill(reqs, out, groups[i].idx, r)
-		part(groups[i].idx, nil)
-	}
-}
-
-// byNode returns groups sorted into the calls of CheckParts: one per
-// master of a Redis Cluster, by the slot map last read (see slotMap). It
-// returns nil on a standalone server, when the map is unknown, or when
-// every group lies on one master. A map gone stale (a slot moved since)
-// misplaces some groups, which the client still sends to the right
-// master; such a call then waits for two masters.
-func (s *Store) byNode(groups []*group) [][]*group {
-	if !s.cluster || len(groups) < 2 {
-		return nil
-	}
-	m := s.slots.Load()
-	if time.Since(time.Unix(0, s.slotsTried.Load())) > slotMapAge {
-		s.refreshSlots()
-	}
-	if m == nil {
-		return nil
-	}
-	var idBuf [8]uint16
-	ids := idBuf[:0]                  // the masters, in order of first appearance
-	which := make([]int, len(groups)) // the index in ids of each group's master
-	for i, g := range groups {
-		n := m.node[slotOf(g.keys[0])]
-		k := slices.Index(ids, n)
-		if k < 0 {
-			k = len(ids)
-			ids = append(ids, n)
-		}
-		which[i] = k
-	}
-	if len(ids) == 1 {
-		return nil
-	}
-	// One backing array, cut per master.
-	ends := make([]int, len(ids))
-	for _, k := range which {
-		ends[k]++
-	}
-	for k := 1; k < len(ends); k++ {
-		ends[k] += ends[k-1]
-	}
-	flat := make([]*group, len(groups))
-	nodes := make([][]*group, len(ids))
-	for k := range nodes {
-		lo := 0
-		if k > 0 {
-			lo = ends[k-1]
-		}
-		nodes[k] = flat[lo:lo:ends[k]]
-	}
-	for i, g := range groups {
-		nodes[which[i]] = append(nodes[which[i]], g)
-	}
-	return nodes
-}
-
 // slotMapAge is how long after a read of the slot map (successful or
 // not) a call reads it again, in the background.
 const slotMapAge = 10 * time.Second
 
 // slotMap says which master served each slot of a Redis Cluster when it
-// was read (CLUSTER SLOTS). Masters are numbered in the order of the
-// reply; 0 is a slot no master served.
+// was read (CLUSTER SLOTS). Masters are numbered from 1 in the order of
+// the reply; 0 is a slot no master served. masters[n-1] is master n (see
+// masters.go).
 type slotMap struct {
-	node [16384]uint16
+	node    [16384]uint16
+	masters []master
 }
 
 // refreshSlots reads the slot map again in the background, unless a read
@@ -205,6 +165,7 @@ func (s *Store) readSlots(ctx context.Context) (*slotMap, error) {
 	}
 	m := new(slotMap)
 	masters := map[string]uint16{}
+	var addrs []string
 	for _, r := range ranges {
 		f, err := r.ToArray()
 		if err != nil || len(f) < 3 {
@@ -226,10 +187,12 @@ func (s *Store) readSlots(ctx context.Context) (*slotMap, error) {
 		if !ok {
 			n = uint16(len(masters) + 1)
 			masters[addr] = n
+			addrs = append(addrs, addr)
 		}
 		for sl := lo; sl <= hi; sl++ {
 			m.node[sl] = n
 		}
 	}
+	s.setMasters(m, addrs)
 	return m, nil
 }

@@ -16,10 +16,11 @@ import (
 )
 
 // A script call costs Redis far more than the one HINCRBY a fixed window
-// needs (docs/redis.md, "Sizing"), so on a standalone server (or a
-// Sentinel's master) the common fixed-window check is that HINCRBY alone,
-// sent in the same pipeline as the call's scripts and decided from its
-// reply: admitted when the count it answers is within the limit.
+// needs (docs/redis.md, "Sizing"), so the common fixed-window check is
+// that HINCRBY alone, sent in the same pipeline as the call's scripts (on
+// a cluster, to the master whose clock placed it: see masters.go) and
+// decided from its reply: admitted when the count it answers is within
+// the limit.
 //
 // Which checks: a fixed window decided at Redis' clock (no Now, no
 // After), not all or nothing, of cost 1, or of any positive cost when the
@@ -89,13 +90,36 @@ var (
 	fwBackScript = newScript(fwBackSource)
 )
 
+// PlainChecks returns how many fixed-window checks that could be plain
+// (see Config.ScriptsOnly) the store has decided, since it was created, by
+// their plain HINCRBY, and how many it sent to a script instead (see
+// Config.OnPlain). Both stay 0 with ScriptsOnly.
+func (s *Store) PlainChecks() (plain, script uint64) { return s.plainN.Load(), s.scriptN.Load() }
+
+// notePlain counts plain checks decided plain and sent to a script.
+func (s *Store) notePlain(plain, script int) {
+	if plain == 0 && script == 0 {
+		return
+	}
+	if plain > 0 {
+		s.plainN.Add(uint64(plain))
+	}
+	if script > 0 {
+		s.scriptN.Add(uint64(script))
+	}
+	if s.onPlain != nil {
+		s.onPlain(plain, script)
+	}
+}
+
 // plainCheck is a request sent as a plain HINCRBY.
 type plainCheck struct {
-	i     int    // index into the batch
-	key   string // Redis key
-	field string // the window's start in quanta, decimal
-	start int64  // the window's start, in quanta
-	t     int64  // the instant of the check (the earliest estimate at the send), in quanta
+	i     int     // index into the batch
+	key   string  // Redis key
+	field string  // the window's start in quanta, decimal
+	start int64   // the window's start, in quanta
+	t     int64   // the instant of the check (the earliest estimate at the send), in quanta
+	m     *master // on a cluster, the master whose clock placed the check
 }
 
 // plainEligible reports whether r may be decided by a plain HINCRBY, the
@@ -112,33 +136,69 @@ func plainEligible(r *store.Request) bool {
 }
 
 // planPlain returns the requests of reqs to send as plain HINCRBYs at the
-// local instant now, or nil: none on a cluster (each master has a clock of
-// its own), none without a fresh estimate of Redis' clock, and none whose
-// window is uncertain (see plainMargin).
-func (s *Store) planPlain(reqs []store.Request, now time.Time) []plainCheck {
-	if s.cluster || s.noPlain {
-		return nil
+// local instant now, or nil, and how many of reqs are plainEligible: none
+// with Config.ScriptsOnly, none without a fresh estimate of the clock of
+// Redis (on a cluster, of the master of the key's slot, see masters.go),
+// and none whose window is uncertain (see plainMargin).
+func (s *Store) planPlain(reqs []store.Request, now time.Time) (plain []plainCheck, eligible int) {
+	if s.noPlain {
+		return nil, 0
 	}
-	var plain []plainCheck
-	var server, e, low int64
-	known := false
+	var m *slotMap
+	if s.cluster {
+		s.refreshSlotsAfter(now, slotMapAge)
+		if m = s.slots.Load(); m == nil {
+			return nil, countEligible(reqs)
+		}
+	}
+	var (
+		clk            *serverClock // the clock of the estimate below
+		server, e, low int64
+		known          bool
+	)
 	for i := range reqs {
 		r := &reqs[i]
 		if !plainEligible(r) {
 			continue
 		}
-		if !known {
-			var ok bool
-			if server, e, ok = s.clock.at(now); !ok {
-				s.startClock() // the scripts decide until the first reading
-				return nil
+		eligible++
+		var key string
+		var ms *master
+		c := &s.clock
+		if m != nil {
+			key = redisKey(s.prefix, r.Key, s.maxKey)
+			n := m.node[slotOf(key)]
+			if n == 0 || m.masters[n-1].client == nil {
+				continue
+			}
+			ms = &m.masters[n-1]
+			c = &ms.clock.serverClock
+		}
+		if c != clk {
+			clk = c
+			if server, e, known = c.at(now); !known {
+				// The scripts decide until the first reading.
+				if ms != nil {
+					if c.last.Load() != nil {
+						// Read before, not for clockFresh: the master
+						// may have failed over, which only a new slot
+						// map shows (the scripts follow the client's).
+						s.refreshSlotsAfter(now, downReread)
+					}
+					s.startMasterClock(ms)
+				} else {
+					s.startClock()
+				}
+				continue
 			}
 			// The instant reported (reset and retry after) is the earliest
 			// Redis' clock may show, so that a check waiting that long
 			// comes after the window's end on Redis' clock.
 			low = server - e
 			e += plainMargin.Microseconds()
-			known = true
+		}
+		if !known {
+			continue
 		}
 		q, w := r.Params.Quantum, r.Params.Window
 		start := server / q / w * w
@@ -149,10 +209,13 @@ func (s *Store) planPlain(reqs []store.Request, now time.Time) []plainCheck {
 		if plain == nil {
 			plain = make([]plainCheck, 0, len(reqs)-i)
 		}
-		plain = append(plain, plainCheck{i: i, key: redisKey(s.prefix, r.Key, s.maxKey), start: start, t: t})
+		if key == "" {
+			key = redisKey(s.prefix, r.Key, s.maxKey)
+		}
+		plain = append(plain, plainCheck{i: i, key: key, start: start, t: t, m: ms})
 	}
 	if len(plain) == 0 || len(plain) == len(reqs) {
-		return plain
+		return plain, eligible
 	}
 	// A key that a script decides too stays with the script.
 	scripted := make(map[string]struct{})
@@ -170,15 +233,30 @@ func (s *Store) planPlain(reqs []store.Request, now time.Time) []plainCheck {
 			kept = append(kept, c)
 		}
 	}
-	return kept
+	return kept, eligible
 }
 
-// checkEach decides reqs on their own (Check, CheckParts on a standalone
-// server): the plain checks as HINCRBYs, the others in script calls, all
-// in one pipeline. It returns the indexes, ascending, of the requests it
+// countEligible returns how many of reqs are plainEligible.
+func countEligible(reqs []store.Request) int {
+	n := 0
+	for i := range reqs {
+		if plainEligible(&reqs[i]) {
+			n++
+		}
+	}
+	return n
+}
+
+// checkEach decides reqs on their own (Check, and CheckParts per master):
+// the plain checks as HINCRBYs, the others in script calls, all in one
+// pipeline (on a cluster, the HINCRBYs on the connection of their
+// master's node: see execPlain). It returns the indexes, ascending, of the requests it
 // could not decide, and why.
 func (s *Store) checkEach(ctx context.Context, reqs []store.Request, out []sluice.Decision) ([]int, error) {
-	plain := s.planPlain(reqs, time.Now())
+	plain, eligible := s.planPlain(reqs, time.Now())
+	if len(plain) == 0 {
+		s.notePlain(0, eligible)
+	}
 	if len(plain) == 0 && len(reqs) == 1 && reqs[0].Params.Algorithm != sluice.SlidingWindowLog {
 		if err := s.checkOne(ctx, &reqs[0], &out[0]); err != nil {
 			return first[:], err
@@ -199,7 +277,7 @@ func (s *Store) checkEach(ctx context.Context, reqs []store.Request, out []sluic
 		pc.field = strconv.FormatInt(pc.start, 10)
 		cmds[j] = c.B().Hincrby().Key(pc.key).Field(pc.field).Increment(reqs[pc.i].Cost).Build()
 	}
-	res, replies, err := s.execWith(ctx, groups, cmds)
+	res, replies, err := s.execPlain(ctx, groups, plain, cmds)
 	var failed []int
 	for g, r := range res {
 		if r == nil {
@@ -209,7 +287,8 @@ func (s *Store) checkEach(ctx context.Context, reqs []store.Request, out []sluic
 		s.fill(reqs, out, groups[g].idx, r)
 	}
 	if len(plain) > 0 {
-		f, perr := s.settlePlain(ctx, reqs, out, plain, replies)
+		f, decided, redone, perr := s.settlePlain(ctx, reqs, out, plain, replies)
+		s.notePlain(decided, eligible-len(plain)+redone)
 		failed = append(failed, f...)
 		if err == nil {
 			err = perr
@@ -249,16 +328,18 @@ func (s *Store) splitRest(reqs []store.Request, plain []plainCheck) []*group {
 // HINCRBYs, queues their follow-ups (see followUp), and decides again with
 // the scripts those whose window is uncertain or whose key the HINCRBY
 // could not count (another type: the layout of earlier versions, or
-// corrupt). It returns the indexes of the requests it could not decide,
-// and why.
-func (s *Store) settlePlain(ctx context.Context, reqs []store.Request, out []sluice.Decision, plain []plainCheck, replies []rueidis.RedisResult) ([]int, error) {
-	server, e, known := s.clock.at(time.Now())
-	e += plainMargin.Microseconds()
+// corrupt), or that a cluster's node refused to run (a redirection: see
+// masters.go). It returns the indexes of the requests it could not
+// decide, and why, and how many checks it decided from their replies and
+// decided again.
+func (s *Store) settlePlain(ctx context.Context, reqs []store.Request, out []sluice.Decision, plain []plainCheck, replies []rueidis.RedisResult) (failed []int, decided, redone int, ferr error) {
+	now := time.Now()
 	var (
-		failed []int
-		ferr   error
-		back   []followUp // counts to give back before deciding again
-		redo   []int      // indexes in plain of the checks to decide again
+		clk       *serverClock // the clock of the estimate below
+		server, e int64
+		known     bool
+		back      []followUp // counts to give back before deciding again
+		redo      []int      // indexes in plain of the checks to decide again
 	)
 	for j := range plain {
 		pc := &plain[j]
@@ -266,15 +347,32 @@ func (s *Store) settlePlain(ctx context.Context, reqs []store.Request, out []slu
 		p := r.Params
 		v, err := replies[j].AsInt64()
 		if err != nil {
-			if _, ok := rueidis.IsRedisErr(err); ok {
+			if re, ok := rueidis.IsRedisErr(err); ok {
+				if _, moved := re.IsMoved(); moved {
+					s.refreshSlotsAfter(now, movedReread) // the slot map is stale
+				}
 				redo = append(redo, j)
 				continue
+			}
+			if s.cluster {
+				// A node unreachable, or its connection replaced by the
+				// client: read the slot map and the node clients again.
+				s.refreshSlotsAfter(now, downReread)
 			}
 			failed = append(failed, pc.i)
 			if ferr == nil {
 				ferr = s.unavailable(err)
 			}
 			continue
+		}
+		c := &s.clock
+		if pc.m != nil {
+			c = &pc.m.clock.serverClock
+		}
+		if c != clk {
+			clk = c
+			server, e, known = c.at(now)
+			e += plainMargin.Microseconds()
 		}
 		end := (pc.start + p.Window) * p.Quantum
 		if !known || server+e >= end {
@@ -299,6 +397,7 @@ func (s *Store) settlePlain(ctx context.Context, reqs []store.Request, out []slu
 			s.queueFollowUp(followUp{key: pc.key, field: pc.field, n: cost})
 		}
 		out[pc.i] = decision(p, d[:])
+		decided++
 		if v == cost {
 			f := followUp{first: true, key: pc.key, field: pc.field, n: (end+999)/1000 + s.margin}
 			if pc.start >= p.Window {
@@ -311,7 +410,7 @@ func (s *Store) settlePlain(ctx context.Context, reqs []store.Request, out []slu
 		s.doFollowUps(ctx, back)
 	}
 	if len(redo) == 0 {
-		return failed, ferr
+		return failed, decided, 0, ferr
 	}
 	// Decide them again with the scripts, in the order of reqs.
 	sub := make([]store.Request, len(redo))
@@ -338,5 +437,5 @@ func (s *Store) settlePlain(ctx context.Context, reqs []store.Request, out []slu
 	if ferr == nil {
 		ferr = err
 	}
-	return failed, ferr
+	return failed, decided, len(redo), ferr
 }

@@ -19,16 +19,17 @@
 //
 // # Plain fixed-window checks
 //
-// On a standalone server or a Sentinel's master (not on a cluster, whose
-// masters each have a clock), a fixed-window check of cost 1 (of any cost
-// when the window counts refused requests) at Redis' clock, not all or
-// nothing, is not a script but one HINCRBY of its window's field, sent in
-// the same pipeline as the call's scripts, and admitted when the count it
-// answers is within the limit: a fraction of a script's Redis CPU. The
-// window is that of Redis' clock, which the store estimates by reading
-// TIME every second; a check near a window's boundary (within the
-// estimate's error and a margin), or without a recent reading, takes the
-// script. A refusal's count is given back, and a window's first count given
+// A fixed-window check of cost 1 (of any cost when the window counts
+// refused requests) at Redis' clock, not all or nothing, is not a script
+// but one HINCRBY of its window's field, sent in the same pipeline as the
+// call's scripts, and admitted when the count it answers is within the
+// limit: a fraction of a script's Redis CPU. The window is that of Redis'
+// clock, which the store estimates by reading TIME every second (on a
+// cluster, each master's; the HINCRBY is sent to the master whose clock
+// placed it, and a check it redirects is decided by the script); a check
+// near a window's boundary (within the estimate's error and a margin), or
+// without a recent reading, takes the script. PlainChecks counts how the
+// checks that could be plain were decided. A refusal's count is given back, and a window's first count given
 // the window's expiry, by commands sent in the background after the
 // decision. A limit of L still admits exactly L whoever races (a refusal
 // is counted only at the limit, so none refuses a check that fits); what
@@ -235,10 +236,9 @@ type Config struct {
 	ConnsPerNode int
 
 	// ScriptsOnly sends every check as a script call, one atomic step
-	// each. By default, on a standalone server or a Sentinel's master, a
-	// fixed-window check of cost 1 at Redis' clock is one plain HINCRBY,
-	// which costs Redis a fraction of a script call (see docs/redis.md,
-	// "Plain fixed-window checks").
+	// each. By default a fixed-window check of cost 1 at Redis' clock is
+	// one plain HINCRBY, which costs Redis a fraction of a script call
+	// (see docs/redis.md, "Plain fixed-window checks").
 	ScriptsOnly bool
 
 	// MaxFlushDelay is how long a connection may wait to gather more
@@ -258,6 +258,14 @@ type Config struct {
 	// between masters; see TryAgainRetries), for a metric. It must be safe
 	// for concurrent use.
 	OnTryAgain func(n int)
+	// OnPlain, when set, is called with the numbers of fixed-window checks
+	// of a call that could be plain (see ScriptsOnly) and were decided by
+	// their plain HINCRBY, and that were sent to a script instead (near a
+	// window's boundary, no recent reading of the master's clock, a key
+	// another check of the call sends to a script, a slot being moved),
+	// for a metric; see PlainChecks. It is not called with ScriptsOnly.
+	// It must be safe for concurrent use.
+	OnPlain func(plain, script int)
 }
 
 // Store keeps the state of rate limits in Redis or Redis Cluster. Create
@@ -279,6 +287,9 @@ type Store struct {
 	onTryAgain func(int)
 	retries    atomic.Uint64
 	closed     atomic.Bool
+
+	onPlain         func(plain, script int)
+	plainN, scriptN atomic.Uint64
 
 	// The estimate of Redis' clock for the plain fixed-window checks (see
 	// plain.go), read every second by the goroutine watchClock starts at
@@ -360,6 +371,7 @@ func New(cfg Config) (*Store, error) {
 		onCorrupt: cfg.OnCorrupt,
 
 		onTryAgain: cfg.OnTryAgain,
+		onPlain:    cfg.OnPlain,
 		noPlain:    cfg.ScriptsOnly,
 	}
 	if s.client == nil {
@@ -389,6 +401,9 @@ func New(cfg Config) (*Store, error) {
 	}
 	s.cluster = s.client.Mode() == rueidis.ClientModeCluster
 	s.stop, s.cancel = context.WithCancel(context.Background())
+	if !s.noPlain {
+		s.follow = make(chan followUp, followQueue)
+	}
 	if s.cluster {
 		ctx, cancel := context.WithTimeout(s.stop, cfg.Timeout)
 		s.slotsTried.Store(time.Now().UnixNano())
@@ -396,8 +411,8 @@ func New(cfg Config) (*Store, error) {
 			s.slots.Store(m)
 		}
 		cancel()
-	} else if !s.noPlain {
-		s.follow = make(chan followUp, followQueue)
+	}
+	if s.follow != nil {
 		s.watchFollowUps()
 	}
 	return s, nil
@@ -496,7 +511,7 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	s.slotsMu.Lock() // no read of the slot map starts after this
+	s.slotsMu.Lock() // no read of the slot map or of a clock starts after this
 	s.slotsMu.Unlock()
 	s.cancel()
 	s.slotsWG.Wait()

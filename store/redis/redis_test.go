@@ -1374,17 +1374,23 @@ func TestClusterSlotMove(t *testing.T) {
 }
 
 // TestClusterSlotSplitPastDeadline holds a slot split between two masters
-// (two of its four keys moved): calls naming its four keys, of every kind,
-// are refused by Redis with TRYAGAIN and sent again until their deadline
-// is near, then fail with the TRYAGAIN refusal, having written nothing; a
-// call made during the split with a deadline longer than the split is
-// decided once the slot has moved.
+// (two of its four keys moved): script calls naming its four keys, of
+// every kind, are refused by Redis with TRYAGAIN and sent again until
+// their deadline is near, then fail with the TRYAGAIN refusal, having
+// written nothing; a call made during the split with a deadline longer
+// than the split is decided once the slot has moved. A Check of the four
+// keys as plain fixed-window checks is decided during the split, each key
+// once: a command per key, run by the source for the keys not moved, and
+// refused there with ASK, then decided by the script on the destination,
+// for the others.
 func TestClusterSlotSplitPastDeadline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")
 	}
 	c := redistest.StartCluster(t, redistest.ClusterOptions{})
-	s := newStore(t, Config{Addrs: c.Addrs()})
+	s := newStore(t, Config{Addrs: c.Addrs(), ScriptsOnly: true})
+	plain := newStore(t, Config{Addrs: c.Addrs()})
+	waitClock(t, plain)
 	const limit = 1000
 	p := compile(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: limit, Window: 1000 * time.Hour})
 	var reqs []store.Request
@@ -1474,6 +1480,26 @@ func TestClusterSlotSplitPastDeadline(t *testing.T) {
 		t.Errorf("counts after the refused calls: %v, want %v (nothing written)", got, want)
 	}
 
+	// Plain checks of the four keys: decided during the split.
+	before, _ := plain.PlainChecks()
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	err := plain.Check(ctx, reqs, out)
+	cancel()
+	if err != nil {
+		t.Fatalf("plain Check during the split: %v", err)
+	}
+	for i, d := range out {
+		if !d.Allowed || d.Remaining != limit-2 {
+			t.Errorf("plain Check during the split, request %d: %+v, want admitted with %d remaining", i, d, limit-2)
+		}
+	}
+	if after, _ := plain.PlainChecks(); after-before != 2 {
+		t.Errorf("plain Check during the split: %d decided plain, want 2 (the keys not moved)", after-before)
+	}
+	if got, want := count(), []int64{2, 2, 2, 2, 1}; !slices.Equal(got, want) {
+		t.Errorf("counts after the plain Check: %v, want %v", got, want)
+	}
+
 	// A deadline longer than the split: decided once the slot has moved.
 	done := make(chan error, 1)
 	start := time.Now()
@@ -1491,15 +1517,15 @@ func TestClusterSlotSplitPastDeadline(t *testing.T) {
 		t.Errorf("Check decided after %s, before the slot moved", took)
 	}
 	for i, d := range out {
-		if !d.Allowed || d.Remaining != limit-2 {
-			t.Errorf("request %d: %+v, want admitted with %d remaining", i, d, limit-2)
+		if !d.Allowed || d.Remaining != limit-3 {
+			t.Errorf("request %d: %+v, want admitted with %d remaining", i, d, limit-3)
 		}
 	}
 	replayed, err := s.CheckAllOnce(context.Background(), "split", time.Minute, reqs, out)
 	if err != nil || replayed {
 		t.Fatalf("CheckAllOnce after the move: replayed %v, %v; want decided (no record written while refused)", replayed, err)
 	}
-	if got, want := count(), []int64{3, 3, 3, 3, 1}; !slices.Equal(got, want) {
+	if got, want := count(), []int64{4, 4, 4, 4, 1}; !slices.Equal(got, want) {
 		t.Errorf("counts after the move: %v, want %v", got, want)
 	}
 }
