@@ -10,9 +10,10 @@
 --
 -- Where the Redis CPU goes (docs/redis.md, "Sizing"): per call, the
 -- arguments (each a string made by Redis, and tonumber is strtod) and the
--- reply (about as much again per integer); per check, its GET and its
+-- reply (about as much again per element); per check, its GET and its
 -- write. So the parameters and checks come in one binary argument read
--- with struct.unpack, the reply carries 2 integers per admitted check, a
+-- with struct.unpack, the reply is one binary string, the buckets' and
+-- GCRA's checks of distinct keys are read with one MGET, a
 -- fixed window counts with one HINCRBY of its window's field (a command
 -- that both reads and writes), and the sliding window counter, whose
 -- expiry every write of one window shares, overwrites its state in place
@@ -25,7 +26,8 @@
 --          (double), the number of parameter sets P (uint16), U (uint16),
 --          all (byte) and C (double): when U is not 0 every check uses set
 --          U at cost C and Redis' clock; when all is 1 the checks are
---          decided all or nothing (their keys must be distinct); then P
+--          decided all or nothing (their keys must be distinct), when 2
+--          each on its own, their keys distinct; then P
 --          sets of 7 doubles: algorithm,
 --          limit, burst, window, quantum, deny all (0/1; 2: a fixed window
 --          counting refused requests), expiry limit
@@ -34,9 +36,12 @@
 --          cost and its instant (doubles; the instant in µs since the
 --          epoch; -1 - d: Redis TIME plus d µs)
 --
--- Reply: {corrupt keys reset, then per check: remaining x 4 + reason,
--- reset after (quanta), and when the reason is not 0 (admitted) the retry
--- after (quanta)}.
+-- Reply: a string of little-endian doubles, each an integer: the corrupt
+-- keys reset, then per check: remaining x 4 + reason, reset after
+-- (quanta), and when the reason is not 0 (admitted) the retry after
+-- (quanta); or, for a check admitted by the buckets' and GCRA's common
+-- call (below), one negative number, -1 - its debt after (the caller
+-- computes the remaining and reset after from it, as decide does).
 --
 -- All or nothing: every check is decided first and its write held back;
 -- the writes are made when every check is admitted. Otherwise nothing is
@@ -601,9 +606,19 @@ if fbucket then
   -- Every other write (decide's, check.lua's) is a SET of layout 2, which
   -- sets the expiry its state needs and drops the record.
   local keys = KEYS
+  -- Distinct keys are read with one MGET (a command costs Redis much
+  -- more than the keys it reads); a key it finds absent, or not a
+  -- string, is read again with GET, which tells which, as decide needs.
+  local vals = false
+  if all == 2 and #keys > 1 then
+    vals = call('MGET', unpack(keys))
+  end
   for i = 1, #keys do
     local key = keys[i]
-    local v = pcall_('GET', key)
+    local v = vals and vals[i]
+    if not v then
+      v = pcall_('GET', key)
+    end
     local tag, a, b, c
     if v then
       if #v == 25 then
@@ -639,17 +654,8 @@ if fbucket then
       end
       local nxt = debt + gcost
       if nxt <= gcap then
-        -- rem = idiv(gcap - nxt, fW), and below q = idiv(nxt, fN) and its
-        -- remainder r, inline (as idiv computes them)
-        local x = gcap - nxt
-        local rem = x / fW
-        rem = rem - rem % 1
-        x = x - rem * fW
-        if x < 0 then
-          rem = rem - 1
-        elseif x >= fW then
-          rem = rem + 1
-        end
+        -- q = idiv(nxt, fN) and its remainder r, inline (as idiv
+        -- computes them)
         local q = nxt / fN
         q = q - q % 1
         local r = nxt - q * fN
@@ -691,8 +697,10 @@ if fbucket then
           end
           call('SET', key, st, 'PX', px)
         end
-        reply[n + 1], reply[n + 2] = rem * 4, reset -- admitted: reason 0
-        n = n + 2
+        -- admitted: the debt after it, from which the caller computes
+        -- the remaining (cap - nxt) / W and the reset after ceil(nxt / N)
+        n = n + 1
+        reply[n] = -1 - nxt
         done = true
       end
     end
@@ -819,4 +827,14 @@ end
 if cx then
   reply[1] = cx.corrupt
 end
-return reply
+-- One string of doubles: Redis converts a reply's every element at a cost
+-- of hundreds of instructions, and packs a double at a few dozen.
+if n <= 4000 then
+  return pack('<' .. string.rep('d', n), unpack(reply, 1, n))
+end
+local parts = {}
+for j = 1, n, 4000 do
+  local m = math.min(n - j + 1, 4000)
+  parts[#parts + 1] = pack('<' .. string.rep('d', m), unpack(reply, j, j + m - 1))
+end
+return table.concat(parts)
