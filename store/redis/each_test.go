@@ -284,3 +284,36 @@ func TestFixedWindowUpgrade(t *testing.T) {
 		t.Errorf("%d corrupt resets, want 0", s.CorruptResets())
 	}
 }
+
+// TestDistinct checks the test that lets checkeach.lua read a call's keys
+// with one MGET: a key that appears twice must be read after its first
+// check's write, on both sides of the size where a map takes over.
+func TestDistinct(t *testing.T) {
+	many := func(n int, dup bool) []string {
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = "k" + strconv.Itoa(i)
+		}
+		if dup {
+			keys[n-1] = keys[0]
+		}
+		return keys
+	}
+	for _, tc := range []struct {
+		keys []string
+		want bool
+	}{
+		{nil, true},
+		{[]string{"a"}, true},
+		{[]string{"a", "b"}, true},
+		{[]string{"a", "a"}, false},
+		{many(16, false), true},
+		{many(16, true), false},
+		{many(17, false), true},
+		{many(17, true), false},
+	} {
+		if got := distinct(tc.keys); got != tc.want {
+			t.Errorf("distinct(%d keys %v...) = %v, want %v", len(tc.keys), tc.keys[:min(len(tc.keys), 2)], got, tc.want)
+		}
+	}
+}
