@@ -26,6 +26,10 @@ type group struct {
 	keys   []string
 	args   []string
 	work   int // of split's calls in modeEach (see callWork)
+	// uniform is the parameter set of every check of a checkeach.lua
+	// call that uses one at Redis' clock and one cost, nil otherwise: its
+	// reply is read with it (see eachReply).
+	uniform *algorithm.Params
 }
 
 // Check decides each request on its own, in order, and writes its decision

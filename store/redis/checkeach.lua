@@ -10,9 +10,10 @@
 --
 -- Where the Redis CPU goes (docs/redis.md, "Sizing"): per call, the
 -- arguments (each a string made by Redis, and tonumber is strtod) and the
--- reply (about as much again per integer); per check, its GET and its
+-- reply (about as much again per element); per check, its GET and its
 -- write. So the parameters and checks come in one binary argument read
--- with struct.unpack, the reply carries 2 integers per admitted check, a
+-- with struct.unpack, the reply is one binary string, the buckets' and
+-- GCRA's checks of distinct keys are read with one MGET, a
 -- fixed window counts with one HINCRBY of its window's field (a command
 -- that both reads and writes), and the sliding window counter, whose
 -- expiry every write of one window shares, overwrites its state in place
@@ -25,7 +26,8 @@
 --          (double), the number of parameter sets P (uint16), U (uint16),
 --          all (byte) and C (double): when U is not 0 every check uses set
 --          U at cost C and Redis' clock; when all is 1 the checks are
---          decided all or nothing (their keys must be distinct); then P
+--          decided all or nothing (their keys must be distinct), when 2
+--          each on its own, their keys distinct; then P
 --          sets of 7 doubles: algorithm,
 --          limit, burst, window, quantum, deny all (0/1; 2: a fixed window
 --          counting refused requests), expiry limit
@@ -34,9 +36,12 @@
 --          cost and its instant (doubles; the instant in µs since the
 --          epoch; -1 - d: Redis TIME plus d µs)
 --
--- Reply: {corrupt keys reset, then per check: remaining x 4 + reason,
--- reset after (quanta), and when the reason is not 0 (admitted) the retry
--- after (quanta)}.
+-- Reply: a string of little-endian doubles, each an integer: the corrupt
+-- keys reset, then per check: remaining x 4 + reason, reset after
+-- (quanta), and when the reason is not 0 (admitted) the retry after
+-- (quanta); or, for a check admitted by the buckets' and GCRA's common
+-- call (below), one negative number, -1 - its debt after (the caller
+-- computes the remaining and reset after from it, as decide does).
 --
 -- All or nothing: every check is decided first and its write held back;
 -- the writes are made when every check is admitted. Otherwise nothing is
@@ -76,8 +81,13 @@ local function idiv(x, y)
   return q
 end
 
+-- The head and the first parameter set (there is always one), read with
+-- one struct.unpack: a C call costs Redis about as much as its values.
 local args = ARGV[1]
-local margin, nsets, U, all, C, pos = unpack_('<dHHBd', args)
+local margin, nsets, U, all, C, alg1, N1, K1, W1, Q1, deny1, E1, pos = unpack_('<dHHBdddddddd', args)
+if E1 == 0 then
+  E1 = N1
+end
 local clock -- Redis' TIME in µs, read once
 
 -- The functions below use no local of the script: a closure that does
@@ -494,47 +504,61 @@ local function decide(cx, key, ps, cost, now, v)
   return 0, rem, reset, 0
 end
 
-local sets = {}
-for k = 1, nsets do
-  local alg, N, K, W, Q, deny, E
-  alg, N, K, W, Q, deny, E, pos = unpack_('<ddddddd', args, pos)
-  if E == 0 then
-    E = N
+-- The most common checks: a fixed window, a sliding window counter or
+-- GCRA, every check of the call at one parameter set (set 1), one cost
+-- within the capacity and Redis' clock. A fixed window's check is one
+-- HINCRBY; a counter's on a key holding counts of the current window that
+-- leave room for the cost is counted in place; a GCRA check on a key
+-- absent or valid that leaves room is decided inline. Every other check
+-- takes decide's general path. fast is set for those calls; fs holds the
+-- window's start, fe the quanta elapsed since and ft the instant, in
+-- quanta.
+local fast, fs, fe, ft = false, 0, 0, 0
+if U ~= 0 and all ~= 1 and alg1 ~= 4 and deny1 == 0 and C > 0 and C <= K1 then
+  local tm = call('TIME')
+  clock = tm[1] * 1000000 + tm[2]
+  ft = clock
+  if Q1 ~= 1 then
+    ft = idiv(clock, Q1)
   end
-  -- 9 to 12: the last instant decided and its t, the last t and its
-  -- window's start (see decide)
-  sets[k] = { alg, N, K, W, Q, deny == 1, E, deny == 2, -1, 0, -1, 0 }
+  fast = true
+  if alg1 == 3 or alg1 == 5 then
+    fs = idiv(ft, W1) * W1
+    fe = ft - fs
+  end
 end
--- The reply, sized for 15 admitted checks: a table that grows is copied
--- at every power of two, the nils of its constructor make room at once.
-local reply, n = { 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }, 1
+
+-- The parameter sets as decide takes them: { algorithm, limit, burst,
+-- window, quantum, deny all, expiry limit, counting refused requests,
+-- then (see decide) the last instant decided and its t, the last t and
+-- its window's start }. The buckets' and GCRA's common call makes set 1
+-- only for a check that takes decide's path.
+local sets = false
+if not fast or alg1 == 3 or alg1 == 5 then
+  sets = { { alg1, N1, K1, W1, Q1, deny1 == 1, E1, deny1 == 2, -1, 0, -1, 0 } }
+  for k = 2, nsets do
+    local alg, N, K, W, Q, deny, E
+    alg, N, K, W, Q, deny, E, pos = unpack_('<ddddddd', args, pos)
+    if E == 0 then
+      E = N
+    end
+    sets[k] = { alg, N, K, W, Q, deny == 1, E, deny == 2, -1, 0, -1, 0 }
+  end
+end
+-- The reply, sized for 15 admitted checks (31 beyond 10 checks): a table
+-- that grows is copied at every power of two, the nils of its constructor
+-- make room at once.
+local reply, n
+if #KEYS <= 10 then
+  reply, n = { 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }, 1
+else
+  reply, n = { 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+    nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }, 1
+end
 local denied = false
 local first = pos -- the checks, when U is 0
 
--- The most common checks: a fixed window, a sliding window counter or
--- GCRA, every check of the call at one parameter set, one cost within the
--- capacity and Redis' clock. A fixed window's check is one HINCRBY; a
--- counter's on a key holding counts of the current window that leave room
--- for the cost is counted in place; a GCRA check on a key absent or valid
--- that leaves room is decided inline. Every other check takes decide's
--- general path. fast holds the set; fs the window's start, fe the quanta
--- elapsed since and ft the instant, in quanta.
-local fast, fs, fe, ft = false, 0, 0, 0
-if U ~= 0 and all ~= 1 then
-  local ps = sets[U]
-  if ps[1] ~= 4 and not ps[6] and not ps[8] and C > 0 and C <= ps[3] then
-    local tm = call('TIME')
-    clock = tm[1] * 1000000 + tm[2]
-    ft = idiv(clock, ps[5])
-    fast = ps
-    if ps[1] == 3 or ps[1] == 5 then
-      fs = idiv(ft, ps[4]) * ps[4]
-      fe = ft - fs
-    end
-  end
-end
-local fN, fW, fwin, fbucket = 0, 0, false, false
+local fN, fW, fwin, fbucket = N1, W1, false, false
 -- for the buckets and GCRA: the algorithm, the capacity (K x W), the
 -- slowest refill (E, buckets), the cost scaled (C x W), the largest A and
 -- B of a valid state (GCRA: A at most the capacity's length, cap / N,
@@ -547,22 +571,23 @@ local fQ, fmargin, cus = 1, 0, 0
 -- the time to live of a new window's count (ms)
 local ffield, fcost, fpx
 if fast then
-  fN, fW, fwin = fast[2], fast[4], fast[1] == 3
-  galg = fast[1]
+  fwin = alg1 == 3
+  galg = alg1
   if galg == 1 or galg == 2 or galg == 6 then
     fbucket = true
-    gcap, gE, gcost = fast[3] * fW, fast[7], C * fW
-    gamax, gbmax = ft + idiv(gcap, fN), EXACT
-    if galg ~= 6 then
+    gcap, gE, gcost = K1 * fW, E1, C * fW
+    if galg == 6 then
+      gamax, gbmax = ft + idiv(gcap, fN), EXACT
+    else
       gamax, gbmax = EXACT, ft
     end
-    fQ, fmargin, cus = fast[5], margin * 1000, clock - 1000
+    fQ, fmargin, cus = Q1, margin * 1000, clock - 1000
   end
   if fwin then
     ffield, fcost = string.format('%.0f', fs), string.format('%.0f', C)
     fpx = 1
-    if (fs + fW) * fast[5] > clock then
-      fpx = idiv((fs + fW) * fast[5] - clock + 999, 1000)
+    if (fs + fW) * Q1 > clock then
+      fpx = idiv((fs + fW) * Q1 - clock + 999, 1000)
     end
     fpx = fpx + margin
     if fpx >= 1e15 then
@@ -601,9 +626,19 @@ if fbucket then
   -- Every other write (decide's, check.lua's) is a SET of layout 2, which
   -- sets the expiry its state needs and drops the record.
   local keys = KEYS
+  -- Distinct keys are read with one MGET (a command costs Redis much
+  -- more than the keys it reads); a key it finds absent, or not a
+  -- string, is read again with GET, which tells which, as decide needs.
+  local vals = false
+  if all == 2 and #keys > 1 then
+    vals = call('MGET', unpack(keys))
+  end
   for i = 1, #keys do
     local key = keys[i]
-    local v = pcall_('GET', key)
+    local v = vals and vals[i]
+    if not v then
+      v = pcall_('GET', key)
+    end
     local tag, a, b, c
     if v then
       if #v == 25 then
@@ -639,17 +674,8 @@ if fbucket then
       end
       local nxt = debt + gcost
       if nxt <= gcap then
-        -- rem = idiv(gcap - nxt, fW), and below q = idiv(nxt, fN) and its
-        -- remainder r, inline (as idiv computes them)
-        local x = gcap - nxt
-        local rem = x / fW
-        rem = rem - rem % 1
-        x = x - rem * fW
-        if x < 0 then
-          rem = rem - 1
-        elseif x >= fW then
-          rem = rem + 1
-        end
+        -- q = idiv(nxt, fN) and its remainder r, inline (as idiv
+        -- computes them)
         local q = nxt / fN
         q = q - q % 1
         local r = nxt - q * fN
@@ -691,14 +717,17 @@ if fbucket then
           end
           call('SET', key, st, 'PX', px)
         end
-        reply[n + 1], reply[n + 2] = rem * 4, reset -- admitted: reason 0
-        n = n + 2
+        -- admitted: the debt after it, from which the caller computes
+        -- the remaining (cap - nxt) / W and the reset after ceil(nxt / N)
+        n = n + 1
+        reply[n] = -1 - nxt
         done = true
       end
     end
     if not done then
       cx = cx or newcx(clock, margin, all, idiv, write)
-      local reason, rem, reset, retry = decide(cx, key, fast, C, -1, v)
+      sets = sets or { { alg1, N1, K1, W1, Q1, deny1 == 1, E1, deny1 == 2, -1, 0, -1, 0 } }
+      local reason, rem, reset, retry = decide(cx, key, sets[1], C, -1, v)
       reply[n + 1], reply[n + 2] = rem * 4 + reason, reset
       n = n + 2
       if reason ~= 0 then
@@ -742,7 +771,7 @@ else
       end
       if not reason then
         cx = cx or newcx(clock, margin, all, idiv, write)
-        reason, rem, reset, retry = decide(cx, key, fast, cost, now)
+        reason, rem, reset, retry = decide(cx, key, sets[1], cost, now)
       end
     elseif fast then
       -- In place when the state is valid as decide would find it (A is fs,
@@ -772,7 +801,7 @@ else
         reason, retry = 0, 0
       else
         cx = cx or newcx(clock, margin, all, idiv, write)
-        reason, rem, reset, retry = decide(cx, key, fast, cost, now, v)
+        reason, rem, reset, retry = decide(cx, key, sets[1], cost, now, v)
       end
     else
       reason, rem, reset, retry = decide(cx, key, sets[k], cost, now)
@@ -819,4 +848,14 @@ end
 if cx then
   reply[1] = cx.corrupt
 end
-return reply
+-- One string of doubles: Redis converts a reply's every element at a cost
+-- of hundreds of instructions, and packs a double at a few dozen.
+if n <= 4000 then
+  return pack('<' .. string.rep('d', n), unpack(reply, 1, n))
+end
+local parts = {}
+for j = 1, n, 4000 do
+  local m = math.min(n - j + 1, 4000)
+  parts[#parts + 1] = pack('<' .. string.rep('d', m), unpack(reply, j, j + m - 1))
+end
+return table.concat(parts)

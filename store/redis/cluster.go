@@ -140,7 +140,7 @@ func (s *Store) splitEach(reqs []store.Request) []*group {
 		g.keys = append(g.keys, k)
 	}
 	for _, g := range groups {
-		g.args = s.eachArgs(reqs, g.idx, false)
+		s.eachArgs(g, reqs, eachEach)
 	}
 	if len(logs) == 0 {
 		return groups
@@ -193,6 +193,6 @@ func (s *Store) allEach(reqs []store.Request) *group {
 			}
 		}
 	}
-	g.args = s.eachArgs(reqs, g.idx, true)
+	s.eachArgs(g, reqs, eachAll)
 	return g
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/redis/rueidis"
 
@@ -15,10 +16,11 @@ import (
 )
 
 // checkeach.lua's arguments and reply. Its parameters and checks travel
-// in one binary argument, and its reply holds 2 integers per admitted
-// check: Redis makes a string of every argument and an integer of every
-// reply value at a cost that, per check, is about that of its GET, and
-// Lua's tonumber is strtod.
+// in one binary argument, and its reply is one string of doubles, one per
+// admitted check of the buckets' and GCRA's common call: Redis makes a
+// string of every argument and converts every element of a reply at a
+// cost that, per check, is about that of its GET, and Lua's tonumber is
+// strtod.
 
 // Sizes in the binary argument of checkeach.lua: its head is a double, 2
 // uint16, a byte and a double, a parameter set 7 doubles, a check a uint16
@@ -32,12 +34,26 @@ const (
 // errEachReply reports a checkeach.lua reply of the wrong shape.
 var errEachReply = errors.New("malformed reply of the check script")
 
-// eachArgs returns the argument of a checkeach.lua call on the requests
-// idx of reqs, decided all or nothing when all is set (their keys must
-// then be distinct): the expiry margin, the parameter sets the requests
-// use (each once), and a set, a cost and an instant per request, unless
-// all share one set and cost at Redis' clock.
-func (s *Store) eachArgs(reqs []store.Request, idx []int, all bool) []string {
+// The call modes of checkeach.lua (the byte "all" of its argument): each
+// check on its own, all or nothing (the keys distinct), and each on its
+// own with the keys distinct, which it reads with one MGET.
+const (
+	eachEach     = 0
+	eachAll      = 1
+	eachDistinct = 2
+)
+
+// eachArgs sets g.args to the argument of a checkeach.lua call on the
+// requests g.idx of reqs (keys g.keys) in mode: the expiry margin, the
+// parameter sets the requests use (each once), and a set, a cost and an
+// instant per request, unless all share one set and cost at Redis' clock;
+// then it sets g.uniform to that set. Mode eachEach becomes eachDistinct
+// when no key appears twice.
+func (s *Store) eachArgs(g *group, reqs []store.Request, mode byte) {
+	idx := g.idx
+	if mode == eachEach && distinct(g.keys) {
+		mode = eachDistinct
+	}
 	var (
 		sets  []*algorithm.Params
 		which = make([]int, len(idx))
@@ -85,10 +101,12 @@ func (s *Store) eachArgs(reqs []store.Request, idx []int, all bool) []string {
 		size += eachCheckSize * len(idx)
 	}
 	b := make([]byte, 0, size)
+	g.uniform = nil
 	if uniform {
-		b = s.appendEachHead(b, 1, 1, all, reqs[idx[0]].Cost)
+		b = s.appendEachHead(b, 1, 1, mode, reqs[idx[0]].Cost)
+		g.uniform = sets[0]
 	} else {
-		b = s.appendEachHead(b, len(sets), 0, all, 0)
+		b = s.appendEachHead(b, len(sets), 0, mode, 0)
 	}
 	for _, p := range sets {
 		b = appendEachSet(b, p)
@@ -98,22 +116,38 @@ func (s *Store) eachArgs(reqs []store.Request, idx []int, all bool) []string {
 			b = appendEachCheck(b, which[j], &reqs[i])
 		}
 	}
-	return []string{string(b)}
+	g.args = []string{string(b)}
+}
+
+// distinct reports whether no key appears twice in keys.
+func distinct(keys []string) bool {
+	if len(keys) > 16 {
+		seen := make(map[string]struct{}, len(keys))
+		for _, k := range keys {
+			if _, ok := seen[k]; ok {
+				return false
+			}
+			seen[k] = struct{}{}
+		}
+		return true
+	}
+	for i, k := range keys {
+		if slices.Contains(keys[:i], k) {
+			return false
+		}
+	}
+	return true
 }
 
 // appendEachHead appends the head of checkeach.lua's argument: the expiry
 // margin, the number of parameter sets, when every check uses set uniform
-// (not 0) at cost and Redis' clock, that set, whether the checks are
-// decided all or nothing, and the cost.
-func (s *Store) appendEachHead(b []byte, sets, uniform int, all bool, cost int64) []byte {
+// (not 0) at cost and Redis' clock, that set, the call's mode (eachEach,
+// eachAll or eachDistinct), and the cost.
+func (s *Store) appendEachHead(b []byte, sets, uniform int, mode byte, cost int64) []byte {
 	b = appendDouble(b, s.margin)
 	b = binary.LittleEndian.AppendUint16(b, uint16(sets))
 	b = binary.LittleEndian.AppendUint16(b, uint16(uniform))
-	var a byte
-	if all {
-		a = 1
-	}
-	b = append(b, a)
+	b = append(b, mode)
 	return appendDouble(b, cost)
 }
 
@@ -163,22 +197,53 @@ func appendDouble(b []byte, v int64) []byte {
 	return binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(v)))
 }
 
-// eachReply converts a checkeach.lua reply for n checks into check.lua's
-// layout: the corrupt keys reset, 0, then 5 values per check (allowed,
-// reason, remaining, reset after, retry after).
-func eachReply(vals []int64, n int) ([]int64, error) {
+// eachValues returns the values of a checkeach.lua reply, a string of
+// little-endian doubles, each an integer.
+func eachValues(b []byte) ([]int64, error) {
+	if len(b)%8 != 0 {
+		return nil, fmt.Errorf("%w: %d bytes", errEachReply, len(b))
+	}
+	vals := make([]int64, len(b)/8)
+	for i := range vals {
+		vals[i] = int64(math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:])))
+	}
+	return vals, nil
+}
+
+// eachReply converts the values of a checkeach.lua reply for n checks into
+// check.lua's layout: the corrupt keys reset, 0, then 5 values per check
+// (allowed, reason, remaining, reset after, retry after). uniform is the
+// parameter set of a call whose checks all use one (nil otherwise): a
+// check of its buckets' and GCRA's common call answers one negative
+// value, -1 - the debt after it, of which the remaining and reset after
+// are computed here, as bucketDecide computes them.
+func eachReply(vals []int64, n int, uniform *algorithm.Params) ([]int64, error) {
 	out := make([]int64, 2, 2+5*n)
-	if len(vals) < 1+2*n {
+	if len(vals) < 1+n {
 		return nil, fmt.Errorf("%w: %d values for %d checks", errEachReply, len(vals), n)
 	}
 	out[0] = vals[0]
 	k := 1
 	for range n {
-		if k+2 > len(vals) {
+		if k >= len(vals) {
 			return nil, fmt.Errorf("%w: %d values for %d checks", errEachReply, len(vals), n)
 		}
-		code, reset := vals[k], vals[k+1]
-		k += 2
+		code := vals[k]
+		k++
+		if code < 0 {
+			p := uniform
+			if p == nil || p.Window <= 0 || p.Limit <= 0 {
+				return nil, fmt.Errorf("%w: a debt for a check of no common call", errEachReply)
+			}
+			debt := -1 - code
+			out = append(out, 1, 0, max(p.Burst*p.Window-debt, 0)/p.Window, (debt+p.Limit-1)/p.Limit, 0)
+			continue
+		}
+		if k >= len(vals) {
+			return nil, fmt.Errorf("%w: %d values for %d checks", errEachReply, len(vals), n)
+		}
+		reset := vals[k]
+		k++
 		reason, rem := code&3, code>>2
 		var allowed, retry int64 = 1, 0
 		if reason != 0 {
@@ -204,30 +269,34 @@ func (s *Store) checkOne(ctx context.Context, r *store.Request, out *sluice.Deci
 	key := redisKey(s.prefix, r.Key, s.maxKey)
 	var buf [eachHeadSize + eachSetSize + eachCheckSize]byte
 	var b []byte
+	var uniform *algorithm.Params
 	if r.Now.IsZero() && r.After <= 0 {
-		b = appendEachSet(s.appendEachHead(buf[:0], 1, 1, false, r.Cost), r.Params)
+		b = appendEachSet(s.appendEachHead(buf[:0], 1, 1, eachDistinct, r.Cost), r.Params)
+		uniform = r.Params
 	} else {
-		b = appendEachCheck(appendEachSet(s.appendEachHead(buf[:0], 1, 0, false, 0), r.Params), 1, r)
+		b = appendEachCheck(appendEachSet(s.appendEachHead(buf[:0], 1, 0, eachDistinct, 0), r.Params), 1, r)
 	}
 	arg := string(b)
 	res := c.Do(ctx, c.B().Evalsha().Sha1(checkEachScript.sha).Numkeys(1).Key(key).Arg(arg).Build())
 	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
 		res = c.Do(ctx, c.B().Eval().Script(checkEachScript.src).Numkeys(1).Key(key).Arg(arg).Build())
 	}
-	arr, err := res.ToArray()
+	raw, err := res.AsBytes()
 	if err != nil {
 		return s.unavailable(err)
 	}
-	if len(arr) != 3 && len(arr) != 4 {
-		return fmt.Errorf("redis: %w: %w: %d values for 1 check", sluice.ErrStoreUnavailable, errEachReply, len(arr))
+	if len(raw) > 4*8 {
+		return fmt.Errorf("redis: %w: %w: %d bytes for 1 check", sluice.ErrStoreUnavailable, errEachReply, len(raw))
 	}
 	var v [4]int64
-	for i := range arr {
-		if v[i], err = arr[i].AsInt64(); err != nil {
-			return s.unavailable(err)
-		}
+	n := len(raw) / 8
+	for i := range n {
+		v[i] = int64(math.Float64frombits(binary.LittleEndian.Uint64(raw[8*i:])))
 	}
-	vals, err := eachReply(v[:len(arr)], 1)
+	if len(raw)%8 != 0 {
+		return fmt.Errorf("redis: %w: %w: %d bytes for 1 check", sluice.ErrStoreUnavailable, errEachReply, len(raw))
+	}
+	vals, err := eachReply(v[:n], 1, uniform)
 	if err != nil {
 		return s.unavailable(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/algorithm"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -19,13 +20,31 @@ import (
 // TestEachReply checks the conversion of checkeach.lua's reply into
 // check.lua's layout, and that a reply of the wrong shape is an error.
 func TestEachReply(t *testing.T) {
-	got, err := eachReply([]int64{1, 7*4 + 0, 50, 0*4 + 1, 60, 60, 0*4 + 2, 0, 0}, 3)
+	got, err := eachReply([]int64{1, 7*4 + 0, 50, 0*4 + 1, 60, 60, 0*4 + 2, 0, 0}, 3, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []int64{1, 0, 1, 0, 7, 50, 0, 0, 1, 0, 60, 60, 0, 2, 0, 0, 0}
 	if !slices.Equal(got, want) {
 		t.Errorf("eachReply = %v, want %v", got, want)
+	}
+	// A common call's admitted checks answer -1 - the debt after them: a
+	// burst of 10 at 5 per window of 4 quanta (capacity 40), debts 4, 0
+	// and 40, among a denial.
+	p := &algorithm.Params{Limit: 5, Burst: 10, Window: 4}
+	got, err = eachReply([]int64{0, -5, 0*4 + 1, 8, 8, -1, -41}, 4, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = []int64{0, 0, 1, 0, 9, 1, 0, 0, 1, 0, 8, 8, 1, 0, 10, 0, 0, 1, 0, 0, 8, 0}
+	if !slices.Equal(got, want) {
+		t.Errorf("eachReply, common call = %v, want %v", got, want)
+	}
+	if _, err := eachReply([]int64{0, -5}, 1, nil); !errors.Is(err, errEachReply) {
+		t.Errorf("eachReply of a debt without a common call: %v, want errEachReply", err)
+	}
+	if _, err := eachValues(make([]byte, 12)); !errors.Is(err, errEachReply) {
+		t.Errorf("eachValues of 12 bytes: %v, want errEachReply", err)
 	}
 	for _, bad := range []struct {
 		vals []int64
@@ -37,7 +56,7 @@ func TestEachReply(t *testing.T) {
 		{[]int64{0, 4, 5, 9}, 1},     // a value too many
 		{[]int64{0, 4, 5, 4 + 1}, 2}, // a second check cut short
 	} {
-		if _, err := eachReply(bad.vals, bad.n); !errors.Is(err, errEachReply) {
+		if _, err := eachReply(bad.vals, bad.n, nil); !errors.Is(err, errEachReply) {
 			t.Errorf("eachReply(%v, %d): %v, want errEachReply", bad.vals, bad.n, err)
 		}
 	}
@@ -263,5 +282,38 @@ func TestFixedWindowUpgrade(t *testing.T) {
 	}
 	if s.CorruptResets() != 0 {
 		t.Errorf("%d corrupt resets, want 0", s.CorruptResets())
+	}
+}
+
+// TestDistinct checks the test that lets checkeach.lua read a call's keys
+// with one MGET: a key that appears twice must be read after its first
+// check's write, on both sides of the size where a map takes over.
+func TestDistinct(t *testing.T) {
+	many := func(n int, dup bool) []string {
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = "k" + strconv.Itoa(i)
+		}
+		if dup {
+			keys[n-1] = keys[0]
+		}
+		return keys
+	}
+	for _, tc := range []struct {
+		keys []string
+		want bool
+	}{
+		{nil, true},
+		{[]string{"a"}, true},
+		{[]string{"a", "b"}, true},
+		{[]string{"a", "a"}, false},
+		{many(16, false), true},
+		{many(16, true), false},
+		{many(17, false), true},
+		{many(17, true), false},
+	} {
+		if got := distinct(tc.keys); got != tc.want {
+			t.Errorf("distinct(%d keys %v...) = %v, want %v", len(tc.keys), tc.keys[:min(len(tc.keys), 2)], got, tc.want)
+		}
 	}
 }

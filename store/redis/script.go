@@ -128,9 +128,18 @@ func (s *Store) execWith(ctx context.Context, groups []*group, more rueidis.Comm
 	total := 0
 	var first error
 	for i, r := range results {
-		vals, err := r.AsIntSlice()
-		if err == nil && groups[i].script == checkEachScript {
-			vals, err = eachReply(vals, len(groups[i].idx))
+		var vals []int64
+		var err error
+		if g := groups[i]; g.script == checkEachScript {
+			var raw []byte
+			if raw, err = r.AsBytes(); err == nil {
+				vals, err = eachValues(raw)
+			}
+			if err == nil {
+				vals, err = eachReply(vals, len(g.idx), g.uniform)
+			}
+		} else {
+			vals, err = r.AsIntSlice()
 		}
 		switch {
 		case err != nil:
