@@ -28,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -347,6 +348,13 @@ func (e *Engine) decide(ctx context.Context, c *Check) (Result, error) {
 }
 
 func (e *Engine) check(ctx context.Context, p *policy.Policy, c *Check) (Result, error) {
+	return e.checkIn(ctx, p, c, nil)
+}
+
+// checkIn is check; rules, when not nil, is memory the check's rule
+// results may be appended to (those of a best-effort batch's answer),
+// unless the result is kept in process for its idempotency key.
+func (e *Engine) checkIn(ctx context.Context, p *policy.Policy, c *Check, rules *[]RuleResult) (Result, error) {
 	q := request(c)
 	if r, ok := listed(p, &q); ok {
 		return r, nil
@@ -366,19 +374,26 @@ func (e *Engine) check(ctx context.Context, p *policy.Policy, c *Check) (Result,
 		h := counters(s.items)
 		if !e.shared {
 			return e.idem.do(ctx, e.clock(c), newIdemKey(c.ClientID, c.IdempotencyKey, h), func() (Result, error) {
-				return e.decideItems(ctx, s, c), nil
+				return e.decideItems(ctx, s, c, nil), nil
 			})
 		}
 		s.idemKey = keyspace.Idempotency(c.ClientID, c.IdempotencyKey, h)
 	}
-	return e.decideItems(ctx, s, c), nil
+	return e.decideItems(ctx, s, c, rules), nil
 }
 
 // decideItems decides the planned items of the check c and assembles its
-// result.
-func (e *Engine) decideItems(ctx context.Context, s *scratch, c *Check) Result {
+// result, its rule results appended to rules when not nil.
+func (e *Engine) decideItems(ctx context.Context, s *scratch, c *Check, rules *[]RuleResult) Result {
 	allowed := e.run(ctx, s, c.Now, true)
-	res := assemble(s.items, allowed)
+	var res Result
+	if rules == nil {
+		res = assemble(s.items, allowed)
+	} else {
+		n, m := len(*rules), len(s.items)
+		*rules = slices.Grow(*rules, m)[:n+m]
+		res = assembleIn((*rules)[n:n+m:n+m], s.items, allowed)
+	}
 	if s.replayed {
 		res.Source = SourceIdempotent
 	}
