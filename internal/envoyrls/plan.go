@@ -72,13 +72,21 @@ func (d *Decider) ShouldRateLimit(ctx context.Context, domain string, descs []De
 		return nil, false, err
 	}
 	var lbuf [4]*policy.EnvoyLimit // the common case, without an allocation
-	limits, err := d.match(ctx, &l, domain, descs, lbuf[:0])
+	limits := lbuf[:0]
+	if len(descs) > len(lbuf) {
+		limits = make([]*policy.EnvoyLimit, 0, len(descs)) // not grown step by step
+	}
+	limits, err = d.match(ctx, &l, domain, descs, limits)
 	if err != nil {
 		return nil, false, err
 	}
 	statuses = make([]DescriptorStatus, len(descs))
 	var rbuf [4]int
-	refs := d.plan(&l, limits, descs, hitsAddend, statuses, rbuf[:0])
+	refs := rbuf[:0]
+	if len(descs) > len(rbuf) {
+		refs = make([]int, 0, len(descs))
+	}
+	refs = d.plan(&l, limits, descs, hitsAddend, statuses, refs)
 	if len(l.Items) == 0 {
 		return statuses, false, nil
 	}
@@ -145,7 +153,7 @@ func (d *Decider) plan(l *engine.Limits, limits []*policy.EnvoyLimit, descs []De
 			Shadow: el.Shadow, After: el.QuotaMode && !el.Shadow}
 		if !el.GlobalOnly() {
 			l.Buf = el.AppendKey(l.Buf[:0], descs[i].Entries)
-			it.Key = string(l.Buf)
+			it.Key = lastKey(l.Items, l.Buf, false)
 			it.Params = d.params.of(d.compat, p, &el.Limit.Params[engine.PriorityNormal])
 			if it.Mode == policy.FailLocal {
 				it.Local = &el.Limit.Local[engine.PriorityNormal]
@@ -158,10 +166,27 @@ func (d *Decider) plan(l *engine.Limits, limits []*policy.EnvoyLimit, descs []De
 		if el.GlobalOnly() || el.Global != nil && !el.Shadow && !el.QuotaMode {
 			it.Global = el.Global
 			l.Buf = el.AppendGlobalKey(l.Buf[:0], descs[i].Entries)
-			it.GlobalKey = string(l.Buf)
+			it.GlobalKey = lastKey(l.Items, l.Buf, true)
 		}
 		l.Items = append(l.Items, it)
 		refs = append(refs, i)
 	}
 	return refs
+}
+
+// lastKey returns key as a string: the last item's key (its global key,
+// with global) when it is the same, so that the many descriptors of one
+// key that a client may send in one request allocate it once.
+func lastKey(items []engine.LimitItem, key []byte, global bool) string {
+	if len(items) > 0 {
+		last := &items[len(items)-1]
+		k := last.Key
+		if global {
+			k = last.GlobalKey
+		}
+		if k == string(key) {
+			return k
+		}
+	}
+	return string(key)
 }
