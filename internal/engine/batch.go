@@ -242,11 +242,15 @@ func (e *Engine) batchAll(ctx context.Context, checks []Check, a *BatchAnswer, t
 	allowed := true
 	if len(s.items) > 0 {
 		e.finishKeys(s)
+		// Finishing the keys of many checks, and planning their merge
+		// (fitsAtomic, or the store call's), take a slice each.
+		turn.Next(ctx)
 		if work, ok := e.fitsAtomic(s, now); !ok && len(checks) > 1 {
 			return &FieldError{Field: "checks", Reason: "an all_or_nothing batch of " + strconv.Itoa(len(checks)) +
 				" checks takes " + strconv.Itoa(work) + " units of store work, the limit is " + strconv.Itoa(e.maxAtomic) +
 				": send fewer checks in one batch, or mode best_effort"}
 		}
+		turn.Next(ctx)
 		s.call.turn = turn // pauses while waiting on the store
 		allowed = e.run(ctx, s, now, true)
 	}

@@ -91,8 +91,10 @@ type mergePlan struct {
 
 // release drops what p refers to, and keeps its memory.
 func (p *mergePlan) release() {
-	clear(p.reqs[:cap(p.reqs)])
-	p.in = nil
+	if p.in != nil { // a plan was made
+		clear(p.reqs[:cap(p.reqs)])
+		p.in = nil
+	}
 }
 
 // of reports whether p is the plan of reqs: made of these very requests
@@ -105,15 +107,11 @@ func (p *mergePlan) of(reqs []store.Request) bool {
 // their repeated keys merged, and returns p; or it returns nil when no key
 // repeats with mergeable params (the call then goes as it is).
 func planMerge(p *mergePlan, reqs []store.Request) *mergePlan {
-	if p.byKey == nil {
-		p.byKey = map[string]int{} // sized as it grows
-	}
-	byKey := p.byKey // the group of a key, or -1
-	defer clear(byKey)
-	if !repeats(reqs, byKey) {
+	if !repeats(p, reqs) { // the common case, on a single check's path
 		return nil
 	}
-	clear(byKey)
+	byKey := p.keys() // the group of a key, or -1
+	defer clear(byKey)
 	// A batch that repeats keys often has few. While they are counted, a
 	// group's at is its first check and sent its checks, and from[i] the
 	// group of request i, or -1.
@@ -206,9 +204,17 @@ func growInts(v []int, n int) []int {
 	return v[:n]
 }
 
+// keys returns p.byKey, empty, made at its first use.
+func (p *mergePlan) keys() map[string]int {
+	if p.byKey == nil {
+		p.byKey = map[string]int{} // sized as it grows
+	}
+	return p.byKey
+}
+
 // repeats reports whether a key appears twice in reqs with params that may
-// be merged; seen, empty, is the memory it may note keys in.
-func repeats(reqs []store.Request, seen map[string]int) bool {
+// be merged; a long reqs is looked at in p's map of keys.
+func repeats(p *mergePlan, reqs []store.Request) bool {
 	if len(reqs) <= 16 {
 		for i := range reqs {
 			if !mergeable(reqs[i].Params) {
@@ -222,6 +228,8 @@ func repeats(reqs []store.Request, seen map[string]int) bool {
 		}
 		return false
 	}
+	seen := p.keys()
+	defer clear(seen)
 	for i := range reqs {
 		if !mergeable(reqs[i].Params) {
 			continue
