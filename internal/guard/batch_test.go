@@ -114,9 +114,15 @@ func TestEnvoyAttackerBounded(t *testing.T) {
 	for i := range descs {
 		descs[i] = envoyrls.Descriptor{Entries: []envoyrls.DescriptorEntry{{Key: "tenant", Value: "attacker"}}}
 	}
+	// The attacker's answers are reused, as the gRPC service reuses
+	// those of requests of many descriptors.
+	deciders := map[*engine.Engine]*envoyrls.Decider{shared: envoyrls.NewDecider(shared, false), unshared: envoyrls.NewDecider(unshared, false)}
+	answers := sync.Pool{New: func() any { return new(envoyrls.Answer) }}
 	a := alternate(t, 8, func(eng *engine.Engine) (int64, error) {
-		_, over, err := envoyrls.NewDecider(eng, false).ShouldRateLimit(context.Background(), "edge", descs, 1)
-		if over {
+		ans := answers.Get().(*envoyrls.Answer)
+		defer answers.Put(ans)
+		err := deciders[eng].ShouldRateLimitInto(context.Background(), "edge", descs, 1, ans)
+		if ans.OverLimit {
 			return 0, err
 		}
 		return 1, err
