@@ -47,8 +47,8 @@ import (
 	"github.com/sluicehq/sluice/store/memory"
 )
 
-// This file holds the Engine, its configuration and its entry points Check
-// and BatchCheck. A check is decided in three steps, each in the file of
+// This file holds the Engine, its configuration and its entry point Check;
+// batch.go holds BatchCheck and BatchCheckInto. A check is decided in three steps, each in the file of
 // its name: plan.go (the policy turns the check into items, with their
 // keys and costs), decide.go (the store call and the failure modes) and
 // answer.go (the Result, with the rule and source that decided it). A
