@@ -147,7 +147,7 @@ func (e *Engine) fitsAtomic(s *scratch, now time.Time) (work int, ok bool) {
 			s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Cost: it.cost, Now: at})
 		}
 	}
-	mp := planMerge(s.reqs)
+	mp := planMerge(&s.call.plan, s.reqs)
 	if mp == nil {
 		return work, false
 	}
@@ -266,13 +266,8 @@ type storeCall struct {
 	// merged is the merge plan fitsAtomic made of the next all-or-nothing
 	// call's requests, which call then need not make again.
 	merged *mergePlan
-}
-
-// storeCheck is call with buffers of its own, for the paths that hold no
-// scratch of their own.
-func (e *Engine) storeCheck(ctx context.Context, all bool, reqs []store.Request, out []sluice.Decision, src []Source) error {
-	var c storeCall
-	return e.call(ctx, &c, all, reqs, out, src)
+	// plan is the memory of the merge plans of the calls.
+	plan mergePlan
 }
 
 // call is the one place the engine calls the store to decide, on the
@@ -296,7 +291,7 @@ func (e *Engine) call(ctx context.Context, c *storeCall, all bool, reqs []store.
 	mp := c.merged
 	c.merged = nil
 	if !c.b.All || !mp.of(reqs) {
-		mp = mergeAll(&c.b)
+		mp = mergeAll(&c.plan, &c.b)
 	}
 	if mp != nil {
 		err = doMerged(ctx, e.store, &c.b, mp, c.turn)

@@ -6,6 +6,7 @@ package engine
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -80,6 +81,20 @@ type mergePlan struct {
 	from []int
 	// in is the caller's requests the plan was made of.
 	in []store.Request
+	// idx holds the groups' idx; byKey maps a key to its group while the
+	// plan is made. Both are kept, empty, for the next plan.
+	idx   []int
+	byKey map[string]int
+	// b is the memory of the merged call's store.Batch.
+	b store.Batch
+}
+
+// release drops what p refers to, and keeps its memory.
+func (p *mergePlan) release() {
+	if p.in != nil { // a plan was made
+		clear(p.reqs[:cap(p.reqs)])
+		p.in = nil
+	}
 }
 
 // of reports whether p is the plan of reqs: made of these very requests
@@ -88,19 +103,20 @@ func (p *mergePlan) of(reqs []store.Request) bool {
 	return p != nil && len(reqs) > 0 && len(p.in) == len(reqs) && &p.in[0] == &reqs[0]
 }
 
-// planMerge returns the plan of reqs with their repeated keys merged, or
-// nil when no key repeats with mergeable params (the call then goes as it
-// is).
-func planMerge(reqs []store.Request) *mergePlan {
-	if !repeats(reqs) {
+// planMerge makes in p, whose memory it reuses, the plan of reqs with
+// their repeated keys merged, and returns p; or it returns nil when no key
+// repeats with mergeable params (the call then goes as it is).
+func planMerge(p *mergePlan, reqs []store.Request) *mergePlan {
+	if !repeats(p, reqs) { // the common case, on a single check's path
 		return nil
 	}
-	// Sized as it grows: a batch that repeats keys often has few. While
-	// they are counted, a group's at is its first check and sent its
-	// checks, and from[i] the group of request i, or -1.
-	p := &mergePlan{from: make([]int, len(reqs)), in: reqs}
-	byKey := map[string]int{} // the group of a key, or -1
-	var groups []mergeGroup
+	byKey := p.keys() // the group of a key, or -1
+	defer clear(byKey)
+	// A batch that repeats keys often has few. While they are counted, a
+	// group's at is its first check and sent its checks, and from[i] the
+	// group of request i, or -1.
+	p.from, p.in, p.reqs = growInts(p.from, len(reqs)), reqs, p.reqs[:0]
+	groups := p.groups[:0]
 	for i := range reqs {
 		r := &reqs[i]
 		g, seen := byKey[r.Key]
@@ -136,7 +152,8 @@ func planMerge(reqs []store.Request) *mergePlan {
 	if kept == 0 {
 		return nil
 	}
-	idx := make([]int, 0, n)
+	idx := slices.Grow(p.idx[:0], n)
+	p.idx = idx
 	for g := range groups {
 		if k := groups[g].sent; k > 0 {
 			groups[g].idx = idx[len(idx) : len(idx) : len(idx)+k]
@@ -174,13 +191,30 @@ func planMerge(reqs []store.Request) *mergePlan {
 		}
 	}
 	p.groups = gs
-	p.out = make([]sluice.Decision, len(p.reqs))
+	p.out = grow(p.out, len(p.reqs))
 	return p
 }
 
+// growInts returns v resliced to n values, reallocated when it has not the
+// room; the values are the caller's to set.
+func growInts(v []int, n int) []int {
+	if cap(v) < n {
+		return make([]int, n)
+	}
+	return v[:n]
+}
+
+// keys returns p.byKey, empty, made at its first use.
+func (p *mergePlan) keys() map[string]int {
+	if p.byKey == nil {
+		p.byKey = map[string]int{} // sized as it grows
+	}
+	return p.byKey
+}
+
 // repeats reports whether a key appears twice in reqs with params that may
-// be merged.
-func repeats(reqs []store.Request) bool {
+// be merged; a long reqs is looked at in p's map of keys.
+func repeats(p *mergePlan, reqs []store.Request) bool {
 	if len(reqs) <= 16 {
 		for i := range reqs {
 			if !mergeable(reqs[i].Params) {
@@ -194,8 +228,8 @@ func repeats(reqs []store.Request) bool {
 		}
 		return false
 	}
-	// Sized as it grows: a batch that repeats keys finds one early.
-	seen := map[string]struct{}{}
+	seen := p.keys()
+	defer clear(seen)
 	for i := range reqs {
 		if !mergeable(reqs[i].Params) {
 			continue
@@ -203,7 +237,7 @@ func repeats(reqs []store.Request) bool {
 		if _, ok := seen[reqs[i].Key]; ok {
 			return true
 		}
-		seen[reqs[i].Key] = struct{}{}
+		seen[reqs[i].Key] = i
 	}
 	return false
 }
@@ -251,14 +285,15 @@ func parts(reqs []store.Request, idx []int) [2]int64 {
 // doMerged is Store.Do of the all-or-nothing batch b, with its repeated keys
 // merged as p plans; turn, when not nil, pauses during the store call.
 func doMerged(ctx context.Context, st store.Store, b *store.Batch, p *mergePlan, turn *share.Turn) error {
-	mb := store.Batch{Reqs: p.reqs, Out: p.out, All: true}
+	p.b = store.Batch{Reqs: p.reqs, Out: p.out, All: true}
 	if b.Sources != nil {
-		p.src = make([]store.Source, len(p.reqs))
-		mb.Sources = p.src
+		p.src = growStoreSource(p.src, len(p.reqs))
+		p.b.Sources = p.src
 	}
 	turn.Pause()
-	err := st.Do(ctx, &mb)
+	err := st.Do(ctx, &p.b)
 	turn.Resume(ctx)
+	p.b = store.Batch{}
 	if err != nil {
 		return err
 	}
@@ -392,11 +427,11 @@ func retryAfter(p *algorithm.Params, denied sluice.Decision, total, need int64, 
 	return denied.RetryAfter
 }
 
-// mergeAll returns the merge plan of b, or nil when b goes as it is: it is
-// not all or nothing, or no key repeats.
-func mergeAll(b *store.Batch) *mergePlan {
+// mergeAll makes in p the merge plan of b and returns p, or returns nil
+// when b goes as it is: it is not all or nothing, or no key repeats.
+func mergeAll(p *mergePlan, b *store.Batch) *mergePlan {
 	if !b.All || b.Once != nil || len(b.Reqs) < 2 {
 		return nil
 	}
-	return planMerge(b.Reqs)
+	return planMerge(p, b.Reqs)
 }

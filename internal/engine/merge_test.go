@@ -70,7 +70,7 @@ func TestMergedMatchesUnmerged(t *testing.T) {
 				}
 				got := make([]sluice.Decision, len(reqs))
 				b := store.Batch{Reqs: reqs, Out: got, All: true}
-				if mp := mergeAll(&b); mp != nil {
+				if mp := mergeAll(new(mergePlan), &b); mp != nil {
 					merged++
 					if err := doMerged(context.Background(), both, &b, mp, nil); err != nil {
 						t.Fatal(err)
@@ -146,7 +146,7 @@ func TestPlanMerge(t *testing.T) {
 	add("fixed", &fixed, 5, time.Time{})
 	reqs = append(reqs, store.Request{Key: "reads", Params: &log})
 	add("reads", &log, 2, time.Time{})
-	p := mergeAll(&store.Batch{Reqs: reqs, All: true})
+	p := mergeAll(new(mergePlan), &store.Batch{Reqs: reqs, All: true})
 	if p == nil {
 		t.Fatal("not merged")
 	}
@@ -160,10 +160,10 @@ func TestPlanMerge(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("requests sent:\n got %v\nwant %v", got, want)
 	}
-	if p := mergeAll(&store.Batch{Reqs: reqs[:1]}); p != nil {
+	if p := mergeAll(new(mergePlan), &store.Batch{Reqs: reqs[:1]}); p != nil {
 		t.Errorf("a call that is not all or nothing merged")
 	}
-	if p := mergeAll(&store.Batch{Reqs: reqs[1001:1009], All: true}); p != nil {
+	if p := mergeAll(new(mergePlan), &store.Batch{Reqs: reqs[1001:1009], All: true}); p != nil {
 		t.Errorf("a call without a repeated key of a merged algorithm merged: %v", p.reqs)
 	}
 }

@@ -56,6 +56,9 @@ type scratch struct {
 	src    []Source
 	idx    []int
 	call   storeCall
+	// decided marks the checks of an all-or-nothing batch that the allow
+	// and deny lists decided.
+	decided []bool
 	// gparams holds the params of the check's global items, whose limit
 	// changes from check to check.
 	gparams []algorithm.Params
@@ -82,6 +85,7 @@ func (e *Engine) putScratch(s *scratch) {
 	clear(s.rules[:cap(s.rules)])
 	clear(s.items[:cap(s.items)])
 	clear(s.reqs[:cap(s.reqs)])
+	s.call.plan.release()
 	e.pool.Put(s)
 }
 

@@ -41,7 +41,7 @@ func (e *Engine) Status(ctx context.Context, c *Check) ([]RuleResult, error) {
 		s.reqs = append(s.reqs, store.Request{Key: it.key, Params: it.params, Cost: 0, Now: at})
 	}
 	s.out = grow(s.out, len(s.reqs))
-	if err := e.storeCheck(ctx, false, s.reqs, s.out, nil); err != nil {
+	if err := e.call(ctx, &s.call, false, s.reqs, s.out, nil); err != nil {
 		return nil, err
 	}
 	out := make([]RuleResult, len(s.items))

@@ -75,24 +75,24 @@ func (e *Engine) tracedCheck(ctx context.Context, c *Check) (Result, error) {
 	return res, err
 }
 
-// tracedBatch is BatchCheck in a span.
-func (e *Engine) tracedBatch(ctx context.Context, checks []Check, mode BatchMode) ([]Result, error) {
+// tracedBatch is BatchCheckInto in a span.
+func (e *Engine) tracedBatch(ctx context.Context, checks []Check, mode BatchMode, a *BatchAnswer) error {
 	ctx, span := e.tracer.Start(ctx, spanBatch, serverSpan...)
-	out, err := e.observedBatch(ctx, checks, mode)
+	err := e.observedBatch(ctx, checks, mode, a)
 	if span.IsRecording() {
 		span.SetAttributes(attrChecks.Int(len(checks)))
 		if err != nil {
 			failed(span, err)
 		} else {
 			allowed := true
-			for i := range out {
-				allowed = allowed && out[i].Allowed
+			for i := range a.Results {
+				allowed = allowed && a.Results[i].Allowed
 			}
 			span.SetAttributes(attrAllowed.Bool(allowed))
 		}
 	}
 	span.End()
-	return out, err
+	return err
 }
 
 // failed marks span as failed with err.

@@ -2,8 +2,11 @@ package envoyrls
 
 import (
 	"context"
+	"reflect"
+	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/internal/policy"
@@ -87,10 +90,75 @@ descriptors:
 	for i := range descs {
 		descs[i] = Descriptor{Entries: []DescriptorEntry{{Key: "tenant", Value: "attacker"}}}
 	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, _, err := d.ShouldRateLimit(ctx, "edge", descs, 1); err != nil {
-			b.Fatal(err)
+	b.Run("allocated", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, err := d.ShouldRateLimit(ctx, "edge", descs, 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	// The gRPC service's: the answer reused.
+	b.Run("reused", func(b *testing.B) {
+		b.ReportAllocs()
+		var a Answer
+		for b.Loop() {
+			if err := d.ShouldRateLimitInto(ctx, "edge", descs, 1, &a); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// TestShouldRateLimitIntoReused: an answer reused from request to request
+// holds what ShouldRateLimit returns, on an engine of its own with the same
+// history, for requests of many descriptors and of few, matched or not,
+// over the limit or not, and bad ones.
+func TestShouldRateLimitIntoReused(t *testing.T) {
+	const pol = `
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: { unit: hour, requests_per_unit: 8 }
+  - key: free
+    rate_limit: { unlimited: true }
+`
+	alloc, _ := newEngine(t, pol)
+	reused, _ := newEngine(t, pol)
+	descs := func(n int, key, value string) []Descriptor {
+		ds := make([]Descriptor, n)
+		for i := range ds {
+			ds[i] = Descriptor{Entries: []DescriptorEntry{{Key: key, Value: value + strconv.Itoa(i%3)}}}
+		}
+		return ds
+	}
+	mixed := append(descs(6, "tenant", "m"), descs(3, "free", "f")...)
+	mixed = append(mixed, descs(2, "nomatch", "n")...)
+	ctx := context.Background()
+	var a Answer
+	for i, ds := range [][]Descriptor{descs(20, "tenant", "a"), descs(2, "tenant", "b"), mixed, descs(30, "tenant", "a"),
+		{{Entries: []DescriptorEntry{{Key: "", Value: "x"}}}}, descs(12, "free", "f"), mixed} {
+		want, wantOver, wantErr := alloc.ShouldRateLimit(ctx, "edge", ds, 1)
+		err := reused.ShouldRateLimitInto(ctx, "edge", ds, 1, &a)
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("request %d: error %v, want %v", i, err, wantErr)
+		}
+		if err != nil {
+			if len(a.Statuses) != 0 {
+				t.Errorf("request %d: %d statuses with an error, want none", i, len(a.Statuses))
+			}
+			continue
+		}
+		// The engines read the clock each: their resets differ by the
+		// time between the two calls.
+		got := slices.Clone(a.Statuses)
+		for j := range got {
+			if j < len(want) && (got[j].DurationUntilReset-want[j].DurationUntilReset).Abs() < time.Second {
+				got[j].DurationUntilReset = want[j].DurationUntilReset
+			}
+		}
+		if a.OverLimit != wantOver || !reflect.DeepEqual(got, want) {
+			t.Errorf("request %d: over %v, %+v\nwant over %v, %+v", i, a.OverLimit, got, wantOver, want)
 		}
 	}
 }

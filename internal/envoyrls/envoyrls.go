@@ -19,6 +19,7 @@ package envoyrls
 import (
 	"context"
 	"errors"
+	"sync"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -64,6 +65,8 @@ type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	dec *Decider
 	cfg Config
+	// answers pools the *Answer of requests of many descriptors.
+	answers sync.Pool
 }
 
 // New returns the service of Envoy's descriptors decided on eng.
@@ -109,7 +112,20 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	statuses, over, err := s.dec.ShouldRateLimit(ctx, req.GetDomain(), descs, uint64(req.GetHitsAddend()))
+	var statuses []DescriptorStatus
+	var over bool
+	if len(descs) <= 4 {
+		// A few statuses: allocated, as cheap as a pooled answer.
+		statuses, over, err = s.dec.ShouldRateLimit(ctx, req.GetDomain(), descs, uint64(req.GetHitsAddend()))
+	} else {
+		a, _ := s.answers.Get().(*Answer)
+		if a == nil {
+			a = new(Answer)
+		}
+		defer s.answers.Put(a) // the statuses are read before it returns
+		err = s.dec.ShouldRateLimitInto(ctx, req.GetDomain(), descs, uint64(req.GetHitsAddend()), a)
+		statuses, over = a.Statuses, a.OverLimit
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}

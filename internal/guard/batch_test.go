@@ -57,10 +57,15 @@ func TestBatchAttackerBounded(t *testing.T) {
 		for i := range batch {
 			batch[i] = engine.Check{ClientID: "attacker", Resource: "/attack", Cost: 1}
 		}
+		// The attacker's answers are reused, as the HTTP and gRPC APIs
+		// reuse theirs.
+		answers := sync.Pool{New: func() any { return new(engine.BatchAnswer) }}
 		a := alternate(t, 1, func(eng *engine.Engine) (int64, error) {
-			out, err := eng.BatchCheck(context.Background(), batch, engine.AllOrNothing)
+			ans := answers.Get().(*engine.BatchAnswer)
+			defer answers.Put(ans)
+			err := eng.BatchCheckInto(context.Background(), batch, engine.AllOrNothing, ans)
 			n := int64(0)
-			for _, r := range out {
+			for _, r := range ans.Results {
 				if r.Allowed {
 					n++
 				}
@@ -109,9 +114,15 @@ func TestEnvoyAttackerBounded(t *testing.T) {
 	for i := range descs {
 		descs[i] = envoyrls.Descriptor{Entries: []envoyrls.DescriptorEntry{{Key: "tenant", Value: "attacker"}}}
 	}
+	// The attacker's answers are reused, as the gRPC service reuses
+	// those of requests of many descriptors.
+	deciders := map[*engine.Engine]*envoyrls.Decider{shared: envoyrls.NewDecider(shared, false), unshared: envoyrls.NewDecider(unshared, false)}
+	answers := sync.Pool{New: func() any { return new(envoyrls.Answer) }}
 	a := alternate(t, 8, func(eng *engine.Engine) (int64, error) {
-		_, over, err := envoyrls.NewDecider(eng, false).ShouldRateLimit(context.Background(), "edge", descs, 1)
-		if over {
+		ans := answers.Get().(*envoyrls.Answer)
+		defer answers.Put(ans)
+		err := deciders[eng].ShouldRateLimitInto(context.Background(), "edge", descs, 1, ans)
+		if ans.OverLimit {
 			return 0, err
 		}
 		return 1, err

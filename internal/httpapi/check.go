@@ -135,22 +135,23 @@ func (h *Handler) handleCheck(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) handleBatch(w http.ResponseWriter, r *http.Request) {
-	b := getBuf()
-	defer putBuf(b)
+	m := getBatchMem()
+	defer putBatchMem(m)
+	b := &m.body
 	if err := readBody(r, b); err != nil {
 		h.writeError(w, r, err)
 		return
 	}
-	checks, mode, err := decodeBatch(b.b)
+	checks, mode, err := decodeBatch(b.b, m)
 	if err != nil {
 		h.writeError(w, r, err)
 		return
 	}
-	results, err := h.eng.BatchCheck(r.Context(), checks, mode)
-	if err != nil {
+	if err := h.eng.BatchCheckInto(r.Context(), checks, mode, &m.answer); err != nil {
 		h.writeError(w, r, err)
 		return
 	}
+	results := m.answer.Results
 	if len(results) != len(checks) {
 		h.writeError(w, r, errors.New("httpapi: the engine returned a result count unlike the check count"))
 		return

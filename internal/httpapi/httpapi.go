@@ -23,7 +23,9 @@ import (
 // Implementations must be safe for concurrent use.
 type Engine interface {
 	Check(ctx context.Context, c *engine.Check) (engine.Result, error)
-	BatchCheck(ctx context.Context, checks []engine.Check, mode engine.BatchMode) ([]engine.Result, error)
+	// BatchCheckInto writes the results of checks into a, which the
+	// API reuses from batch to batch (see engine.BatchAnswer).
+	BatchCheckInto(ctx context.Context, checks []engine.Check, mode engine.BatchMode, a *engine.BatchAnswer) error
 	Status(ctx context.Context, c *engine.Check) ([]engine.RuleResult, error)
 	Ready(ctx context.Context) error
 }

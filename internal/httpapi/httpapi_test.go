@@ -42,12 +42,13 @@ func (f *fakeEngine) Check(ctx context.Context, c *engine.Check) (engine.Result,
 	return f.result, nil
 }
 
-func (f *fakeEngine) BatchCheck(ctx context.Context, checks []engine.Check, mode engine.BatchMode) ([]engine.Result, error) {
+func (f *fakeEngine) BatchCheckInto(ctx context.Context, checks []engine.Check, mode engine.BatchMode, a *engine.BatchAnswer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
 	f.checks = append(f.checks, checks...)
-	return f.batch, nil
+	a.Results = append(a.Results[:0], f.batch...)
+	return nil
 }
 
 func (f *fakeEngine) Status(ctx context.Context, c *engine.Check) ([]engine.RuleResult, error) {
@@ -625,7 +626,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		checks, mode, err := decodeBatch(data)
+		checks, mode, err := decodeBatch(data, new(batchMem))
 		if err != nil {
 			if _, code := statusOf(err); code != "invalid_request" {
 				t.Fatalf("error %v maps to %s, want invalid_request", err, code)
@@ -739,8 +740,8 @@ type benchEngine struct{ res engine.Result }
 func (e benchEngine) Check(ctx context.Context, c *engine.Check) (engine.Result, error) {
 	return e.res, nil
 }
-func (e benchEngine) BatchCheck(ctx context.Context, checks []engine.Check, mode engine.BatchMode) ([]engine.Result, error) {
-	return nil, nil
+func (e benchEngine) BatchCheckInto(ctx context.Context, checks []engine.Check, mode engine.BatchMode, a *engine.BatchAnswer) error {
+	return nil
 }
 func (e benchEngine) Status(ctx context.Context, c *engine.Check) ([]engine.RuleResult, error) {
 	return nil, nil
@@ -769,6 +770,25 @@ func TestDeniedWithBatch(t *testing.T) {
 	}
 }
 
+// TestDecodeBatchReused: a batch decoded into the memory of a larger one
+// before it has none of its fields.
+func TestDecodeBatchReused(t *testing.T) {
+	m := new(batchMem)
+	first := `{"client_id":"c","user":"u","checks":[{"resource":"/a","cost":3,"ip":"1.2.3.4","idempotency_key":"k"},{"resource":"/b","operation":"write","api_key":"a"},{"method":"GET"}]}`
+	if _, _, err := decodeBatch([]byte(first), m); err != nil {
+		t.Fatal(err)
+	}
+	m.reset()
+	checks, mode, err := decodeBatch([]byte(`{"mode":"best_effort","checks":[{"client_id":"d"},{"client_id":"e","cost":0}]}`), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []engine.Check{{ClientID: "d", Cost: 1}, {ClientID: "e"}}
+	if mode != engine.BestEffort || !reflect.DeepEqual(checks, want) {
+		t.Errorf("got %v, %+v; want best effort, %+v", mode, checks, want)
+	}
+}
+
 func BenchmarkDecodeBatch(b *testing.B) {
 	var sb strings.Builder
 	sb.WriteString(`{"client_id":"client-1","mode":"best_effort","checks":[`)
@@ -782,9 +802,11 @@ func BenchmarkDecodeBatch(b *testing.B) {
 	data := []byte(sb.String())
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, err := decodeBatch(data); err != nil {
+		m := getBatchMem()
+		if _, _, err := decodeBatch(data, m); err != nil {
 			b.Fatal(err)
 		}
+		putBatchMem(m)
 	}
 }
 
