@@ -103,7 +103,9 @@ type Config struct {
 	// StallTimeout ends sooner the wait of a call when the store has
 	// answered no call at all (a decision or an error reply) for that
 	// long, counted from the later of the call's start and the store's
-	// latest answer: a paused or cut-off store, not a busy one. Zero
+	// latest answer, less the time the process itself could not run (a
+	// heartbeat that beats late): a paused or cut-off store, not a busy
+	// one, nor a starved process. Zero
 	// learns it: 4 times the slowest answer of the last 10 to 20 seconds,
 	// at least DefaultStallFloor; negative turns stall detection off. It
 	// has no effect at or above Deadline.
@@ -199,6 +201,7 @@ func New(inner Store, cfg Config) (*Guard, error) {
 		g.deadline = DefaultDeadline
 	}
 	g.stall.fixed, g.stall.deadline = cfg.StallTimeout, g.deadline
+	g.stall.beat.inflight = &g.inflight
 	if cfg.MaxInFlight < 0 {
 		return nil, fmt.Errorf("guard: config: max in flight must not be negative, got %d", cfg.MaxInFlight)
 	}
