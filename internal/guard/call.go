@@ -241,7 +241,7 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 			copy(out, j.out)
 			putJob(j)
 		default: // the job is no longer ours: it recycles itself
-			err = g.gaveUp(ctx, v == doneStalled || v == doneStalledUnsent)
+			err = g.gaveUp(ctx, v == doneStalled || v == doneStalledUnsent, v == doneGaveUp || v == doneStalled)
 			// A check the store never saw because the server was slow
 			// to send it says nothing of the store; one the store never
 			// saw because it answers nothing does.
@@ -305,7 +305,7 @@ wait:
 		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
 			// The job finishes on its own (its context is cancelled
 			// when await returns) and recycles itself.
-			return g.gaveUp(ctx, stalled), !sent && !stalled
+			return g.gaveUp(ctx, stalled, sent), !sent && !stalled
 		}
 		<-j.done // it finished at the same instant
 		break

@@ -18,7 +18,9 @@
 //     deadline even when the store does not (a Redis client blocked while
 //     it reconnects through a slow network, for instance); at most
 //     Config.MaxInFlight such calls run at once, and beyond that calls
-//     fail at once.
+//     fail at once. A call given up on after it was sent wraps
+//     ErrMaybeCounted: the store may count it, and the local limiter
+//     that Local returns does not admit its check too.
 //   - A circuit breaker (sony/gobreaker) in front of the store: above an
 //     error rate over a rolling window, with a minimum number of calls, it
 //     opens, and every call fails at once without touching the network
@@ -155,6 +157,7 @@ type Guard struct {
 	nodes    bool       // inner has several nodes (Info.Cluster)
 	deadline time.Duration
 	stall    stallDetector
+	maybe    maybeCounted // requests the store may have counted, for Local
 	now      func() time.Time
 	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
 	olc      *overLimitCache // nil when off
@@ -202,6 +205,7 @@ func New(inner Store, cfg Config) (*Guard, error) {
 	}
 	g.stall.fixed, g.stall.deadline = cfg.StallTimeout, g.deadline
 	g.stall.beat.inflight = &g.inflight
+	g.maybe.ttl = g.deadline
 	if cfg.MaxInFlight < 0 {
 		return nil, fmt.Errorf("guard: config: max in flight must not be negative, got %d", cfg.MaxInFlight)
 	}
@@ -556,8 +560,12 @@ func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out 
 		op = opCheckAll
 	}
 	err := g.run(ctx, g.newJob(op, reqs, len(reqs)), out)
-	if err != nil || g.olc == nil {
+	if err != nil {
+		g.givenUp(reqs, err)
 		return err
+	}
+	if g.olc == nil {
+		return nil
 	}
 	for i := range reqs {
 		if d := &out[i]; !d.Allowed && d.Reason == sluice.ReasonLimited && d.RetryAfter > 0 {
@@ -567,6 +575,14 @@ func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out 
 		}
 	}
 	return nil
+}
+
+// givenUp remembers the requests of a call that failed with err, when the
+// store may have counted them (see Local).
+func (g *Guard) givenUp(reqs []store.Request, err error) {
+	if g.maybe.on.Load() && errors.Is(err, ErrMaybeCounted) {
+		g.maybe.mark(reqs, g.now())
+	}
 }
 
 // keyBefore reports whether the key of reqs[i] is the key of an earlier

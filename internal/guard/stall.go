@@ -174,13 +174,20 @@ func (g *Guard) noteAnswer(sent time.Time, err error) {
 
 // gaveUp returns the error of a call whose caller stopped waiting: its
 // context ended, the store stalled, or the guard's deadline passed while
-// the store answered other calls.
-func (g *Guard) gaveUp(ctx context.Context, stalled bool) error {
+// the store answered other calls. When the call was sent (the store may
+// have received it and counted it), the error wraps ErrMaybeCounted too.
+func (g *Guard) gaveUp(ctx context.Context, stalled, sent bool) error {
+	var err error
 	switch {
 	case ctx.Err() != nil:
-		return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ctx.Err())
+		err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ctx.Err())
 	case stalled:
-		return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ErrStalled)
+		err = fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, ErrStalled)
+	default:
+		err = fmt.Errorf("%w: %w: %w", sluice.ErrStoreUnavailable, ErrDeadline, context.DeadlineExceeded)
 	}
-	return fmt.Errorf("%w: %w: %w", sluice.ErrStoreUnavailable, ErrDeadline, context.DeadlineExceeded)
+	if sent {
+		err = fmt.Errorf("%w: %w", err, ErrMaybeCounted)
+	}
+	return err
 }
