@@ -237,7 +237,7 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		g.gatherJob(j)
 		switch v := <-j.done; v {
 		case doneFinished:
-			err = j.err
+			err = sentErr(j.err)
 			copy(out, j.out)
 			putJob(j)
 		default: // the job is no longer ours: it recycles itself
@@ -310,7 +310,7 @@ wait:
 		<-j.done // it finished at the same instant
 		break
 	}
-	err = j.err
+	err = sentErr(j.err)
 	copy(out, j.out)
 	if len(replayed) > 0 {
 		*replayed[0] = j.replayed

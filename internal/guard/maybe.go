@@ -13,13 +13,27 @@ import (
 
 // ErrMaybeCounted is wrapped, beside the reason, by the error of a call
 // given up after it was sent: at its deadline, because the store stalled,
-// or because its caller went away. The store may have received it and may
+// or because its caller went away (or that the store itself gave up on at
+// the end of its context, which comes at the same instant). The store may have received it and may
 // count it (a paused server runs what it read once it resumes), so a check
 // it failed must not be admitted without the store: the local limiter
 // that Guard.Local returns refuses it. A call given up before it was sent,
 // and a call the store could not be reached for (refused, reset, breaker
 // open), do not wrap it: nothing was counted.
 var ErrMaybeCounted = errors.New("sluice: the store may have counted the call")
+
+// sentErr returns err, the error of a store call that was sent and
+// returned, wrapping ErrMaybeCounted when the store gave up on the call at
+// the end of its context (the guard's deadline, which a store that heeds
+// its context may reach first, or its caller's): it may have been written
+// to the store before.
+func sentErr(err error) error {
+	if err == nil || errors.Is(err, ErrMaybeCounted) || isAnswer(err) ||
+		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, ErrMaybeCounted)
+}
 
 // maxMarks bounds the keys with a request the store may have counted:
 // beyond it, what is given up on is not remembered (and its check may be

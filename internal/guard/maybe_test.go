@@ -3,8 +3,10 @@ package guard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -135,9 +137,24 @@ rules:
 				t.Errorf("gatherers %d: %d marks left, want 0", gatherers, n)
 			}
 		}
+		// A store that heeds its context and answers past the deadline
+		// returns at the deadline, as the guard gives up: either way the
+		// call was sent.
+		f.SetDown(false)
+		for _, gatherers := range []int{-1, 1} {
+			f.SetHang(0)
+			e, _ := newEngine(Config{Gatherers: gatherers, StallTimeout: -1})
+			if got := check(e); got != "store/" {
+				t.Fatalf("gatherers %d: store up: %s", gatherers, got)
+			}
+			f.SetDelay(3 * time.Second)
+			if got := check(e); got != "fail_closed/deadline" {
+				t.Errorf("gatherers %d: store slow: %s, want fail_closed/deadline", gatherers, got)
+			}
+			f.SetDelay(0)
+		}
 		// A stalled store: the calls that stall fail closed; those that
 		// fail at once are decided locally.
-		f.SetDown(false)
 		e, _ := newEngine(Config{Deadline: 5 * time.Second, StallTimeout: 500 * time.Millisecond})
 		if got := check(e); got != "store/" {
 			t.Fatalf("store up: %s", got)
@@ -179,4 +196,26 @@ func TestMaybeCountedNeedsLocal(t *testing.T) {
 		}
 		time.Sleep(3 * time.Second)
 	})
+}
+
+// TestSentErr: the error of a sent call that the store gave up on at its
+// context's end says the store may have counted it; an answer, or a
+// failure to reach the store, does not.
+func TestSentErr(t *testing.T) {
+	unavailable := func(err error) error { return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, err) }
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{unavailable(context.DeadlineExceeded), true},
+		{unavailable(context.Canceled), true},
+		{unavailable(syscall.ECONNREFUSED), false},
+		{fmt.Errorf("%w: %w", unavailable(context.DeadlineExceeded), store.ErrReplied), false}, // an answer
+		{errors.New("bad request"), false},
+	} {
+		if got := errors.Is(sentErr(c.err), ErrMaybeCounted); got != c.want {
+			t.Errorf("sentErr(%v) maybe counted = %v, want %v", c.err, got, c.want)
+		}
+	}
 }
