@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,13 +27,21 @@ var ErrMaybeCounted = errors.New("sluice: the store may have counted the call")
 // returned, wrapping ErrMaybeCounted when the store gave up on the call at
 // the end of its context (the guard's deadline, which a store that heeds
 // its context may reach first, or its caller's): it may have been written
-// to the store before.
+// to the store before. A connection that could not be opened (a dial
+// that timed out: a host loaded beyond its cores takes long to connect
+// even to a killed server) never carried it.
 func sentErr(err error) error {
-	if err == nil || errors.Is(err, ErrMaybeCounted) || isAnswer(err) ||
+	if err == nil || errors.Is(err, ErrMaybeCounted) || isAnswer(err) || dialFailed(err) ||
 		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	return fmt.Errorf("%w: %w", err, ErrMaybeCounted)
+}
+
+// dialFailed reports whether err is the failure to open a connection.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // maxMarks bounds the keys with a request the store may have counted:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"syscall"
@@ -211,6 +212,8 @@ func TestSentErr(t *testing.T) {
 		{unavailable(context.DeadlineExceeded), true},
 		{unavailable(context.Canceled), true},
 		{unavailable(syscall.ECONNREFUSED), false},
+		{unavailable(&net.OpError{Op: "dial", Net: "tcp", Err: context.DeadlineExceeded}), false}, // never connected
+		{unavailable(&net.OpError{Op: "read", Net: "tcp", Err: context.DeadlineExceeded}), true},
 		{fmt.Errorf("%w: %w", unavailable(context.DeadlineExceeded), store.ErrReplied), false}, // an answer
 		{errors.New("bad request"), false},
 	} {
