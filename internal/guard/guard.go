@@ -577,14 +577,6 @@ func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out 
 	return nil
 }
 
-// givenUp remembers the requests of a call that failed with err, when the
-// store may have counted them (see Local).
-func (g *Guard) givenUp(reqs []store.Request, err error) {
-	if g.maybe.on.Load() && errors.Is(err, ErrMaybeCounted) {
-		g.maybe.mark(reqs, g.now())
-	}
-}
-
 // keyBefore reports whether the key of reqs[i] is the key of an earlier
 // request of reqs that may have changed its state: one of positive cost (a
 // read, such as the engine sends before the merged checks of a key, leaves

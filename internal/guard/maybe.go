@@ -146,6 +146,14 @@ func (m *maybeCounted) take(reqs []store.Request, now time.Time) bool {
 	return took
 }
 
+// givenUp remembers the requests of a call that failed with err, when the
+// store may have counted them (see Local).
+func (g *Guard) givenUp(reqs []store.Request, err error) {
+	if g.maybe.on.Load() && errors.Is(err, ErrMaybeCounted) {
+		g.maybe.mark(reqs, g.now())
+	}
+}
+
 // Local returns inner, the in-process limiter of the local failure mode
 // (the engine's Config.Local), behind a gate that refuses a local
 // decision of a key whose request the guard gave up on after sending it
