@@ -65,7 +65,7 @@ type job struct {
 	// store stalls (see stallDetector) for stall counted from start.
 	gone    <-chan struct{}
 	expires time.Time
-	start   time.Time
+	start   int64 // on the stall detector's awake clock
 	stall   time.Duration
 
 	pool *sync.Pool // the guard's, which recycles it
@@ -189,6 +189,7 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		return fmt.Errorf("%w: %w", sluice.ErrStoreUnavailable, err)
 	}
 	stall, started := g.stall.timeout(), time.Now()
+	since := g.stall.clock(started)
 	if !g.nodes && g.stall.blocked(started, stall) {
 		// The store stalled and has answered nothing since: fail at
 		// once, as an open breaker does. Not on a store of several
@@ -218,6 +219,9 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		}
 		return err
 	}
+	if stall > 0 {
+		g.stall.beat.start()
+	}
 	expires, callerFirst := started.Add(g.deadline), false
 	if dl, ok := ctx.Deadline(); ok && dl.Before(expires) {
 		expires, callerFirst = dl, true
@@ -229,22 +233,22 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		// A gathered check waits on its job alone; the sweeper ends the
 		// wait at the deadline, when the store stalls or when ctx ends,
 		// whichever comes first.
-		j.gone, j.expires, j.start, j.stall = ctx.Done(), expires, started, stall
+		j.gone, j.expires, j.start, j.stall = ctx.Done(), expires, since, stall
 		g.gatherJob(j)
 		switch v := <-j.done; v {
 		case doneFinished:
-			err = j.err
+			err = sentErr(j.err)
 			copy(out, j.out)
 			putJob(j)
 		default: // the job is no longer ours: it recycles itself
-			err = g.gaveUp(ctx, v == doneStalled || v == doneStalledUnsent)
+			err = g.gaveUp(ctx, v == doneStalled || v == doneStalledUnsent, v == doneGaveUp || v == doneStalled)
 			// A check the store never saw because the server was slow
 			// to send it says nothing of the store; one the store never
 			// saw because it answers nothing does.
 			notSent = v == doneGaveUpUnsent
 		}
 	} else {
-		err, notSent = g.await(ctx, j, out, started, stall, replayed...)
+		err, notSent = g.await(ctx, j, out, since, stall, replayed...)
 	}
 	if err != nil {
 		g.stats.storeErrors.Add(1)
@@ -267,18 +271,19 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 }
 
 // await runs j, a job that is not a gathered check, on a goroutine of its
-// own, and waits for it until the deadline or until ctx ends, whichever
-// comes first. On time, it copies j's decisions to out (and its replayed
+// own, and waits for it until the deadline, until ctx ends or until the
+// store stalls (counted from since, on the stall detector's awake clock),
+// whichever comes first. On time, it copies j's decisions to out (and its replayed
 // flag to replayed[0]) and recycles j; otherwise it leaves j to recycle
 // itself and reports whether j was sent.
-func (g *Guard) await(ctx context.Context, j *job, out []sluice.Decision, started time.Time, stall time.Duration, replayed ...*bool) (err error, notSent bool) {
+func (g *Guard) await(ctx context.Context, j *job, out []sluice.Decision, since int64, stall time.Duration, replayed ...*bool) (err error, notSent bool) {
 	cctx, cancel := context.WithTimeout(ctx, g.deadline)
 	defer cancel()
 	go g.runJob(cctx, j)
 	var wake <-chan time.Time
 	var t *time.Timer
 	if stall > 0 {
-		t = time.NewTimer(time.Until(g.stall.wakeAt(started, stall)))
+		t = time.NewTimer(g.stall.wakeIn(since, time.Now(), stall))
 		defer t.Stop()
 		wake = t.C
 	}
@@ -290,8 +295,8 @@ wait:
 			break wait
 		case <-cctx.Done():
 		case now := <-wake:
-			if !g.stall.stalled(started, now, stall) {
-				t.Reset(time.Until(g.stall.wakeAt(started, stall)))
+			if !g.stall.stalled(since, now, stall) {
+				t.Reset(g.stall.wakeIn(since, time.Now(), stall))
 				continue
 			}
 			stalled = true
@@ -300,12 +305,12 @@ wait:
 		if j.state.CompareAndSwap(jobRunning, jobAbandoned) {
 			// The job finishes on its own (its context is cancelled
 			// when await returns) and recycles itself.
-			return g.gaveUp(ctx, stalled), !sent && !stalled
+			return g.gaveUp(ctx, stalled, sent), !sent && !stalled
 		}
 		<-j.done // it finished at the same instant
 		break
 	}
-	err = j.err
+	err = sentErr(j.err)
 	copy(out, j.out)
 	if len(replayed) > 0 {
 		*replayed[0] = j.replayed

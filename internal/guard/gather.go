@@ -78,7 +78,7 @@ func (g *Guard) sweep() {
 		g.giveUp(q.queue, now)
 		for _, sc := range q.active {
 			if g.giveUp(sc.batch, now) && !sc.yielded && (!now.Before(sc.expires) ||
-				g.stall.stalled(sc.expires.Add(-g.deadline), now, g.stall.timeout())) {
+				g.stall.stalled(sc.since, now, g.stall.timeout())) {
 				// Past its deadline, or stalled, with none of its checks
 				// waiting: the store call is stuck (a client
 				// reconnecting, a paused server), and the queued checks
@@ -152,10 +152,12 @@ type gatherScratch struct {
 	ready   []int
 	part    func(idx []int, err error)
 	waiting int
-	// expires is the deadline of the store call, and yielded is set when
-	// the goroutine gave its gathering slot up (see yield); both are set
-	// under the gatherer's mu.
+	// expires is the deadline of the store call, since its start on the
+	// stall detector's awake clock, and yielded is set when the goroutine
+	// gave its gathering slot up (see yield); all are set under the
+	// gatherer's mu.
 	expires time.Time
+	since   int64
 	yielded bool
 }
 
@@ -191,7 +193,8 @@ func (g *Guard) gatherLoop() {
 		rest := copy(q.queue, q.queue[k:])
 		clear(q.queue[rest:])
 		q.queue = q.queue[:rest]
-		sc.expires = time.Now().Add(g.deadline)
+		now := time.Now()
+		sc.expires, sc.since = now.Add(g.deadline), g.stall.clock(now)
 		q.active = append(q.active, sc)
 		// The jobs to send are chosen and marked sent under mu, where the
 		// sweeper gives up on them: a job it reports not sent is never

@@ -18,7 +18,9 @@
 //     deadline even when the store does not (a Redis client blocked while
 //     it reconnects through a slow network, for instance); at most
 //     Config.MaxInFlight such calls run at once, and beyond that calls
-//     fail at once.
+//     fail at once. A call given up on after it was sent wraps
+//     ErrMaybeCounted: the store may count it, and the local limiter
+//     that Local returns does not admit its check too.
 //   - A circuit breaker (sony/gobreaker) in front of the store: above an
 //     error rate over a rolling window, with a minimum number of calls, it
 //     opens, and every call fails at once without touching the network
@@ -103,7 +105,9 @@ type Config struct {
 	// StallTimeout ends sooner the wait of a call when the store has
 	// answered no call at all (a decision or an error reply) for that
 	// long, counted from the later of the call's start and the store's
-	// latest answer: a paused or cut-off store, not a busy one. Zero
+	// latest answer, less the time the process itself could not run (a
+	// heartbeat that beats late): a paused or cut-off store, not a busy
+	// one, nor a starved process. Zero
 	// learns it: 4 times the slowest answer of the last 10 to 20 seconds,
 	// at least DefaultStallFloor; negative turns stall detection off. It
 	// has no effect at or above Deadline.
@@ -153,6 +157,7 @@ type Guard struct {
 	nodes    bool       // inner has several nodes (Info.Cluster)
 	deadline time.Duration
 	stall    stallDetector
+	maybe    maybeCounted // requests the store may have counted, for Local
 	now      func() time.Time
 	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
 	olc      *overLimitCache // nil when off
@@ -199,6 +204,8 @@ func New(inner Store, cfg Config) (*Guard, error) {
 		g.deadline = DefaultDeadline
 	}
 	g.stall.fixed, g.stall.deadline = cfg.StallTimeout, g.deadline
+	g.stall.beat.inflight = &g.inflight
+	g.maybe.ttl = g.deadline
 	if cfg.MaxInFlight < 0 {
 		return nil, fmt.Errorf("guard: config: max in flight must not be negative, got %d", cfg.MaxInFlight)
 	}
@@ -553,8 +560,12 @@ func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out 
 		op = opCheckAll
 	}
 	err := g.run(ctx, g.newJob(op, reqs, len(reqs)), out)
-	if err != nil || g.olc == nil {
+	if err != nil {
+		g.givenUp(reqs, err)
 		return err
+	}
+	if g.olc == nil {
+		return nil
 	}
 	for i := range reqs {
 		if d := &out[i]; !d.Allowed && d.Reason == sluice.ReasonLimited && d.RetryAfter > 0 {
