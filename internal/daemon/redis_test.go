@@ -310,3 +310,46 @@ func TestRedisClusterTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestPlainChecksCounted: fixed-window checks through the daemon on a
+// standalone Redis go plain once the store has read Redis' clock, and
+// sluice_redis_plain_checks_total counts every one of them, plain or by
+// the script.
+func TestPlainChecksCounted(t *testing.T) {
+	storeURL := "redis://" + redistest.Start(t).Addr
+	td := start(t, `version: 1
+rules:
+  - id: plain
+    match: { resource: /api/plain }
+    algorithm: fixed_window
+    limit: 1000000
+    window: 1h
+`, func(c *daemon.Config) {
+		c.StoreURL = storeURL
+		c.Now = nil // the store decides at Redis' clock, as in production
+		c.Guard.Deadline = 5 * time.Second
+	})
+	plain, script := `sluice_redis_plain_checks_total{path="plain"}`, `sluice_redis_plain_checks_total{path="script"}`
+	sent := 0
+	// The store starts reading Redis' clock at its first fixed-window
+	// check, and sends checks plain once it has a reading.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		for range 20 {
+			if r := td.check(t, `{"client_id":"c`+strconv.Itoa(sent)+`","resource":"/api/plain"}`); r.status != 200 {
+				t.Fatalf("check %d: %d %s", sent, r.status, r.raw)
+			}
+			sent++
+		}
+		m := scrape(t, td.base+"/metrics")
+		if m[plain] > 0 {
+			if got := m[plain] + m[script]; got != float64(sent) {
+				t.Errorf("%s + %s = %v + %v, want the %d checks sent", plain, script, m[plain], m[script], sent)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no check went plain in 10 s: %s = %v after %d checks", script, m[script], sent)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
