@@ -21,7 +21,6 @@ import (
 	"github.com/sluicehq/sluice/internal/httpapi"
 	"github.com/sluicehq/sluice/internal/metrics"
 	"github.com/sluicehq/sluice/internal/policy"
-	"github.com/sluicehq/sluice/store/memory"
 )
 
 // Start builds everything cfg describes, starts listening and serving, and
@@ -201,19 +200,7 @@ func (d *Daemon) buildEngine(ctx context.Context, st engine.Store, first *policy
 	}
 	start := time.Now()
 	cfg := &d.cfg
-	// On a guarded store, the local failure mode's limiter (the engine's
-	// default, a memory store of 65,536 keys) stands behind the guard's
-	// gate: a check whose call Redis may have counted is not admitted
-	// locally too.
-	var local engine.Store
-	if d.guard != nil {
-		m, err := memory.New(memory.Config{MaxKeys: 1 << 16, Now: cfg.Now})
-		if err != nil {
-			return fmt.Errorf("daemon: local limiter: %w", err)
-		}
-		local = d.guard.Local(m)
-	}
-	d.eng, err = engine.New(engine.Config{Store: st, Local: local, Policy: first, Now: cfg.Now, Metrics: d.metrics, Events: d.events,
+	d.eng, err = engine.New(engine.Config{Store: st, Policy: first, Now: cfg.Now, Metrics: d.metrics, Events: d.events,
 		Global: global, Analytics: rec, Region: cfg.Region,
 		Tracer: tracer, TraceSampleRatio: cfg.TraceSampleRatio, BulkShare: cfg.BulkShare, BulkChecks: cfg.BulkChecks})
 	if err != nil {

@@ -6,6 +6,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -78,7 +79,7 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 			return allowed
 		}
 		if err != nil {
-			allowed = e.fallback(ctx, s, now, FallbackOf(err))
+			allowed = e.fallback(ctx, s, now, FallbackOf(err), errors.Is(err, store.ErrMaybeCounted))
 		} else {
 			for j, i := range s.idx {
 				it := &s.items[i]
@@ -346,13 +347,16 @@ func growStoreSource(src []store.Source, n int) []store.Source {
 // limiter with their share of the limit, and the fail_open rules allow.
 // A local rule without a share (a limit that denies everything) fails
 // closed, and so do the local rules when the in-process limiter fails:
-// only a rule written fail_open admits without a bound.
-func (e *Engine) fallback(ctx context.Context, s *scratch, now time.Time, why Fallback) bool {
+// only a rule written fail_open admits without a bound. When the store
+// may have counted the call (maybeCounted: it was given up on after it
+// was sent), the local rules fail closed too: a check admitted both by
+// the store and locally would pass the limit.
+func (e *Engine) fallback(ctx context.Context, s *scratch, now time.Time, why Fallback, maybeCounted bool) bool {
 	closed := false
 	for _, i := range s.idx {
 		it := &s.items[i]
 		it.fallback = why
-		if it.mode == policy.FailLocal && (it.local == nil || it.local.Algorithm == 0) {
+		if it.mode == policy.FailLocal && (maybeCounted || it.local == nil || it.local.Algorithm == 0) {
 			it.mode = policy.FailClosed
 		}
 		if it.mode == policy.FailClosed {

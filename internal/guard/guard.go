@@ -19,8 +19,8 @@
 //     it reconnects through a slow network, for instance); at most
 //     Config.MaxInFlight such calls run at once, and beyond that calls
 //     fail at once. A call given up on after it was sent wraps
-//     ErrMaybeCounted: the store may count it, and the local limiter
-//     that Local returns does not admit its check too.
+//     ErrMaybeCounted: the store may count it, and the engine does not
+//     admit its check locally too.
 //   - A circuit breaker (sony/gobreaker) in front of the store: above an
 //     error rate over a rolling window, with a minimum number of calls, it
 //     opens, and every call fails at once without touching the network
@@ -157,7 +157,6 @@ type Guard struct {
 	nodes    bool       // inner has several nodes (Info.Cluster)
 	deadline time.Duration
 	stall    stallDetector
-	maybe    maybeCounted // requests the store may have counted, for Local
 	now      func() time.Time
 	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
 	olc      *overLimitCache // nil when off
@@ -205,7 +204,6 @@ func New(inner Store, cfg Config) (*Guard, error) {
 	}
 	g.stall.fixed, g.stall.deadline = cfg.StallTimeout, g.deadline
 	g.stall.beat.inflight = &g.inflight
-	g.maybe.ttl = g.deadline
 	if cfg.MaxInFlight < 0 {
 		return nil, fmt.Errorf("guard: config: max in flight must not be negative, got %d", cfg.MaxInFlight)
 	}
@@ -561,7 +559,6 @@ func (g *Guard) direct(ctx context.Context, all bool, reqs []store.Request, out 
 	}
 	err := g.run(ctx, g.newJob(op, reqs, len(reqs)), out)
 	if err != nil {
-		g.givenUp(reqs, err)
 		return err
 	}
 	if g.olc == nil {

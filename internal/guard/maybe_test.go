@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -19,56 +18,8 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-// TestMaybeCountedMarks: at fixed instants, a mark per request of positive
-// cost given up on, one taken per request of its key, forgotten after the
-// ttl.
-func TestMaybeCountedMarks(t *testing.T) {
-	t0 := time.Unix(1_700_000_000, 0)
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	m := maybeCounted{ttl: 5 * time.Second}
-	req := func(key string, cost int64) store.Request { return store.Request{Key: key, Cost: cost} }
-	m.mark([]store.Request{req("a", 1), req("a", 2), req("b", 1), req("read", 0)}, t0)
-	if got := m.n.Load(); got != 3 {
-		t.Fatalf("marks %d after 3 requests of positive cost, want 3", got)
-	}
-	for i, c := range []struct {
-		reqs []store.Request
-		now  time.Duration
-		want bool
-	}{
-		{[]store.Request{req("read", 1)}, time.Second, false}, // a read marks nothing
-		{[]store.Request{req("a", 0)}, time.Second, false},    // nor is refused
-		{[]store.Request{req("c", 1)}, time.Second, false},
-		{[]store.Request{req("a", 1), req("b", 1)}, time.Second, true}, // one of a, the one of b
-		{[]store.Request{req("b", 1)}, time.Second, false},
-		{[]store.Request{req("a", 1)}, 5 * time.Second, false}, // the second of a is forgotten
-	} {
-		if got := m.take(c.reqs, at(c.now)); got != c.want {
-			t.Errorf("take %d at %s = %v, want %v", i, c.now, got, c.want)
-		}
-	}
-	if got := m.n.Load(); got != 0 {
-		t.Errorf("marks %d left, want 0", got)
-	}
-	// At most maxMarks keys: beyond, a key is not remembered until the
-	// older marks expire.
-	reqs := make([]store.Request, maxMarks)
-	for i := range reqs {
-		reqs[i] = req(strconv.Itoa(i), 1)
-	}
-	m.mark(reqs, at(10*time.Second))
-	m.mark([]store.Request{req("late", 1)}, at(11*time.Second))
-	if m.take([]store.Request{req("late", 1)}, at(11*time.Second)) {
-		t.Error("a key beyond maxMarks was remembered")
-	}
-	m.mark([]store.Request{req("later", 1)}, at(15*time.Second))
-	if !m.take([]store.Request{req("later", 1)}, at(15*time.Second)) || m.n.Load() != 0 {
-		t.Errorf("a key once the full map expired: not remembered, or %d marks left", m.n.Load())
-	}
-}
-
-// TestLocalGate runs the engine on a guard with its local limiter behind
-// the guard's gate, in a testing/synctest bubble: a check whose call the
+// TestLocalGate runs the engine on a guard, in a testing/synctest
+// bubble, with a rule whose failure mode is local: a check whose call the
 // guard gave up on after sending it (a store that hangs: past the
 // deadline, or stalled) fails closed, since the store may count it; a
 // check the store could not be reached for (down), one that failed at once
@@ -85,14 +36,14 @@ rules:
 	synctest.Test(t, func(t *testing.T) {
 		settle(t)
 		f := &guardtest.Faulty{Inner: newMemory(t, nil)}
-		newEngine := func(cfg Config) (*engine.Engine, *Guard) {
+		newEngine := func(cfg Config) *engine.Engine {
 			cfg.Deadline, cfg.Breaker = time.Second, BreakerConfig{Disabled: true}
 			g := newGuard(t, f, cfg)
-			e, err := engine.New(engine.Config{Store: g, Local: g.Local(newMemory(t, nil)), Policy: pol})
+			e, err := engine.New(engine.Config{Store: g, Policy: pol})
 			if err != nil {
 				t.Fatal(err)
 			}
-			return e, g
+			return e
 		}
 		ctx := context.Background()
 		check := func(e *engine.Engine) string {
@@ -109,7 +60,7 @@ rules:
 		for _, gatherers := range []int{-1, 1} {
 			f.SetDown(false)
 			f.SetHang(0)
-			e, g := newEngine(Config{Gatherers: gatherers, StallTimeout: -1})
+			e := newEngine(Config{Gatherers: gatherers, StallTimeout: -1})
 			if got := check(e); got != "store/" {
 				t.Fatalf("gatherers %d: store up: %s", gatherers, got)
 			}
@@ -134,9 +85,6 @@ rules:
 			if got := check(e); got != "local/unreachable" {
 				t.Errorf("gatherers %d: store down: %s, want local/unreachable", gatherers, got)
 			}
-			if n := g.maybe.n.Load(); n != 0 {
-				t.Errorf("gatherers %d: %d marks left, want 0", gatherers, n)
-			}
 		}
 		// A store that heeds its context and answers past the deadline
 		// returns at the deadline, as the guard gives up: either way the
@@ -144,7 +92,7 @@ rules:
 		f.SetDown(false)
 		for _, gatherers := range []int{-1, 1} {
 			f.SetHang(0)
-			e, _ := newEngine(Config{Gatherers: gatherers, StallTimeout: -1})
+			e := newEngine(Config{Gatherers: gatherers, StallTimeout: -1})
 			if got := check(e); got != "store/" {
 				t.Fatalf("gatherers %d: store up: %s", gatherers, got)
 			}
@@ -156,7 +104,7 @@ rules:
 		}
 		// A stalled store: the calls that stall fail closed; those that
 		// fail at once are decided locally.
-		e, _ := newEngine(Config{Deadline: 5 * time.Second, StallTimeout: 500 * time.Millisecond})
+		e := newEngine(Config{Deadline: 5 * time.Second, StallTimeout: 500 * time.Millisecond})
 		if got := check(e); got != "store/" {
 			t.Fatalf("store up: %s", got)
 		}
@@ -179,10 +127,9 @@ rules:
 	})
 }
 
-// TestMaybeCountedNeedsLocal: a guard whose local limiter is not behind
-// its gate keeps no marks, and its error still says that the store may
-// have counted the call.
-func TestMaybeCountedNeedsLocal(t *testing.T) {
+// TestMaybeCountedError: the error of a call given up on at the deadline
+// after it was sent says that the store may have counted the call.
+func TestMaybeCountedError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		settle(t)
 		f := &guardtest.Faulty{Inner: newMemory(t, nil)}
@@ -191,9 +138,6 @@ func TestMaybeCountedNeedsLocal(t *testing.T) {
 		f.SetHang(3 * time.Second)
 		if _, _, err := check1(context.Background(), g, "k", p, 1); !errors.Is(err, ErrMaybeCounted) || !errors.Is(err, ErrDeadline) {
 			t.Errorf("err %v, want ErrDeadline and ErrMaybeCounted", err)
-		}
-		if n := g.maybe.n.Load(); n != 0 {
-			t.Errorf("%d marks kept with no gate, want 0", n)
 		}
 		time.Sleep(3 * time.Second)
 	})

@@ -85,8 +85,5 @@ func (g *Guard) once(ctx context.Context, b *store.Batch) error {
 	replayed := false
 	err := g.run(ctx, j, b.Out, &replayed)
 	b.Once.Replayed = replayed
-	if err != nil {
-		g.givenUp(b.Reqs, err)
-	}
 	return err
 }
