@@ -67,8 +67,8 @@ func FallbackOf(err error) Fallback {
 // was sent (at a deadline, on a stall, or because its caller went away):
 // the store may have received it and may count it (a paused server runs
 // what it read once it resumes). A check whose call failed so must not be
-// admitted without the store too: the engine fails its local rules
-// closed. A call given up on before it was sent, or that could not reach
+// admitted without the store too: the service's engine fails its local
+// rules closed. A call given up on before it was sent, or that could not reach
 // the store (refused, reset, an open breaker), does not wrap it: nothing
 // was counted.
 var ErrMaybeCounted = errors.New("sluice: the store may have counted the call")

@@ -200,7 +200,7 @@ func (d *Daemon) buildEngine(ctx context.Context, st engine.Store, first *policy
 	}
 	start := time.Now()
 	cfg := &d.cfg
-	d.eng, err = engine.New(engine.Config{Store: st, Policy: first, Now: cfg.Now, Metrics: d.metrics, Events: d.events,
+	d.eng, err = engine.New(engine.Config{Store: st, MaybeCountedFailsClosed: true, Policy: first, Now: cfg.Now, Metrics: d.metrics, Events: d.events,
 		Global: global, Analytics: rec, Region: cfg.Region,
 		Tracer: tracer, TraceSampleRatio: cfg.TraceSampleRatio, BulkShare: cfg.BulkShare, BulkChecks: cfg.BulkChecks})
 	if err != nil {

@@ -79,7 +79,7 @@ func (e *Engine) run(ctx context.Context, s *scratch, now time.Time, atomicAll b
 			return allowed
 		}
 		if err != nil {
-			allowed = e.fallback(ctx, s, now, FallbackOf(err), errors.Is(err, store.ErrMaybeCounted))
+			allowed = e.fallback(ctx, s, now, FallbackOf(err), e.maybeClosed && errors.Is(err, store.ErrMaybeCounted))
 		} else {
 			for j, i := range s.idx {
 				it := &s.items[i]

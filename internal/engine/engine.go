@@ -114,6 +114,12 @@ type Config struct {
 	// LocalMaxKeys bounds the keys of the default Local limiter; zero
 	// means 65,536.
 	LocalMaxKeys int
+	// MaybeCountedFailsClosed fails the local rules of a check closed
+	// when its store call was given up on after it was sent (the error
+	// wraps store.ErrMaybeCounted): the store may count it, and admitted
+	// locally too it would pass the limit. The service sets it; off, such
+	// a check is decided by Local like any other.
+	MaybeCountedFailsClosed bool
 	// Global is the region's view of the other regions' consumption of
 	// global limits. Nil decides them as if this region were alone.
 	Global GlobalView
@@ -163,11 +169,13 @@ type Engine struct {
 	store  Store
 	shared bool  // store keeps idempotency records (Info().SharedRecords)
 	local  Store // the failure_mode local limiter
-	now    func() time.Time
-	policy atomic.Pointer[policy.Policy]
-	idem   *idemCache
-	ttl    time.Duration // of idempotency keys
-	pool   sync.Pool     // *scratch
+	// maybeClosed is Config.MaybeCountedFailsClosed.
+	maybeClosed bool
+	now         func() time.Time
+	policy      atomic.Pointer[policy.Policy]
+	idem        *idemCache
+	ttl         time.Duration // of idempotency keys
+	pool        sync.Pool     // *scratch
 
 	// metrics and events are optional (nil-safe); see observe.go.
 	metrics *metrics.Metrics
@@ -224,6 +232,7 @@ func New(cfg Config) (*Engine, error) {
 	e.idem = newIdemCache(ttl, maxIdem, e.now)
 	e.ttl = ttl
 	e.local = cfg.Local
+	e.maybeClosed = cfg.MaybeCountedFailsClosed
 	if e.local == nil {
 		localKeys := cfg.LocalMaxKeys
 		if localKeys <= 0 {

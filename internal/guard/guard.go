@@ -19,8 +19,8 @@
 //     it reconnects through a slow network, for instance); at most
 //     Config.MaxInFlight such calls run at once, and beyond that calls
 //     fail at once. A call given up on after it was sent wraps
-//     ErrMaybeCounted: the store may count it, and the engine does not
-//     admit its check locally too.
+//     ErrMaybeCounted: the store may count it, and the service's engine
+//     does not admit its check locally too.
 //   - A circuit breaker (sony/gobreaker) in front of the store: above an
 //     error rate over a rolling window, with a minimum number of calls, it
 //     opens, and every call fails at once without touching the network

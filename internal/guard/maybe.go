@@ -13,7 +13,7 @@ import (
 // by the error of a call given up on after it was sent (at its deadline,
 // because the store stalled, or because its caller went away), or that
 // the store itself gave up on at the end of its context. The engine fails
-// the local rules of its checks closed.
+// the local rules of its checks closed (engine.Config.MaybeCountedFailsClosed).
 var ErrMaybeCounted = store.ErrMaybeCounted
 
 // sentErr returns err, the error of a store call that was sent and

@@ -39,7 +39,7 @@ rules:
 		newEngine := func(cfg Config) *engine.Engine {
 			cfg.Deadline, cfg.Breaker = time.Second, BreakerConfig{Disabled: true}
 			g := newGuard(t, f, cfg)
-			e, err := engine.New(engine.Config{Store: g, Policy: pol})
+			e, err := engine.New(engine.Config{Store: g, MaybeCountedFailsClosed: true, Policy: pol})
 			if err != nil {
 				t.Fatal(err)
 			}
