@@ -192,7 +192,7 @@ type Config struct {
 	// BulkShare is the share of the time and of the CPUs, above 0 and at
 	// most 1, that requests of more than BulkChecks checks (batches, Envoy calls) may
 	// take while they contend with smaller ones (engine.Config.BulkShare).
-	// Zero means 0.25; 1 turns the bound off.
+	// Zero means 0.1; 1 turns the bound off.
 	BulkShare float64
 	// BulkChecks is the most checks (or Envoy descriptors) of a request
 	// that BulkShare leaves alone; zero means 16.

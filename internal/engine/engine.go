@@ -149,7 +149,7 @@ type Config struct {
 	// between slices of their work, so that one client's large batches do
 	// not slow every other client's checks (see package share). They are
 	// never refused, their decisions never change, and they never wait
-	// past half of the time their context had left. Zero means 0.25; 1
+	// past half of the time their context had left. Zero means 0.1; 1
 	// turns the bound off.
 	BulkShare float64
 	// BulkChecks is the most checks (or Envoy descriptors) of a request

@@ -43,7 +43,7 @@ import (
 const (
 	// DefaultShare is the share of the time and of the CPUs that bulk
 	// work may take while it contends with small requests.
-	DefaultShare = 0.25
+	DefaultShare = 0.1
 	// DefaultBulkChecks is the most checks of a small request.
 	DefaultBulkChecks = 16
 )
@@ -62,7 +62,7 @@ const recent = 10 * time.Millisecond
 const maxDebt = time.Second
 
 // Config holds a gate's knobs. The zero value is usable: bulk requests are
-// those of more than 16 checks, and they may take a quarter of the time
+// those of more than 16 checks, and they may take a tenth of the time
 // and of the CPUs while they contend with small ones.
 type Config struct {
 	// Share is the share of the time and of the CPUs, above 0 and at most
