@@ -72,6 +72,10 @@ type BatchAnswer struct {
 	Results []Result
 	// rules is the memory of the Results' Rules.
 	rules []RuleResult
+	// held is the turn of a large request begun before it was decoded
+	// (Engine.Begin), while holding is set.
+	held    share.Turn
+	holding bool
 }
 
 // Size returns the results and the rule results a holds room for: a pool
@@ -140,6 +144,15 @@ func validateBatch(ctx context.Context, checks []Check, mode BatchMode, turn *sh
 // share of the time (see Config.BulkShare), a smaller one counts as a
 // small request.
 func (e *Engine) batch(ctx context.Context, checks []Check, mode BatchMode, a *BatchAnswer) error {
+	if a.holding {
+		// Decoded in its turn (Engine.Begin): the turn goes on until
+		// a.End, or ends for a batch that turned out small.
+		if e.share.Bulk(len(checks)) {
+			a.held.Next(ctx)
+			return e.batchTurn(ctx, checks, mode, a, &a.held)
+		}
+		a.End()
+	}
 	if !e.share.Bulk(len(checks)) {
 		small := e.share.StartSmall()
 		defer e.share.EndSmall(small)

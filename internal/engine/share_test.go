@@ -210,3 +210,70 @@ func gcCycles() uint64 {
 	metrics.Read(s)
 	return s[0].Value.Uint64()
 }
+
+// TestBeginHoldsDecoding: a request begun as large waits its turn before
+// its transport decodes it (Engine.Begin), and its turn lasts until End;
+// a small one begins at once; a request begun as large that holds few
+// checks is decided as a small batch.
+func TestBeginHoldsDecoding(t *testing.T) {
+	if !algorithmsReady() {
+		t.Skip("package algorithm cannot decide yet")
+	}
+	e, _ := newEngine(t, sharePolicy)
+	e.share = share.New(share.Config{Share: 0.1})
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Go(func() { // small checks throughout
+		for !stop.Load() {
+			mustCheck(t, e, Check{ClientID: "small", Resource: "/small", Cost: 1})
+		}
+	})
+	defer func() { stop.Store(true); wg.Wait() }()
+	owe := func() {
+		// 5ms of bulk work: the next slice waits some 40ms
+		turn := e.share.StartBulk(context.Background())
+		time.Sleep(5 * time.Millisecond)
+		turn.End()
+	}
+	batch := func(client string, n int) []Check {
+		cs := make([]Check, n)
+		for i := range cs {
+			cs[i] = Check{ClientID: client, Resource: "/bulk", Cost: 1, Now: t0}
+		}
+		return cs
+	}
+	var a BatchAnswer
+	for _, tc := range []struct {
+		name   string
+		begun  int // the checks the transport expects
+		checks []Check
+		waits  bool
+	}{
+		{"large", 100, batch("a", 100), true},
+		{"small", 16, batch("b", 100), false},
+		{"begun large, of few checks", 100, batch("c", 3), true},
+	} {
+		owe()
+		before := e.share.Stats().Waits
+		e.Begin(context.Background(), tc.begun, &a)
+		if got := e.share.Stats().Waits > before; got != tc.waits {
+			t.Errorf("%s: waited its turn before decoding %v, want %v", tc.name, got, tc.waits)
+		}
+		err := e.BatchCheckInto(context.Background(), tc.checks, AllOrNothing, &a)
+		a.End()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if len(a.Results) != len(tc.checks) {
+			t.Fatalf("%s: %d results, want %d", tc.name, len(a.Results), len(tc.checks))
+		}
+		for i, r := range a.Results {
+			if !r.Allowed {
+				t.Errorf("%s: check %d denied: %+v", tc.name, i, r)
+			}
+		}
+		if e.share.StartSmall() {
+			t.Fatalf("%s: a large request is still in progress after End", tc.name)
+		}
+	}
+}

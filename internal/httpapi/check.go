@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -142,6 +143,8 @@ func (h *Handler) handleBatch(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err)
 		return
 	}
+	h.eng.Begin(r.Context(), bytes.Count(b.b, []byte{'{'})-1, &m.answer) // decoded and answered in turn
+	defer m.answer.End()
 	checks, mode, err := decodeBatch(b.b, m)
 	if err != nil {
 		h.writeError(w, r, err)

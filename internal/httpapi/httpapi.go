@@ -26,6 +26,9 @@ type Engine interface {
 	// BatchCheckInto writes the results of checks into a, which the
 	// API reuses from batch to batch (see engine.BatchAnswer).
 	BatchCheckInto(ctx context.Context, checks []engine.Check, mode engine.BatchMode, a *engine.BatchAnswer) error
+	// Begin begins a request of about n checks, to be decided into a,
+	// before it is decoded: a large one waits its turn (engine.Engine.Begin).
+	Begin(ctx context.Context, n int, a *engine.BatchAnswer)
 	Status(ctx context.Context, c *engine.Check) ([]engine.RuleResult, error)
 	Ready(ctx context.Context) error
 }

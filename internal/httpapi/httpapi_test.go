@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -31,6 +32,7 @@ type fakeEngine struct {
 	rules  []engine.RuleResult
 	ready  error
 	delay  time.Duration // how long Check takes
+	begun  []int         // the checks of each request begun (Begin)
 }
 
 func (f *fakeEngine) Check(ctx context.Context, c *engine.Check) (engine.Result, error) {
@@ -49,6 +51,12 @@ func (f *fakeEngine) BatchCheckInto(ctx context.Context, checks []engine.Check, 
 	f.checks = append(f.checks, checks...)
 	a.Results = append(a.Results[:0], f.batch...)
 	return nil
+}
+
+func (f *fakeEngine) Begin(ctx context.Context, n int, a *engine.BatchAnswer) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.begun = append(f.begun, n)
 }
 
 func (f *fakeEngine) Status(ctx context.Context, c *engine.Check) ([]engine.RuleResult, error) {
@@ -383,6 +391,20 @@ func TestBodyAtTheLimit(t *testing.T) {
 	f := &fakeEngine{result: allowedResult(1, 1)}
 	if rec := do(newTestHandler(t, f), "POST", "/api/v1/check", body); rec.Code != 200 {
 		t.Errorf("a %d-byte body: %d %s, want 200", len(body), rec.Code, rec.Body)
+	}
+}
+
+// TestBatchBegunBeforeDecoding: a batch is begun with the engine, its
+// checks counted, before its body is decoded (so that a large one waits
+// its turn first), a body that does not decode too.
+func TestBatchBegunBeforeDecoding(t *testing.T) {
+	checks := `{"resource":"a"}` + strings.Repeat(`,{"resource":"b","labels":{}}`, 19)
+	f := &fakeEngine{batch: make([]engine.Result, 20)}
+	h := newTestHandler(t, f)
+	do(h, "POST", "/api/v1/batch-check", `{"client_id":"c","checks":[`+checks+`]}`)
+	do(h, "POST", "/api/v1/batch-check", `{"client_id":"c","checks":[`+checks+`,{"cost":-1}]}`)
+	if want := []int{39, 40}; !slices.Equal(f.begun, want) {
+		t.Errorf("requests begun with %v checks, want %v (a check's braces, a nested object's too)", f.begun, want)
 	}
 }
 
@@ -743,6 +765,7 @@ func (e benchEngine) Check(ctx context.Context, c *engine.Check) (engine.Result,
 func (e benchEngine) BatchCheckInto(ctx context.Context, checks []engine.Check, mode engine.BatchMode, a *engine.BatchAnswer) error {
 	return nil
 }
+func (e benchEngine) Begin(ctx context.Context, n int, a *engine.BatchAnswer) {}
 func (e benchEngine) Status(ctx context.Context, c *engine.Check) ([]engine.RuleResult, error) {
 	return nil, nil
 }
