@@ -36,6 +36,9 @@ type Engine interface {
 	// BatchCheckInto writes the results of checks into a, which the
 	// service reuses from batch to batch (see engine.BatchAnswer).
 	BatchCheckInto(ctx context.Context, checks []engine.Check, mode engine.BatchMode, a *engine.BatchAnswer) error
+	// Begin begins a batch of n checks, to be decided into a: a large one
+	// waits its turn (engine.Engine.Begin).
+	Begin(ctx context.Context, n int, a *engine.BatchAnswer)
 	Status(ctx context.Context, c *engine.Check) ([]engine.RuleResult, error)
 	Reset(ctx context.Context, c *engine.Check) error
 }
@@ -267,6 +270,11 @@ func (s *Server) BatchCheck(ctx context.Context, req *sluicev1.BatchCheckRequest
 	}
 	m := getBatchMem(len(req.GetChecks()))
 	defer putBatchMem(m)
+	// A large batch is converted, decided and answered in its turn
+	// (engine.Engine.Begin); gRPC decoded it before and encodes the answer
+	// after.
+	s.eng.Begin(ctx, len(req.GetChecks()), &m.answer)
+	defer m.answer.End()
 	checks := m.checks
 	r := new(sluicev1.CheckRequest) // each check's, in turn
 	for i, item := range req.GetChecks() {
