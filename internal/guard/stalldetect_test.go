@@ -302,8 +302,10 @@ func TestRedisAnsweredWhileStarved(t *testing.T) {
 	srv := redistest.Start(t)
 	proxy := guardtest.StartProxy(t, srv.Addr)
 	// Timeouts of the client above the latency: it would close a
-	// connection that answers nothing for that long, or give up.
-	st, err := redis.New(redis.Config{Addrs: []string{proxy.Addr()}, Timeout: 5 * time.Second, WriteTimeout: 5 * time.Second})
+	// connection that answers nothing for that long, or give up; and a
+	// connection it opens meanwhile (the client opens its connections
+	// lazily) would fail its handshake.
+	st, err := redis.New(redis.Config{Addrs: []string{proxy.Addr()}, Timeout: 5 * time.Second, WriteTimeout: 5 * time.Second, DialTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
