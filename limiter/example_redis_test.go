@@ -43,15 +43,15 @@ func ExampleNewRedis() {
 }
 
 // Reserve takes units that are not there yet and says when they are: with
-// 5 a second, the first 5 at once, then one every 200 ms, for every
-// process sharing the Redis.
+// 5 a minute, the first 5 at once, then one every 12 s, for every process
+// sharing the Redis.
 func ExampleRedis_Reserve() {
 	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{redisAddr()}})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	lim, err := limiter.NewRedis(client, limiter.PerSecond(5), limiter.WithPrefix("example:reserve:"))
+	lim, err := limiter.NewRedis(client, limiter.PerMinute(5), limiter.WithPrefix("example:reserve:"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func ExampleRedis_Reserve() {
 		if err != nil {
 			log.Fatal(err) // Redis cannot answer
 		}
-		fmt.Println("act in", r.Delay().Round(100*time.Millisecond))
+		fmt.Println("act in", r.Delay().Round(time.Second))
 		// A real program would wait, time.Sleep(r.Delay()), and act.
 	}
 	// Output:
@@ -72,8 +72,8 @@ func ExampleRedis_Reserve() {
 	// act in 0s
 	// act in 0s
 	// act in 0s
-	// act in 200ms
-	// act in 400ms
+	// act in 12s
+	// act in 24s
 }
 
 // Wait blocks until the request may go through: a crawler fetching at most

@@ -211,29 +211,25 @@ func gcCycles() uint64 {
 	return s[0].Value.Uint64()
 }
 
-// TestBeginHoldsDecoding: a request begun as large waits its turn before
-// its transport decodes it (Engine.Begin), and its turn lasts until End;
-// a small one begins at once; a request begun as large that holds few
-// checks is decided as a small batch.
+// TestBeginHoldsDecoding: while a small request is in progress, a request
+// begun as large waits its turn before its transport decodes it
+// (Engine.Begin), and its turn lasts until End; a small one begins at
+// once; a request begun as large that holds few checks is decided as a
+// small batch.
 func TestBeginHoldsDecoding(t *testing.T) {
 	if !algorithmsReady() {
 		t.Skip("package algorithm cannot decide yet")
 	}
 	e, _ := newEngine(t, sharePolicy)
 	e.share = share.New(share.Config{Share: 0.1})
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	wg.Go(func() { // small checks throughout
-		for !stop.Load() {
-			mustCheck(t, e, Check{ClientID: "small", Resource: "/small", Cost: 1})
-		}
-	})
-	defer func() { stop.Store(true); wg.Wait() }()
-	owe := func() {
-		// 5ms of bulk work: the next slice waits some 40ms
+	// owe starts a small request, which it returns, and 5ms of bulk work
+	// while it is in progress: the next bulk slice waits some 40ms.
+	owe := func() (small bool) {
 		turn := e.share.StartBulk(context.Background())
+		small = e.share.StartSmall()
 		time.Sleep(5 * time.Millisecond)
 		turn.End()
+		return small
 	}
 	batch := func(client string, n int) []Check {
 		cs := make([]Check, n)
@@ -253,7 +249,7 @@ func TestBeginHoldsDecoding(t *testing.T) {
 		{"small", 16, batch("b", 100), false},
 		{"begun large, of few checks", 100, batch("c", 3), true},
 	} {
-		owe()
+		small := owe()
 		before := e.share.Stats().Waits
 		e.Begin(context.Background(), tc.begun, &a)
 		if got := e.share.Stats().Waits > before; got != tc.waits {
@@ -261,6 +257,7 @@ func TestBeginHoldsDecoding(t *testing.T) {
 		}
 		err := e.BatchCheckInto(context.Background(), tc.checks, AllOrNothing, &a)
 		a.End()
+		e.share.EndSmall(small)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
