@@ -395,16 +395,28 @@ func TestBodyAtTheLimit(t *testing.T) {
 }
 
 // TestBatchBegunBeforeDecoding: a batch is begun with the engine, its
-// checks counted, before its body is decoded (so that a large one waits
-// its turn first), a body that does not decode too.
+// checks counted by their braces (a brace in a string counts too: the
+// count is never below the checks), before its body is decoded, so that a
+// large one waits its turn first; a body that does not decode too.
 func TestBatchBegunBeforeDecoding(t *testing.T) {
-	checks := `{"resource":"a"}` + strings.Repeat(`,{"resource":"b","labels":{}}`, 19)
+	checks := func(resource string) string {
+		return strings.TrimSuffix(strings.Repeat(`{"resource":"`+resource+`"},`, 20), ",")
+	}
 	f := &fakeEngine{batch: make([]engine.Result, 20)}
 	h := newTestHandler(t, f)
-	do(h, "POST", "/api/v1/batch-check", `{"client_id":"c","checks":[`+checks+`]}`)
-	do(h, "POST", "/api/v1/batch-check", `{"client_id":"c","checks":[`+checks+`,{"cost":-1}]}`)
-	if want := []int{39, 40}; !slices.Equal(f.begun, want) {
-		t.Errorf("requests begun with %v checks, want %v (a check's braces, a nested object's too)", f.begun, want)
+	for _, body := range []string{
+		`{"client_id":"c","checks":[` + checks("/a") + `]}`,
+		`{"client_id":"c","checks":[` + checks("/a/{id}") + `]}`,
+	} {
+		if rec := do(h, "POST", "/api/v1/batch-check", body); rec.Code == http.StatusBadRequest {
+			t.Fatalf("%s: %d %s", body, rec.Code, rec.Body)
+		}
+	}
+	if rec := do(h, "POST", "/api/v1/batch-check", `{"client_id":"c","checks":[`+checks("/a")+`,{"cost":-1}]}`); rec.Code != http.StatusBadRequest {
+		t.Fatalf("a bad check: %d, want 400", rec.Code)
+	}
+	if want := []int{20, 40, 21}; !slices.Equal(f.begun, want) {
+		t.Errorf("requests begun with %v checks, want %v", f.begun, want)
 	}
 }
 
