@@ -300,36 +300,6 @@ func (g *Guard) Reset(ctx context.Context, keys ...string) error {
 	return err
 }
 
-// errCallerGone marks, for the breaker, a call cut short by its caller:
-// cancelled, or past the caller's own deadline when it came before the
-// store deadline.
-var errCallerGone = errors.New("guard: caller gone")
-
-// errNotSent marks, for the breaker, a check whose deadline passed while
-// it waited for a gathered call: the server's own congestion, which says
-// nothing of the store's health.
-var errNotSent = errors.New("guard: deadline passed before the call was sent")
-
-// breakerOutcome returns what the breaker is told of a call that ended
-// with err: nil (a success) for an answer or an error about the request
-// itself; errCallerGone when the caller cancelled, or when the call ran
-// out of time at the caller's own deadline (callerFirst: it came before
-// the store deadline), which says nothing of a store that may answer
-// within the store deadline; err otherwise.
-func breakerOutcome(ctx context.Context, err error, callerFirst bool) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(ctx.Err(), context.Canceled):
-		return errCallerGone
-	case callerFirst && errors.Is(err, context.DeadlineExceeded):
-		return errCallerGone
-	case errors.Is(err, sluice.ErrStoreUnavailable):
-		return err
-	}
-	return nil
-}
-
 // scratch holds the buffers of one call that splits its requests between
 // the store and the in-process answers.
 type scratch struct {
