@@ -67,6 +67,7 @@ type job struct {
 	expires time.Time
 	start   int64 // on the stall detector's awake clock
 	stall   time.Duration
+	queued  time.Time // when a gathered check was queued (Config.GatherWait)
 
 	pool *sync.Pool // the guard's, which recycles it
 }
@@ -233,7 +234,7 @@ func (g *Guard) run(ctx context.Context, j *job, out []sluice.Decision, replayed
 		// A gathered check waits on its job alone; the sweeper ends the
 		// wait at the deadline, when the store stalls or when ctx ends,
 		// whichever comes first.
-		j.gone, j.expires, j.start, j.stall = ctx.Done(), expires, since, stall
+		j.gone, j.expires, j.start, j.stall, j.queued = ctx.Done(), expires, since, stall, started
 		g.gatherJob(j)
 		switch v := <-j.done; v {
 		case doneFinished:

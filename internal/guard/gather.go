@@ -17,6 +17,9 @@ const DefaultGatherers = 2
 // MaxGathered is the most requests one gathered store call decides.
 const MaxGathered = 256
 
+// MaxGatherWait is the longest Config.GatherWait.
+const MaxGatherWait = 10 * time.Millisecond
+
 // gatherer holds the checks waiting for a store call (see
 // Config.Gatherers). Every job in queue or in an active batch is running
 // or abandoned, never recycled: a job is recycled only once out of both,
@@ -27,7 +30,8 @@ type gatherer struct {
 	active   []*gatherScratch // the scratch (and batch) of each store call in flight
 	running  int              // gathering goroutines holding a slot, at most max
 	max      int
-	sweeping bool // a sweeper runs
+	wait     time.Duration // Config.GatherWait
+	sweeping bool          // a sweeper runs
 }
 
 // gatherJob queues j, an opCheck job, and starts a gathering goroutine
@@ -183,6 +187,14 @@ func (g *Guard) gatherLoop() {
 				gatherPool.Put(sc)
 			}
 			return
+		}
+		if q.wait > 0 && len(q.queue) < MaxGathered {
+			// Wait for others to go with the oldest check (Config.GatherWait).
+			if d := q.wait - time.Since(q.queue[0].queued); d > 0 {
+				q.mu.Unlock()
+				time.Sleep(d)
+				continue
+			}
 		}
 		n, k := 0, 0
 		for k < len(q.queue) && (k == 0 || n+len(q.queue[k].reqs) <= MaxGathered) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -713,4 +714,39 @@ func gathering(g *Guard) int {
 	g.gather.mu.Lock()
 	defer g.gather.mu.Unlock()
 	return g.gather.running
+}
+
+// TestGatherWait: with Config.GatherWait, checks that arrive within the
+// wait of the first go in one store call, which waits that long for them;
+// a wait out of range is refused.
+func TestGatherWait(t *testing.T) {
+	const wait = MaxGatherWait
+	g := newGuard(t, newMemory(t, nil), Config{Deadline: 10 * time.Second, GatherWait: wait,
+		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour})
+	var wg sync.WaitGroup
+	took := make([]time.Duration, 20)
+	for i := range took {
+		wg.Go(func() {
+			time.Sleep(time.Duration(i) * 250 * time.Microsecond) // within 5ms
+			start := time.Now()
+			if _, _, err := check1(context.Background(), g, "k"+strconv.Itoa(i), p, 1); err != nil {
+				t.Error(err)
+			}
+			took[i] = time.Since(start)
+		})
+	}
+	wg.Wait()
+	st := g.Stats()
+	if st.GatheredJobs != 20 || st.GatheredCalls > 3 {
+		t.Errorf("gathered %d checks in %d calls, want 20 in one (3 at most on a loaded machine)", st.GatheredJobs, st.GatheredCalls)
+	}
+	if took[0] < wait*9/10 {
+		t.Errorf("the first check took %s, want it to wait about %s for the others", took[0], wait)
+	}
+	for _, w := range []time.Duration{-time.Millisecond, MaxGatherWait + 1} {
+		if _, err := New(newMemory(t, nil), Config{GatherWait: w}); err == nil {
+			t.Errorf("gather wait %s: no error", w)
+		}
+	}
 }

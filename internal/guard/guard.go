@@ -140,6 +140,14 @@ type Config struct {
 	// MaxInFlight until the store returns. Zero means DefaultGatherers; a
 	// negative number gives every check a call of its own.
 	Gatherers int
+	// GatherWait is how long a gathered check may wait, from its
+	// arrival, for others to go in its store call; zero sends a call as
+	// soon as a gathering slot is free. Redis pays for every read of a
+	// connection, so a server that sends few checks a call (a moderate
+	// rate per instance) costs Redis several times more per check than
+	// one that sends dozens: a wait of a few hundred microseconds cuts
+	// that cost, at as much latency on every check. At most MaxGatherWait.
+	GatherWait time.Duration
 	// OnBreakerChange, when set, is called on every change of the
 	// breaker's state, synchronously, while the breaker's lock is held: it
 	// must return quickly and must not call the guard.
@@ -211,6 +219,10 @@ func New(inner Store, cfg Config) (*Guard, error) {
 	if g.gather.max == 0 {
 		g.gather.max = DefaultGatherers
 	}
+	if cfg.GatherWait < 0 || cfg.GatherWait > MaxGatherWait {
+		return nil, fmt.Errorf("guard: config: gather wait must be between 0 and %s, got %s", MaxGatherWait, cfg.GatherWait)
+	}
+	g.gather.wait = cfg.GatherWait
 	g.maxInFlight = int64(cfg.MaxInFlight)
 	if g.maxInFlight == 0 {
 		g.maxInFlight = DefaultMaxInFlight
