@@ -36,7 +36,8 @@ type gatherer struct {
 
 // gatherJob queues j, an opCheck job, and starts a gathering goroutine
 // when fewer than the maximum run: with the store idle, j has a call of its
-// own at once. It starts the sweeper when none runs.
+// own at once (after Config.GatherWait). It starts the sweeper when none
+// runs.
 func (g *Guard) gatherJob(j *job) {
 	q := &g.gather
 	q.mu.Lock()

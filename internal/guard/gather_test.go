@@ -718,7 +718,7 @@ func gathering(g *Guard) int {
 
 // TestGatherWait: with Config.GatherWait, checks that arrive within the
 // wait of the first go in one store call, which waits that long for them;
-// a wait out of range is refused.
+// a wait out of range (or above half the deadline) is refused.
 func TestGatherWait(t *testing.T) {
 	const wait = MaxGatherWait
 	g := newGuard(t, newMemory(t, nil), Config{Deadline: 10 * time.Second, GatherWait: wait,
@@ -744,9 +744,10 @@ func TestGatherWait(t *testing.T) {
 	if took[0] < wait*9/10 {
 		t.Errorf("the first check took %s, want it to wait about %s for the others", took[0], wait)
 	}
-	for _, w := range []time.Duration{-time.Millisecond, MaxGatherWait + 1} {
-		if _, err := New(newMemory(t, nil), Config{GatherWait: w}); err == nil {
-			t.Errorf("gather wait %s: no error", w)
+	for _, c := range []Config{{GatherWait: -time.Millisecond}, {GatherWait: MaxGatherWait + 1},
+		{GatherWait: 3 * time.Millisecond, Deadline: 5 * time.Millisecond}} {
+		if _, err := New(newMemory(t, nil), c); err == nil {
+			t.Errorf("gather wait %s, deadline %s: no error", c.GatherWait, c.Deadline)
 		}
 	}
 }

@@ -146,7 +146,8 @@ type Config struct {
 	// connection, so a server that sends few checks a call (a moderate
 	// rate per instance) costs Redis several times more per check than
 	// one that sends dozens: a wait of a few hundred microseconds cuts
-	// that cost, at as much latency on every check. At most MaxGatherWait.
+	// that cost, at as much latency on every check. At most MaxGatherWait
+	// and half the deadline.
 	GatherWait time.Duration
 	// OnBreakerChange, when set, is called on every change of the
 	// breaker's state, synchronously, while the breaker's lock is held: it
@@ -219,8 +220,8 @@ func New(inner Store, cfg Config) (*Guard, error) {
 	if g.gather.max == 0 {
 		g.gather.max = DefaultGatherers
 	}
-	if cfg.GatherWait < 0 || cfg.GatherWait > MaxGatherWait {
-		return nil, fmt.Errorf("guard: config: gather wait must be between 0 and %s, got %s", MaxGatherWait, cfg.GatherWait)
+	if cfg.GatherWait < 0 || cfg.GatherWait > min(MaxGatherWait, g.deadline/2) {
+		return nil, fmt.Errorf("guard: config: gather wait must be between 0 and %s (and half the deadline), got %s", MaxGatherWait, cfg.GatherWait)
 	}
 	g.gather.wait = cfg.GatherWait
 	g.maxInFlight = int64(cfg.MaxInFlight)
