@@ -19,8 +19,8 @@
 # the algorithm, checks/s, Redis CPU µs per check and the share of it in
 # the kernel (network), script calls per check, Redis commands per check
 # (the script calls and the commands they make: GET, the write, TIME; or
-# a plain HINCRBY), and reads of a connection per check (INFO stats
-# total_reads_processed). With FLOOR=1, each fixed-window run is followed
+# a plain HINCRBY), reads of a connection per check (INFO stats
+# total_reads_processed), and the callers' p50 and p99 latency. With FLOOR=1, each fixed-window run is followed
 # by bench/cmd/redisfloor on the same Redis at the rate and pipeline depth
 # (checks per read) the run reached: the Redis CPU of the one command a
 # fixed-window check needs, bare, at that load, and the run's ratio to it.
@@ -78,15 +78,16 @@ r = json.load(open(sys.argv[1]))
 checks = max(r["checks"], 1)
 user, sys_, calls, cmds, reads = (float(b) - float(a) for a, b in zip(sys.argv[4].split(), sys.argv[5].split()))
 cpu = (user + sys_) * 1e6 / checks
-print("%-28s %-24s %8.0f checks/s  redis cpu %5.2f us/check (%2.0f%% sys)  %.3f script calls/check  %.2f commands/check  %.3f reads/check  allowed %d denied %d errors %d"
+lat = r.get("latency_ms") or {}
+print("%-28s %-24s %8.0f checks/s  redis cpu %5.2f us/check (%2.0f%% sys)  %.3f script calls/check  %.2f commands/check  %.3f reads/check  p50 %.2f ms p99 %.2f ms  allowed %d denied %d errors %d"
       % (sys.argv[2][-28:], sys.argv[3], r["check_throughput"], cpu, 100 * sys_ / max(user + sys_, 1e-9), calls / checks,
-         cmds / checks, reads / checks, r["allowed"], r["denied"], r["errors"]))
+         cmds / checks, reads / checks, lat.get("p50", 0), lat.get("p99", 0), r["allowed"], r["denied"], r["errors"]))
 open(sys.argv[1] + ".floor", "w").write("%.0f %d %.4f\n" % (r["check_throughput"], max(1, round(checks / max(reads, 1))), cpu))
 PY
       if [ "${FLOOR:-0}" = 1 ] && [ "$alg" = fixed_window ]; then
         read -r rate per cpu <"$out/load.json.floor"
         redis-cli -p $RPORT flushall >/dev/null
-        f=$(bin/redisfloor --addr 127.0.0.1:$RPORT --rate "$rate" --per "$per" --duration "$DURATION")
+        f=$(bin/redisfloor --addr 127.0.0.1:$RPORT --rate "$rate" --per "$per" --callers 1 --duration "$DURATION")
         python3 -c "import re, sys; f = float(re.search(r'redis cpu ([0-9.]+)', sys.argv[1]).group(1)); print('%-28s %-24s %s; the run: %.2fx' % ('redisfloor', 'HINCRBY alone', sys.argv[1], float(sys.argv[2]) / f))" "$f" "$cpu"
       fi
     done

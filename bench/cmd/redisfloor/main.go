@@ -1,7 +1,9 @@
 // Command redisfloor is the reference of the Redis CPU runs in
 // docs/PERFORMANCE.md (scripts/redis-cpu-runs.sh): it sends a fixed-window
 // check's one command, HINCRBY of a window's field, on keys shaped like
-// Sluice's, in pipelines of a given size at a given rate, through the
+// Sluice's and picked at random (keys read in the order they were written
+// would find Redis' memory in its caches, as no real traffic does), each
+// with an expiry as Sluice's have, in pipelines of a given size at a given rate, through the
 // client Sluice uses (rueidis), and prints the Redis CPU time per command
 // (INFO cpu, user + system, before and after). Run at the rate and
 // pipeline depth a `sluice serve` run reached, it is the least Redis CPU
@@ -17,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -39,7 +42,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "redisfloor: --rate, --per, --callers, --keys and --duration must be positive")
 		os.Exit(2)
 	}
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{*addr}, DisableCache: true, MaxFlushDelay: 50 * time.Microsecond})
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{*addr}, DisableCache: true, AlwaysPipelining: true,
+		MaxFlushDelay: 50 * time.Microsecond})
 	if err != nil {
 		log.Fatalf("redisfloor: %v", err)
 	}
@@ -52,6 +56,20 @@ func main() {
 	for i := range names {
 		names[i] = "rl:envoy:load:fw.1m0s:{client_id=load-" + strconv.Itoa(i) + "}"
 	}
+	// Every key exists with an expiry before the run: Redis looks the
+	// expiry of a key up on every read once any key has one.
+	for i := 0; i < len(names); i += 1000 {
+		var setup rueidis.Commands
+		for _, name := range names[i:min(i+1000, len(names))] {
+			setup = append(setup, c.B().Hincrby().Key(name).Field(field).Increment(0).Build(),
+				c.B().Pexpire().Key(name).Milliseconds(10*60*1000).Build())
+		}
+		for _, r := range c.DoMulti(ctx, setup...) {
+			if err := r.Error(); err != nil {
+				log.Fatalf("redisfloor: %v", err)
+			}
+		}
+	}
 	cpu0 := redisCPU(ctx, c)
 	start := time.Now()
 	every := time.Duration(float64(time.Second) * float64(*per) * float64(*callers) / *rate)
@@ -59,11 +77,11 @@ func main() {
 	var wg sync.WaitGroup
 	for w := range *callers {
 		wg.Go(func() {
-			k := w * *keys / *callers
+			r := rand.New(rand.NewPCG(uint64(w), 1))
 			cmds := make(rueidis.Commands, *per)
 			for next := start; time.Since(start) < *duration; {
 				for i := range cmds {
-					k = (k + 1) % *keys
+					k := r.IntN(*keys)
 					cmds[i] = c.B().Hincrby().Key(names[k]).Field(field).Increment(1).Build()
 				}
 				for _, r := range c.DoMulti(ctx, cmds...) {
