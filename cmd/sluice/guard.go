@@ -67,6 +67,7 @@ type guardFlags struct {
 	StallTimeout time.Duration `name:"store-stall-timeout" default:"0s" env:"SLUICE_STORE_STALL_TIMEOUT" help:"a Redis call gives up when Redis has answered no call at all for this long (paused, cut off); 0 learns it from Redis' latency (4x the slowest recent answer, at least ${stall_floor}); negative: off"`
 	MaxInFlight  int           `name:"store-max-in-flight" default:"${store_max_in_flight}" env:"SLUICE_STORE_MAX_IN_FLIGHT" help:"Redis calls in flight at most, those whose checks already gave up at the deadline included"`
 	Gatherers    int           `name:"store-gatherers" default:"${store_gatherers}" env:"SLUICE_STORE_GATHERERS" help:"Redis calls of gathered checks in flight at once: checks that arrive meanwhile wait and go in the next call together; negative: a call per check"`
+	GatherFill   int           `name:"store-gather-fill" default:"${store_gather_fill}" env:"SLUICE_STORE_GATHER_FILL" help:"checks that must be queued for a gathered Redis call to start while another is in flight (at most 256); fewer wait for it and go in the next, which costs Redis less CPU per check; 1: a call for any check while fewer than --store-gatherers are in flight"`
 	GatherWait   time.Duration `name:"store-gather-wait" default:"0s" env:"SLUICE_STORE_GATHER_WAIT" help:"how long a gathered check may wait for others to go in its Redis call (at most 10ms and half of --store-deadline): fewer, fuller calls cost Redis less CPU per check, at as much latency; 0: none"`
 
 	Breaker             bool          `name:"breaker" default:"true" env:"SLUICE_BREAKER" help:"circuit breaker around the Redis store"`
@@ -94,6 +95,7 @@ func (f *guardFlags) config() guard.Config {
 		StallTimeout: f.StallTimeout,
 		MaxInFlight:  f.MaxInFlight,
 		Gatherers:    f.Gatherers,
+		GatherFill:   f.GatherFill,
 		GatherWait:   f.GatherWait,
 		Breaker: guard.BreakerConfig{Disabled: !f.Breaker, Window: f.BreakerWindow, MinRequests: uint32(min(f.BreakerMinRequests, 1<<31)),
 			FailureRatio: f.BreakerFailureRatio, OpenTimeout: f.BreakerOpenTimeout, Probes: uint32(min(f.BreakerProbes, 1<<31)), Sustain: f.BreakerSustain},

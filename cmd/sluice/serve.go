@@ -42,6 +42,7 @@ func defaults() kong.Vars {
 		"stall_floor":             d(guard.DefaultStallFloor),
 		"store_max_in_flight":     n(guard.DefaultMaxInFlight),
 		"store_gatherers":         n(guard.DefaultGatherers),
+		"store_gather_fill":       n(guard.DefaultGatherFill),
 		"breaker_window":          d(guard.DefaultBreakerWindow),
 		"breaker_min_requests":    n(guard.DefaultBreakerMinRequests),
 		"breaker_failure_ratio":   f(guard.DefaultBreakerFailureRatio),

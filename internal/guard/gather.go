@@ -17,6 +17,9 @@ const DefaultGatherers = 2
 // MaxGathered is the most requests one gathered store call decides.
 const MaxGathered = 256
 
+// DefaultGatherFill is Config.GatherFill when it is zero.
+const DefaultGatherFill = 32
+
 // MaxGatherWait is the longest Config.GatherWait.
 const MaxGatherWait = 10 * time.Millisecond
 
@@ -30,21 +33,22 @@ type gatherer struct {
 	active   []*gatherScratch // the scratch (and batch) of each store call in flight
 	running  int              // gathering goroutines holding a slot, at most max
 	max      int
+	fill     int           // Config.GatherFill
 	wait     time.Duration // Config.GatherWait
 	sweeping bool          // a sweeper runs
 }
 
 // gatherJob queues j, an opCheck job, and starts a gathering goroutine
-// when fewer than the maximum run: with the store idle, j has a call of its
-// own at once (after Config.GatherWait). It starts the sweeper when none
-// runs.
+// when none runs, or when fewer than the maximum run and Config.GatherFill
+// checks are queued: with the store idle, j has a call of its own at once (after
+// Config.GatherWait). It starts the sweeper when none runs.
 func (g *Guard) gatherJob(j *job) {
 	q := &g.gather
 	q.mu.Lock()
 	q.queue = append(q.queue, j)
 	sweep := !q.sweeping
 	q.sweeping = true
-	gather := q.running < q.max
+	gather := q.running < q.max && (q.running == 0 || len(q.queue) >= q.fill)
 	if gather {
 		q.running++
 	}
@@ -168,7 +172,8 @@ type gatherScratch struct {
 
 var gatherPool = sync.Pool{New: func() any { return new(gatherScratch) }}
 
-// gatherLoop makes store calls of the queued checks until none is left.
+// gatherLoop makes store calls of the queued checks until none is left
+// (or too few for it, see Config.GatherFill).
 func (g *Guard) gatherLoop() {
 	q := &g.gather
 	sc := gatherPool.Get().(*gatherScratch)
@@ -178,7 +183,10 @@ func (g *Guard) gatherLoop() {
 	}
 	for {
 		q.mu.Lock()
-		if len(q.queue) == 0 || sc.yielded {
+		// A goroutine leaves when nothing is queued, and when another
+		// holds a slot and too few are queued for a second call (the other
+		// takes them when its call returns).
+		if len(q.queue) == 0 || sc.yielded || q.running > 1 && len(q.queue) < q.fill {
 			if !sc.yielded { // else its slot was given up already
 				q.running--
 			}

@@ -622,7 +622,8 @@ func TestGatheredCallsPastTheirDeadline(t *testing.T) {
 	// A deadline long enough for a busy machine: the checks queued behind
 	// the first call are taken into one call before it.
 	const deadline = time.Second
-	g := newGuard(t, s, Config{Deadline: deadline, Gatherers: 2,
+	// A fill of 1: the second slot takes a call of one check.
+	g := newGuard(t, s, Config{Deadline: deadline, Gatherers: 2, GatherFill: 1,
 		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
 	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour})
 
@@ -748,6 +749,55 @@ func TestGatherWait(t *testing.T) {
 		{GatherWait: 3 * time.Millisecond, Deadline: 5 * time.Millisecond}} {
 		if _, err := New(newMemory(t, nil), c); err == nil {
 			t.Errorf("gather wait %s, deadline %s: no error", c.GatherWait, c.Deadline)
+		}
+	}
+}
+
+// TestGatherFill: while a gathered call is in flight, the checks that
+// arrive wait for it until DefaultGatherFill are queued; then a second call
+// takes them at once; a fill out of range is refused.
+func TestGatherFill(t *testing.T) {
+	s := &gateStore{Store: newMemory(t, nil), open: make(chan struct{}), sizes: make(chan int, 100)}
+	g := newGuard(t, s, Config{Deadline: 10 * time.Second, Gatherers: 2,
+		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
+	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 100, Window: time.Hour})
+	var wg sync.WaitGroup
+	run := func(i int) {
+		if _, _, err := check1(context.Background(), g, "k"+strconv.Itoa(i), p, 1); err != nil {
+			t.Error(err)
+		}
+	}
+	wg.Go(func() { run(0) }) // held by the store
+	for g.Stats().GatheredCalls == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	for i := 1; i < DefaultGatherFill; i++ {
+		wg.Go(func() { run(i) })
+	}
+	for queued(g) < DefaultGatherFill-1 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // a second call would have started
+	if n, calls := queued(g), g.Stats().GatheredCalls; n != DefaultGatherFill-1 || calls != 1 {
+		t.Errorf("%d checks queued, %d calls, want %d queued behind the one call", n, calls, DefaultGatherFill-1)
+	}
+	wg.Go(func() { run(DefaultGatherFill) })
+	select {
+	case n := <-s.sizes:
+		if n != DefaultGatherFill {
+			t.Errorf("a second call of %d checks, want %d", n, DefaultGatherFill)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("no second call with the fill queued")
+	}
+	close(s.open)
+	wg.Wait()
+	if st := g.Stats(); st.GatheredJobs != DefaultGatherFill+1 || st.GatheredCalls != 2 {
+		t.Errorf("gathered %d checks in %d calls, want %d in 2", st.GatheredJobs, st.GatheredCalls, DefaultGatherFill+1)
+	}
+	for _, fill := range []int{-1, MaxGathered + 1} {
+		if _, err := New(newMemory(t, nil), Config{GatherFill: fill}); err == nil {
+			t.Errorf("gather fill %d: no error", fill)
 		}
 	}
 }

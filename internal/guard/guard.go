@@ -67,6 +67,7 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -140,6 +141,14 @@ type Config struct {
 	// MaxInFlight until the store returns. Zero means DefaultGatherers; a
 	// negative number gives every check a call of its own.
 	Gatherers int
+	// GatherFill is how many checks must be queued for a gathered call to
+	// start while another is in flight; fewer wait for the call in flight
+	// and go together in the next. Redis pays for every read of a
+	// connection, so one full call costs it less than two half-empty ones;
+	// a rate that one call per round trip cannot carry still gets up to
+	// Gatherers calls at once. Zero means DefaultGatherFill; 1 starts a
+	// call for any queued check while fewer than Gatherers are in flight.
+	GatherFill int
 	// GatherWait is how long a gathered check may wait, from its
 	// arrival, for others to go in its store call; zero sends a call as
 	// soon as a gathering slot is free. Redis pays for every read of a
@@ -220,6 +229,10 @@ func New(inner Store, cfg Config) (*Guard, error) {
 	if g.gather.max == 0 {
 		g.gather.max = DefaultGatherers
 	}
+	if cfg.GatherFill < 0 || cfg.GatherFill > MaxGathered {
+		return nil, fmt.Errorf("guard: config: gather fill must be between 0 and %d, got %d", MaxGathered, cfg.GatherFill)
+	}
+	g.gather.fill = cmp.Or(cfg.GatherFill, DefaultGatherFill)
 	if cfg.GatherWait < 0 || cfg.GatherWait > min(MaxGatherWait, g.deadline/2) {
 		return nil, fmt.Errorf("guard: config: gather wait must be between 0 and %s (and half the deadline), got %s", MaxGatherWait, cfg.GatherWait)
 	}

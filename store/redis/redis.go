@@ -388,8 +388,12 @@ func New(cfg Config) (*Store, error) {
 			PipelineMultiplex: multiplex(cfg.ConnsPerNode),
 			ConnWriteTimeout:  cfg.WriteTimeout,
 			DisableCache:      true,
-			MaxFlushDelay:     cfg.MaxFlushDelay,
-			Sentinel:          sentinelOption(cfg),
+			// One call at a time (the guard's one gathered call) too:
+			// writes gathered for MaxFlushDelay, and a silent server told
+			// by pings, as under load, not by a read deadline per call.
+			AlwaysPipelining: true,
+			MaxFlushDelay:    cfg.MaxFlushDelay,
+			Sentinel:         sentinelOption(cfg),
 		})
 		if err != nil {
 			if cfg.MasterSet != "" {
