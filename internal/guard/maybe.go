@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 
 	"github.com/sluicehq/sluice/store"
 )
@@ -20,12 +21,14 @@ var ErrMaybeCounted = store.ErrMaybeCounted
 // returned, wrapping ErrMaybeCounted when the store gave up on the call at
 // the end of its context (the guard's deadline, which a store that heeds
 // its context may reach first, or its caller's): it may have been written
-// to the store before. A connection that could not be opened (a dial
+// to the store before; or that its connection gave up on at a read or
+// write deadline (a server that stopped answering, which may run what it
+// read when it resumes). A connection that could not be opened (a dial
 // that timed out: a host loaded beyond its cores takes long to connect
 // even to a killed server) never carried it.
 func sentErr(err error) error {
 	if err == nil || errors.Is(err, ErrMaybeCounted) || isAnswer(err) || dialFailed(err) ||
-		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !errors.Is(err, os.ErrDeadlineExceeded) {
 		return err
 	}
 	return fmt.Errorf("%w: %w", err, ErrMaybeCounted)

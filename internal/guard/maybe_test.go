@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"testing"
@@ -158,6 +159,8 @@ func TestSentErr(t *testing.T) {
 		{unavailable(syscall.ECONNREFUSED), false},
 		{unavailable(&net.OpError{Op: "dial", Net: "tcp", Err: context.DeadlineExceeded}), false}, // never connected
 		{unavailable(&net.OpError{Op: "read", Net: "tcp", Err: context.DeadlineExceeded}), true},
+		{unavailable(&net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}), true}, // an i/o timeout
+		{unavailable(&net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}), false},
 		{fmt.Errorf("%w: %w", unavailable(context.DeadlineExceeded), store.ErrReplied), false}, // an answer
 		{errors.New("bad request"), false},
 	} {
