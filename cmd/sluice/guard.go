@@ -13,8 +13,8 @@ import (
 // redisFlags are serve's flags of the connections to a Redis store.
 type redisFlags struct {
 	DialTimeout   time.Duration `name:"redis-dial-timeout" default:"${redis_dial_timeout}" env:"SLUICE_REDIS_DIAL_TIMEOUT" help:"bound on opening a connection to Redis"`
-	WriteTimeout  time.Duration `name:"redis-write-timeout" default:"${redis_write_timeout}" env:"SLUICE_REDIS_WRITE_TIMEOUT" help:"how long a Redis connection may stay unable to write or answer before it is closed"`
-	KeepAlive     time.Duration `name:"redis-keepalive" default:"${redis_keepalive}" env:"SLUICE_REDIS_KEEPALIVE" help:"period of TCP keep-alive probes on Redis connections; negative turns them off"`
+	WriteTimeout  time.Duration `name:"redis-write-timeout" default:"${redis_write_timeout}" env:"SLUICE_REDIS_WRITE_TIMEOUT" help:"how long a Redis connection may leave a ping unanswered before it is closed and its calls fail"`
+	KeepAlive     time.Duration `name:"redis-keepalive" default:"${redis_keepalive}" env:"SLUICE_REDIS_KEEPALIVE" help:"period of TCP keep-alive probes on Redis connections, and how long one may answer nothing before it is pinged; negative turns both off"`
 	ConnsPerNode  int           `name:"redis-conns-per-node" default:"0" env:"SLUICE_REDIS_CONNS_PER_NODE" help:"connections to each Redis node, over which concurrent calls are pipelined (1 to 256, rounded up to a power of two); 0 is the client's default"`
 	TLSCAFile     string        `name:"redis-tls-ca-file" placeholder:"FILE" env:"SLUICE_REDIS_TLS_CA_FILE" help:"PEM file of the CA certificates that a rediss:// store's server certificate must chain to, in place of the system's"`
 	TLSCertFile   string        `name:"redis-tls-cert-file" placeholder:"FILE" env:"SLUICE_REDIS_TLS_CERT_FILE" help:"PEM file of the client certificate (and its intermediates) presented to a rediss:// store for mutual TLS; needs --redis-tls-key-file"`

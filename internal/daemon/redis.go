@@ -30,11 +30,12 @@ var _ engine.Store = (*redis.Store)(nil)
 type RedisOptions struct {
 	// DialTimeout bounds the opening of a connection.
 	DialTimeout time.Duration
-	// WriteTimeout is how long a connection may stay unable to write or
-	// to answer before it is closed and its calls fail.
+	// WriteTimeout is how long a connection may leave a ping unanswered
+	// before it is closed and its calls fail.
 	WriteTimeout time.Duration
-	// KeepAlive is the period of TCP keep-alive probes; negative turns
-	// them off.
+	// KeepAlive is the period of TCP keep-alive probes, and how long a
+	// connection may answer nothing before it is pinged; negative turns
+	// both off.
 	KeepAlive time.Duration
 	// ConnsPerNode is the number of connections to each node, over which
 	// concurrent calls are pipelined.

@@ -140,8 +140,8 @@ const (
 	DefaultTimeout = time.Second
 	// DefaultDialTimeout bounds the opening of a connection.
 	DefaultDialTimeout = time.Second
-	// DefaultWriteTimeout is how long a connection may fail to write or to
-	// answer a health check before it is closed and its calls fail.
+	// DefaultWriteTimeout is how long a connection may leave a ping
+	// unanswered before it is closed and its calls fail.
 	DefaultWriteTimeout = time.Second
 	// DefaultKeepAlive is the period of TCP keep-alive probes.
 	DefaultKeepAlive = 30 * time.Second
@@ -218,15 +218,15 @@ type Config struct {
 	// DialTimeout bounds the opening of a connection. Zero means
 	// DefaultDialTimeout.
 	DialTimeout time.Duration
-	// WriteTimeout is how long a connection may stay unable to write or
-	// to answer, after which it is closed and its calls fail. Zero means
-	// DefaultWriteTimeout.
+	// WriteTimeout is how long a connection may leave a ping unanswered
+	// (see KeepAlive), after which it is closed and its calls fail. Zero
+	// means DefaultWriteTimeout.
 	WriteTimeout time.Duration
 
 	// KeepAlive is the period of TCP keep-alive probes on the client's
-	// connections, which find a peer gone silent (a crashed host, a
-	// dropped route) on an idle connection. Zero means DefaultKeepAlive;
-	// negative turns them off.
+	// connections, and how long one may answer nothing before it is pinged:
+	// both find a peer gone silent (a crashed host, a dropped route). Zero
+	// means DefaultKeepAlive; negative turns both off.
 	KeepAlive time.Duration
 	// ConnsPerNode is the number of connections kept to each node, over
 	// which concurrent calls are pipelined: 1, 2, 4, ... up to 256 (other
