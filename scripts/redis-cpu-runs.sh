@@ -15,7 +15,9 @@
 # (default: all six), DURATION (10s), CONCURRENCY (64), KEYS (10000),
 # RATE (checks per second in all, open loop; default: as fast as the
 # callers go, closed loop), ROUNDS (1), PORT (base port, default 18280: sluice on PORT and PORT+1,
-# Redis on PORT+20). Loopback only. Prints one line per run: the binary,
+# Redis on PORT+20). Loopback only. The word ratelimit in BINS stands for
+# envoyproxy/ratelimit, the binary RATELIMIT_BIN (built by you from its
+# repository), run for the fixed window only, its own at the same limit. Prints one line per run: the binary,
 # the algorithm, checks/s, Redis CPU µs per check and the share of it in
 # the kernel (network), script calls per check, Redis commands per check
 # (the script calls and the commands they make: GET, the write, TIME; or
@@ -34,6 +36,7 @@ PORT=${PORT:-18280}
 ALGS=${ALGS:-fixed_window token_bucket leaky_bucket gcra sliding_window_counter sliding_window_log}
 mkdir -p bin
 (cd bench && go build -o ../bin/sluice-load ./cmd/sluice-load && go build -o ../bin/redisfloor ./cmd/redisfloor)
+case " ${BINS:-} " in *" ratelimit "*) [ -x "${RATELIMIT_BIN:-}" ] || { echo "BINS names ratelimit: set RATELIMIT_BIN to its binary" >&2; exit 2; };; esac
 if [ -z "${BINS:-}" ]; then
   go build -o bin/sluice ./cmd/sluice
   BINS=bin/sluice
@@ -63,8 +66,20 @@ for round in $(seq "$ROUNDS"); do
       printf 'version: 1\nenvoy:\n  - domain: load\n    descriptors:\n      - key: client_id\n        rate_limit: { unit: minute, requests_per_unit: 1000, algorithm: %s }\n' \
         "$alg" >"$out/policy.yaml"
       redis-cli -p $RPORT flushall >/dev/null
-      "$bin" serve --config "$out/policy.yaml" --store redis://127.0.0.1:$RPORT --log-level warn \
-        --http-addr 127.0.0.1:$PORT --grpc-addr 127.0.0.1:$((PORT+1)) 2>"$out/serve.log" &
+      if [ "$bin" = ratelimit ]; then
+        # Its fixed window of the same limit, its stats off, the rest at its defaults.
+        [ "$alg" = fixed_window ] || continue
+        mkdir -p "$out/rt/rl/config"
+        printf 'domain: load\ndescriptors:\n  - key: client_id\n    rate_limit: { unit: minute, requests_per_unit: 1000 }\n' \
+          >"$out/rt/rl/config/load.yaml"
+        env DISABLE_STATS=true USE_STATSD=false LOG_LEVEL=warn RUNTIME_ROOT="$out/rt" RUNTIME_SUBDIRECTORY=rl \
+          RUNTIME_WATCH_ROOT=false REDIS_SOCKET_TYPE=tcp REDIS_URL=127.0.0.1:$RPORT HOST=127.0.0.1 PORT=$PORT \
+          GRPC_HOST=127.0.0.1 GRPC_PORT=$((PORT+1)) DEBUG_HOST=127.0.0.1 DEBUG_PORT=$((PORT+2)) \
+          "$RATELIMIT_BIN" >"$out/serve.log" 2>&1 &
+      else
+        "$bin" serve --config "$out/policy.yaml" --store redis://127.0.0.1:$RPORT --log-level warn \
+          --http-addr 127.0.0.1:$PORT --grpc-addr 127.0.0.1:$((PORT+1)) 2>"$out/serve.log" &
+      fi
       SP=$!
       for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$((PORT+1))) 2>/dev/null && break; sleep 0.1; done
       s0=$(stats)
