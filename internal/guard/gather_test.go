@@ -44,6 +44,14 @@ func (s *gateStore) Do(ctx context.Context, bt *store.Batch) error {
 	return s.Store.Do(ctx, bt)
 }
 
+// gated returns a gateStore on a memory store and a guard around it with
+// a 10 s deadline, that many gatherers, and no breaker or over-limit cache.
+func gated(t *testing.T, gatherers int) (*gateStore, *Guard) {
+	s := &gateStore{Store: newMemory(t, nil), open: make(chan struct{}), sizes: make(chan int, 100)}
+	return s, newGuard(t, s, Config{Deadline: 10 * time.Second, Gatherers: gatherers,
+		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
+}
+
 // Info states nothing of the wrapped store: no parts, one node, no
 // records, so that a gathered call on a Redis Cluster is one call whose
 // failed nodes come back as a *store.PartialError (gatePartsStore has the
@@ -129,9 +137,7 @@ func TestGatheredChecksOneNodeDown(t *testing.T) {
 // in later calls, exactly 10 are admitted, and one invalid check among
 // them fails alone.
 func TestGatheredChecks(t *testing.T) {
-	s := &gateStore{Store: newMemory(t, nil), open: make(chan struct{}), sizes: make(chan int, 100)}
-	g := newGuard(t, s, Config{Deadline: 10 * time.Second, Gatherers: 1,
-		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
+	s, g := gated(t, 1)
 	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour})
 
 	var admitted, denied, invalid atomic.Int64
@@ -196,9 +202,7 @@ func queued(g *Guard) int {
 // queued (its own deadline passed, before the store deadline of the call
 // it waits behind) is not sent to the store, so it charges nothing.
 func TestGatheredCheckAbandoned(t *testing.T) {
-	s := &gateStore{Store: newMemory(t, nil), open: make(chan struct{}), sizes: make(chan int, 100)}
-	g := newGuard(t, s, Config{Deadline: 10 * time.Second, Gatherers: 1,
-		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
+	s, g := gated(t, 1)
 	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour})
 	var wg sync.WaitGroup
 	wg.Go(func() { check1(context.Background(), g, "held", p, 1) })
@@ -757,9 +761,7 @@ func TestGatherWait(t *testing.T) {
 // arrive wait for it until DefaultGatherFill are queued; then a second call
 // takes them at once; a fill out of range is refused.
 func TestGatherFill(t *testing.T) {
-	s := &gateStore{Store: newMemory(t, nil), open: make(chan struct{}), sizes: make(chan int, 100)}
-	g := newGuard(t, s, Config{Deadline: 10 * time.Second, Gatherers: 2,
-		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
+	s, g := gated(t, 2)
 	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 100, Window: time.Hour})
 	var wg sync.WaitGroup
 	run := func(i int) {
