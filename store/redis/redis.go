@@ -388,10 +388,10 @@ func New(cfg Config) (*Store, error) {
 			PipelineMultiplex: multiplex(cfg.ConnsPerNode),
 			ConnWriteTimeout:  cfg.WriteTimeout,
 			DisableCache:      true,
-			// One call at a time (the guard's one gathered call) too:
-			// writes gathered for MaxFlushDelay, and a silent server told
-			// by pings, as under load, not by a read deadline per call.
-			AlwaysPipelining: true,
+			// One call at a time (the guard's) too: a silent server is told
+			// by pings, as under load, not by a read deadline per call;
+			// without pings (KeepAlive < 0), by that deadline.
+			AlwaysPipelining: cfg.KeepAlive >= 0,
 			MaxFlushDelay:    cfg.MaxFlushDelay,
 			Sentinel:         sentinelOption(cfg),
 		})
