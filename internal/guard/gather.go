@@ -36,19 +36,31 @@ type gatherer struct {
 	fill     int           // Config.GatherFill
 	wait     time.Duration // Config.GatherWait
 	sweeping bool          // a sweeper runs
+	// waiting is set while a gathering goroutine waits for checks to
+	// join the oldest queued one (Config.GatherWait); the check that
+	// brings the queue to the fill sends a token on wake, under mu, and
+	// clears it.
+	waiting bool
+	wake    chan struct{}
 }
 
 // gatherJob queues j, an opCheck job, and starts a gathering goroutine
 // when none runs, or when fewer than the maximum run and Config.GatherFill
-// checks are queued: with the store idle, j has a call of its own at once (after
-// Config.GatherWait). It starts the sweeper when none runs.
+// checks are queued: with the store idle, j has a call of its own at once.
+// With the fill queued it ends the wait of a goroutine waiting for checks
+// (Config.GatherWait) instead. It starts the sweeper when none runs.
 func (g *Guard) gatherJob(j *job) {
 	q := &g.gather
 	q.mu.Lock()
 	q.queue = append(q.queue, j)
 	sweep := !q.sweeping
 	q.sweeping = true
-	gather := q.running < q.max && (q.running == 0 || len(q.queue) >= q.fill)
+	woke := q.waiting && len(q.queue) >= q.fill
+	if woke {
+		q.waiting = false
+		q.wake <- struct{}{} // under mu, so that a waiter the timer woke takes it back
+	}
+	gather := !woke && q.running < q.max && (q.running == 0 || len(q.queue) >= q.fill)
 	if gather {
 		q.running++
 	}
@@ -168,12 +180,15 @@ type gatherScratch struct {
 	expires time.Time
 	since   int64
 	yielded bool
+	timer   *time.Timer // for await, made on its first wait
 }
 
 var gatherPool = sync.Pool{New: func() any { return new(gatherScratch) }}
 
 // gatherLoop makes store calls of the queued checks until none is left
-// (or too few for it, see Config.GatherFill).
+// (or too few for it, see Config.GatherFill). Its first call goes at once;
+// the checks queued during a call wait, after it, for others to join them
+// (Config.GatherWait).
 func (g *Guard) gatherLoop() {
 	q := &g.gather
 	sc := gatherPool.Get().(*gatherScratch)
@@ -181,6 +196,7 @@ func (g *Guard) gatherLoop() {
 	if sc.part == nil {
 		sc.part = sc.onPart // once per scratch: a method value allocates
 	}
+	called := false // a call was made: the checks queued came during it
 	for {
 		q.mu.Lock()
 		// A goroutine leaves when nothing is queued, and when another
@@ -197,11 +213,11 @@ func (g *Guard) gatherLoop() {
 			}
 			return
 		}
-		if q.wait > 0 && len(q.queue) < MaxGathered {
-			// Wait for others to go with the oldest check (Config.GatherWait).
+		if called && q.wait > 0 && len(q.queue) < q.fill {
+			// The store is busy: wait for others to go with the oldest
+			// check (Config.GatherWait).
 			if d := q.wait - time.Since(q.queue[0].queued); d > 0 {
-				q.mu.Unlock()
-				time.Sleep(d)
+				sc.await(q, d)
 				continue
 			}
 		}
@@ -230,9 +246,36 @@ func (g *Guard) gatherLoop() {
 		}
 		q.mu.Unlock()
 		g.execGathered(sc)
+		called = true
 		clear(sc.batch) // the jobs are recycled
 		clear(sc.live)
 	}
+}
+
+// await waits d, or until gatherJob wakes it with the fill queued. The
+// gatherer's mu is held on entry and released on return.
+func (sc *gatherScratch) await(q *gatherer, d time.Duration) {
+	q.waiting = true
+	q.mu.Unlock()
+	if sc.timer == nil {
+		sc.timer = time.NewTimer(d)
+	} else {
+		sc.timer.Reset(d)
+	}
+	select {
+	case <-sc.timer.C:
+	case <-q.wake:
+	}
+	sc.timer.Stop()
+	q.mu.Lock()
+	if !q.waiting { // woken as the timer fired: take the token back
+		select {
+		case <-q.wake:
+		default:
+		}
+	}
+	q.waiting = false
+	q.mu.Unlock()
 }
 
 // yield gives up the gathering slot of sc's goroutine, whose store call

@@ -721,34 +721,96 @@ func gathering(g *Guard) int {
 	return g.gather.running
 }
 
-// TestGatherWait: with Config.GatherWait, checks that arrive within the
-// wait of the first go in one store call, which waits that long for them;
-// a wait out of range (or above half the deadline) is refused.
+// TestGatherWait: with Config.GatherWait, a check that finds the store
+// idle has a call at once; the checks queued during a call wait, after
+// it, until the oldest has waited that long, and those that come
+// meanwhile join them in one call; the wait ends sooner with
+// Config.GatherFill checks queued. A wait out of range (or above half the
+// deadline) is refused.
 func TestGatherWait(t *testing.T) {
 	const wait = MaxGatherWait
-	g := newGuard(t, newMemory(t, nil), Config{Deadline: 10 * time.Second, GatherWait: wait,
+	s := &gateStore{Store: newMemory(t, nil), open: make(chan struct{}), sizes: make(chan int, 100)}
+	g := newGuard(t, s, Config{Deadline: 10 * time.Second, Gatherers: 1, GatherFill: 6, GatherWait: wait,
 		Breaker: BreakerConfig{Disabled: true}, OverLimit: OverLimitConfig{Disabled: true}})
 	p := params(t, sluice.Limit{Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour})
 	var wg sync.WaitGroup
-	took := make([]time.Duration, 20)
-	for i := range took {
-		wg.Go(func() {
-			time.Sleep(time.Duration(i) * 250 * time.Microsecond) // within 5ms
-			start := time.Now()
-			if _, _, err := check1(context.Background(), g, "k"+strconv.Itoa(i), p, 1); err != nil {
-				t.Error(err)
-			}
-			took[i] = time.Since(start)
-		})
+	run := func(i int) {
+		if _, _, err := check1(context.Background(), g, "k"+strconv.Itoa(i), p, 1); err != nil {
+			t.Error(err)
+		}
+	}
+	next := func() int {
+		select {
+		case n := <-s.sizes:
+			return n
+		case <-time.After(5 * time.Second):
+			t.Fatal("no store call")
+			return 0
+		}
+	}
+
+	wg.Go(func() { run(0) }) // the store idle: a call at once, held by the gate
+	for g.Stats().GatheredCalls == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now() // before the oldest check that waits is queued
+	for i := 1; i <= 3; i++ {
+		wg.Go(func() { run(i) })
+	}
+	for queued(g) < 3 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	close(s.open)
+	wg.Go(func() { run(4) }) // after the call, within the wait
+	if n := next(); n != 1 {
+		t.Errorf("a first call of %d checks, want 1", n)
+	}
+	n := next()
+	if took := time.Since(start); took < wait {
+		t.Errorf("the checks queued during the call went after %s, want them to wait %s", took, wait)
+	}
+	if n != 4 {
+		t.Errorf("a second call of %d checks, want the 3 queued during the first and the one after", n)
+	}
+
+	// The fill ends the wait: 6 checks, 5 of them during a call.
+	s.first.Store(false)
+	s.open = make(chan struct{})
+	wg.Go(func() { run(10) })
+	for g.Stats().GatheredCalls < 3 {
+		time.Sleep(time.Millisecond)
+	}
+	start = time.Now()
+	for i := 11; i <= 14; i++ {
+		wg.Go(func() { run(i) })
+	}
+	for queued(g) < 4 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	close(s.open)
+	if n := next(); n != 1 {
+		t.Errorf("a call of %d checks, want 1", n)
+	}
+	wg.Go(func() { run(15) })
+	wg.Go(func() { run(16) })
+	n = next()
+	if took := time.Since(start); n != 6 || took >= wait {
+		t.Errorf("a call of %d checks after %s, want the fill of 6 sent before the wait of %s ends", n, took, wait)
 	}
 	wg.Wait()
-	st := g.Stats()
-	if st.GatheredJobs != 20 || st.GatheredCalls > 3 {
-		t.Errorf("gathered %d checks in %d calls, want 20 in one (3 at most on a loaded machine)", st.GatheredJobs, st.GatheredCalls)
+
+	// Alone on an idle store, a check does not wait.
+	fastest := time.Hour
+	for i := range 5 {
+		start := time.Now()
+		run(20 + i)
+		fastest = min(fastest, time.Since(start))
+		next()
 	}
-	if took[0] < wait*9/10 {
-		t.Errorf("the first check took %s, want it to wait about %s for the others", took[0], wait)
+	if fastest >= wait/2 {
+		t.Errorf("a check alone on an idle store took %s at best, want no wait", fastest)
 	}
+
 	for _, c := range []Config{{GatherWait: -time.Millisecond}, {GatherWait: MaxGatherWait + 1},
 		{GatherWait: 3 * time.Millisecond, Deadline: 5 * time.Millisecond}} {
 		if _, err := New(newMemory(t, nil), c); err == nil {

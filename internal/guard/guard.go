@@ -149,14 +149,16 @@ type Config struct {
 	// Gatherers calls at once. Zero means DefaultGatherFill; 1 starts a
 	// call for any queued check while fewer than Gatherers are in flight.
 	GatherFill int
-	// GatherWait is how long a gathered check may wait, from its
-	// arrival, for others to go in its store call; zero sends a call as
-	// soon as a gathering slot is free. Redis pays for every read of a
-	// connection, so a server that sends few checks a call (a moderate
-	// rate per instance) costs Redis several times more per check than
-	// one that sends dozens: a wait of a few hundred microseconds cuts
-	// that cost, at as much latency on every check. At most MaxGatherWait
-	// and half the deadline.
+	// GatherWait is how long a check that arrives while a gathered call
+	// is in flight may wait, from its arrival, for others to go in the
+	// next call; the wait ends sooner once GatherFill checks are queued.
+	// A check that finds the store idle has a call at once. Zero sends a
+	// call as soon as a gathering slot is free. Redis pays for every read
+	// of a connection, so a server that sends few checks a call (a
+	// moderate rate per instance) costs Redis several times more per
+	// check than one that sends dozens: a wait of a few hundred
+	// microseconds cuts that cost, at up to as much latency on the checks
+	// that wait. At most MaxGatherWait and half the deadline.
 	GatherWait time.Duration
 	// OnBreakerChange, when set, is called on every change of the
 	// breaker's state, synchronously, while the breaker's lock is held: it
@@ -237,6 +239,7 @@ func New(inner Store, cfg Config) (*Guard, error) {
 		return nil, fmt.Errorf("guard: config: gather wait must be between 0 and %s (and half the deadline), got %s", MaxGatherWait, cfg.GatherWait)
 	}
 	g.gather.wait = cfg.GatherWait
+	g.gather.wake = make(chan struct{}, 1)
 	g.maxInFlight = int64(cfg.MaxInFlight)
 	if g.maxInFlight == 0 {
 		g.maxInFlight = DefaultMaxInFlight
