@@ -104,12 +104,6 @@ type Recorder struct {
 	pendingBlocked []Event         // guarded by mu
 	pendingLists   lists           // guarded by mu
 
-	// Owned by the aggregator goroutine: rollups to reuse, so that folding
-	// an event allocates only when a key is new to the flush interval, and
-	// the buffer of rows handed to the Memory store.
-	free []*Rollup
-	rows []Rollup
-
 	flushNow chan chan struct{} // Flush to the aggregator
 	sinkNow  chan chan struct{} // the aggregator to the flusher
 	cancel   context.CancelFunc
@@ -251,7 +245,19 @@ func (r *Recorder) Close() {
 
 // batchSize bounds the rollups, and the blocked events, the aggregator
 // folds before it publishes them to the Memory store and the pending rows.
-const batchSize = 4096
+// A batch holds a second of events (publishEvery): the keys of a second
+// fold into one rollup each only while they fit, so the bound is high
+// enough for tens of thousands of clients a second (a batch of 16,384
+// rollups takes 8 MB).
+const batchSize = 16384
+
+// batch is what the aggregator folds between publications: a rollup per
+// key, in the order the keys came, and the index of each key's. Kept from
+// one publication to the next, it allocates only when it grows.
+type batch struct {
+	rows []Rollup
+	at   map[Key]int32
+}
 
 // aggregateEvery is how often the aggregator takes what is queued, and
 // publishEvery how often it publishes what it folded (and on Flush, and
@@ -270,7 +276,7 @@ const (
 // aggregate folds queued events every aggregateEvery and publishes them
 // every publishEvery and on Flush, until ctx ends, then drains the queue.
 func (r *Recorder) aggregate(ctx context.Context) {
-	batch := map[Key]*Rollup{}
+	batch := &batch{at: map[Key]int32{}}
 	var blocked []Event
 	t := time.NewTicker(aggregateEvery)
 	defer t.Stop()
@@ -298,12 +304,12 @@ func (r *Recorder) aggregate(ctx context.Context) {
 
 // fold folds every queued event into batch, publishing it whenever it is
 // full.
-func (r *Recorder) fold(batch map[Key]*Rollup, blocked *[]Event) {
+func (r *Recorder) fold(batch *batch, blocked *[]Event) {
 	for {
 		select {
 		case ev := <-r.queue:
 			r.foldOne(batch, blocked, &ev)
-			if len(batch) >= batchSize || len(*blocked) >= batchSize {
+			if len(batch.rows) >= batchSize || len(*blocked) >= batchSize {
 				r.commit(batch, blocked)
 			}
 		default:
@@ -314,7 +320,7 @@ func (r *Recorder) fold(batch map[Key]*Rollup, blocked *[]Event) {
 
 // drain folds every queued event, publishes batch, and then the queued
 // changes and the anomalies of the minutes that closed.
-func (r *Recorder) drain(batch map[Key]*Rollup, blocked *[]Event) {
+func (r *Recorder) drain(batch *batch, blocked *[]Event) {
 	r.fold(batch, blocked)
 	r.commit(batch, blocked)
 	now := r.cfg.Now()
@@ -348,19 +354,15 @@ take:
 }
 
 // foldOne adds ev to batch.
-func (r *Recorder) foldOne(batch map[Key]*Rollup, blocked *[]Event, ev *Event) {
+func (r *Recorder) foldOne(batch *batch, blocked *[]Event, ev *Event) {
 	k := keyOf(ev)
-	ro := batch[k]
-	if ro == nil {
-		if n := len(r.free); n > 0 {
-			ro, r.free = r.free[n-1], r.free[:n-1]
-			*ro = Rollup{Key: k}
-		} else {
-			ro = &Rollup{Key: k}
-		}
-		batch[k] = ro
+	i, ok := batch.at[k]
+	if !ok {
+		i = int32(len(batch.rows))
+		batch.at[k] = i
+		batch.rows = append(batch.rows, Rollup{Key: k})
 	}
-	ro.add(ev)
+	batch.rows[i].add(ev)
 	if !ev.Allowed && r.cfg.Sink != nil {
 		*blocked = append(*blocked, *ev)
 	}
@@ -369,31 +371,24 @@ func (r *Recorder) foldOne(batch map[Key]*Rollup, blocked *[]Event, ev *Event) {
 
 // commit moves batch into the Memory store and the pending rollups, and
 // empties it.
-func (r *Recorder) commit(batch map[Key]*Rollup, blocked *[]Event) {
-	if len(batch) == 0 {
+func (r *Recorder) commit(batch *batch, blocked *[]Event) {
+	rows := batch.rows
+	if len(rows) == 0 {
 		return
 	}
-	rows := r.rows[:0]
-	for _, ro := range batch {
-		rows = append(rows, *ro)
-	}
-	r.rows = rows
 	r.memory.Add(r.cfg.Now(), rows)
 	if r.detector != nil {
-		r.detector.add(rows)
+		r.detector.add(rows) // sorts rows
 	}
-	if r.cfg.Sink == nil {
-		for _, ro := range batch {
-			r.free = append(r.free, ro)
-		}
-	} else {
+	if r.cfg.Sink != nil {
 		r.mu.Lock()
-		for k, ro := range batch {
-			if have := r.pending[k]; have != nil {
+		for i := range rows {
+			ro := &rows[i]
+			if have := r.pending[ro.Key]; have != nil {
 				have.merge(ro)
-				r.free = append(r.free, ro)
 			} else {
-				r.pending[k] = ro // the flusher copies it out, and drops it
+				c := *ro
+				r.pending[ro.Key] = &c // the flusher copies it out, and drops it
 			}
 		}
 		// Blocked events wait for the flusher in a bounded list: a flood of
@@ -406,6 +401,7 @@ func (r *Recorder) commit(batch map[Key]*Rollup, blocked *[]Event) {
 		r.pendingBlocked = append(r.pendingBlocked, *blocked...)
 		r.mu.Unlock()
 	}
-	clear(batch)
+	clear(batch.at)
+	batch.rows = rows[:0]
 	*blocked = (*blocked)[:0]
 }
