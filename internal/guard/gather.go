@@ -57,8 +57,13 @@ func (g *Guard) gatherJob(j *job) {
 	q.sweeping = true
 	woke := q.waiting && len(q.queue) >= q.fill
 	if woke {
+		// Under mu, so that a waiter the timer woke takes the token back;
+		// only one goroutine waits at a time, so the buffer is empty.
 		q.waiting = false
-		q.wake <- struct{}{} // under mu, so that a waiter the timer woke takes it back
+		select {
+		case q.wake <- struct{}{}:
+		default:
+		}
 	}
 	gather := !woke && q.running < q.max && (q.running == 0 || len(q.queue) >= q.fill)
 	if gather {
